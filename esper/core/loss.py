@@ -1,0 +1,298 @@
+"""The PPO loss over a TensorDict: per-head clipped surrogate, clipped value loss, masked normalized
+entropy, per-head k3 KL and an early-stop flag — no host sync, compiles with ``fullgraph=True``.
+
+Input (batch size ``[*B]``, usually ``[n_envs, T]``; per-step scalars may carry TorchRL's trailing 1):
+
+==========================================  ===================================================
+``advantage``                                 float ``[*B]`` (normalize it before, if wanted)
+``value_target``                              float ``[*B]``
+``state_value``                               float ``[*B]``: the anchor of value clipping. For a
+                                              recurrent multi-epoch update this must be the value
+                                              recomputed at the start of the update with the same
+                                              hidden reconstruction (finding C4), not the rollout's
+``(current, state_value)``                    float ``[*B]``: the current critic's estimate (grad);
+                                              optional — without it there is no critic loss
+single head: ``action``, ``action_log_prob``  int64 ``[*B]``, float ``[*B]`` (old policy);
+(or ``sample_log_prob``), ``action_mask``     optional bool ``[*B, n]``;
+``(current, logits)``                         float ``[*B, n]``: the current policy (grad)
+factored: the same per head under           ``(head, action)``, ``(head, action_log_prob)``,
+``(head, ...)`` and ``(current, head, ...)``  ``(head, action_mask)``, ``(current, head, logits)``
+``("collector", "mask")``                     optional bool ``[*B]``: False on padding steps
+==========================================  ===================================================
+
+Masked means. In factored mode (Esper's eight heads) head ``h`` counts at step ``t`` only where it
+*mattered* — the op sampled at ``t`` makes ``h`` relevant (:func:`esper.core.masks.head_relevance`,
+finding P1) — and had more than one legal choice, and the step is valid. Each head's surrogate,
+entropy, KL and clip fraction is the mean over the steps where it counted (finding H3): a sparse head
+such as ``blueprint`` is not diluted by the steps where it was ignored.
+
+KL semantics (findings H6, M20). ``(head, "kl")`` is the mean k3 estimate over the steps where the
+head counted: the KL of that head *given* it mattered. ``kl_approx`` estimates the KL of the joint
+factored policy per step: by the chain rule the joint KL at a step is the sum of the KLs of the heads
+that mattered there, so ``kl_approx = mean_t sum_h w[t,h] * k3[t,h]`` over valid steps. It equals
+``sum_h freq_h * kl_h`` (``freq_h`` = share of valid steps where ``h`` counted) and is never inflated
+by heads that did not matter. TorchRL's ``kl_approx`` is k1 (``old - new``); ours is k3.
+
+Output: a TensorDict with TorchRL's names — ``loss_objective``, ``loss_critic``, ``loss_entropy``
+(differentiable), ``entropy`` (sum over heads of normalized entropies), ``kl_approx``,
+``clip_fraction``, ``value_clip_fraction``, ``explained_variance``, ``ESS``, ``max_ratio``, ``mean_ratio`` — plus
+``min_ratio`` of the joint ratio, ``early_stop`` (bool: ``kl_approx > 1.5 *
+target_kl``), and per head (factored mode) ``(head, loss_objective | entropy | kl | clip_fraction |
+weight)``. ``total_loss(out)`` sums the three ``loss_*`` terms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from esper.core.checks import check_kind, key_str, per_step, require
+from esper.core.distributions import compute_dtype, masked_categorical
+from esper.core.masks import head_relevance
+from esper.core.spec import HEAD_INDEX, HEADS, KEYS, Keys
+
+_WHERE = "ppo_loss"
+
+
+def ppo_loss(
+    td: TensorDictBase,
+    *,
+    factored: bool = False,
+    clip_epsilon: float = 0.2,
+    value_clip: float | None = 10.0,
+    value_coef: float = 0.5,
+    entropy_coef: float | Mapping[str, float] = 0.01,
+    target_kl: float | None = None,
+    keys: Keys = KEYS,
+) -> TensorDict:
+    """PPO loss terms and diagnostics for one (mini)batch. See the module docstring for the contract.
+
+    Args:
+        factored: read Esper's eight heads (``esper.core.spec.HEADS``) and mask each by relevance;
+            False reads one head under TorchRL's flat keys.
+        clip_epsilon: ratio clip of the surrogate, ``[1 - eps, 1 + eps]``.
+        value_clip: bound on ``|V_new - V_anchor|`` in the clipped value loss; None: no clipping.
+        value_coef: ``loss_critic = value_coef * 0.5 * mean(max(unclipped^2, clipped^2))``.
+        entropy_coef: coefficient of the entropy bonus, one float or one per head (exactly the heads).
+        target_kl: sets ``early_stop`` when ``kl_approx > 1.5 * target_kl``; None: never.
+    """
+    heads = HEADS if factored else (None,)
+    coefs = _entropy_coefs(entropy_coef, heads)
+    if not clip_epsilon > 0:
+        raise ValueError(f"{_WHERE}: clip_epsilon must be > 0, got {clip_epsilon}")
+    if value_clip is not None and not value_clip > 0:
+        raise ValueError(f"{_WHERE}: value_clip must be > 0 or None, got {value_clip}")
+    if target_kl is not None and not target_kl > 0:
+        raise ValueError(f"{_WHERE}: target_kl must be > 0 or None, got {target_kl}")
+    if td.batch_dims < 1:
+        raise ValueError(f"{_WHERE}: the TensorDict needs at least one batch dim, got batch size []")
+    if factored:
+        _check_head_sets(td, keys)
+
+    adv = per_step(td, keys.advantage, where=_WHERE, kind="float")
+    dtype = compute_dtype(adv.dtype)
+    adv = adv.to(dtype)
+    valid = _valid(td, keys, dtype)
+    n_valid = valid.sum().clamp(min=1.0)
+
+    relevance = None
+    if factored:
+        op = per_step(td, keys.head("op", keys.action), where=_WHERE, kind="int").long()
+        relevance = head_relevance(op)
+
+    out: dict[str, torch.Tensor | dict[str, torch.Tensor]] = {}
+    objective = adv.new_zeros(())
+    loss_entropy = adv.new_zeros(())
+    entropy_sum = adv.new_zeros(())
+    kl_per_step = torch.zeros_like(adv)
+    joint_log_ratio = torch.zeros_like(adv)
+    clipped_sum = adv.new_zeros(())
+    weight_sum = adv.new_zeros(())
+    for head in heads:
+        logits, action, old_lp, mask = _head_inputs(td, head, keys, adv.shape)
+        lp, ent, kl = masked_categorical(logits, action, mask, old_lp)
+        old_lp = old_lp.to(lp.dtype)
+        n_choices = mask.sum(-1) if mask is not None else torch.full_like(action, logits.shape[-1])
+        w = valid * (n_choices > 1).to(dtype)
+        if relevance is not None:
+            w = w * relevance[..., HEAD_INDEX[head]].to(dtype)
+        w_sum = w.sum()
+
+        log_ratio = lp - old_lp
+        ratio = log_ratio.exp()
+        surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_epsilon, 1.0 + clip_epsilon) * adv)
+        head_objective = -_wmean(surrogate, w, w_sum)
+        head_entropy = _wmean(ent, w, w_sum)
+        clipped = ((ratio - 1.0).abs() > clip_epsilon).to(dtype).detach()
+
+        objective = objective + head_objective
+        loss_entropy = loss_entropy - coefs[head] * head_entropy
+        entropy_sum = entropy_sum + head_entropy.detach()
+        kl_per_step = kl_per_step + (w * kl).detach()
+        joint_log_ratio = joint_log_ratio + (w * log_ratio).detach()
+        clipped_sum = clipped_sum + (clipped * w).sum()
+        weight_sum = weight_sum + w_sum
+        if head is not None:
+            out[head] = {
+                "loss_objective": head_objective.detach(),
+                "entropy": head_entropy.detach(),
+                "kl": _wmean(kl.detach(), w, w_sum),
+                "clip_fraction": _wmean(clipped, w, w_sum),
+                "weight": w_sum / n_valid,
+            }
+
+    kl_approx = (kl_per_step * valid).sum() / n_valid
+    any_valid = valid.sum() > 0
+    joint_ratio = joint_log_ratio.exp()
+    out.update(
+        loss_objective=objective,
+        loss_entropy=loss_entropy,
+        entropy=entropy_sum,
+        kl_approx=kl_approx,
+        clip_fraction=clipped_sum / weight_sum.clamp(min=1.0),
+        mean_ratio=(joint_ratio * valid).sum() / n_valid,
+        max_ratio=torch.where(any_valid, torch.where(valid > 0, joint_ratio, -torch.inf).amax(), 1.0),
+        min_ratio=torch.where(any_valid, torch.where(valid > 0, joint_ratio, torch.inf).amin(), 1.0),
+        ESS=_ess(joint_ratio, valid, n_valid),
+        early_stop=(kl_approx > 1.5 * target_kl)
+        if target_kl is not None
+        else torch.zeros_like(kl_approx, dtype=torch.bool),
+    )
+    out.update(_critic_terms(td, keys, valid, n_valid, dtype, value_clip=value_clip, value_coef=value_coef))
+    return TensorDict(out, batch_size=[])
+
+
+def total_loss(losses: TensorDictBase) -> torch.Tensor:
+    """``loss_objective + loss_critic + loss_entropy`` (the critic term only where present)."""
+    total = losses["loss_objective"] + losses["loss_entropy"]
+    if "loss_critic" in losses.keys():
+        total = total + losses["loss_critic"]
+    return total
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _wmean(x: torch.Tensor, w: torch.Tensor, w_sum: torch.Tensor) -> torch.Tensor:
+    return (x * w).sum() / w_sum.clamp(min=1.0)
+
+
+def _valid(td: TensorDictBase, keys: Keys, dtype: torch.dtype) -> torch.Tensor:
+    if keys.valid in td.keys(include_nested=True):
+        return per_step(td, keys.valid, where=_WHERE, kind="bool").to(dtype)
+    return torch.ones(td.batch_size, dtype=dtype, device=td.device)
+
+
+def _ess(ratio: torch.Tensor, valid: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
+    """Normalized effective sample size of the importance weights, in (0, 1]."""
+    s1 = (ratio * valid).sum()
+    s2 = (ratio.square() * valid).sum()
+    return s1.square() / (s2 * n_valid).clamp(min=torch.finfo(ratio.dtype).tiny)
+
+
+def _critic_terms(
+    td: TensorDictBase,
+    keys: Keys,
+    valid: torch.Tensor,
+    n_valid: torch.Tensor,
+    dtype: torch.dtype,
+    *,
+    value_clip: float | None,
+    value_coef: float,
+) -> dict[str, torch.Tensor]:
+    new_key = keys.current_key(keys.state_value)
+    if new_key not in td.keys(include_nested=True):
+        return {}
+    value = per_step(td, new_key, where=_WHERE, kind="float").to(dtype)
+    target = per_step(td, keys.value_target, where=_WHERE, kind="float").to(dtype)
+    unclipped = (value - target).square()
+    if value_clip is None:
+        per_step_loss = unclipped
+        clipped_frac = value.new_zeros(())
+    else:
+        anchor = per_step(td, keys.state_value, where=_WHERE, kind="float").to(dtype)
+        moved = value - anchor
+        clipped_value = anchor + moved.clamp(-value_clip, value_clip)
+        per_step_loss = torch.maximum(unclipped, (clipped_value - target).square())
+        clipped_frac = ((moved.abs() > value_clip).to(dtype) * valid).sum().detach() / n_valid
+    loss_critic = value_coef * 0.5 * (per_step_loss * valid).sum() / n_valid
+    return {
+        "loss_critic": loss_critic,
+        "value_clip_fraction": clipped_frac,
+        "explained_variance": _explained_variance(value.detach(), target, valid, n_valid),
+    }
+
+
+def _explained_variance(
+    pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, n_valid: torch.Tensor
+) -> torch.Tensor:
+    """``1 - Var(target - pred) / Var(target)`` over valid steps; 0 when the target has no variance."""
+
+    def var(x: torch.Tensor) -> torch.Tensor:
+        mean = (x * valid).sum() / n_valid
+        return ((x - mean).square() * valid).sum() / n_valid
+
+    var_t = var(target)
+    ok = var_t > 1e-12
+    return torch.where(ok, 1.0 - var(target - pred) / torch.where(ok, var_t, 1.0), 0.0)
+
+
+def _head_inputs(
+    td: TensorDictBase, head: str | None, keys: Keys, shape: torch.Size
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    at = (lambda k: keys.head(head, k)) if head is not None else (lambda k: k)
+    logits_key = keys.current_key(keys.logits, head)
+    logits = require(td, logits_key, where=_WHERE)
+    check_kind(logits, logits_key, kind="float", where=_WHERE)
+    if logits.shape[:-1] != shape:
+        raise ValueError(
+            f"{_WHERE}: {key_str(logits_key)} must have shape {[*shape, 'n']}, got {list(logits.shape)}"
+        )
+    action = per_step(td, at(keys.action), where=_WHERE, kind="int", batch_shape=shape).long()
+    present = td.keys(include_nested=True)
+    lp_key = at(keys.log_prob)
+    if lp_key not in present and at(keys.legacy_log_prob) in present:
+        lp_key = at(keys.legacy_log_prob)
+    old_lp = per_step(td, lp_key, where=_WHERE, kind="float", batch_shape=shape)
+    mask = None
+    if at(keys.action_mask) in td.keys(include_nested=True):
+        mask = td[at(keys.action_mask)]
+        check_kind(mask, at(keys.action_mask), kind="bool", where=_WHERE)
+        if mask.shape != logits.shape:
+            raise ValueError(
+                f"{_WHERE}: {key_str(at(keys.action_mask))} must have the logits' shape "
+                f"{list(logits.shape)}, got {list(mask.shape)}"
+            )
+    return logits, action, old_lp, mask
+
+
+def _check_head_sets(td: TensorDictBase, keys: Keys) -> None:
+    current = require(td, keys.current, where=_WHERE)
+    if not isinstance(current, TensorDictBase):
+        raise TypeError(f"{_WHERE}: {keys.current!r} must be a TensorDict of per-head outputs")
+    got_current = {k for k in current.keys() if isinstance(current.get(k), TensorDictBase)}
+    got_actions = {h for h in td.keys() if isinstance(td.get(h), TensorDictBase) and h in HEADS}
+    missing = [h for h in HEADS if h not in got_current or h not in got_actions]
+    extra = sorted(got_current - set(HEADS))
+    if missing or extra:
+        raise KeyError(
+            f"{_WHERE}: mismatched head sets: the factored loss needs exactly the heads {list(HEADS)} "
+            f"under (head, ...) and ({keys.current!r}, head, ...); missing {missing}, unexpected {extra}"
+        )
+
+
+def _entropy_coefs(entropy_coef: float | Mapping[str, float], heads: tuple) -> dict:
+    if isinstance(entropy_coef, Mapping):
+        if heads == (None,):
+            raise ValueError(f"{_WHERE}: per-head entropy_coef needs factored=True; pass a float")
+        if set(entropy_coef) != set(heads):
+            raise ValueError(
+                f"{_WHERE}: per-head entropy_coef must name exactly the heads {list(heads)}; "
+                f"missing {sorted(set(heads) - set(entropy_coef))}, "
+                f"unknown {sorted(set(entropy_coef) - set(heads))}"
+            )
+        return {h: float(entropy_coef[h]) for h in heads}
+    return dict.fromkeys(heads, float(entropy_coef))
+
+
+__all__ = ["ppo_loss", "total_loss"]

@@ -1,0 +1,114 @@
+"""Masks: which heads matter for a sampled op (relevance), and which choices are legal (legality).
+
+Relevance is the single owner of the "causal mask" (finding P1): the loss, the entropy, the KL, the
+advantage bookkeeping and the telemetry all call :func:`head_relevance`; nothing else re-derives it.
+
+Legality comes from the tensorized slot state (see :data:`esper.core.spec.SLOT_FIELDS`). The op mask
+is "some slot allows this op"; the slot mask is conditioned on the op that was sampled
+(:func:`action_masks`), so a sampled (op, slot) pair is always executable.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from esper.core.spec import HEADS, N_HEADS, ActionSpec, Op, Stage, relevance_table
+
+
+def head_relevance(op: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
+    """``[*B] int64 op -> [*B, N_HEADS] bool``: column ``HEAD_INDEX[h]`` is True where head ``h``
+    changed what the action did. ``table`` is :func:`relevance_table` on ``op``'s device; pass it to
+    skip rebuilding it."""
+    if op.dtype != torch.int64:
+        raise TypeError(f"head_relevance: op must be int64 action indices, got {op.dtype}")
+    if table is None:
+        table = relevance_table(op.device)
+    return table[op]
+
+
+def op_slot_legality(slots: TensorDict, *, max_seeds: int = 0, min_prune_age: int = 0) -> torch.Tensor:
+    """``slots [*E, S] -> [*E, N_OPS, S] bool``: may op ``o`` be applied to slot ``s``.
+
+    Reads ``enabled``, ``stage``, ``age``, ``ramp_pos``, ``ramp_len``. ``max_seeds = 0`` means no
+    limit on live seeds. Rules (gates are checked at execution, not here):
+
+    - WAIT: any enabled slot (the slot head does not matter under WAIT).
+    - GERMINATE: enabled, DORMANT, and fewer than ``max_seeds`` live seeds in the env.
+    - SET_ALPHA_TARGET: BLENDING or HOLDING, alpha not ramping.
+    - PRUNE: GERMINATED, TRAINING, BLENDING or HOLDING, ``age >= min_prune_age``, not ramping.
+    - FOSSILIZE: HOLDING, not ramping.
+    - ADVANCE: TRAINING or BLENDING.
+    """
+    if max_seeds < 0 or min_prune_age < 0:
+        raise ValueError(f"max_seeds and min_prune_age must be >= 0, got {max_seeds}, {min_prune_age}")
+    enabled = slots["enabled"]
+    stage = slots["stage"]
+    holding_alpha = slots["ramp_pos"] >= slots["ramp_len"]
+    is_ = lambda *stages: _stage_in(stage, stages)
+
+    live = is_(
+        Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED, Stage.PRUNED
+    )
+    if max_seeds > 0:
+        room = (live.sum(-1, keepdim=True) < max_seeds).expand_as(stage)
+    else:
+        room = torch.ones_like(enabled)
+    per_op = {
+        Op.WAIT: enabled,
+        Op.GERMINATE: enabled & is_(Stage.DORMANT) & room,
+        Op.SET_ALPHA_TARGET: is_(Stage.BLENDING, Stage.HOLDING) & holding_alpha,
+        Op.PRUNE: is_(Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING)
+        & (slots["age"] >= min_prune_age)
+        & holding_alpha,
+        Op.FOSSILIZE: is_(Stage.HOLDING) & holding_alpha,
+        Op.ADVANCE: is_(Stage.TRAINING, Stage.BLENDING),
+    }
+    return torch.stack([per_op[op] & enabled for op in Op], dim=-2)
+
+
+def legal_masks(
+    slots: TensorDict, spec: ActionSpec, *, max_seeds: int = 0, min_prune_age: int = 0
+) -> TensorDict:
+    """Legality of every head before the op is sampled, batch ``[*E]``.
+
+    Returns ``op [*E, N_OPS]``, ``slot_by_op [*E, N_OPS, S]`` and an all-True ``[*E, n]`` mask for
+    every other head. Feed it to :func:`action_masks` once the op is known.
+    """
+    if slots.batch_dims < 1 or slots.batch_size[-1] != spec.n_slots:
+        raise ValueError(
+            f"legal_masks: slot state must have batch size [*E, {spec.n_slots}], got {list(slots.batch_size)}"
+        )
+    by_op = op_slot_legality(slots, max_seeds=max_seeds, min_prune_age=min_prune_age)
+    env_shape = slots.batch_size[:-1]
+    out = {"op": by_op.any(-1), "slot_by_op": by_op}
+    for head, n in spec.sizes.items():
+        if head not in ("op", "slot"):
+            out[head] = torch.ones(*env_shape, n, dtype=torch.bool, device=by_op.device)
+    return TensorDict(out, batch_size=env_shape)
+
+
+def action_masks(legal: TensorDict, op: torch.Tensor) -> TensorDict:
+    """The mask each head was actually sampled under, given the sampled ``op [*E]``: the slot mask
+    is the row of ``slot_by_op`` for that op. Batch ``[*E]``, one ``[*E, n]`` bool entry per head,
+    in :data:`HEADS` order. This is what a rollout stores and what the loss re-applies."""
+    by_op = legal["slot_by_op"]
+    idx = op.reshape(*op.shape, 1, 1).expand(*op.shape, 1, by_op.shape[-1])
+    slot = by_op.gather(-2, idx).squeeze(-2)
+    out = {h: (slot if h == "slot" else legal[h]) for h in HEADS}
+    return TensorDict(out, batch_size=legal.batch_size)
+
+
+def n_legal(mask: torch.Tensor) -> torch.Tensor:
+    """``[..., n] bool -> [...] int64``: how many choices are legal."""
+    return mask.sum(-1)
+
+
+def _stage_in(stage: torch.Tensor, stages: tuple[Stage, ...]) -> torch.Tensor:
+    out = stage == int(stages[0])
+    for s in stages[1:]:
+        out = out | (stage == int(s))
+    return out
+
+
+__all__ = ["N_HEADS", "action_masks", "head_relevance", "legal_masks", "n_legal", "op_slot_legality"]

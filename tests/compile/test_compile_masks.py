@@ -1,0 +1,22 @@
+"""Masks compile with fullgraph=True and compiled == eager."""
+
+from __future__ import annotations
+
+import torch
+
+from esper.core import masks
+from esper.core.spec import ActionSpec, Op, Stage
+from tests.core.test_masks import _slots
+
+
+def test_masks_compile(compile_check):
+    S = Stage
+    spec = ActionSpec(n_slots=3, n_blueprints=4)
+    slots = _slots([[S.DORMANT, S.TRAINING, S.HOLDING], [S.BLENDING, S.DORMANT, S.PRUNED]])
+    op = torch.tensor([int(Op.PRUNE), int(Op.GERMINATE)])
+
+    def fn(slots, op):
+        legal = masks.legal_masks(slots, spec, max_seeds=2, min_prune_age=1)
+        return masks.action_masks(legal, op), masks.head_relevance(op)
+
+    compile_check(fn, slots, op)

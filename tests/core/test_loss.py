@@ -1,0 +1,320 @@
+"""ppo_loss: against a per-step Python reference, TorchRL's ClipPPOLoss on a single head, the
+findings it fixes (H3, H6, M20, P1, C4 anchor), and clear errors on bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from tensordict import TensorDict
+
+from esper.core import distributions as D
+from esper.core.loss import ppo_loss, total_loss
+from esper.core.spec import HEADS, RELEVANCE, ActionSpec, Op
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+def factored_batch(
+    E: int = 3, T: int = 6, *, spec: ActionSpec | None = None, seed: int = 0, ops=None, grad: bool = True
+) -> TensorDict:
+    """A factored batch whose actions were sampled from random masked logits ("old") and whose
+    current logits are a perturbation of those."""
+    spec = spec or ActionSpec(3, 5)
+    g = torch.Generator().manual_seed(seed)
+    td = TensorDict({}, [E, T])
+    current = TensorDict({}, [E, T])
+    for head, n in spec.sizes.items():
+        mask = torch.rand(E, T, n, generator=g) > 0.35
+        mask[..., 0] |= ~mask.any(-1)
+        if head == "op":
+            mask[..., Op.WAIT] = True
+        old_logits = torch.randn(E, T, n, generator=g)
+        action = D.sample(old_logits, mask, generator=g)
+        if head == "op" and ops is not None:
+            action = torch.as_tensor(ops).expand(E, T).clone()
+            mask.scatter_(-1, action.unsqueeze(-1), True)
+        new_logits = (old_logits + 0.4 * torch.randn(E, T, n, generator=g)).requires_grad_(grad)
+        td[head] = TensorDict(
+            {"action": action, "action_log_prob": D.log_prob(old_logits, action, mask), "action_mask": mask},
+            [E, T],
+        )
+        current[head] = TensorDict({"logits": new_logits}, [E, T])
+    current["state_value"] = torch.randn(E, T, 1, generator=g).requires_grad_(grad)
+    td["current"] = current
+    td["advantage"] = torch.randn(E, T, 1, generator=g)
+    td["state_value"] = torch.randn(E, T, 1, generator=g)
+    td["value_target"] = torch.randn(E, T, 1, generator=g)
+    return td
+
+
+def reference_factored(td: TensorDict, *, eps=0.2, value_clip=10.0, value_coef=0.5, ent_coef=0.01) -> dict:
+    """Per step, per head, in plain Python floats."""
+    E, T = td.batch_size
+    adv = td["advantage"].squeeze(-1).tolist()
+    per_head = {h: {"surr": [], "ent": [], "kl": [], "clip": []} for h in HEADS}
+    joint_kl = []
+    valid = td.get(("collector", "mask"), torch.ones(E, T, dtype=torch.bool)).tolist()
+    for e in range(E):
+        for t in range(T):
+            if not valid[e][t]:
+                continue
+            op = Op(int(td["op", "action"][e, t]))
+            step_kl = 0.0
+            for head in HEADS:
+                mask = td[head, "action_mask"][e, t].tolist()
+                if not (head == "op" or head in RELEVANCE[op]) or sum(mask) <= 1:
+                    continue
+                logits = td["current", head, "logits"][e, t].tolist()
+                legal = [i for i, m in enumerate(mask) if m]
+                lse = math.log(sum(math.exp(logits[i]) for i in legal))
+                a = int(td[head, "action"][e, t])
+                lp = logits[a] - lse
+                r = math.exp(lp - float(td[head, "action_log_prob"][e, t]))
+                A = adv[e][t]
+                per_head[head]["surr"].append(-min(r * A, min(max(r, 1 - eps), 1 + eps) * A))
+                ent = -sum(math.exp(logits[i] - lse) * (logits[i] - lse) for i in legal)
+                per_head[head]["ent"].append(ent / math.log(len(legal)))
+                k3 = (r - 1) - math.log(r)
+                per_head[head]["kl"].append(k3)
+                per_head[head]["clip"].append(float(abs(r - 1) > eps))
+                step_kl += k3
+            joint_kl.append(step_kl)
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
+    out = {h: {k: mean(v) for k, v in d.items()} for h, d in per_head.items()}
+    v = td["current", "state_value"].squeeze(-1).tolist()
+    v_old = td["state_value"].squeeze(-1).tolist()
+    tgt = td["value_target"].squeeze(-1).tolist()
+    vl = []
+    for e in range(E):
+        for t in range(T):
+            if valid[e][t]:
+                clipped = v_old[e][t] + min(max(v[e][t] - v_old[e][t], -value_clip), value_clip)
+                vl.append(max((v[e][t] - tgt[e][t]) ** 2, (clipped - tgt[e][t]) ** 2))
+    return {
+        "heads": out,
+        "loss_objective": sum(out[h]["surr"] for h in HEADS),
+        "entropy": sum(out[h]["ent"] for h in HEADS),
+        "loss_entropy": -ent_coef * sum(out[h]["ent"] for h in HEADS),
+        "kl_approx": mean(joint_kl),
+        "loss_critic": value_coef * 0.5 * mean(vl),
+    }
+
+
+# -------------------------------------------------------------------------------------------- tests
+@given(
+    seed=st.integers(0, 10_000),
+    E=st.integers(1, 4),
+    T=st.integers(1, 7),
+    n_slots=st.integers(1, 4),
+    n_bp=st.integers(1, 6),
+    value_clip=st.sampled_from([0.05, 0.5, 10.0]),
+    with_valid=st.booleans(),
+)
+def test_factored_loss_matches_reference(seed, E, T, n_slots, n_bp, value_clip, with_valid):
+    td = factored_batch(E, T, spec=ActionSpec(n_slots, n_bp), seed=seed)
+    if with_valid:
+        valid = torch.rand(E, T, generator=torch.Generator().manual_seed(seed)) > 0.3
+        td["collector", "mask"] = valid
+    out = ppo_loss(td, factored=True, value_clip=value_clip)
+    ref = reference_factored(td, value_clip=value_clip)
+    for key in ("loss_objective", "entropy", "loss_entropy", "kl_approx", "loss_critic"):
+        assert out[key].item() == pytest.approx(ref[key], rel=1e-4, abs=1e-5), key
+    for head in HEADS:
+        assert out[head, "loss_objective"].item() == pytest.approx(ref["heads"][head]["surr"], abs=1e-5)
+        assert out[head, "entropy"].item() == pytest.approx(ref["heads"][head]["ent"], abs=1e-5)
+        assert out[head, "kl"].item() == pytest.approx(ref["heads"][head]["kl"], abs=1e-5)
+        assert out[head, "clip_fraction"].item() == pytest.approx(ref["heads"][head]["clip"], abs=1e-6)
+
+
+def _torchrl_setup(batch_shape, n=4, D_obs=5, seed=0):
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import ProbabilisticActor, ValueOperator
+
+    torch.manual_seed(seed)
+    net = torch.nn.Linear(D_obs, n)
+    actor = ProbabilisticActor(
+        TensorDictModule(net, ["observation"], ["logits"]),
+        in_keys=["logits"],
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+    )
+    critic = ValueOperator(torch.nn.Linear(D_obs, 1), in_keys=["observation"])
+    obs = torch.randn(*batch_shape, D_obs)
+    with torch.no_grad():
+        behaviour = torch.distributions.Categorical(logits=net(obs) + 0.5 * torch.randn(*batch_shape, n))
+        action = behaviour.sample()
+    td = TensorDict(
+        {
+            "observation": obs,
+            "action": action,
+            "action_log_prob": behaviour.log_prob(action),
+            "advantage": torch.randn(*batch_shape, 1),
+            "state_value": torch.randn(*batch_shape, 1),
+            "value_target": torch.randn(*batch_shape, 1),
+        },
+        batch_shape,
+    )
+    return net, actor, critic, td
+
+
+@pytest.mark.parametrize("batch_shape", [(4, 6), (32,), (2, 3, 5)])
+@pytest.mark.parametrize("eps", [0.1, 0.2])
+def test_single_head_objective_equals_torchrl_clip_ppo(batch_shape, eps):
+    from torchrl.objectives import ClipPPOLoss
+
+    net, actor, critic, td = _torchrl_setup(batch_shape)
+    theirs = ClipPPOLoss(actor, critic, clip_epsilon=eps)(td.clone())
+    ours_td = td.clone()
+    ours_td["current"] = TensorDict({"logits": net(td["observation"])}, batch_shape)
+    ours = ppo_loss(ours_td, clip_epsilon=eps)
+    torch.testing.assert_close(ours["loss_objective"], theirs["loss_objective"].reshape(()))
+    torch.testing.assert_close(ours["clip_fraction"], theirs["clip_fraction"].reshape(()))
+    torch.testing.assert_close(ours["mean_ratio"], theirs["mean_ratio"].reshape(()))
+    torch.testing.assert_close(ours["max_ratio"], theirs["max_ratio"].reshape(()))
+    # the gradient of the objective is the same too
+    g_ours = torch.autograd.grad(ours["loss_objective"], net.weight)[0]
+    fresh = ClipPPOLoss(actor, critic, clip_epsilon=eps)(td.clone())
+    g_theirs = torch.autograd.grad(fresh["loss_objective"].sum(), net.weight)[0]
+    torch.testing.assert_close(g_ours, g_theirs)
+
+
+def test_single_head_reads_legacy_sample_log_prob_and_no_critic():
+    net, _, _, td = _torchrl_setup((3, 4))
+    td["current"] = TensorDict({"logits": net(td["observation"])}, [3, 4])
+    a = ppo_loss(td.clone())
+    td.rename_key_("action_log_prob", "sample_log_prob")
+    b = ppo_loss(td)
+    torch.testing.assert_close(a["loss_objective"], b["loss_objective"])
+    assert "loss_critic" not in a.keys()
+    torch.testing.assert_close(total_loss(a), a["loss_objective"] + a["loss_entropy"])
+
+
+def test_H3_sparse_head_entropy_is_a_masked_mean():
+    """blueprint matters at one step in ten: its entropy is that step's entropy, not a tenth of it."""
+    ops = [Op.GERMINATE] + [Op.WAIT] * 9
+    td = factored_batch(1, 10, ops=torch.tensor([int(o) for o in ops]), seed=3)
+    out = ppo_loss(td, factored=True)
+    logits, mask = td["current", "blueprint", "logits"][0, 0], td["blueprint", "action_mask"][0, 0]
+    step_entropy = D.normalized_entropy(logits, mask).item()
+    expected = step_entropy if mask.sum() > 1 else 0.0
+    assert out["blueprint", "entropy"].item() == pytest.approx(expected, abs=1e-6)
+    assert out["blueprint", "weight"].item() == pytest.approx(0.1 if mask.sum() > 1 else 0.0)
+
+
+def test_H6_kl_only_counts_heads_that_mattered():
+    """Changing a head's logits where it did not matter changes neither its KL nor the joint KL."""
+    td = factored_batch(2, 8, ops=torch.full((8,), int(Op.WAIT)), seed=4, grad=False)
+    base = ppo_loss(td, factored=True)
+    td["current", "blueprint", "logits"] = td["current", "blueprint", "logits"] + 5 * torch.randn(2, 8, 5)
+    moved = ppo_loss(td, factored=True)
+    assert moved["blueprint", "kl"].item() == 0.0
+    torch.testing.assert_close(moved["kl_approx"], base["kl_approx"])
+
+
+def test_M20_kl_approx_is_frequency_weighted_sum_of_head_kls():
+    td = factored_batch(4, 9, seed=5, grad=False)
+    out = ppo_loss(td, factored=True)
+    weighted = sum(out[h, "weight"] * out[h, "kl"] for h in HEADS)
+    torch.testing.assert_close(out["kl_approx"], weighted)
+    naive_sum = sum(out[h, "kl"] for h in HEADS)
+    assert out["kl_approx"] <= naive_sum + 1e-7, "never inflated by heads that did not matter"
+
+
+def test_P1_gradient_reaches_exactly_the_relevant_heads():
+    """For every op x head pair: the surrogate's gradient reaches head h at a step with op o iff the
+    relevance table says h matters for o."""
+    ops = torch.tensor([int(o) for o in Op])
+    td = factored_batch(1, len(Op), ops=ops, seed=6)
+    for head in HEADS:  # every head has all choices legal, so only relevance can zero a gradient
+        td[head, "action_mask"] = torch.ones_like(td[head, "action_mask"])
+    td["advantage"] = torch.ones(1, len(Op), 1)
+    out = ppo_loss(td, factored=True, entropy_coef=0.0, clip_epsilon=100.0)
+    logits = [td["current", h, "logits"] for h in HEADS]
+    grads = torch.autograd.grad(out["loss_objective"], logits)
+    for h, head in enumerate(HEADS):
+        for o, op in enumerate(Op):
+            reached = bool(grads[h][0, o].abs().sum() > 0)
+            assert reached == (head == "op" or head in RELEVANCE[op]), (op, head)
+
+
+def test_C4_value_clipping_anchors_on_state_value():
+    """The clip is around ``state_value`` (the caller writes the values recomputed at update start
+    there); the loss never reads another anchor."""
+    td = factored_batch(2, 5, seed=7)
+    td["state_value"] = td["current", "state_value"].detach() + 1.0  # anchor 1 above the new value
+    out = ppo_loss(td, factored=True, value_clip=0.5)
+    assert out["value_clip_fraction"].item() == 1.0
+    td["state_value"] = td["current", "state_value"].detach()
+    assert ppo_loss(td, factored=True, value_clip=0.5)["value_clip_fraction"].item() == 0.0
+
+
+def test_early_stop_is_a_tensor_flag():
+    td = factored_batch(2, 5, seed=8, grad=False)
+    kl = ppo_loss(td, factored=True)["kl_approx"]
+    assert ppo_loss(td, factored=True, target_kl=kl.item() / 1.6)["early_stop"].item() is True
+    flag = ppo_loss(td, factored=True, target_kl=kl.item() / 1.4)["early_stop"]
+    assert flag.dtype == torch.bool and flag.shape == () and flag.item() is False
+
+
+def test_per_head_entropy_coefficients():
+    td = factored_batch(2, 5, seed=9, grad=False)
+    coefs = {h: 0.1 * (i + 1) for i, h in enumerate(HEADS)}
+    out = ppo_loss(td, factored=True, entropy_coef=coefs)
+    expected = -sum(coefs[h] * out[h, "entropy"] for h in HEADS)
+    torch.testing.assert_close(out["loss_entropy"], expected)
+    with pytest.raises(ValueError, match="unknown.*'blueprnt'"):
+        ppo_loss(td, factored=True, entropy_coef={**coefs, "blueprnt": 1.0})
+    with pytest.raises(ValueError, match="missing.*'style'"):
+        ppo_loss(td, factored=True, entropy_coef={h: 1.0 for h in HEADS if h != "style"})
+
+
+def test_explained_variance_and_no_nan_on_constant_target():
+    td = factored_batch(2, 5, seed=10, grad=False)
+    td["value_target"] = td["current", "state_value"].clone()
+    assert ppo_loss(td, factored=True)["explained_variance"].item() == pytest.approx(1.0)
+    td["value_target"] = torch.full_like(td["value_target"], 3.0)
+    out = ppo_loss(td, factored=True)
+    assert all(torch.isfinite(v).all() for v in out.values(True, True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_logits_are_finite(dtype):
+    td = factored_batch(2, 5, seed=11, grad=False)
+    for head in HEADS:
+        td["current", head, "logits"] = (td["current", head, "logits"] * 30).to(dtype)
+    out = ppo_loss(td, factored=True)
+    assert all(torch.isfinite(v).all() for v in out.values(True, True))
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def test_bad_inputs_raise_clear_errors():
+    td = factored_batch(2, 4, seed=12, grad=False)
+    with pytest.raises(KeyError, match="'advantage'"):
+        ppo_loss(td.exclude("advantage"), factored=True)
+    bad = td.clone()
+    bad["advantage"] = torch.randn(2, 4, 3)
+    with pytest.raises(ValueError, match=r"'advantage' must have shape \[2, 4\] or \[2, 4, 1\]"):
+        ppo_loss(bad, factored=True)
+    bad = td.clone()
+    bad["slot", "action_mask"] = bad["slot", "action_mask"].float()
+    with pytest.raises(TypeError, match=r"\('slot', 'action_mask'\) must be torch.bool"):
+        ppo_loss(bad, factored=True)
+    bad = td.clone()
+    bad["op", "action"] = bad["op", "action"].float()
+    with pytest.raises(TypeError, match=r"\('op', 'action'\) must be an integer dtype"):
+        ppo_loss(bad, factored=True)
+    with pytest.raises(KeyError, match="mismatched head sets.*missing \\['tempo'\\]"):
+        ppo_loss(td.exclude(("current", "tempo")), factored=True)
+    extra = td.clone()
+    extra["current", "colour"] = TensorDict({"logits": torch.zeros(2, 4, 2)}, [2, 4])
+    with pytest.raises(KeyError, match="unexpected \\['colour'\\]"):
+        ppo_loss(extra, factored=True)
+    bad = td.clone()
+    bad["current", "op", "logits"] = torch.zeros(2, 4, 7)
+    with pytest.raises(ValueError, match="must have the logits' shape"):
+        ppo_loss(bad, factored=True)
+    with pytest.raises(ValueError, match="clip_epsilon"):
+        ppo_loss(td, factored=True, clip_epsilon=0.0)

@@ -1,0 +1,113 @@
+"""Head relevance (one owner, P1) and op-conditioned legality masks."""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+from tensordict import TensorDict
+
+import esper
+from esper.core import masks
+from esper.core.spec import HEADS, RELEVANCE, SLOT_FIELDS, ActionSpec, Op, Stage, relevance_table
+
+
+def _slots(stages, *, enabled=None, age=5, ramping=None) -> TensorDict:
+    stage = torch.tensor(stages, dtype=torch.int64)
+    E, S = stage.shape
+    td = TensorDict({k: torch.zeros(E, S, dtype=dt) for k, (dt, _) in SLOT_FIELDS.items()}, [E, S])
+    td["stage"] = stage
+    td["enabled"] = torch.ones(E, S, dtype=torch.bool) if enabled is None else torch.tensor(enabled)
+    td["age"] = torch.full((E, S), age)
+    if ramping is not None:
+        td["ramp_len"] = torch.tensor(ramping, dtype=torch.int64) * 3
+    return td
+
+
+def test_relevance_table_is_the_design_table():
+    table = relevance_table()
+    for op in Op:
+        for h, head in enumerate(HEADS):
+            assert bool(table[op, h]) == (head == "op" or head in RELEVANCE[op]), (op, head)
+    op = torch.tensor([[int(Op.WAIT), int(Op.PRUNE)]])
+    rel = masks.head_relevance(op)
+    assert rel.shape == (1, 2, len(HEADS))
+    assert rel[0, 0].tolist() == [True] + [False] * 7
+    assert rel[0, 1].tolist() == [h in ("op", "slot", "alpha_speed", "alpha_curve") for h in HEADS]
+
+
+def test_P1_relevance_has_one_owner():
+    """Only spec (the table) and masks (the function) may build relevance; everyone else calls
+    masks.head_relevance."""
+    root = pathlib.Path(esper.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        rel = path.relative_to(root).as_posix()
+        if rel in ("core/spec.py", "core/masks.py"):
+            continue
+        if "relevance_table(" in text or "RELEVANCE[" in text or "RELEVANCE.items" in text:
+            offenders.append(rel)
+    assert not offenders, f"relevance re-derived outside esper.core.masks: {offenders}"
+
+
+def test_op_slot_legality_rules():
+    S = Stage
+    slots = _slots(
+        [
+            [S.DORMANT, S.TRAINING, S.HOLDING, S.FOSSILIZED],
+            [S.BLENDING, S.EMBARGOED, S.PRUNED, S.GERMINATED],
+        ]
+    )
+    legal = masks.op_slot_legality(slots)
+    assert legal.shape == (2, len(Op), 4)
+    assert legal[0, Op.GERMINATE].tolist() == [True, False, False, False]
+    assert legal[0, Op.ADVANCE].tolist() == [False, True, False, False]
+    assert legal[0, Op.FOSSILIZE].tolist() == [False, False, True, False]
+    assert legal[0, Op.PRUNE].tolist() == [False, True, True, False], "fossilized seeds cannot be pruned"
+    assert legal[1, Op.SET_ALPHA_TARGET].tolist() == [True, False, False, False]
+    assert legal[1, Op.PRUNE].tolist() == [True, False, False, True]
+    assert legal[:, Op.WAIT].all()
+
+
+def test_legality_respects_age_ramp_enabled_and_seed_budget():
+    S = Stage
+    young = masks.op_slot_legality(_slots([[S.TRAINING, S.DORMANT]], age=0), min_prune_age=1)
+    assert not young[0, Op.PRUNE, 0]
+    ramping = masks.op_slot_legality(_slots([[S.BLENDING, S.HOLDING]], ramping=[[True, False]]))
+    assert ramping[0, Op.SET_ALPHA_TARGET].tolist() == [False, True]
+    assert ramping[0, Op.PRUNE].tolist() == [False, True]
+    assert ramping[0, Op.ADVANCE].tolist() == [True, False]
+    off = masks.op_slot_legality(_slots([[S.DORMANT, S.DORMANT]], enabled=[[False, True]]))
+    assert off[0, :, 0].any().item() is False, "a disabled slot allows nothing"
+    full = masks.op_slot_legality(_slots([[S.TRAINING, S.DORMANT]]), max_seeds=1)
+    assert not full[0, Op.GERMINATE].any()
+    room = masks.op_slot_legality(_slots([[S.TRAINING, S.DORMANT]]), max_seeds=2)
+    assert room[0, Op.GERMINATE].tolist() == [False, True]
+
+
+def test_action_masks_condition_slot_on_sampled_op():
+    S = Stage
+    spec = ActionSpec(n_slots=3, n_blueprints=4)
+    slots = _slots([[S.DORMANT, S.TRAINING, S.HOLDING], [S.DORMANT, S.DORMANT, S.DORMANT]])
+    legal = masks.legal_masks(slots, spec)
+    assert legal["op"].tolist() == [
+        [True, True, True, True, True, True],
+        [True, True, False, False, False, False],
+    ]
+    used = masks.action_masks(legal, torch.tensor([int(Op.FOSSILIZE), int(Op.GERMINATE)]))
+    assert list(used.keys()) == list(HEADS)
+    assert used["slot"].tolist() == [[False, False, True], [True, True, True]]
+    assert used["blueprint"].shape == (2, 4) and used["blueprint"].all()
+    for head, n in spec.sizes.items():
+        assert used[head].shape == (2, n)
+
+
+def test_legal_masks_rejects_wrong_slot_count():
+    spec = ActionSpec(n_slots=2, n_blueprints=3)
+    try:
+        masks.legal_masks(_slots([[0, 0, 0]]), spec)
+    except ValueError as e:
+        assert "[*E, 2]" in str(e)
+    else:
+        raise AssertionError("expected a ValueError")
