@@ -1,0 +1,49 @@
+"""Esper's functional core: pure functions over TensorDicts, each compiling with
+``torch.compile(fullgraph=True)``. Single-head inputs use TorchRL's key names, so another RL stack can
+call ``esper.core.gae(td, ...)`` and ``esper.core.ppo_loss(td)`` directly."""
+
+from esper.core.advantage import gae, gae_tensors, normalize_advantage
+from esper.core.distributions import (
+    k3_kl,
+    log_prob,
+    masked_categorical,
+    normalized_entropy,
+    sample,
+)
+from esper.core.health import GradHealthConfig, grad_health, lstm_health
+from esper.core.loss import ppo_loss, total_loss
+from esper.core.masks import action_masks, head_relevance, legal_masks, op_slot_legality
+from esper.core.minibatch import env_minibatches
+from esper.core.normalize import normalize, running_stats, scale, update_running_stats
+from esper.core.spec import HEADS, KEYS, ActionSpec, Keys, Op, Stage
+
+__all__ = [
+    "HEADS",
+    "KEYS",
+    "ActionSpec",
+    "GradHealthConfig",
+    "Keys",
+    "Op",
+    "Stage",
+    "action_masks",
+    "env_minibatches",
+    "gae",
+    "gae_tensors",
+    "grad_health",
+    "head_relevance",
+    "k3_kl",
+    "legal_masks",
+    "log_prob",
+    "lstm_health",
+    "masked_categorical",
+    "normalize",
+    "normalize_advantage",
+    "normalized_entropy",
+    "op_slot_legality",
+    "ppo_loss",
+    "running_stats",
+    "sample",
+    "scale",
+    "total_loss",
+    "update_running_stats",
+]

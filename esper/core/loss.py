@@ -35,8 +35,8 @@ by heads that did not matter. TorchRL's ``kl_approx`` is k1 (``old - new``); our
 
 Output: a TensorDict with TorchRL's names — ``loss_objective``, ``loss_critic``, ``loss_entropy``
 (differentiable), ``entropy`` (sum over heads of normalized entropies), ``kl_approx``,
-``clip_fraction``, ``value_clip_fraction``, ``explained_variance``, ``ESS``, ``max_ratio``, ``mean_ratio`` — plus
-``min_ratio`` of the joint ratio, ``early_stop`` (bool: ``kl_approx > 1.5 *
+``clip_fraction``, ``value_clip_fraction``, ``explained_variance``, ``ESS``, ``max_ratio``,
+``mean_ratio`` — plus ``min_ratio`` of the joint ratio, ``early_stop`` (bool: ``kl_approx > 1.5 *
 target_kl``), and per head (factored mode) ``(head, loss_objective | entropy | kl | clip_fraction |
 weight)``. ``total_loss(out)`` sums the three ``loss_*`` terms.
 """

@@ -1,0 +1,190 @@
+"""Gradient and LSTM health statistics, returned as tensors in a TensorDict.
+
+Everything is vectorized over the list of gradients (``torch._foreach_*`` ops, then ``torch.stack``):
+no per-tensor accumulation into Python numbers, no ``.item()``, no branch on values, so both
+functions compile with ``fullgraph=True`` (finding C6). The shell reads a report with one host
+transfer (:func:`esper.shell.readout.read_scalars`, finding M14).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from esper.core.checks import check_kind
+
+
+@dataclass(frozen=True, slots=True)
+class GradHealthConfig:
+    """Thresholds on per-parameter-tensor gradient norms (finding H14).
+
+    The default ``explode_norm`` is ``for_clipped_ppo(0.5)``'s: PPO's usual ``max_grad_norm`` is 0.5, and
+    a fixed threshold such as 100 says nothing under a clip of 0.5.
+    """
+
+    #: A parameter tensor whose gradient norm is below this counts as vanishing.
+    vanish_norm: float = 1e-7
+    #: A parameter tensor whose gradient norm is above this counts as exploding.
+    explode_norm: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.vanish_norm > 0 or not self.explode_norm > 0:
+            raise ValueError(
+                f"GradHealthConfig: vanish_norm and explode_norm must be > 0, got "
+                f"{self.vanish_norm}, {self.explode_norm}"
+            )
+        if not self.vanish_norm < self.explode_norm:
+            raise ValueError(
+                f"GradHealthConfig: vanish_norm ({self.vanish_norm}) must be < "
+                f"explode_norm ({self.explode_norm})"
+            )
+
+    @classmethod
+    def for_clipped_ppo(
+        cls, max_grad_norm: float, factor: float = 10.0, *, vanish_norm: float = 1e-7
+    ) -> GradHealthConfig:
+        """Thresholds for an update that clips the global grad norm to ``max_grad_norm``: a tensor whose
+        pre-clip norm is ``factor`` times the clip is exploding (the clip is doing the work)."""
+        if not max_grad_norm > 0 or not factor > 0:
+            raise ValueError(
+                f"GradHealthConfig.for_clipped_ppo: max_grad_norm and factor must be > 0, got "
+                f"{max_grad_norm}, {factor}"
+            )
+        return cls(vanish_norm=vanish_norm, explode_norm=factor * max_grad_norm)
+
+
+def grad_health(
+    grads: Sequence[torch.Tensor],
+    *,
+    groups: Sequence[int] | None = None,
+    n_groups: int = 1,
+    cfg: GradHealthConfig,
+) -> TensorDict:
+    """Health of a list of ``P`` gradient tensors (any shapes, floating, one device).
+
+    Args:
+        grads: the gradients, e.g. ``[p.grad for p in params]`` (no None entries).
+        groups: the group index (``0 <= g < n_groups``) of each gradient, e.g. one group per policy
+            head; None puts every gradient in group 0.
+        n_groups: number of groups.
+        cfg: thresholds.
+
+    Returns a TensorDict (batch size ``[]``) of tensors:
+        ``global_norm`` (L2 norm of all gradients together), ``group_norms [n_groups]`` (sqrt of the
+        group's summed squared norms; 0 for an empty group), ``param_norms [P]``, ``nan_count`` and
+        ``inf_count`` (int64 element counts), ``vanishing_frac`` and ``exploding_frac`` (share of the P
+        tensors whose norm is below ``cfg.vanish_norm`` / above ``cfg.explode_norm``; 0 when P = 0),
+        ``finite`` (bool: no NaN/Inf element). Norms are float64 if any gradient is float64, else
+        float32 (group and global sums of squares run in float64, so they do not overflow where the
+        per-tensor norms do not); a NaN element makes its norms NaN (that is the signal), zero or no
+        gradients give 0.
+    """
+    where = "grad_health"
+    grads = list(grads)
+    for i, g in enumerate(grads):
+        if not isinstance(g, torch.Tensor):
+            raise TypeError(f"{where}: grads[{i}] must be a tensor, got {type(g).__name__}")
+        check_kind(g, f"grads[{i}]", kind="float", where=where)
+    if n_groups < 1:
+        raise ValueError(f"{where}: n_groups must be >= 1, got {n_groups}")
+    if groups is None:
+        groups = [0] * len(grads)
+    groups = [int(k) for k in groups]
+    if len(groups) != len(grads):
+        raise ValueError(f"{where}: groups has {len(groups)} entries for {len(grads)} grads")
+    bad = [k for k in groups if not 0 <= k < n_groups]
+    if bad:
+        raise ValueError(f"{where}: group indices must be in [0, {n_groups}), got {bad[:5]}")
+
+    device = grads[0].device if grads else torch.device("cpu")
+    dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+    if grads:
+        param_norms = torch.stack([n.to(device) for n in torch._foreach_norm(grads, dtype=dtype)])
+        # Non-finite element counts without a per-tensor loop: g * 0 is NaN exactly where g is NaN or
+        # +-Inf and 0 elsewhere; clamping first turns +-Inf into finite values, so only NaN stays NaN.
+        # ord=0 "norms" count the non-zero (here: NaN) elements. One temporary the size of the grads.
+        tmp = torch._foreach_mul(grads, 0.0)
+        nonfinite = torch.stack([n.to(device) for n in torch._foreach_norm(tmp, ord=0, dtype=dtype)])
+        torch._foreach_copy_(tmp, grads)
+        torch._foreach_clamp_min_(tmp, -1.0)
+        torch._foreach_clamp_max_(tmp, 1.0)
+        torch._foreach_mul_(tmp, 0.0)
+        nan = torch.stack([n.to(device) for n in torch._foreach_norm(tmp, ord=0, dtype=dtype)])
+        nan_count = nan.sum().to(torch.int64)
+        inf_count = nonfinite.sum().to(torch.int64) - nan_count
+    else:
+        param_norms = torch.zeros(0, dtype=dtype, device=device)
+        nan_count = inf_count = torch.zeros((), dtype=torch.int64, device=device)
+
+    sq = param_norms.to(torch.float64).square()  # float64: squares of large finite norms stay finite
+    index = torch.tensor(groups, dtype=torch.int64, device=device)
+    group_sq = torch.zeros(n_groups, dtype=torch.float64, device=device).index_add(0, index, sq)
+    n_params = max(len(grads), 1)
+    return TensorDict(
+        {
+            "global_norm": sq.sum().sqrt().to(dtype),
+            "group_norms": group_sq.sqrt().to(dtype),
+            "param_norms": param_norms,
+            "nan_count": nan_count,
+            "inf_count": inf_count,
+            "vanishing_frac": (param_norms < cfg.vanish_norm).sum().to(dtype) / n_params,
+            "exploding_frac": (param_norms > cfg.explode_norm).sum().to(dtype) / n_params,
+            "finite": (nan_count + inf_count) == 0,
+        },
+        batch_size=[],
+    )
+
+
+def lstm_health(h: torch.Tensor, c: torch.Tensor, *, low: float = 1e-6, high: float = 100.0) -> TensorDict:
+    """Health of an LSTM's hidden and cell state.
+
+    Args:
+        h, c: floating ``[..., H]`` (e.g. ``[num_layers, B, H]``); norms are taken over the last dim.
+        low, high: a state vector (a row of ``h`` or of ``c``) whose L2 norm is below ``low`` counts as
+            too small (dead), above ``high`` as too large (saturating).
+
+    Returns a TensorDict (batch size ``[]``) of 0-dim tensors: ``h_norm_mean``, ``h_norm_max``,
+    ``c_norm_mean``, ``c_norm_max`` (float32, float64 for float64 input), ``nonfinite`` (int64 count of
+    NaN/Inf elements in ``h`` and ``c``), ``too_small_frac`` and ``too_large_frac`` (share of all rows of
+    ``h`` and ``c`` together). Empty states give zeros.
+    """
+    where = "lstm_health"
+    for name, x in (("h", h), ("c", c)):
+        check_kind(x, name, kind="float", where=where)
+        if x.dim() < 1:
+            raise ValueError(f"{where}: {name} must have shape [..., H], got []")
+    if not 0 <= low < high:
+        raise ValueError(f"{where}: need 0 <= low < high, got low={low}, high={high}")
+    dtype = torch.float64 if torch.float64 in (h.dtype, c.dtype) else torch.float32
+    h_norm = torch.linalg.vector_norm(h.to(dtype), dim=-1).reshape(-1)
+    c_norm = torch.linalg.vector_norm(c.to(dtype), dim=-1).reshape(-1)
+    norms = torch.cat([h_norm, c_norm])
+    n_rows = max(norms.numel(), 1)
+    nonfinite = (~torch.isfinite(h)).sum() + (~torch.isfinite(c)).sum()
+    return TensorDict(
+        {
+            "h_norm_mean": _mean(h_norm),
+            "h_norm_max": _max(h_norm),
+            "c_norm_mean": _mean(c_norm),
+            "c_norm_max": _max(c_norm),
+            "nonfinite": nonfinite.to(torch.int64),
+            "too_small_frac": (norms < low).sum().to(dtype) / n_rows,
+            "too_large_frac": (norms > high).sum().to(dtype) / n_rows,
+        },
+        batch_size=[],
+    )
+
+
+def _mean(x: torch.Tensor) -> torch.Tensor:
+    return x.sum() / max(x.numel(), 1)
+
+
+def _max(x: torch.Tensor) -> torch.Tensor:
+    """Max of a 1-d tensor, 0 when empty; NaN propagates."""
+    return x.new_zeros(()) if x.numel() == 0 else x.amax()
+
+
+__all__ = ["GradHealthConfig", "grad_health", "lstm_health"]

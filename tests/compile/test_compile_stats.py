@@ -1,0 +1,59 @@
+"""Running statistics and health stats under torch.compile: fullgraph traces, compiled == eager
+(finding C6 for grad_health)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from esper.core.health import GradHealthConfig, grad_health, lstm_health
+from esper.core.normalize import normalize, running_stats, scale, update_running_stats
+from tests.core.test_health import assert_matches_ref, random_grads, ref_grad_health
+
+
+@pytest.mark.parametrize("momentum", [None, 0.9])
+@pytest.mark.parametrize("masked", [True, False])
+def test_update_running_stats_compiles_fullgraph(compile_check, momentum, masked):
+    stats = update_running_stats(running_stats((3,)), torch.randn(10, 3))
+    x = torch.randn(4, 5, 3)
+    valid = torch.rand(4, 5) < 0.5 if masked else None
+    fn = lambda stats, x, valid: update_running_stats(stats, x, valid=valid, momentum=momentum)
+    compile_check(fn, stats, x, valid, rtol=1e-12, atol=1e-12)
+
+
+def test_update_from_empty_stats_compiles_fullgraph(compile_check):
+    compile_check(update_running_stats, running_stats((2, 2), dtype=torch.float32), torch.randn(6, 2, 2))
+
+
+def test_normalize_and_scale_compile_fullgraph(compile_check):
+    stats = update_running_stats(running_stats((4,)), torch.randn(30, 4) * 3 + 1)
+    x = torch.randn(8, 4) * 3
+    compile_check(lambda s, x: normalize(s, x, clip=2.0), stats, x)
+    compile_check(lambda s, x: scale(s, x, clip=None), stats, x)
+
+
+def test_C6_grad_health_compiles_fullgraph_with_nan_inf(compile_check):
+    cfg = GradHealthConfig.for_clipped_ppo(0.5)
+    grads = random_grads(3)
+    groups = [0, 1, 1, 0, 2, 1]
+    fn = lambda *g: grad_health(g, groups=groups, n_groups=3, cfg=cfg)
+    out = compile_check(fn, *grads)
+    assert out["nan_count"] == 2 and out["inf_count"] == 2 and not out["finite"]
+    assert_matches_ref(out, ref_grad_health(grads, groups, 3, cfg))
+
+
+def test_C6_grad_health_of_real_grads_compiles_fullgraph(compile_check):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    net(torch.randn(5, 6)).square().sum().backward()
+    grads = [p.grad for p in net.parameters()]
+    fn = lambda *g: grad_health(g, groups=[0, 0, 1, 1], n_groups=2, cfg=GradHealthConfig())
+    out = compile_check(fn, *grads)
+    assert out["finite"] and out["param_norms"].shape == (4,)
+    torch.testing.assert_close(out["global_norm"], torch.nn.utils.get_total_norm(grads))
+
+
+def test_lstm_health_compiles_fullgraph(compile_check):
+    h, c = torch.randn(2, 4, 8), torch.randn(2, 4, 8) * 40
+    c[0, 1, 2] = float("nan")
+    compile_check(lambda h, c: lstm_health(h, c, low=0.5, high=100.0), h, c)

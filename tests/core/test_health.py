@@ -1,0 +1,212 @@
+"""Gradient and LSTM health (findings C6, H14; M14 is in tests/shell/test_readout.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from esper.core.health import GradHealthConfig, grad_health, lstm_health
+
+NAN, INF = float("nan"), float("inf")
+
+
+def ref_grad_health(grads, groups, n_groups, cfg):
+    """A per-tensor Python loop in float64: the obviously-correct version."""
+    norms, nan, inf = [], 0, 0
+    group_sq = [0.0] * n_groups
+    for g, k in zip(grads, groups):
+        vals = g.double().reshape(-1).tolist()
+        nan += sum(math.isnan(x) for x in vals)
+        inf += sum(math.isinf(x) for x in vals)
+        n = math.sqrt(sum(x * x for x in vals))
+        norms.append(n)
+        group_sq[k] += n * n
+    p = max(len(grads), 1)
+    return {
+        "global_norm": math.sqrt(sum(n * n for n in norms)),
+        "group_norms": [math.sqrt(s) for s in group_sq],
+        "param_norms": norms,
+        "nan_count": nan,
+        "inf_count": inf,
+        "vanishing_frac": sum(n < cfg.vanish_norm for n in norms) / p,
+        "exploding_frac": sum(n > cfg.explode_norm for n in norms) / p,
+        "finite": nan + inf == 0,
+    }
+
+
+def assert_matches_ref(out, ref):
+    assert set(out.keys()) == set(ref)
+    for k, v in ref.items():
+        expected = torch.tensor(v, dtype=torch.float64)
+        torch.testing.assert_close(out[k].double(), expected, rtol=1e-5, atol=1e-6, equal_nan=True, msg=k)
+
+
+def random_grads(seed, *, n=6, inject=True):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(3, 4), (7,), (2, 2, 2), (), (5, 1), (1,)][:n]
+    grads = [torch.randn(s, generator=g) * 10 ** float(torch.randint(-9, 3, (), generator=g)) for s in shapes]
+    if inject:
+        grads[0].view(-1)[1] = NAN
+        grads[2].view(-1)[0] = INF
+        grads[2].view(-1)[3] = -INF
+        grads[4].view(-1)[2] = NAN
+    return grads
+
+
+# -------------------------------------------------------------------------------------------- config
+def test_H14_thresholds_configurable_and_sensible_for_clipped_ppo():
+    cfg = GradHealthConfig.for_clipped_ppo(0.5)
+    assert cfg.explode_norm == pytest.approx(5.0) and cfg.vanish_norm == 1e-7
+    grads = [torch.full((4,), 3.0), torch.full((1,), 1e-9), torch.full((9,), 0.1)]  # norms 6, 1e-9, 0.3
+    out = grad_health(grads, cfg=cfg)
+    assert out["exploding_frac"] == pytest.approx(1 / 3)  # the 6.0-norm tensor is flagged
+    assert out["vanishing_frac"] == pytest.approx(1 / 3)
+    # the original's fixed threshold of 100 flags nothing under a clip of 0.5
+    assert grad_health(grads, cfg=GradHealthConfig(explode_norm=100.0))["exploding_frac"] == 0
+    # the fractions move with the thresholds
+    loose = GradHealthConfig(vanish_norm=0.5, explode_norm=2.0)
+    assert grad_health(grads, cfg=loose)["vanishing_frac"] == pytest.approx(2 / 3)
+    tight = GradHealthConfig.for_clipped_ppo(0.01)  # explode_norm 0.1
+    assert grad_health(grads, cfg=tight)["exploding_frac"] == pytest.approx(2 / 3)
+    assert grad_health(grads, cfg=GradHealthConfig.for_clipped_ppo(1.0))["exploding_frac"] == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"vanish_norm": 0.0}, "> 0"),
+        ({"explode_norm": -1.0}, "> 0"),
+        ({"vanish_norm": 2.0, "explode_norm": 1.0}, "must be <"),
+    ],
+)
+def test_H14_config_rejects_bad_thresholds(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        GradHealthConfig(**kwargs)
+
+
+def test_H14_config_is_frozen_and_slotted():
+    cfg = GradHealthConfig()
+    with pytest.raises(AttributeError):
+        cfg.explode_norm = 1.0  # type: ignore[misc]
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        GradHealthConfig.for_clipped_ppo(0.0)
+
+
+# --------------------------------------------------------------------------------------- grad_health
+def test_C6_grad_health_matches_per_tensor_loop_with_nan_inf():
+    cfg = GradHealthConfig.for_clipped_ppo(0.5)
+    grads = random_grads(0)
+    groups = [0, 1, 1, 0, 2, 1]
+    out = grad_health(grads, groups=groups, n_groups=4, cfg=cfg)
+    assert_matches_ref(out, ref_grad_health(grads, groups, 4, cfg))
+    assert out["nan_count"] == 2 and out["inf_count"] == 2 and not out["finite"]
+    assert out["nan_count"].dtype == torch.int64 and out["finite"].dtype == torch.bool
+    assert out["group_norms"][3] == 0  # empty group
+
+
+@given(
+    n=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    inject=st.booleans(),
+    n_groups=st.integers(1, 3),
+    scale=st.sampled_from([1e-9, 1.0, 1e3]),
+    double=st.booleans(),
+)
+def test_grad_health_matches_reference_hypothesis(n, seed, inject, n_groups, scale, double):
+    grads = [g * scale for g in random_grads(seed, n=n, inject=inject and n >= 5)]
+    if double:
+        grads[0] = grads[0].double()
+    groups = [(i * 7 + seed) % n_groups for i in range(n)]
+    cfg = GradHealthConfig(vanish_norm=1e-8, explode_norm=1.0)
+    out = grad_health(grads, groups=groups, n_groups=n_groups, cfg=cfg)
+    assert out["param_norms"].dtype == (torch.float64 if double else torch.float32)
+    assert_matches_ref(out, ref_grad_health(grads, groups, n_groups, cfg))
+
+
+def test_grad_health_empty_and_zero_grads_are_finite():
+    cfg = GradHealthConfig()
+    for grads in ([], [torch.zeros(3), torch.zeros(2, 2)]):
+        out = grad_health(grads, n_groups=2, groups=[0] * len(grads), cfg=cfg)
+        for k in ("global_norm", "group_norms", "param_norms", "vanishing_frac", "exploding_frac"):
+            assert torch.isfinite(out[k]).all(), k
+        assert out["finite"] and out["global_norm"] == 0
+    assert grad_health([], cfg=cfg)["param_norms"].shape == (0,)
+
+
+def test_grad_health_large_finite_norms_do_not_overflow():
+    # each norm is finite in float32 but the sum of their squares is not: summed in float64
+    grads = [torch.full((1,), 1.5e19), torch.full((1,), 1.5e19)]
+    out = grad_health(grads, cfg=GradHealthConfig())
+    torch.testing.assert_close(out["global_norm"], torch.tensor(math.sqrt(2) * 1.5e19))
+    assert out["finite"]
+
+
+def test_grad_health_bad_inputs():
+    cfg = GradHealthConfig()
+    with pytest.raises(TypeError, match=r"grads\[1\]"):
+        grad_health([torch.zeros(2), torch.zeros(2, dtype=torch.int64)], cfg=cfg)
+    with pytest.raises(TypeError, match=r"grads\[0\].*NoneType"):
+        grad_health([None], cfg=cfg)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="groups has 1 entries for 2"):
+        grad_health([torch.zeros(2), torch.zeros(2)], groups=[0], cfg=cfg)
+    with pytest.raises(ValueError, match=r"\[0, 2\)"):
+        grad_health([torch.zeros(2)], groups=[2], n_groups=2, cfg=cfg)
+
+
+# --------------------------------------------------------------------------------------- lstm_health
+def ref_lstm_health(h, c, low, high):
+    def rows(x):
+        return [math.sqrt(sum(v * v for v in row)) for row in x.double().reshape(-1, x.shape[-1]).tolist()]
+
+    hn, cn = rows(h), rows(c)
+    both = hn + cn
+    nonfinite = sum(not math.isfinite(v) for x in (h, c) for v in x.double().reshape(-1).tolist())
+    mean = lambda xs: sum(xs) / max(len(xs), 1)
+    mx = lambda xs: (math.nan if any(math.isnan(v) for v in xs) else max(xs)) if xs else 0.0
+    return {
+        "h_norm_mean": mean(hn),
+        "h_norm_max": mx(hn),
+        "c_norm_mean": mean(cn),
+        "c_norm_max": mx(cn),
+        "nonfinite": nonfinite,
+        "too_small_frac": sum(v < low for v in both) / max(len(both), 1),
+        "too_large_frac": sum(v > high for v in both) / max(len(both), 1),
+    }
+
+
+@given(
+    layers=st.integers(1, 2),
+    batch=st.integers(0, 4),
+    hidden=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    inject=st.booleans(),
+)
+def test_lstm_health_matches_reference_hypothesis(layers, batch, hidden, seed, inject):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(layers, batch, hidden, generator=g)
+    c = torch.randn(layers, batch, hidden, generator=g) * 60
+    if batch > 1:
+        h[0, 0] = 0.0  # a dead row
+    if inject and batch > 0:
+        c[-1, -1, 0] = NAN
+        h[-1, -1, -1] = INF
+    out = lstm_health(h, c, low=1e-6, high=100.0)
+    assert_matches_ref(out, ref_lstm_health(h, c, 1e-6, 100.0))
+
+
+def test_lstm_health_thresholds_and_errors():
+    h = torch.tensor([[0.0, 0.0], [3.0, 4.0]])
+    c = torch.tensor([[300.0, 400.0], [0.6, 0.8]])
+    out = lstm_health(h, c, low=1e-3, high=10.0)
+    assert out["too_small_frac"] == 0.25 and out["too_large_frac"] == 0.25
+    assert out["h_norm_max"] == 5.0 and out["c_norm_mean"] == pytest.approx(250.5)
+    with pytest.raises(ValueError, match="low"):
+        lstm_health(h, c, low=5.0, high=1.0)
+    with pytest.raises(TypeError, match="'c'"):
+        lstm_health(h, c.long())
+    with pytest.raises(ValueError, match=r"h must have shape \[\.\.\., H\]"):
+        lstm_health(torch.tensor(1.0), c)
