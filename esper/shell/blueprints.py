@@ -1,0 +1,267 @@
+"""Seed blueprints: small modules that map a host activation to a residual delta of the same shape.
+
+One registry per host family. The tuple order is the blueprint head's index order, so it is fixed
+here and nowhere else; it is sorted by parameter count at the default widths (smallest first), which
+the tests check:
+
+- ``"cnn"`` (activation ``[N, C, H, W]``); params for ``C``, and at C = 16 / 32 / 64:
+
+  - noop: zeros. 0
+  - norm: ``tanh(s)·(GroupNorm(x) − x)``. 2C + 1 (33 / 65 / 129)
+  - attention: squeeze-excite, ``x·tanh(MLP(mean_hw(x)))``, r = C/4. C²/2 + 5C/4 (148 / 552 / 2128)
+  - depthwise: dw3×3 → GN → ReLU → pw1×1. C² + 11C (432 / 1376 / 4800)
+  - bottleneck: 1×1 C→C/2 → GN → ReLU → 3×3 → GN → ReLU → 1×1 C/2→C. 3.25C² + 2C
+    (864 / 3392 / 13440)
+  - conv_small: 3×3 C→C/2 → GN → ReLU → 1×1 C/2→C. 5C² + C (1296 / 5152 / 20544)
+  - conv_light: 3×3 → GN → ReLU → 1×1. 10C² + 2C (2592 / 10304 / 41088)
+  - conv_heavy: 3×3 → GN → ReLU → 3×3. 18C² + 2C (4640 / 18496 / 73856)
+
+- ``"transformer"`` (activation ``[N, L, D]``, the residual stream of a causal LM); params at D = 64:
+
+  - noop: zeros. 0
+  - norm: ``tanh(s)·(LayerNorm(x) − x)``. 2D + 1 (129)
+  - lora: ``x·A·B``, rank 8, B = 0. 16D (1024)
+  - lora_large: rank min(32, D). 64D (4096)
+  - mlp_small: LN → Linear(D, D) → GELU → Linear(D, D). 2D² + 4D (8448)
+  - attention: LN → causal self-attention, 4 heads (fewer if D is not divisible). 4D² + 6D (16768)
+  - mlp: LN → Linear(D, 4D) → GELU → Linear(4D, D). 8D² + 7D (33216)
+
+Inits are gentle: the last projection of every seed with hidden layers is its default init scaled by
+:data:`FINAL_INIT_SCALE` (biases zero), LoRA's up-projection and the norm seed's scale start at exactly
+zero, so a fresh seed's delta is (near) zero and blending starts from the host's own function. Every
+listed name builds a real module (the reference silently mapped conv_heavy to a no-op). Transformer
+seeds are causal: nothing at position t reads positions > t.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: Blueprint names per host family, in the blueprint head's index order (sorted by parameter count).
+BLUEPRINTS: dict[str, tuple[str, ...]] = {
+    "cnn": (
+        "noop",
+        "norm",
+        "attention",
+        "depthwise",
+        "bottleneck",
+        "conv_small",
+        "conv_light",
+        "conv_heavy",
+    ),
+    "transformer": ("noop", "norm", "lora", "lora_large", "mlp_small", "attention", "mlp"),
+}
+
+#: The final projection of a seed starts at its default init times this (biases zero).
+FINAL_INIT_SCALE = 1e-2
+
+
+def _near_zero_(layer: nn.Module, scale: float = FINAL_INIT_SCALE) -> nn.Module:
+    with torch.no_grad():
+        layer.weight.mul_(scale)
+        if getattr(layer, "bias", None) is not None:
+            layer.bias.zero_()
+    return layer
+
+
+def _groups(channels: int) -> int:
+    """GroupNorm groups: the most of (8, 4, 2) that leaves >= 2 channels per group, else 1."""
+    for g in (8, 4, 2):
+        if channels % g == 0 and channels // g >= 2:
+            return g
+    return 1
+
+
+def n_heads_for(width: int, preferred: int = 4) -> int:
+    """The largest head count <= ``preferred`` that divides ``width``."""
+    for h in range(min(preferred, width), 0, -1):
+        if width % h == 0:
+            return h
+    return 1
+
+
+# ---------------------------------------------------------------------------------------- modules
+class Zero(nn.Module):
+    """The no-op seed: a zero delta, no parameters."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
+class NormSeed(nn.Module):
+    """``tanh(s) · (norm(x) − x)``: moves the activation towards its normalized version by a bounded,
+    learned amount; ``s`` starts at 0."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.norm = norm
+        self.scale = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.scale) * (self.norm(x) - x)
+
+
+class SqueezeExcite(nn.Module):
+    """Channel attention on ``[N, C, H, W]``: ``delta = x · tanh(MLP(mean_hw(x)))``, so the composed
+    output rescales channels by a factor in (0, 2) per sample; the MLP's last layer starts near zero."""
+
+    def __init__(self, channels: int, reduction: int = 4):
+        super().__init__()
+        hidden = max(1, channels // reduction)
+        self.fc1 = nn.Linear(channels, hidden)
+        self.fc2 = _near_zero_(nn.Linear(hidden, channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.fc2(F.relu(self.fc1(x.mean(dim=(2, 3)))))  # [N, C]
+        return x * torch.tanh(z)[:, :, None, None]
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention on ``[N, L, D]`` (used by the transformer host and seeds)."""
+
+    def __init__(self, width: int, n_heads: int, dropout: float = 0.0):
+        super().__init__()
+        if width % n_heads:
+            raise ValueError(f"CausalSelfAttention: width {width} not divisible by n_heads {n_heads}")
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, length, d = x.shape
+        # [N, L, 3D] -> [3, N, H, L, D/H]
+        q, k, v = self.qkv(x).view(n, length, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)  # [N, H, L, D/H]
+        return self.proj(y.transpose(1, 2).reshape(n, length, d))
+
+
+class LoRA(nn.Module):
+    """Low-rank linear delta on the residual stream: ``x A B`` with ``B`` zero at init."""
+
+    def __init__(self, width: int, rank: int):
+        super().__init__()
+        self.down = nn.Linear(width, rank, bias=False)
+        self.up = nn.Linear(rank, width, bias=False)
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.down(x))
+
+
+class PreNorm(nn.Module):
+    """``body(LayerNorm(x))``: transformer seeds read a normalized residual stream."""
+
+    def __init__(self, width: int, body: nn.Module):
+        super().__init__()
+        self.ln = nn.LayerNorm(width)
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(self.ln(x))
+
+
+# ---------------------------------------------------------------------------------------- builders
+def _conv(c_in: int, c_out: int, k: int, groups: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(c_in, c_out, k, padding=k // 2, groups=groups, bias=False)
+
+
+def _gn_relu(c: int) -> list[nn.Module]:
+    return [nn.GroupNorm(_groups(c), c), nn.ReLU()]
+
+
+def _build_cnn(name: str, c: int) -> nn.Module:
+    half = max(1, c // 2)
+    if name == "noop":
+        return Zero()
+    if name == "norm":
+        return NormSeed(nn.GroupNorm(_groups(c), c))
+    if name == "attention":
+        return SqueezeExcite(c)
+    if name == "depthwise":
+        return nn.Sequential(_conv(c, c, 3, groups=c), *_gn_relu(c), _near_zero_(_conv(c, c, 1)))
+    if name == "bottleneck":
+        return nn.Sequential(
+            _conv(c, half, 1), *_gn_relu(half), _conv(half, half, 3), *_gn_relu(half),
+            _near_zero_(_conv(half, c, 1)),
+        )  # fmt: skip
+    if name == "conv_small":
+        return nn.Sequential(_conv(c, half, 3), *_gn_relu(half), _near_zero_(_conv(half, c, 1)))
+    if name == "conv_light":
+        return nn.Sequential(_conv(c, c, 3), *_gn_relu(c), _near_zero_(_conv(c, c, 1)))
+    if name == "conv_heavy":
+        return nn.Sequential(_conv(c, c, 3), *_gn_relu(c), _near_zero_(_conv(c, c, 3)))
+    raise AssertionError(name)  # unreachable: names are checked against BLUEPRINTS first
+
+
+def _mlp(d: int, hidden: int) -> nn.Module:
+    return PreNorm(d, nn.Sequential(nn.Linear(d, hidden), nn.GELU(), _near_zero_(nn.Linear(hidden, d))))
+
+
+def _build_transformer(name: str, d: int) -> nn.Module:
+    if name == "noop":
+        return Zero()
+    if name == "norm":
+        return NormSeed(nn.LayerNorm(d))
+    if name == "lora":
+        return LoRA(d, min(8, d))
+    if name == "lora_large":
+        return LoRA(d, min(32, d))
+    if name == "mlp_small":
+        return _mlp(d, d)
+    if name == "attention":
+        attn = CausalSelfAttention(d, n_heads_for(d, 4))
+        _near_zero_(attn.proj)
+        return PreNorm(d, attn)
+    if name == "mlp":
+        return _mlp(d, 4 * d)
+    raise AssertionError(name)
+
+
+_BUILDERS = {"cnn": _build_cnn, "transformer": _build_transformer}
+
+
+def blueprint_index(family: str, name: str) -> int:
+    """Index of ``name`` in ``BLUEPRINTS[family]`` (the blueprint head's action index)."""
+    names = _names(family)
+    if name not in names:
+        raise ValueError(f"unknown {family} blueprint {name!r}; valid: {', '.join(names)}")
+    return names.index(name)
+
+
+def _names(family: str) -> tuple[str, ...]:
+    if family not in BLUEPRINTS:
+        raise ValueError(f"unknown host family {family!r}; valid: {', '.join(BLUEPRINTS)}")
+    return BLUEPRINTS[family]
+
+
+def build_blueprint(family: str, name: str, width: int) -> nn.Module:
+    """Build blueprint ``name`` of host family ``family`` for activations of ``width`` channels (CNN)
+    or features (transformer). The module maps ``x`` to a delta of ``x``'s shape."""
+    blueprint_index(family, name)  # raises ValueError listing the valid names
+    if width < 1:
+        raise ValueError(f"build_blueprint: width must be >= 1, got {width}")
+    return _BUILDERS[family](name, width)
+
+
+def param_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+__all__ = [
+    "BLUEPRINTS",
+    "FINAL_INIT_SCALE",
+    "CausalSelfAttention",
+    "LoRA",
+    "NormSeed",
+    "PreNorm",
+    "SqueezeExcite",
+    "Zero",
+    "blueprint_index",
+    "build_blueprint",
+    "n_heads_for",
+    "param_count",
+]

@@ -1,0 +1,161 @@
+"""Tamiyo's network: a factored recurrent actor-critic.
+
+Trunk: ``Linear(obs -> hidden) -> LayerNorm -> ReLU -> LSTM(hidden) -> LayerNorm``. One head per
+action head (``Linear -> ReLU -> Linear``) and a value head. The op head reads the trunk features; every
+other head also reads a learned embedding of the sampled op, so "which slot" can depend on "to do
+what" (the op is sampled first and the slot mask is conditioned on it, :func:`esper.core.masks.action_masks`).
+
+Two entry points, named for what they return:
+
+- :meth:`act` — one step for all envs: sample every head under its legality mask, return the
+  per-head action / log-prob / mask actually used, V(s) and the next recurrent state.
+- :meth:`evaluate` — whole ``[E, T]`` sequences from a stored initial state, re-scoring stored ops:
+  per-head logits and V, ready to go under ``"current"`` for :func:`esper.core.ppo_loss`.
+
+Masks are applied inside :mod:`esper.core.distributions` (upcast, most-negative-finite fill), so
+fp16/bf16 logits stay NaN-free. An all-False mask row is a bug and raises here, before sampling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from esper.core import distributions as dist
+from esper.core.masks import action_masks
+from esper.core.spec import HEADS, ActionSpec, Op
+
+RecurrentState = tuple[torch.Tensor, torch.Tensor]
+
+
+def _mlp(n_in: int, n_hidden: int, n_out: int, out_gain: float) -> nn.Sequential:
+    net = nn.Sequential(nn.Linear(n_in, n_hidden), nn.ReLU(), nn.Linear(n_hidden, n_out))
+    nn.init.orthogonal_(net[0].weight, math.sqrt(2))
+    nn.init.zeros_(net[0].bias)
+    nn.init.orthogonal_(net[2].weight, out_gain)
+    nn.init.zeros_(net[2].bias)
+    return net
+
+
+class FactoredRecurrentActorCritic(nn.Module):
+    def __init__(
+        self, obs_dim: int, spec: ActionSpec, *, hidden: int = 128, head_hidden: int = 64, op_embed: int = 16
+    ) -> None:
+        super().__init__()
+        if obs_dim < 1 or hidden < 1 or head_hidden < 1:
+            raise ValueError(
+                f"obs_dim, hidden and head_hidden must be >= 1, got {obs_dim}, {hidden}, {head_hidden}"
+            )
+        self.obs_dim, self.spec, self.hidden = obs_dim, spec, hidden
+        self.encoder = nn.Sequential(nn.Linear(obs_dim, hidden), nn.LayerNorm(hidden), nn.ReLU())
+        nn.init.orthogonal_(self.encoder[0].weight, math.sqrt(2))
+        nn.init.zeros_(self.encoder[0].bias)
+        self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
+        for name, p in self.lstm.named_parameters():
+            if "weight" in name:
+                nn.init.orthogonal_(p)
+            else:
+                nn.init.zeros_(p)
+                p.data[hidden : 2 * hidden] = 1.0  # forget-gate bias
+        self.post_norm = nn.LayerNorm(hidden)
+        self.op_embedding = nn.Embedding(len(Op), op_embed)
+        sizes = spec.sizes
+        self.heads = nn.ModuleDict(
+            {h: _mlp(hidden + (0 if h == "op" else op_embed), head_hidden, sizes[h], 0.01) for h in HEADS}
+        )
+        self.value_head = _mlp(hidden, head_hidden, 1, 1.0)
+
+    # ------------------------------------------------------------------------------------ building blocks
+    def initial_state(self, batch: int, device: torch.device | str | None = None) -> RecurrentState:
+        """Zero ``(h, c)``, each ``[1, batch, hidden]``: the state at the start of an episode."""
+        z = torch.zeros(1, batch, self.hidden, device=device)
+        return z, z.clone()
+
+    def features(self, obs: torch.Tensor, state: RecurrentState) -> tuple[torch.Tensor, RecurrentState]:
+        """``obs [E, T, obs_dim]`` -> trunk features ``[E, T, hidden]`` and the state after step T."""
+        if obs.dim() != 3 or obs.shape[-1] != self.obs_dim:
+            raise ValueError(f"observation must be [E, T, {self.obs_dim}], got {list(obs.shape)}")
+        x, new_state = self.lstm(self.encoder(obs), state)
+        return self.post_norm(x), new_state
+
+    def head_logits(self, feats: torch.Tensor, op: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Logits of every head; the non-op heads conditioned on ``op`` (``feats.shape[:-1]``)."""
+        cond = torch.cat([feats, self.op_embedding(op)], dim=-1)
+        return {h: self.heads[h](feats if h == "op" else cond) for h in HEADS}
+
+    def value(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.value_head(feats).squeeze(-1)
+
+    # ------------------------------------------------------------------------------------- entry points
+    @torch.no_grad()
+    def act(
+        self,
+        obs: torch.Tensor,
+        state: RecurrentState,
+        legal: TensorDict,
+        *,
+        generator: torch.Generator | None = None,
+        deterministic: bool = False,
+    ) -> tuple[TensorDict, RecurrentState]:
+        """One step for every env. ``obs [E, obs_dim]``; ``legal`` from
+        :func:`esper.core.masks.legal_masks` (batch ``[E]``). Returns a TensorDict ``[E]`` with
+        ``(head, action | action_log_prob | action_mask)`` per head and ``state_value``, and the new
+        recurrent state. Raises if some env has no legal op (a lifecycle bug)."""
+        check_masks(legal["op"], "op")
+        feats, new_state = self.features(obs.unsqueeze(1), state)
+        feats = feats.squeeze(1)
+        op_logits = self.heads["op"](feats)
+        op = dist.sample(op_logits, legal["op"], generator=generator, deterministic=deterministic)
+        used = action_masks(legal, op)
+        check_masks(used["slot"], "slot")
+        logits = self.head_logits(feats, op)
+        logits["op"] = op_logits
+        out = TensorDict({}, batch_size=obs.shape[:1], device=obs.device)
+        for head in HEADS:
+            mask = used[head]
+            a = (
+                op
+                if head == "op"
+                else dist.sample(logits[head], mask, generator=generator, deterministic=deterministic)
+            )
+            out[head] = TensorDict(
+                {"action": a, "action_log_prob": dist.log_prob(logits[head], a, mask), "action_mask": mask},
+                batch_size=obs.shape[:1],
+            )
+        out["state_value"] = self.value(feats)
+        return out, new_state
+
+    def evaluate(self, obs: torch.Tensor, state: RecurrentState, op: torch.Tensor) -> TensorDict:
+        """Re-score stored ``[E, T]`` sequences that start at ``state``: per-head logits ``[E, T, n]``
+        (under ``(head, "logits")``) and ``state_value [E, T]``, with grad. ``op [E, T]`` is the
+        stored op action that the other heads are conditioned on."""
+        feats, _ = self.features(obs, state)
+        logits = self.head_logits(feats, op)
+        out = TensorDict(
+            {h: TensorDict({"logits": logits[h]}, batch_size=op.shape) for h in HEADS}, batch_size=op.shape
+        )
+        out["state_value"] = self.value(feats)
+        return out
+
+    @torch.no_grad()
+    def bootstrap_value(self, obs: torch.Tensor, state: RecurrentState) -> torch.Tensor:
+        """V of the post-action observation ``obs [E, obs_dim]`` with the post-action state."""
+        feats, _ = self.features(obs.unsqueeze(1), state)
+        return self.value(feats.squeeze(1))
+
+
+def check_masks(mask: torch.Tensor, head: str) -> None:
+    """Raise if some row of a legality mask is all False (host sync: the shell's boundary check)."""
+    empty = ~mask.any(-1)
+    if bool(empty.any()):  # sync point: one read per head per step, only to fail loudly
+        rows = empty.nonzero().flatten().tolist()
+        raise RuntimeError(
+            f"no legal choice for head {head!r} in env(s) {rows}: the lifecycle state allowed nothing, "
+            "which is a bug (WAIT is always legal for op)"
+        )
+
+
+__all__ = ["FactoredRecurrentActorCritic", "RecurrentState", "check_masks"]
