@@ -1,0 +1,156 @@
+"""Generic helpers for frozen, slotted config dataclasses: documented fields, strict conversion to and
+from plain dicts (unknown keys rejected), and typed parsing of ``section.field=value`` overrides.
+
+Field docs live in ``field(metadata={"doc": ...})`` (use :func:`doc`); they become the CLI's help.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from typing import Any
+
+
+def doc(default: Any, text: str) -> Any:
+    """A dataclass field with a default and a one-line doc."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use an immutable default (tuple) for config fields")
+    return dataclasses.field(default=default, metadata={"doc": text})
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Nested plain dict (enums by name, tuples as lists) — JSON-ready."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            out[f.name] = to_dict(v)
+        elif isinstance(v, enum.Enum):
+            out[f.name] = v.name
+        elif isinstance(v, tuple):
+            out[f.name] = list(v)
+        else:
+            out[f.name] = v
+    return out
+
+
+def from_dict(cls: type, data: dict[str, Any], *, path: str = "") -> Any:
+    """Build ``cls`` from a nested dict; unknown keys raise, missing keys keep their defaults."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown config key(s) {[_join(path, k) for k in unknown]}; valid: {sorted(names)}")
+    kwargs = {}
+    for name, value in data.items():
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = from_dict(tp, value, path=_join(path, name))
+        else:
+            kwargs[name] = coerce(tp, value, name=_join(path, name))
+    return cls(**kwargs)
+
+
+def fields_flat(cfg_cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """``[(dotted name, type, doc)]`` of every leaf field, nested sections included."""
+    out = []
+    hints = typing.get_type_hints(cfg_cls)
+    for f in dataclasses.fields(cfg_cls):
+        tp = hints[f.name]
+        name = _join(prefix, f.name)
+        if dataclasses.is_dataclass(tp):
+            out.extend(fields_flat(tp, name))
+        else:
+            out.append((name, tp, f.metadata.get("doc", "")))
+    return out
+
+
+def with_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """Return ``cfg`` with dotted-path overrides applied (``{"ppo.lr": "1e-4"}``); strings are parsed
+    by the field's type. Unknown paths raise with the valid ones listed."""
+    for dotted, value in overrides.items():
+        cfg = _replace_path(cfg, dotted.split("."), value, dotted)
+    return cfg
+
+
+def _replace_path(cfg: Any, parts: list[str], value: Any, dotted: str) -> Any:
+    hints = typing.get_type_hints(type(cfg))
+    if parts[0] not in hints:
+        valid = sorted(n for n, _, _ in fields_flat(type(cfg)))
+        raise ValueError(f"unknown option {dotted!r}; valid options: {', '.join(valid)}")
+    sub = getattr(cfg, parts[0])
+    if len(parts) == 1:
+        if dataclasses.is_dataclass(sub):
+            raise ValueError(f"{dotted!r} is a section; set one of its fields, e.g. {dotted}.<field>")
+        return dataclasses.replace(cfg, **{parts[0]: coerce(hints[parts[0]], value, name=dotted)})
+    if not dataclasses.is_dataclass(sub):
+        raise ValueError(f"unknown option {dotted!r}: {parts[0]!r} is not a section")
+    return dataclasses.replace(cfg, **{parts[0]: _replace_path(sub, parts[1:], value, dotted)})
+
+
+def coerce(tp: Any, value: Any, *, name: str) -> Any:
+    """Convert ``value`` (often a CLI string) to the annotated type ``tp`` or raise a clear error."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(arg, value, name=name)
+            except (TypeError, ValueError) as e:
+                errors.append(str(e))
+        raise ValueError(f"{name}: cannot read {value!r} as {tp}: {'; '.join(errors)}")
+    if origin is tuple:
+        items = value.split(",") if isinstance(value, str) else list(value)
+        items = [i.strip() for i in items] if isinstance(value, str) else items
+        items = [i for i in items if i != ""]
+        inner = args[0] if args else str
+        return tuple(coerce(inner, i, name=name) for i in items)
+    if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{name}: {value!r} is not one of {list(args)}")
+        return value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if isinstance(value, tp):
+            return value
+        key = str(value).upper()
+        if key not in tp.__members__:
+            raise ValueError(f"{name}: {value!r} is not one of {list(tp.__members__)}")
+        return tp[key]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        s = str(value).lower()
+        if s in ("1", "true", "yes", "on"):
+            return True
+        if s in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name}: {value!r} is not a boolean (true/false)")
+    if tp is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"{name}: {value!r} is not an integer")
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"{name}: {value!r} is not an integer") from None
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: {value!r} is not a number") from None
+    if tp is str:
+        return str(value)
+    if tp is Any:
+        return value
+    raise TypeError(f"{name}: unsupported config type {tp}")
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name

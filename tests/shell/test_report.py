@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+import pytest
+
+from esper.core.spec import HEADS, Stage
+from esper.shell.report import main
+from esper.shell.telemetry import EventLog
+
+PNG = b"\x89PNG\r\n\x1a\n"
+SLOTS = ("b0", "b1")
+
+
+def _write_run(
+    run_dir, *, n_updates: int = 3, n_envs: int = 2, n_epochs: int = 6, ppo: bool = True, runpy: bool = False
+) -> None:
+    """A synthetic log. ``runpy``: the variant esper.shell.run writes (provenance dict, slot indices,
+    past-tense lifecycle kinds, no slot_names)."""
+    config = {"n_envs": n_envs, "env": {"max_epochs": n_epochs}, "ppo": {"lr": 3e-4}, "seed": 7}
+    prov = {"versions": {"torch": "2.13.0"}, "git_rev": "abc1234", "device": "cpu"}
+    if runpy:
+        prov = {"provenance": {"torch": "2.13.0", "git_rev": "abc1234", "device": "cpu"}}
+    slot = 0 if runpy else "b0"
+    kinds = ("germinated", "fossilized") if runpy else ("germinate", "fossilize")
+    with EventLog(run_dir / "events.jsonl") as log:
+        log.write("run_start", config=config, **prov)
+        for u in range(n_updates):
+            for ep in range(n_epochs):
+                stage = Stage.TRAINING if ep < 3 else Stage.FOSSILIZED
+                log.write(
+                    "epoch",
+                    update=u,
+                    epoch=ep,
+                    val_acc=[0.5 + 0.01 * ep] * n_envs,
+                    val_loss=[1.0] * n_envs,
+                    train_loss=[1.1] * n_envs,
+                    reward=[0.1] * n_envs,
+                    op=["WAIT"] * n_envs,
+                    slot=["b0"] * n_envs,
+                    blueprint=["conv_light"] * n_envs,
+                    stage=[[stage, Stage.DORMANT] for _ in range(n_envs)],
+                    alpha=[[0.0 if ep < 3 else 1.0, 0.0] for _ in range(n_envs)],
+                    **({} if runpy else {"slot_names": list(SLOTS)}),
+                    timings={"train": 0.1},
+                )
+            for env in range(n_envs):
+                log.write(
+                    "lifecycle",
+                    update=u,
+                    epoch=0,
+                    env=env,
+                    slot=slot,
+                    kind=kinds[0],
+                    blueprint="conv_light",
+                    stage=Stage.GERMINATED,
+                )
+                log.write(
+                    "lifecycle",
+                    update=u,
+                    epoch=3,
+                    env=env,
+                    slot=slot,
+                    kind=kinds[1],
+                    blueprint="conv_light",
+                    stage=Stage.FOSSILIZED,
+                )
+                log.write(
+                    "episode",
+                    update=u,
+                    env=env,
+                    **{"return": 1.0 + u + env},
+                    final_val_acc=0.60 + 0.1 * u,
+                    best_val_acc=0.65 + 0.1 * u,
+                    n_fossilized=1,
+                    n_pruned=0,
+                    reward_components={"accuracy": 1.0},
+                    op_counts={"WAIT": 4, "GERMINATE": 1, "FOSSILIZE": 1},
+                )
+            if ppo:
+                log.write(
+                    "ppo_update",
+                    update=u,
+                    loss_objective=-0.01 * u,
+                    loss_critic=0.5 / (u + 1),
+                    loss_entropy=-0.05,
+                    entropy=4.0,
+                    kl_approx=0.01,
+                    clip_fraction=0.1,
+                    explained_variance=0.3,
+                    max_ratio=1.2,
+                    min_ratio=0.8,
+                    head_entropy={h: 0.9 - 0.1 * u for h in HEADS},
+                    head_weight=dict.fromkeys(HEADS, 0.5),
+                )
+        log.write(
+            "anomaly", update=1, kind="kl_spike", value=0.08, threshold=0.03, detail="kl_approx > 3 x EMA"
+        )
+        log.write("governor", update=2, epoch=4, env=1, reason="spike")
+        log.write("run_end", summary={"best_val_acc": 0.85})
+
+
+def _is_png(path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == PNG
+
+
+def test_report_writes_plots_and_summary(tmp_path):
+    _write_run(tmp_path)
+    assert main([str(tmp_path)]) == 0
+    plots = tmp_path / "plots"
+    for name in ("returns", "accuracy", "entropy", "seed_timeline", "losses"):
+        assert _is_png(plots / f"{name}.png"), name
+    md = (tmp_path / "report.md").read_text()
+    assert "updates: 3 (3 PPO updates, 6 episodes)" in md
+    assert "final val accuracy (update 2, mean over 2 envs): 0.8" in md
+    assert "best val accuracy (any episode): 0.85" in md
+    assert "mean return: 1.5 (update 0) → 3.5 (update 2); slope 1 per update" in md
+    assert "fossilize 6" in md and "germinate 6" in md
+    assert "governor rollbacks: 1 (spike 1)" in md
+    assert "kl_spike" in md and "Anomalies (1)" in md
+    assert "`n_envs` | 2" in md and "`ppo.lr` | 0.0003" in md and "abc1234" in md
+    assert "![seed_timeline](plots/seed_timeline.png)" in md
+
+
+def test_report_on_a_heuristic_run_skips_ppo_plots(tmp_path):
+    _write_run(tmp_path, n_updates=1, n_envs=1, n_epochs=2, ppo=False, runpy=True)
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('{"event": "epoch", "upd')  # a crash mid-line
+    assert main([str(tmp_path)]) == 0
+    plots = tmp_path / "plots"
+    assert _is_png(plots / "returns.png") and _is_png(plots / "seed_timeline.png")
+    assert not (plots / "entropy.png").exists() and not (plots / "losses.png").exists()
+    md = (tmp_path / "report.md").read_text()
+    assert "updates: 1 (0 PPO updates, 1 episodes)" in md and "entropy.png" not in md
+    assert "git: `abc1234`" in md and "torch 2.13.0" in md and "germinated 1" in md
+
+
+def test_report_errors_clearly_on_missing_inputs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as err:
+        main([str(tmp_path / "nope")])
+    assert err.value.code == 2 and "nope does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
+    assert "events.jsonl does not exist" in capsys.readouterr().err
