@@ -11,10 +11,21 @@ from esper.core.distributions import (
     sample,
 )
 from esper.core.health import GradHealthConfig, grad_health, lstm_health
+from esper.core.lifecycle import (
+    LifecycleConfig,
+    alpha_at,
+    clear_seeds,
+    gate_readiness,
+    init_slots,
+    lifecycle_step,
+    record_signals,
+)
 from esper.core.loss import ppo_loss, total_loss
 from esper.core.masks import action_masks, head_relevance, legal_masks, op_slot_legality
 from esper.core.minibatch import env_minibatches
 from esper.core.normalize import normalize, running_stats, scale, update_running_stats
+from esper.core.observation import init_history, obs_dim, observe, update_history
+from esper.core.rewards import RewardConfig, RewardFamily, RewardMode, compute_reward
 from esper.core.spec import HEADS, KEYS, ActionSpec, Keys, Op, Stage
 
 __all__ = [
@@ -23,27 +34,42 @@ __all__ = [
     "ActionSpec",
     "GradHealthConfig",
     "Keys",
+    "LifecycleConfig",
     "Op",
+    "RewardConfig",
+    "RewardFamily",
+    "RewardMode",
     "Stage",
     "action_masks",
+    "alpha_at",
+    "clear_seeds",
+    "compute_reward",
     "env_minibatches",
     "gae",
     "gae_tensors",
+    "gate_readiness",
     "grad_health",
     "head_relevance",
+    "init_history",
+    "init_slots",
     "k3_kl",
     "legal_masks",
+    "lifecycle_step",
     "log_prob",
     "lstm_health",
     "masked_categorical",
     "normalize",
     "normalize_advantage",
     "normalized_entropy",
+    "obs_dim",
+    "observe",
     "op_slot_legality",
     "ppo_loss",
+    "record_signals",
     "running_stats",
     "sample",
     "scale",
     "total_loss",
+    "update_history",
     "update_running_stats",
 ]

@@ -1,0 +1,476 @@
+"""The seed lifecycle as a tensorized state machine: every slot of every env advances in one call.
+
+Slot state is a TensorDict ``[*E, S]`` with the fields of :data:`esper.core.spec.SLOT_FIELDS`. Per RL
+step the shell calls :func:`record_signals` (measurements: contribution, parameter count, gradient-
+ratio EMA), then, once the policy acted, :func:`lifecycle_step` (the decision and the mechanical
+end-of-epoch advance). Both are pure, vectorized with ``torch.where``, and compile with
+``fullgraph=True``.
+
+Transitions of :func:`lifecycle_step`, in order. The sampled ``(op, slot)`` pair is first checked
+against :func:`esper.core.masks.op_slot_legality`; an illegal pair changes nothing and raises the
+``illegal`` event on the chosen slot. Gates read the pre-step state and this epoch's signals.
+
+- **GERMINATE** (DORMANT, enabled, room for a seed): G0 = the blueprint index is in
+  ``[0, n_blueprints)``. Pass: GERMINATED; blueprint, style, tempo and ``ALPHA_TARGETS[alpha_target]``
+  stored; ``acc_at_germination`` = this epoch's val_acc; age 0. Fail: ``germinate_failed``.
+- **ADVANCE** on TRAINING: G2 = ``epochs_in_stage >= g2_min_epochs``, val_acc gain since the stage
+  began ``>= g2_min_gain`` and gradient-ratio EMA ``>= g2_min_grad_ratio``. Pass: BLENDING, with a
+  blend-in ramp from 0 to ``alpha_target`` over ``TEMPO_EPOCHS[tempo]`` epochs along
+  ``STYLE_BLEND_CURVE[style]``. ADVANCE on BLENDING: G3 = ``epochs_in_stage >= g3_min_epochs`` and the
+  ramp finished. Pass: HOLDING. A failed gate changes nothing (``advance_failed``). There is no
+  automatic TRAINING->BLENDING or BLENDING->HOLDING: the policy advances, the gates decide.
+- **SET_ALPHA_TARGET** (BLENDING or HOLDING, not ramping): a new ramp from the current alpha to
+  ``ALPHA_TARGETS[alpha_target]`` over ``ALPHA_SPEED_STEPS[alpha_speed]`` epochs along ``alpha_curve``;
+  ``style`` replaces the composition style (``alpha_set``).
+- **PRUNE** (GERMINATED..HOLDING, ``age >= min_prune_age``, not ramping): PRUNED, alpha ramps to 0 over
+  ``ALPHA_SPEED_STEPS[alpha_speed]`` epochs along ``alpha_curve`` (``prune_started``). INSTANT, or an
+  alpha already 0, removes the seed at this step's end.
+- **FOSSILIZE** (HOLDING, not ramping): G5 = alpha > 0 (a counterfactual was measured) and
+  ``contribution >= g5_min_contribution``. Pass: FOSSILIZED (terminal: never pruned, never changed).
+  Fail: ``fossilize_failed``.
+- **WAIT**: nothing.
+
+Then the mechanical end-of-epoch advance of every slot:
+
+1. GERMINATED (not germinated this step) -> TRAINING (G1).
+2. A HOLDING seed whose ``epochs_in_stage`` would reach ``holding_timeout`` is pruned at once
+   (``timeout_pruned``); the policy saw it in HOLDING ``holding_timeout`` times. No auto-fossilize.
+3. Every active ramp moves one epoch (also a ramp started this step, so a ramp of length L reaches
+   its end after L steps and INSTANT applies at once); alpha = :func:`alpha_at` of the ramp fields.
+4. A PRUNED seed whose ramp ended (alpha 0) is removed (``removed``): EMBARGOED for
+   ``embargo_epochs`` epochs (DORMANT at once if 0), every seed field cleared.
+5. An EMBARGOED slot (embargoed before this step) counts its embargo down; at 0 it is DORMANT.
+6. ``epochs_in_stage`` is 0 on a stage change (``acc_at_stage_start`` = val_acc), else += 1;
+   ``age`` += 1 for live seeds (0 on the germination step); ``prev_stage``/``prev_epochs_in_stage`` hold
+   the pre-step values (potential-based shaping reads both ends from the post-step state).
+
+So ``epochs_in_stage`` and ``age`` count lifecycle steps since the stage began / the seed germinated:
+the first observation in a new stage sees 0 (the seed has then trained one epoch in it). The fastest
+path with the defaults (tempo FAST) is germinate at step g, TRAINING at g+1, ADVANCE at g+5, HOLDING
+at g+9, FOSSILIZE at g+10 (reference: "~10 epochs").
+
+Non-live slots (DORMANT, EMBARGOED) always have every seed field at 0. Head indices other than the
+blueprint are clamped into their (fixed) range before table lookups; the policy never samples
+outside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from esper.core.masks import op_slot_legality
+from esper.core.spec import (
+    ALPHA_CURVE_STEEPNESS,
+    ALPHA_SPEED_STEPS,
+    ALPHA_TARGETS,
+    LIVE_STAGES,
+    SLOT_FIELDS,
+    STYLE_BLEND_CURVE,
+    TEMPO_EPOCHS,
+    AlphaCurve,
+    Op,
+    Stage,
+    Style,
+)
+
+#: Slot fields that describe the seed; all 0 on a slot without a seed (DORMANT, EMBARGOED).
+SEED_FIELDS: tuple[str, ...] = (
+    "age",
+    "blueprint",
+    "style",
+    "tempo",
+    "alpha",
+    "alpha_target",
+    "ramp_from",
+    "ramp_to",
+    "ramp_len",
+    "ramp_pos",
+    "curve",
+    "contribution",
+    "acc_at_germination",
+    "acc_at_stage_start",
+    "grad_ratio",
+    "seed_params",
+)
+
+#: Bool ``[*E, S]`` entries of the events TensorDict returned by :func:`lifecycle_step`.
+EVENT_KINDS: tuple[str, ...] = (
+    "germinated",
+    "germinate_failed",
+    "advanced",
+    "advance_failed",
+    "fossilized",
+    "fossilize_failed",
+    "prune_started",
+    "removed",
+    "timeout_pruned",
+    "alpha_set",
+    "illegal",
+)
+
+#: Physical range of an accuracy in percent; signals are clamped into it (finite outputs for any input).
+ACC_RANGE = (0.0, 100.0)
+
+
+def config_field(default: Any, text: str) -> Any:
+    """A config dataclass field with a default and a one-line doc (the CLI's help reads it)."""
+    return dataclasses.field(default=default, metadata={"doc": text})
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleConfig:
+    """Gates, timers and limits of the seed lifecycle (defaults: the reference's)."""
+
+    max_epochs: int = config_field(25, "host epochs per episode (one RL step each)")
+    g2_min_epochs: int = config_field(3, "G2: epochs in TRAINING before ADVANCE can pass")
+    g2_min_gain: float = config_field(0.5, "G2: val-acc gain (points) since TRAINING began")
+    g2_min_grad_ratio: float = config_field(0.05, "G2: minimum seed/host gradient-ratio EMA")
+    g3_min_epochs: int = config_field(3, "G3: epochs in BLENDING (and the ramp finished) before ADVANCE")
+    g5_min_contribution: float = config_field(1.0, "G5: counterfactual contribution (points) to fossilize")
+    holding_timeout: int = config_field(5, "HOLDING epochs after which the seed is pruned automatically")
+    embargo_epochs: int = config_field(5, "epochs a slot stays EMBARGOED after its seed was removed")
+    min_prune_age: int = config_field(1, "minimum seed age (steps since germination) for PRUNE")
+    max_seeds: int = config_field(0, "maximum live seeds per env (0: unlimited)")
+    grad_ratio_momentum: float = config_field(0.9, "EMA momentum of the gradient ratio")
+    grad_ratio_cap: float = config_field(10.0, "cap on the per-epoch gradient ratio before the EMA")
+
+    def __post_init__(self) -> None:
+        where = "LifecycleConfig"
+        ints = {
+            "max_epochs": 1,
+            "g2_min_epochs": 0,
+            "g3_min_epochs": 0,
+            "holding_timeout": 1,
+            "embargo_epochs": 0,
+            "min_prune_age": 0,
+            "max_seeds": 0,
+        }
+        for name, low in ints.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{where}.{name} must be an integer >= {low}, got {v!r}")
+        for name in ("g2_min_gain", "g2_min_grad_ratio", "g5_min_contribution", "grad_ratio_cap"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{where}.{name} must be finite, got {getattr(self, name)}")
+        if not 0.0 <= self.grad_ratio_momentum < 1.0:
+            raise ValueError(f"{where}.grad_ratio_momentum must be in [0, 1), got {self.grad_ratio_momentum}")
+        if not self.grad_ratio_cap > 0:
+            raise ValueError(f"{where}.grad_ratio_cap must be > 0, got {self.grad_ratio_cap}")
+
+
+# ------------------------------------------------------------------------------------------- helpers
+def stage_in(stage: torch.Tensor, stages: Sequence[int]) -> torch.Tensor:
+    """Bool mask: ``stage`` is one of ``stages``."""
+    out = torch.zeros_like(stage, dtype=torch.bool)
+    for s in stages:
+        out = out | (stage == int(s))
+    return out
+
+
+def is_live(stage: torch.Tensor) -> torch.Tensor:
+    """Bool mask of slots holding a seed module (:data:`LIVE_STAGES`)."""
+    return stage_in(stage, LIVE_STAGES)
+
+
+def clean_acc(x: torch.Tensor) -> torch.Tensor:
+    """An accuracy in percent, NaN-free and clamped to [0, 100]."""
+    return torch.nan_to_num(x.float(), nan=0.0).clamp(*ACC_RANGE)
+
+
+def clean_contribution(x: torch.Tensor) -> torch.Tensor:
+    """A contribution in percentage points, NaN-free and clamped to [-100, 100]."""
+    return torch.nan_to_num(x.float(), nan=0.0).clamp(-ACC_RANGE[1], ACC_RANGE[1])
+
+
+def _lookup(table: Sequence[float], index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``table[index]`` with ``index`` clamped into range."""
+    t = torch.tensor(tuple(table), dtype=dtype, device=index.device)
+    return t[index.clamp(0, len(table) - 1)]
+
+
+def _check_batch(slots: TensorDictBase, signals: TensorDictBase, where: str) -> None:
+    if slots.batch_dims < 1 or tuple(slots.batch_size[:-1]) != tuple(signals.batch_size):
+        raise ValueError(
+            f"{where}: slots must have batch size [*E, S] and signals [*E]; got {list(slots.batch_size)} "
+            f"and {list(signals.batch_size)}"
+        )
+
+
+def _build(like: TensorDictBase, fields: dict[str, torch.Tensor]) -> TensorDict:
+    """A TensorDict with ``like``'s batch size holding ``fields`` and every other key of ``like``."""
+    out = {k: fields[k] if k in fields else like[k] for k in like.keys()}
+    out.update({k: v for k, v in fields.items() if k not in out})
+    return TensorDict(out, batch_size=like.batch_size)
+
+
+# ------------------------------------------------------------------------------------------- state
+def init_slots(
+    n_envs: int, enabled: Sequence[bool] | torch.Tensor, *, device: torch.device | str | None = None
+) -> TensorDict:
+    """Empty slot state ``[n_envs, S]``: every field of :data:`SLOT_FIELDS` (its dtype), all DORMANT.
+    ``enabled``: bool per slot (length S), or ``[n_envs, S]``."""
+    en = torch.as_tensor(enabled, dtype=torch.bool, device=device)
+    if n_envs < 1 or en.dim() not in (1, 2) or en.shape[-1] < 1:
+        raise ValueError(
+            f"init_slots: need n_envs >= 1 and `enabled` of length S >= 1, got {n_envs}, {list(en.shape)}"
+        )
+    if en.dim() == 2 and en.shape[0] != n_envs:
+        raise ValueError(f"init_slots: enabled has {en.shape[0]} rows for {n_envs} envs")
+    shape = (n_envs, en.shape[-1])
+    td = {k: torch.zeros(shape, dtype=dt, device=en.device) for k, (dt, _) in SLOT_FIELDS.items()}
+    td["enabled"] = en.expand(shape).clone()
+    td["stage"] = torch.full(shape, int(Stage.DORMANT), dtype=torch.int64, device=en.device)
+    td["prev_stage"] = td["stage"].clone()
+    return TensorDict(td, batch_size=shape, device=device)
+
+
+def clear_seeds(slots: TensorDict, env_mask: torch.Tensor) -> TensorDict:
+    """Slot state after a governor rollback of the envs where ``env_mask [*E]`` is True: every live seed
+    that is not FOSSILIZED is gone (the shell removed its module), its slot DORMANT with no embargo.
+    No event is raised. Potential-based shaping does not charge this jump (the rollback has its own
+    penalty)."""
+    stage = slots["stage"]
+    drop = env_mask.unsqueeze(-1) & is_live(stage) & (stage != int(Stage.FOSSILIZED))
+    fields = {k: torch.where(drop, torch.zeros_like(slots[k]), slots[k]) for k in SEED_FIELDS}
+    fields["stage"] = torch.where(drop, int(Stage.DORMANT), stage)
+    fields["epochs_in_stage"] = torch.where(drop, 0, slots["epochs_in_stage"])
+    return _build(slots, fields)
+
+
+# ------------------------------------------------------------------------------------------- alpha
+#: (curve value, steepness) of the logistic curves, as plain ints/floats (compile-time constants).
+_SIGMOID_CURVES = tuple(
+    (int(c), float(ALPHA_CURVE_STEEPNESS[int(c)]))
+    for c in (AlphaCurve.SIGMOID_GENTLE, AlphaCurve.SIGMOID, AlphaCurve.SIGMOID_SHARP)
+)
+
+
+def alpha_at(
+    curve: torch.Tensor, pos: torch.Tensor, length: torch.Tensor, start: torch.Tensor, end: torch.Tensor
+) -> torch.Tensor:
+    """Alpha at step ``pos`` of a ramp of ``length`` steps from ``start`` to ``end`` along ``curve``
+    (an :class:`AlphaCurve`; all arguments broadcast). LINEAR; COSINE = half-cosine ease; SIGMOID_* =
+    logistic of steepness :data:`ALPHA_CURVE_STEEPNESS` rescaled to [0, 1]. Position 0 gives exactly
+    ``start``, position ``>= length`` exactly ``end``; ``length <= 0`` is instant (``end``)."""
+    start, end = torch.as_tensor(start), torch.as_tensor(end)
+    dtype = torch.promote_types(torch.promote_types(start.dtype, end.dtype), torch.float32)
+    frac = pos.clamp(min=0).to(dtype) / length.clamp(min=1).to(dtype)
+    t = torch.where(length > 0, frac.clamp(0.0, 1.0), torch.ones_like(frac))
+    s = torch.where(curve == int(AlphaCurve.COSINE), 0.5 - 0.5 * torch.cos(math.pi * t), t)
+    for c, k in _SIGMOID_CURVES:
+        lo = torch.sigmoid(torch.full_like(t, -0.5 * k))  # same float ops as t = 0 / t = 1
+        hi = torch.sigmoid(torch.full_like(t, 0.5 * k))
+        s = torch.where(curve == c, (torch.sigmoid(k * (t - 0.5)) - lo) / (hi - lo), s)
+    s = torch.where(t >= 1.0, torch.ones_like(s), torch.where(t <= 0.0, torch.zeros_like(s), s.clamp(0, 1)))
+    return start.to(dtype) * (1.0 - s) + end.to(dtype) * s
+
+
+# ------------------------------------------------------------------------------------------- gates
+def gate_readiness(slots: TensorDict, val_acc: torch.Tensor, cfg: LifecycleConfig) -> TensorDict:
+    """Which gate would pass now, per slot ``[*E, S]`` (bool): ``g2`` (TRAINING, ADVANCE would blend),
+    ``g3`` (BLENDING, ADVANCE would hold), ``g5`` (HOLDING, FOSSILIZE would pass: also not ramping).
+    ``val_acc [*E]`` is this epoch's validation accuracy (%)."""
+    stage = slots["stage"]
+    eis = slots["epochs_in_stage"]
+    settled = slots["ramp_pos"] >= slots["ramp_len"]
+    gain = clean_acc(val_acc).unsqueeze(-1) - slots["acc_at_stage_start"]
+    g2 = (
+        (stage == int(Stage.TRAINING))
+        & (eis >= cfg.g2_min_epochs)
+        & (gain >= cfg.g2_min_gain)
+        & (slots["grad_ratio"] >= cfg.g2_min_grad_ratio)
+    )
+    g3 = (stage == int(Stage.BLENDING)) & (eis >= cfg.g3_min_epochs) & settled
+    g5 = (
+        (stage == int(Stage.HOLDING))
+        & settled
+        & (slots["alpha"] > 0)
+        & (clean_contribution(slots["contribution"]) >= cfg.g5_min_contribution)
+    )
+    return TensorDict({"g2": g2, "g3": g3, "g5": g5}, batch_size=slots.batch_size)
+
+
+# ------------------------------------------------------------------------------------ measurements
+def record_signals(slots: TensorDict, signals: TensorDict, cfg: LifecycleConfig) -> TensorDict:
+    """Copy this epoch's measurements into the slot state (no decisions): ``contribution`` and
+    ``seed_params`` of live seeds, and the gradient-ratio EMA of seeds in GERMINATED, TRAINING or
+    BLENDING (the first measurement, made while GERMINATED, starts the EMA; later stages keep it).
+    The raw ratio is clamped to ``[0, grad_ratio_cap]`` before the EMA."""
+    _check_batch(slots, signals, "record_signals")
+    sig = signals["slots"]
+    stage = slots["stage"]
+    live = is_live(stage)
+    raw = torch.nan_to_num(sig["grad_ratio"].float(), nan=0.0).clamp(0.0, cfg.grad_ratio_cap)
+    m = cfg.grad_ratio_momentum
+    ema = torch.where(stage == int(Stage.GERMINATED), raw, m * slots["grad_ratio"] + (1.0 - m) * raw)
+    measured = stage_in(stage, (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING))
+    grad_ratio = torch.where(measured, ema, slots["grad_ratio"])
+    params = torch.nan_to_num(sig["seed_params"].float(), nan=0.0).clamp(min=0.0)
+    return _build(
+        slots,
+        {
+            "contribution": torch.where(live, clean_contribution(sig["contribution"]), 0.0),
+            "seed_params": torch.where(live, params, 0.0),
+            "grad_ratio": torch.where(live, grad_ratio, 0.0),
+        },
+    )
+
+
+# -------------------------------------------------------------------------------------------- step
+def lifecycle_step(
+    slots: TensorDict, action: TensorDict, signals: TensorDict, cfg: LifecycleConfig, *, n_blueprints: int = 0
+) -> tuple[TensorDict, TensorDict]:
+    """Apply the sampled action, then advance every slot one epoch (module docstring).
+
+    Args:
+        slots: state ``[*E, S]`` after :func:`record_signals`.
+        action: ``[*E]`` with one int64 entry per head (``op``, ``slot``, ``blueprint``, ``style``,
+            ``tempo``, ``alpha_target``, ``alpha_speed``, ``alpha_curve``).
+        signals: ``[*E]``, reads ``val_acc`` (%).
+        cfg: gates and timers.
+        n_blueprints: the host family's blueprint count for G0 (0: only ``blueprint >= 0`` is checked).
+
+    Returns ``(new_slots [*E, S], events [*E, S])``; ``events`` holds a bool per :data:`EVENT_KINDS`.
+    """
+    _check_batch(slots, signals, "lifecycle_step")
+    if n_blueprints < 0:
+        raise ValueError(f"lifecycle_step: n_blueprints must be >= 0, got {n_blueprints}")
+    S = slots.batch_size[-1]
+    f = {k: slots[k] for k in SLOT_FIELDS}
+    stage0, eis0, alpha0 = f["stage"], f["epochs_in_stage"], f["alpha"]
+    dev = stage0.device
+    val_acc = clean_acc(signals["val_acc"]).unsqueeze(-1).expand_as(alpha0)
+    head = lambda name: action[name].unsqueeze(-1).expand_as(stage0)  # [*E] -> [*E, S]
+
+    # ---- which slot acts, and is the (op, slot) pair legal
+    op = action["op"]
+    chosen = torch.arange(S, device=dev) == action["slot"].unsqueeze(-1)
+    legal = op_slot_legality(slots, max_seeds=cfg.max_seeds, min_prune_age=cfg.min_prune_age)
+    op_hot = torch.arange(legal.shape[-2], device=dev) == op.unsqueeze(-1)
+    legal_here = (legal & op_hot.unsqueeze(-1)).any(-2)
+    act = chosen & legal_here
+    illegal = chosen & ~legal_here
+    doing = lambda o: act & (head("op") == int(o))
+    gates = gate_readiness(slots, signals["val_acc"], cfg)
+
+    # ---- the op
+    bp = head("blueprint")
+    g0 = (bp >= 0) & (bp < n_blueprints) if n_blueprints > 0 else bp >= 0
+    germ = doing(Op.GERMINATE) & g0
+    germ_failed = doing(Op.GERMINATE) & ~g0
+    advance = doing(Op.ADVANCE)
+    to_blend = advance & gates["g2"]
+    to_hold = advance & gates["g3"]
+    aset = doing(Op.SET_ALPHA_TARGET)
+    prune = doing(Op.PRUNE)
+    fossil = doing(Op.FOSSILIZE) & gates["g5"]
+    fossil_failed = doing(Op.FOSSILIZE) & ~gates["g5"]
+
+    style_a = head("style").clamp(0, len(Style) - 1)
+    target_a = _lookup(ALPHA_TARGETS, head("alpha_target"), alpha0.dtype)
+    speed_len = _lookup(ALPHA_SPEED_STEPS, head("alpha_speed"), torch.int64)
+    curve_a = head("alpha_curve").clamp(0, len(AlphaCurve) - 1)
+
+    stage = stage0
+    stage = torch.where(germ, int(Stage.GERMINATED), stage)
+    stage = torch.where(to_blend, int(Stage.BLENDING), stage)
+    stage = torch.where(to_hold, int(Stage.HOLDING), stage)
+    stage = torch.where(prune, int(Stage.PRUNED), stage)
+    stage = torch.where(fossil, int(Stage.FOSSILIZED), stage)
+
+    zero_i, zero_f = torch.zeros_like(eis0), torch.zeros_like(alpha0)
+    f["blueprint"] = torch.where(germ, bp, f["blueprint"])
+    f["style"] = torch.where(germ | aset, style_a, f["style"])
+    f["tempo"] = torch.where(germ, head("tempo").clamp(0, len(TEMPO_EPOCHS) - 1), f["tempo"])
+    f["alpha_target"] = torch.where(germ | aset, target_a, f["alpha_target"])
+    f["acc_at_germination"] = torch.where(germ, val_acc, f["acc_at_germination"])
+    for k in ("contribution", "grad_ratio", "seed_params"):
+        f[k] = torch.where(germ, zero_f, f[k])
+
+    # new ramps: blend-in (ADVANCE to BLENDING), SET_ALPHA_TARGET, PRUNE (ramp down to 0)
+    blend_len = _lookup(TEMPO_EPOCHS, f["tempo"], torch.int64)
+    blend_curve = _lookup(STYLE_BLEND_CURVE, f["style"], torch.int64)
+    prune_len = torch.where(alpha0 > 0, speed_len, 0)
+    new_ramp = germ | to_blend | aset | prune
+    f["ramp_from"] = torch.where(new_ramp, torch.where(germ, zero_f, alpha0), f["ramp_from"])
+    f["ramp_to"] = torch.where(germ | prune, zero_f, torch.where(new_ramp, f["alpha_target"], f["ramp_to"]))
+    ramp_len = torch.where(to_blend, blend_len, torch.where(aset, speed_len, prune_len))
+    f["ramp_len"] = torch.where(new_ramp, torch.where(germ, zero_i, ramp_len), f["ramp_len"])
+    f["ramp_pos"] = torch.where(new_ramp, zero_i, f["ramp_pos"])
+    curve = torch.where(to_blend, blend_curve, curve_a)
+    f["curve"] = torch.where(new_ramp, torch.where(germ, zero_i, curve), f["curve"])
+
+    # ---- mechanical end-of-epoch advance
+    promote = (stage == int(Stage.GERMINATED)) & ~germ
+    stage = torch.where(promote, int(Stage.TRAINING), stage)
+    timeout = (stage == int(Stage.HOLDING)) & (stage0 == int(Stage.HOLDING))
+    timeout = timeout & (eis0 + 1 >= cfg.holding_timeout)
+    stage = torch.where(timeout, int(Stage.PRUNED), stage)
+    f["ramp_from"] = torch.where(timeout, alpha0, f["ramp_from"])
+    f["ramp_to"] = torch.where(timeout, zero_f, f["ramp_to"])
+    f["ramp_len"] = torch.where(timeout, zero_i, f["ramp_len"])
+    f["ramp_pos"] = torch.where(timeout, zero_i, f["ramp_pos"])
+
+    live = is_live(stage)
+    ramping = live & (f["ramp_pos"] < f["ramp_len"])
+    f["ramp_pos"] = torch.where(ramping, f["ramp_pos"] + 1, f["ramp_pos"])
+    f["alpha"] = alpha_at(f["curve"], f["ramp_pos"], f["ramp_len"], f["ramp_from"], f["ramp_to"])
+
+    removed = (stage == int(Stage.PRUNED)) & (f["ramp_pos"] >= f["ramp_len"])
+    after_removal = int(Stage.EMBARGOED) if cfg.embargo_epochs > 0 else int(Stage.DORMANT)
+    stage = torch.where(removed, after_removal, stage)
+    embargo = torch.where(removed, cfg.embargo_epochs, f["embargo"])
+    counting = (stage0 == int(Stage.EMBARGOED)) & (stage == int(Stage.EMBARGOED))
+    embargo = torch.where(counting, embargo - 1, embargo)
+    stage = torch.where(counting & (embargo <= 0), int(Stage.DORMANT), stage)
+
+    live = is_live(stage)
+    changed = stage != stage0
+    f["age"] = torch.where(live & ~germ, f["age"] + 1, zero_i)
+    f["acc_at_stage_start"] = torch.where(changed, val_acc, f["acc_at_stage_start"])
+    for k in SEED_FIELDS:
+        f[k] = torch.where(live, f[k], torch.zeros_like(f[k]))
+    f["embargo"] = torch.where(stage == int(Stage.EMBARGOED), embargo, zero_i)
+    f["prev_stage"], f["prev_epochs_in_stage"] = stage0, eis0
+    f["epochs_in_stage"] = torch.where(changed, zero_i, eis0 + 1)
+    f["stage"] = stage
+
+    events = {
+        "germinated": germ,
+        "germinate_failed": germ_failed,
+        "advanced": to_blend | to_hold,
+        "advance_failed": advance & ~(to_blend | to_hold),
+        "fossilized": fossil,
+        "fossilize_failed": fossil_failed,
+        "prune_started": prune,
+        "removed": removed,
+        "timeout_pruned": timeout,
+        "alpha_set": aset,
+        "illegal": illegal,
+    }
+    return _build(slots, f), TensorDict(events, batch_size=slots.batch_size)
+
+
+__all__ = [
+    "EVENT_KINDS",
+    "SEED_FIELDS",
+    "LifecycleConfig",
+    "alpha_at",
+    "clean_acc",
+    "clean_contribution",
+    "clear_seeds",
+    "config_field",
+    "gate_readiness",
+    "init_slots",
+    "is_live",
+    "lifecycle_step",
+    "record_signals",
+    "stage_in",
+]

@@ -1,0 +1,307 @@
+"""The policy's observation: this epoch's signals, a short history, and every slot's state, each feature
+pre-scaled to about [-1, 1] or [0, 1].
+
+The reference fed raw parameter counts and the global step, which sat at the running normalizer's
+clip for many batches; here no feature grows with the host's size or the run's length. The shell
+still normalizes with running statistics (finding C5); pre-scaling only keeps the first batches sane.
+
+History (:func:`init_history`, :func:`update_history`, batch ``[*E]``) carries what needs memory:
+the last epoch's val loss/acc (for deltas: ``val_loss_delta = prev - cur`` and ``val_acc_delta = cur -
+prev``, so positive is better for both; 0 on the first epoch, never inf), the best val acc/loss so
+far, the plateau count (consecutive epochs whose acc gain was below ``plateau_threshold``; the first
+epoch does not count) and the last ``window`` val losses/accs (oldest first, front-padded with 0).
+
+Layout (:func:`observation_layout` names every column; :func:`obs_dim` is its length):
+
+- base: ``epoch_frac``; ``train_loss``, ``val_loss`` (:func:`scale_loss`); ``val_loss_delta``
+  (``tanh(5 * delta / max(prev, 0.01))``, relative); ``train_acc``, ``val_acc`` (/100);
+  ``val_acc_delta`` (points / 10, clipped to +-1); ``plateau`` (/10, cap 1); ``best_val_acc``;
+  ``best_val_loss``; ``val_loss_hist_0..W-1``; ``val_acc_hist_0..W-1``; ``param_ratio``
+  (``log((host + seeds) / host) / log(100)``, clipped to [0, 1]); ``seed_utilization`` (live seeds /
+  ``max_seeds``, or / S when unlimited); ``fossilized_frac`` (fossilized seeds / S).
+- per slot, slot-major: ``enabled``; ``stage_<NAME>`` one-hot; ``alpha``; ``alpha_target``;
+  ``ramping``; ``ramp_left`` (epochs left / 8, cap 1); ``epochs_in_stage`` (/10, cap 1); ``age``
+  (/max_epochs, cap 1); ``contribution`` (tanh(points / 5)); ``gain`` (val acc since the stage began,
+  points / 10, +-1); ``progress`` (val acc since germination, points / 10, +-1); ``grad_ratio``
+  (``log1p(ema) / log1p(cap)``); ``param_frac`` (seed params / all params); ``blueprint_<i>``,
+  ``style_<i>``, ``tempo_<i>`` one-hots (all 0 without a seed); gate readiness ``g2_ready``,
+  ``g3_ready``, ``g5_ready`` (:func:`esper.core.lifecycle.gate_readiness`), ``prunable`` (PRUNE legal);
+  ``embargo_left`` (/embargo_epochs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from tensordict import TensorDict
+
+from esper.core.lifecycle import LifecycleConfig, clean_acc, clean_contribution, gate_readiness, is_live
+from esper.core.masks import op_slot_legality
+from esper.core.spec import ALPHA_SPEED_STEPS, TEMPO_EPOCHS, Op, Stage, Style
+
+#: Largest loss the observation distinguishes (inputs are clamped to [0, LOSS_MAX]).
+LOSS_MAX = 1e4
+#: :func:`scale_loss` divisor: log1p(loss) / LOSS_LOG_SCALE, so a loss of ~11 (ln of a 50k vocabulary)
+#: maps to ~1.
+LOSS_LOG_SCALE = 2.5
+#: Longest ramp (epochs); ``ramp_left`` is epochs left over this.
+_LONGEST_RAMP = max(*TEMPO_EPOCHS, *ALPHA_SPEED_STEPS)
+#: ``epochs_in_stage`` is scaled by this (gates and timeouts are a few epochs; 10 and beyond read as 1).
+_STAGE_EPOCHS_SCALE = 10.0
+
+
+def clean_loss(x: torch.Tensor) -> torch.Tensor:
+    """A loss, NaN-free (NaN counts as the largest loss) and clamped to [0, LOSS_MAX]."""
+    return torch.nan_to_num(x.float(), nan=LOSS_MAX).clamp(0.0, LOSS_MAX)
+
+
+def scale_loss(x: torch.Tensor) -> torch.Tensor:
+    """``log1p(loss) / 2.5``: 0 for a perfect fit, ~0.5 for 10-way chance (2.3), ~1 at 11; at most 3.7."""
+    return torch.log1p(clean_loss(x)) / LOSS_LOG_SCALE
+
+
+# ------------------------------------------------------------------------------------------ history
+def init_history(n_envs: int, *, window: int = 5, device: torch.device | str | None = None) -> TensorDict:
+    """Empty signal history ``[n_envs]`` (module docstring); ``window`` past epochs are kept."""
+    if n_envs < 1 or window < 1:
+        raise ValueError(f"init_history: n_envs and window must be >= 1, got {n_envs}, {window}")
+    z = lambda *shape: torch.zeros(n_envs, *shape, dtype=torch.float32, device=device)
+    return TensorDict(
+        {
+            "count": torch.zeros(n_envs, dtype=torch.int64, device=device),
+            "last_val_loss": z(),
+            "last_val_acc": z(),
+            "val_loss_delta": z(),
+            "val_acc_delta": z(),
+            "best_val_acc": z(),
+            "best_val_loss": z(),
+            "plateau": torch.zeros(n_envs, dtype=torch.int64, device=device),
+            "val_loss_window": z(window),
+            "val_acc_window": z(window),
+        },
+        batch_size=[n_envs],
+        device=device,
+    )
+
+
+def update_history(history: TensorDict, signals: TensorDict, *, plateau_threshold: float = 0.5) -> TensorDict:
+    """History after this epoch's ``signals`` (``val_loss``, ``val_acc``); batch ``[*E]``."""
+    if tuple(history.batch_size) != tuple(signals.batch_size):
+        raise ValueError(
+            f"update_history: history {list(history.batch_size)} and signals {list(signals.batch_size)} "
+            "must have the same batch size"
+        )
+    if not math.isfinite(plateau_threshold):
+        raise ValueError(f"update_history: plateau_threshold must be finite, got {plateau_threshold}")
+    loss, acc = clean_loss(signals["val_loss"]), clean_acc(signals["val_acc"])
+    seen = history["count"] > 0
+    loss_delta = torch.where(seen, history["last_val_loss"] - loss, 0.0)
+    acc_delta = torch.where(seen, acc - history["last_val_acc"], 0.0)
+    stalled = seen & (acc_delta < plateau_threshold)
+    shift = lambda w, x: torch.cat([w[..., 1:], x.unsqueeze(-1)], dim=-1)
+    return TensorDict(
+        {
+            "count": history["count"] + 1,
+            "last_val_loss": loss,
+            "last_val_acc": acc,
+            "val_loss_delta": loss_delta,
+            "val_acc_delta": acc_delta,
+            "best_val_acc": torch.where(seen, torch.maximum(history["best_val_acc"], acc), acc),
+            "best_val_loss": torch.where(seen, torch.minimum(history["best_val_loss"], loss), loss),
+            "plateau": torch.where(stalled, history["plateau"] + 1, 0),
+            "val_loss_window": shift(history["val_loss_window"], loss),
+            "val_acc_window": shift(history["val_acc_window"], acc),
+        },
+        batch_size=history.batch_size,
+    )
+
+
+# -------------------------------------------------------------------------------------------- layout
+_BASE = (
+    "epoch_frac",
+    "train_loss",
+    "val_loss",
+    "val_loss_delta",
+    "train_acc",
+    "val_acc",
+    "val_acc_delta",
+    "plateau",
+    "best_val_acc",
+    "best_val_loss",
+)
+_BASE_TAIL = ("param_ratio", "seed_utilization", "fossilized_frac")
+_SLOT_HEAD = (
+    "enabled",
+    *(f"stage_{s.name}" for s in Stage),
+    "alpha",
+    "alpha_target",
+    "ramping",
+    "ramp_left",
+    "epochs_in_stage",
+    "age",
+    "contribution",
+    "gain",
+    "progress",
+    "grad_ratio",
+    "param_frac",
+)
+_SLOT_TAIL = ("g2_ready", "g3_ready", "g5_ready", "prunable", "embargo_left")
+
+
+def observation_layout(n_slots: int, n_blueprints: int, *, window: int = 5) -> tuple[str, ...]:
+    """The name of every observation column, in order (``slot<k>.<feature>`` for slot features)."""
+    if n_slots < 1 or n_blueprints < 1 or window < 1:
+        raise ValueError(f"observation_layout: sizes must be >= 1, got {n_slots}, {n_blueprints}, {window}")
+    hist = (*(f"val_loss_hist_{i}" for i in range(window)), *(f"val_acc_hist_{i}" for i in range(window)))
+    per_slot = (
+        *_SLOT_HEAD,
+        *(f"blueprint_{i}" for i in range(n_blueprints)),
+        *(f"style_{s.name}" for s in Style),
+        *(f"tempo_{i}" for i in range(len(TEMPO_EPOCHS))),
+        *_SLOT_TAIL,
+    )
+    slots = tuple(f"slot{k}.{name}" for k in range(n_slots) for name in per_slot)
+    return (*_BASE, *hist, *_BASE_TAIL, *slots)
+
+
+def obs_dim(n_slots: int, n_blueprints: int, *, window: int = 5) -> int:
+    """Length of the observation vector."""
+    return len(observation_layout(n_slots, n_blueprints, window=window))
+
+
+# ---------------------------------------------------------------------------------------- observe
+def observe(
+    signals: TensorDict,
+    history: TensorDict,
+    slots: TensorDict,
+    *,
+    max_epochs: int,
+    n_blueprints: int,
+    lifecycle_cfg: LifecycleConfig,
+) -> torch.Tensor:
+    """``[*E, obs_dim]`` float32 observation (module docstring), from this epoch's ``signals [*E]``, the
+    history after :func:`update_history` and the slot state ``[*E, S]`` after
+    :func:`esper.core.lifecycle.record_signals`."""
+    if slots.batch_dims < 1 or tuple(slots.batch_size[:-1]) != tuple(signals.batch_size):
+        raise ValueError(
+            f"observe: slots must be [*E, S] and signals [*E], got {list(slots.batch_size)}, "
+            f"{list(signals.batch_size)}"
+        )
+    if tuple(history.batch_size) != tuple(signals.batch_size):
+        raise ValueError(
+            f"observe: history {list(history.batch_size)} and signals {list(signals.batch_size)} differ"
+        )
+    if max_epochs < 1 or n_blueprints < 1:
+        raise ValueError(f"observe: max_epochs, n_blueprints must be >= 1, got {max_epochs}, {n_blueprints}")
+    cfg = lifecycle_cfg
+    S = slots.batch_size[-1]
+    f32 = lambda x: x.to(torch.float32)
+    val_acc = clean_acc(signals["val_acc"])
+    host = torch.nan_to_num(f32(signals["host_params"]), nan=0.0).clamp(min=1.0)
+
+    # ---- slot state
+    stage = slots["stage"]
+    live = is_live(stage)
+    seed_params = torch.where(live, torch.nan_to_num(f32(slots["seed_params"]), nan=0.0).clamp(min=0.0), 0.0)
+    all_params = host + seed_params.sum(-1)
+    n_live = f32(live.sum(-1))
+    gates = gate_readiness(slots, signals["val_acc"], cfg)
+    prunable = op_slot_legality(slots, max_seeds=cfg.max_seeds, min_prune_age=cfg.min_prune_age)[
+        ..., int(Op.PRUNE), :
+    ]
+    ramping = live & (slots["ramp_pos"] < slots["ramp_len"])
+    grad = torch.nan_to_num(f32(slots["grad_ratio"]), nan=0.0).clamp(0.0, cfg.grad_ratio_cap)
+    grad_ratio = torch.log1p(grad) / math.log1p(cfg.grad_ratio_cap)
+    rel_acc = lambda ref: torch.where(live, ((val_acc.unsqueeze(-1) - ref) / 10.0).clamp(-1.0, 1.0), 0.0)
+    one_hot = lambda x, n: torch.where(
+        live.unsqueeze(-1), torch.nn.functional.one_hot(x.clamp(0, n - 1), n).to(torch.float32), 0.0
+    )
+    per_slot = torch.cat(
+        [
+            f32(slots["enabled"]).unsqueeze(-1),
+            torch.nn.functional.one_hot(stage.clamp(0, len(Stage) - 1), len(Stage)).to(torch.float32),
+            torch.stack(
+                [
+                    f32(slots["alpha"]).clamp(0.0, 1.0),
+                    f32(slots["alpha_target"]).clamp(0.0, 1.0),
+                    f32(ramping),
+                    torch.where(
+                        ramping, f32(slots["ramp_len"] - slots["ramp_pos"]) / _LONGEST_RAMP, 0.0
+                    ).clamp(0, 1),
+                    (f32(slots["epochs_in_stage"]) / _STAGE_EPOCHS_SCALE).clamp(0.0, 1.0),
+                    (f32(slots["age"]) / max_epochs).clamp(0.0, 1.0),
+                    torch.tanh(clean_contribution(slots["contribution"]) / 5.0),
+                    rel_acc(slots["acc_at_stage_start"]),
+                    rel_acc(slots["acc_at_germination"]),
+                    grad_ratio,
+                    seed_params / all_params.unsqueeze(-1),
+                ],
+                dim=-1,
+            ),
+            one_hot(slots["blueprint"], n_blueprints),
+            one_hot(slots["style"], len(Style)),
+            one_hot(slots["tempo"], len(TEMPO_EPOCHS)),
+            torch.stack(
+                [
+                    f32(gates["g2"]),
+                    f32(gates["g3"]),
+                    f32(gates["g5"]),
+                    f32(prunable),
+                    (f32(slots["embargo"]) / max(cfg.embargo_epochs, 1)).clamp(0.0, 1.0),
+                ],
+                dim=-1,
+            ),
+        ],
+        dim=-1,
+    )
+
+    # ---- base
+    # history holds this epoch's loss and delta = prev - cur, so prev = cur + delta
+    prev_loss = clean_loss(history["last_val_loss"] + history["val_loss_delta"])
+    loss_delta = torch.nan_to_num(f32(history["val_loss_delta"]), nan=0.0).clamp(-LOSS_MAX, LOSS_MAX)
+    ratio = all_params / host
+    base = torch.stack(
+        [
+            (f32(signals["epoch"]) / max_epochs).clamp(0.0, 1.0),
+            scale_loss(signals["train_loss"]),
+            scale_loss(signals["val_loss"]),
+            torch.tanh(5.0 * loss_delta / prev_loss.clamp(min=0.01)),
+            clean_acc(signals["train_acc"]) / 100.0,
+            val_acc / 100.0,
+            (torch.nan_to_num(f32(history["val_acc_delta"]), nan=0.0) / 10.0).clamp(-1.0, 1.0),
+            (f32(history["plateau"]) / 10.0).clamp(0.0, 1.0),
+            clean_acc(history["best_val_acc"]) / 100.0,
+            scale_loss(history["best_val_loss"]),
+        ],
+        dim=-1,
+    )
+    hist = torch.cat(
+        [scale_loss(history["val_loss_window"]), clean_acc(history["val_acc_window"]) / 100.0], dim=-1
+    )
+    capacity = cfg.max_seeds if cfg.max_seeds > 0 else S
+    tail = torch.stack(
+        [
+            (torch.log(ratio) / math.log(100.0)).clamp(0.0, 1.0),
+            (n_live / capacity).clamp(0.0, 1.0),
+            f32((stage == int(Stage.FOSSILIZED)).sum(-1)) / S,
+        ],
+        dim=-1,
+    )
+    out = torch.cat([base, hist, tail, per_slot.flatten(-2)], dim=-1)
+    expected = obs_dim(S, n_blueprints, window=history["val_loss_window"].shape[-1])
+    if out.shape[-1] != expected:  # static shapes: checked at trace time
+        raise AssertionError(f"observe built {out.shape[-1]} features, layout says {expected}")
+    return out
+
+
+__all__ = [
+    "LOSS_MAX",
+    "clean_loss",
+    "init_history",
+    "obs_dim",
+    "observation_layout",
+    "observe",
+    "scale_loss",
+    "update_history",
+]

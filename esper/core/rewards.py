@@ -1,0 +1,482 @@
+"""Per-step rewards, every component returned separately (reference §7 adapted to the 8-head space).
+
+:func:`compute_reward` reads the **pre-action** slot state, the action, the lifecycle events, the
+post-step slot state, this epoch's signals and the history after this epoch, and returns a
+TensorDict ``[*E]`` of float32 components, their sum ``total``, and two bool telemetry flags
+(``hacking``, ``ransomware``; finding H9). Slot-specific terms use the sampled slot (``gather``).
+Inputs are clamped to their physical ranges (accuracy [0, 100] %, contribution [-100, 100] points,
+loss [0, 1e4]) and every division is guarded, so every component is finite and bounded for any
+valid config (findings C2, M3).
+
+Notation for the sampled slot before the action: ``c`` = contribution (points), ``measured`` = it
+had alpha > 0 this epoch (so ``c`` is a counterfactual; alpha-0 seeds report 0), ``ti`` = total
+improvement = val_acc - acc_at_germination (points), ``eis`` = epochs_in_stage.
+
+**SHAPED** mode, CONTRIBUTION family (default):
+
+=====================  ===============================================================================
+attribution            no seed, FOSSILIZED seed, or FOSSILIZE with ti < 0: 0. Measured: ``c < 0``: c
+                       x discount; ``c >= 0``: 0 if ti <= 0, sqrt(ti c) if c >= ti, else c. discount =
+                       sigmoid(k ti) if ti < 0 else 1. Not measured: ``proxy_weight`` x acc gain if > 0.
+                       PRUNE negates it (removing a harmful seed is good).
+ratio_penalty          ``hacking`` (measured, c > ``ratio_min_contribution``, ti >= 0, c >= ``hacking_
+                       ratio`` ti) and op != PRUNE, on a non-fossilized seed: ti > safe threshold:
+                       -min(max, slope (c/ti - ratio)/ratio); else -low_weight min(1, c/low_scale).
+                       The division uses max(ti, threshold, 1e-6) (finding C2).
+ransomware_penalty     ``ransomware`` (measured, c > ``ransomware_min_contribution``, ti <
+                       ``ransomware_max_improvement``) and op != PRUNE, non-fossilized: -penalty.
+blending_warning       sampled slot BLENDING, ti < 0, op != PRUNE: -(base + min(per_epoch eis, cap)).
+holding_indecision     op WAIT while some HOLDING seed has eis >= grace and positive attribution:
+                       -min(cap, base + slope (eis - grace)) for the worst such slot. Linear and
+                       bounded (finding H11; the reference's -3^k reached -9 in two epochs). The slot
+                       head is irrelevant under WAIT, so this looks at every slot.
+pbrs                   weight (gamma Phi(s') - Phi(s)) with Phi(s) = sum over slots of
+                       ``stage_potentials[stage]`` + min(epoch_weight eis, epoch_cap) for GERMINATED..
+                       HOLDING. s, s' are read from the post-step state (prev_stage,
+                       prev_epochs_in_stage) and (stage, epochs_in_stage), so Phi depends only on the
+                       state and the sum over an episode telescopes exactly (finding H8). ``gamma`` is
+                       an argument: the PPO gamma, passed by the shell (finding C1).
+rent                   -min(weight ln(1 + seed params / host params), cap); all live seeds.
+op_shaping             GERMINATE: -invalid if it failed; -germinate_cost. ADVANCE: -invalid if
+                       illegal, -advance_fail_penalty if a gate failed. SET_ALPHA_TARGET: -invalid if
+                       illegal; -alpha_set_cost. FOSSILIZE: illegal -fossilize_invalid_penalty; ti < 0:
+                       -(regress_base + min(regress_slope |ti|, regress_cap)); fossilized: (bonus_base
+                       + bonus_slope c) min(1, eis / bonus_epochs); G5 failed: -fossilize_fail_penalty;
+                       -fossilize_cost. PRUNE: illegal -prune_invalid_penalty (-prune_fossilized_
+                       penalty on a FOSSILIZED seed); else -young max(0, 1 - age); measured c < -0.5:
+                       +bad_bonus, c < 0: +mild_bonus, c >= 0: -(good_base + min(good_slope c,
+                       good_cap)) (bounded, finding M3); -prune_cost. WAIT: 0.
+terminal               last epoch: acc_weight val_acc + fossil_bonus x #FOSSILIZED seeds (post-step)
+                       with ti >= fossil_min_improvement.
+=====================  ===============================================================================
+
+LOSS family (SHAPED only): ``loss_progress`` = loss_delta_weight x (x if x > 0 else regression_factor
+x) with x = clip(loss_delta / loss_std, +-5) and loss_delta = prev - cur (**positive = better**: the
+reference's sign bug is fixed, a lower loss gives a higher reward); rent -min(loss_rent_weight ln(1 +
+ratio), loss_rent_cap) after ``loss_rent_grace`` epochs; pbrs with ``loss_pbrs_weight``; terminal
+clip((baseline - val_loss) / (baseline - target), 0, 1). Other components 0.
+
+**SPARSE**: terminal only, at the last epoch: ``sparse_scale`` x clip(best_val_acc / 100 -
+sparse_param_weight x seed params / sparse_param_budget, +-1). The scale is applied after the clip,
+so it always has effect (finding H10). **MINIMAL**: SPARSE, plus op_shaping = -minimal_prune_penalty
+for starting to prune a seed younger than ``minimal_young_age``.
+
+The flags are computed in every mode; their penalties act only in SHAPED/CONTRIBUTION.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from esper.core.lifecycle import clean_acc, clean_contribution, config_field, is_live, stage_in
+from esper.core.observation import clean_loss
+from esper.core.spec import N_STAGES, Op, Stage
+
+
+class RewardMode(enum.Enum):
+    SHAPED = "shaped"
+    SPARSE = "sparse"
+    MINIMAL = "minimal"
+
+
+class RewardFamily(enum.Enum):
+    CONTRIBUTION = "contribution"
+    LOSS = "loss"
+
+
+#: Float components of :func:`compute_reward`, summed into ``total``.
+COMPONENTS: tuple[str, ...] = (
+    "attribution",
+    "ratio_penalty",
+    "ransomware_penalty",
+    "blending_warning",
+    "holding_indecision",
+    "pbrs",
+    "rent",
+    "op_shaping",
+    "loss_progress",
+    "terminal",
+)
+#: Bool telemetry flags of :func:`compute_reward` (finding H9).
+FLAGS: tuple[str, ...] = ("hacking", "ransomware")
+
+#: Stage potentials (reference: DORMANT 0, GERMINATED 1, TRAINING 2, BLENDING 3.5, PROBATIONARY 5.5,
+#: FOSSILIZED 6); PRUNED and EMBARGOED hold no potential.
+_POTENTIALS = (0.0, 1.0, 2.0, 3.5, 5.5, 6.0, 0.0, 0.0)
+#: Stages whose potential grows with epochs_in_stage.
+_PROGRESS_STAGES = (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING)
+_EPS = 1e-6
+#: Parameter counts are clamped to this (finite sums and ratios for any input).
+_PARAMS_MAX = 1e12
+_f = config_field
+
+
+@dataclass(frozen=True, slots=True)
+class RewardConfig:
+    """Reward mode, family and coefficients (defaults: the reference's). There is deliberately no
+    gamma: :func:`compute_reward` takes the PPO gamma as an argument (finding C1). Penalty fields are
+    magnitudes (>= 0); the sign is applied in :func:`compute_reward`."""
+
+    mode: RewardMode = dataclasses.field(
+        default=RewardMode.SHAPED, metadata={"doc": "SHAPED | SPARSE | MINIMAL"}
+    )
+    family: RewardFamily = dataclasses.field(
+        default=RewardFamily.CONTRIBUTION, metadata={"doc": "CONTRIBUTION | LOSS (LOSS needs SHAPED)"}
+    )
+    # attribution
+    discount_steepness: float = _f(10.0, "attribution discount sigmoid(k * ti) when ti < 0")
+    proxy_weight: float = _f(0.3, "unmeasured seed (alpha 0): weight of a positive val-acc gain")
+    # ratio penalty / hacking (H9, C2)
+    hacking_ratio: float = _f(5.0, "contribution / total improvement at or above which a seed is flagged")
+    ratio_min_contribution: float = _f(1.0, "hacking check only above this contribution (points)")
+    improvement_safe_threshold: float = _f(0.1, "ti above this: penalty from the ratio; else low-ti form")
+    ratio_penalty_max: float = _f(0.3, "cap of the ratio penalty")
+    ratio_penalty_slope: float = _f(0.1, "ratio penalty per (ratio - hacking_ratio) / hacking_ratio")
+    ratio_low_weight: float = _f(0.3, "low-improvement penalty weight")
+    ratio_low_scale: float = _f(10.0, "low-improvement penalty saturates at this contribution")
+    # ransomware (H9)
+    ransomware_min_contribution: float = _f(1.0, "ransomware: contribution above this (points)")
+    ransomware_max_improvement: float = _f(-0.2, "ransomware: total improvement below this (points)")
+    ransomware_penalty: float = _f(0.3, "penalty for keeping a ransomware seed (not pruning it)")
+    # blending warning
+    blending_warning_base: float = _f(0.1, "BLENDING seed with ti < 0: base penalty")
+    blending_warning_per_epoch: float = _f(0.05, "... plus this per epoch in stage")
+    blending_warning_cap: float = _f(0.3, "... capped at this")
+    # holding indecision (H11)
+    holding_grace_epochs: int = _f(2, "WAIT on a good HOLDING seed is free for this many epochs")
+    holding_penalty_base: float = _f(1.0, "indecision penalty at the first epoch past the grace")
+    holding_penalty_slope: float = _f(1.0, "indecision penalty growth per further epoch (linear)")
+    holding_penalty_cap: float = _f(3.0, "indecision penalty cap")
+    # PBRS (H8)
+    pbrs_weight: float = _f(0.3, "weight of the potential-based shaping")
+    stage_potentials: tuple[float, ...] = _f(_POTENTIALS, "potential per Stage, in Stage order")
+    pbrs_epoch_weight: float = _f(0.3, "potential per epoch in stage (GERMINATED..HOLDING)")
+    pbrs_epoch_cap: float = _f(2.0, "cap of the epoch part of the potential")
+    # rent
+    rent_weight: float = _f(0.5, "rent = weight * ln(1 + seed params / host params)")
+    rent_cap: float = _f(8.0, "rent cap")
+    # op shaping
+    invalid_op_penalty: float = _f(0.3, "illegal GERMINATE / ADVANCE / SET_ALPHA_TARGET / WAIT, failed G0")
+    germinate_cost: float = _f(0.02, "cost of every GERMINATE")
+    advance_fail_penalty: float = _f(0.1, "ADVANCE whose gate failed")
+    alpha_set_cost: float = _f(0.01, "cost of every legal SET_ALPHA_TARGET")
+    fossilize_invalid_penalty: float = _f(1.0, "FOSSILIZE on a slot that is not HOLDING")
+    fossilize_regress_base: float = _f(0.5, "FOSSILIZE with ti < 0: base penalty")
+    fossilize_regress_slope: float = _f(0.2, "... plus this per point of |ti|")
+    fossilize_regress_cap: float = _f(1.0, "... that part capped at this")
+    fossilize_bonus_base: float = _f(0.5, "successful FOSSILIZE: base bonus")
+    fossilize_bonus_slope: float = _f(0.1, "... plus this per point of contribution")
+    fossilize_bonus_epochs: int = _f(5, "... scaled by min(1, epochs in HOLDING / this)")
+    fossilize_fail_penalty: float = _f(0.2, "FOSSILIZE whose G5 failed")
+    fossilize_cost: float = _f(0.01, "cost of every FOSSILIZE")
+    prune_invalid_penalty: float = _f(0.2, "illegal PRUNE (no prunable seed)")
+    prune_fossilized_penalty: float = _f(1.0, "PRUNE on a FOSSILIZED seed")
+    prune_young_penalty: float = _f(0.3, "PRUNE at age a < 1: this * (1 - a)")
+    prune_bad_threshold: float = _f(-0.5, "contribution below which pruning earns prune_bad_bonus")
+    prune_bad_bonus: float = _f(0.3, "pruning a clearly harmful seed")
+    prune_mild_bonus: float = _f(0.1, "pruning a mildly harmful seed (contribution in [bad, 0))")
+    prune_good_base: float = _f(0.3, "pruning a helpful seed: base penalty")
+    prune_good_slope: float = _f(0.05, "... plus this per point of contribution")
+    prune_good_cap: float = _f(0.5, "... that part capped at this (finding M3)")
+    prune_cost: float = _f(0.005, "cost of every PRUNE")
+    # terminal
+    terminal_acc_weight: float = _f(0.05, "last epoch: weight of val_acc (%)")
+    terminal_fossil_bonus: float = _f(3.0, "last epoch: per fossilized seed that improved the host")
+    terminal_fossil_min_improvement: float = _f(1.0, "... by at least this many points since germination")
+    # sparse / minimal (H10)
+    sparse_scale: float = _f(1.0, "SPARSE/MINIMAL: scale applied after the clip")
+    sparse_param_weight: float = _f(0.1, "SPARSE: weight of the parameter cost")
+    sparse_param_budget: float = _f(500_000.0, "SPARSE: seed parameters that cost sparse_param_weight")
+    minimal_prune_penalty: float = _f(0.1, "MINIMAL: pruning a seed younger than minimal_young_age")
+    minimal_young_age: int = _f(5, "MINIMAL: age under which a prune is penalized")
+    # loss family
+    loss_std: float = _f(0.05, "LOSS: loss-delta normalization")
+    loss_delta_weight: float = _f(5.0, "LOSS: weight of the normalized loss improvement")
+    loss_regression_factor: float = _f(0.5, "LOSS: a regression weighs this much of an improvement")
+    loss_rent_weight: float = _f(0.05, "LOSS: rent weight")
+    loss_rent_cap: float = _f(5.0, "LOSS: rent cap")
+    loss_rent_grace: int = _f(3, "LOSS: epochs without rent")
+    loss_pbrs_weight: float = _f(0.1, "LOSS: weight of the potential-based shaping")
+    loss_baseline: float = _f(2.3, "LOSS: val loss worth 0 at the end (CIFAR-10: ln 10)")
+    loss_target: float = _f(0.3, "LOSS: val loss worth 1 at the end")
+
+    def __post_init__(self) -> None:
+        where = "RewardConfig"
+        if not isinstance(self.mode, RewardMode) or not isinstance(self.family, RewardFamily):
+            raise ValueError(f"{where}: mode and family must be RewardMode / RewardFamily members")
+        if self.family is RewardFamily.LOSS and self.mode is not RewardMode.SHAPED:
+            raise ValueError(f"{where}: family LOSS requires mode SHAPED, got {self.mode.name}")
+        signed = {"ransomware_max_improvement", "prune_bad_threshold", "ransomware_min_contribution"}
+        signed |= {"loss_baseline", "loss_target", "terminal_fossil_min_improvement"}
+        for fld in dataclasses.fields(self):
+            v = getattr(self, fld.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if not math.isfinite(v):
+                raise ValueError(f"{where}.{fld.name} must be finite, got {v}")
+            if fld.name not in signed and v < 0:
+                raise ValueError(f"{where}.{fld.name} must be >= 0, got {v}")
+        if len(self.stage_potentials) != N_STAGES or not all(math.isfinite(p) for p in self.stage_potentials):
+            raise ValueError(
+                f"{where}.stage_potentials: {N_STAGES} finite values, got {self.stage_potentials}"
+            )
+        for name in ("hacking_ratio", "loss_std", "sparse_param_budget", "ratio_low_scale"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{where}.{name} must be > 0, got {getattr(self, name)}")
+        if self.fossilize_bonus_epochs < 1:
+            raise ValueError(
+                f"{where}.fossilize_bonus_epochs must be >= 1, got {self.fossilize_bonus_epochs}"
+            )
+        if not self.loss_baseline > self.loss_target:
+            raise ValueError(f"{where}: loss_baseline ({self.loss_baseline}) must be > loss_target")
+
+
+# ------------------------------------------------------------------------------------------ pieces
+def potential(stage: torch.Tensor, epochs_in_stage: torch.Tensor, cfg: RewardConfig) -> torch.Tensor:
+    """Phi of the slot state ``[*E, S] -> [*E]``: sum over slots of the stage potential plus, for
+    GERMINATED..HOLDING, ``min(pbrs_epoch_weight * epochs_in_stage, pbrs_epoch_cap)``."""
+    table = torch.tensor(cfg.stage_potentials, dtype=torch.float32, device=stage.device)
+    base = table[stage.clamp(0, N_STAGES - 1)]
+    epochs = (cfg.pbrs_epoch_weight * epochs_in_stage.clamp(min=0).to(torch.float32)).clamp(
+        max=cfg.pbrs_epoch_cap
+    )
+    return (base + torch.where(stage_in(stage, _PROGRESS_STAGES), epochs, 0.0)).sum(-1)
+
+
+def pbrs(new_slots: TensorDict, *, gamma: float, weight: float, cfg: RewardConfig) -> torch.Tensor:
+    """``weight * (gamma * Phi(s') - Phi(s))`` from the post-step slot state ``[*E, S] -> [*E]``: s is
+    ``(prev_stage, prev_epochs_in_stage)``, s' is ``(stage, epochs_in_stage)``."""
+    after = potential(new_slots["stage"], new_slots["epochs_in_stage"], cfg)
+    before = potential(new_slots["prev_stage"], new_slots["prev_epochs_in_stage"], cfg)
+    return weight * (gamma * after - before)
+
+
+def _rent(slots: TensorDict, host_params: torch.Tensor, weight: float, cap: float) -> torch.Tensor:
+    live = is_live(slots["stage"])
+    seeds = torch.where(live, torch.nan_to_num(slots["seed_params"].float(), nan=0.0).clamp(min=0.0), 0.0)
+    host = torch.nan_to_num(host_params.float(), nan=0.0).clamp(min=1.0)
+    ratio = (seeds.clamp(max=_PARAMS_MAX).sum(-1) / host).clamp(max=_PARAMS_MAX)
+    return -(weight * torch.log1p(ratio)).clamp(max=cap)
+
+
+def _attribution(c, ti, acc_delta, measured, cfg: RewardConfig):
+    """Per-slot attribution before op-specific handling (``[*E, S]``)."""
+    discount = torch.where(ti < 0, torch.sigmoid(cfg.discount_steepness * ti), 1.0)
+    geo = torch.sqrt((ti * c).clamp(min=0.0))
+    positive = torch.where(ti <= 0, 0.0, torch.where(c >= ti, geo, c))
+    counterfactual = torch.where(c < 0, c * discount, positive)
+    proxy = cfg.proxy_weight * acc_delta.clamp(min=0.0).unsqueeze(-1).expand_as(c)
+    return torch.where(measured, counterfactual, proxy)
+
+
+def _ratio_penalty(c, ti, cfg: RewardConfig):
+    safe = max(cfg.improvement_safe_threshold, _EPS)
+    ratio = c / ti.clamp(min=safe)  # guarded (finding C2)
+    high = (cfg.ratio_penalty_slope * (ratio - cfg.hacking_ratio) / cfg.hacking_ratio).clamp(
+        0.0, cfg.ratio_penalty_max
+    )
+    low = cfg.ratio_low_weight * (c / cfg.ratio_low_scale).clamp(0.0, 1.0)
+    return -torch.where(ti > cfg.improvement_safe_threshold, high, low)
+
+
+def _check(slots, action, new_slots, events, signals, history, gamma, max_epochs) -> None:
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"compute_reward: gamma must be in [0, 1], got {gamma}")
+    if max_epochs < 1:
+        raise ValueError(f"compute_reward: max_epochs must be >= 1, got {max_epochs}")
+    env = tuple(signals.batch_size)
+    for name, td in (("slots", slots), ("new_slots", new_slots), ("events", events)):
+        if td.batch_dims < 1 or tuple(td.batch_size[:-1]) != env:
+            raise ValueError(
+                f"compute_reward: {name} must be [*E, S] with E = {list(env)}, got {td.batch_size}"
+            )
+    for name, td in (("action", action), ("history", history)):
+        if tuple(td.batch_size) != env:
+            raise ValueError(f"compute_reward: {name} must be [*E] = {list(env)}, got {list(td.batch_size)}")
+
+
+# ------------------------------------------------------------------------------------------ reward
+def compute_reward(
+    slots: TensorDictBase,
+    action: TensorDictBase,
+    new_slots: TensorDictBase,
+    events: TensorDictBase,
+    signals: TensorDictBase,
+    history: TensorDictBase,
+    *,
+    gamma: float,
+    cfg: RewardConfig,
+    max_epochs: int,
+) -> TensorDict:
+    """Reward of one RL step for every env (module docstring).
+
+    Args:
+        slots: pre-action slot state ``[*E, S]`` (after :func:`esper.core.lifecycle.record_signals`).
+        action: ``[*E]``, int64 per head.
+        new_slots, events: what :func:`esper.core.lifecycle.lifecycle_step` returned.
+        signals: this epoch's ``[*E]`` signals (``epoch``, ``val_acc``, ``val_loss``, ``host_params``).
+        history: ``[*E]`` after :func:`esper.core.observation.update_history` with these signals.
+        gamma: the PPO discount (PBRS must use it, finding C1).
+        cfg: mode, family, coefficients.
+        max_epochs: episode length; the step with ``epoch >= max_epochs`` is the last.
+
+    Returns ``[*E]``: float32 :data:`COMPONENTS`, ``total`` (their sum) and bool :data:`FLAGS`.
+    """
+    _check(slots, action, new_slots, events, signals, history, gamma, max_epochs)
+    S = slots.batch_size[-1]
+    op = action["op"]
+    idx = action["slot"].clamp(0, S - 1).unsqueeze(-1)
+    pick = lambda x: x.gather(-1, idx).squeeze(-1)  # [*E, S] -> [*E], the sampled slot
+    is_op = lambda o: op == int(o)
+    zero = torch.zeros(signals.batch_size, dtype=torch.float32, device=op.device)
+    is_last = signals["epoch"] >= max_epochs
+    val_acc = clean_acc(signals["val_acc"])
+
+    # ---- per-slot pre-action quantities
+    stage = slots["stage"]
+    live = is_live(stage)
+    fossil = stage == int(Stage.FOSSILIZED)
+    c = torch.where(live, clean_contribution(slots["contribution"]), 0.0)
+    measured = live & (slots["alpha"] > 0)
+    ti = torch.where(live, val_acc.unsqueeze(-1) - clean_acc(slots["acc_at_germination"]), 0.0)
+    eis = slots["epochs_in_stage"].clamp(min=0)
+    acc_delta = torch.nan_to_num(history["val_acc_delta"].float(), nan=0.0).clamp(-100.0, 100.0)
+    attr = torch.where(live & ~fossil, _attribution(c, ti, acc_delta, measured, cfg), 0.0)
+    hacking = measured & (c > cfg.ratio_min_contribution) & (ti >= 0) & (c >= cfg.hacking_ratio * ti)
+    ransom = measured & (c > cfg.ransomware_min_contribution) & (ti < cfg.ransomware_max_improvement)
+    ev = lambda k: pick(events[k])
+    c_s, ti_s, eis_s = pick(c), pick(ti), pick(eis).to(torch.float32)
+    keep = ~is_op(Op.PRUNE) & ~pick(fossil)  # the seed is kept this step (penalties for keeping it)
+
+    # Under WAIT the slot head does not matter (it is sampled but ignored), so a per-slot term must not
+    # depend on its sample: WAIT gets the mean over enabled slots — the expectation of a uniformly
+    # drawn slot, without its variance. Every other op reads the slot it acted on.
+    enabled = slots["enabled"].to(torch.float32)
+    n_enabled = enabled.sum(-1).clamp(min=1.0)
+    wait = is_op(Op.WAIT)
+    sel = lambda x: torch.where(
+        wait, (x.to(torch.float32) * enabled).sum(-1) / n_enabled, pick(x).to(torch.float32)
+    )
+    anyw = lambda x: torch.where(wait, (x & slots["enabled"]).any(-1), pick(x))
+
+    out: dict[str, torch.Tensor] = {k: torch.zeros_like(zero) for k in COMPONENTS}
+    out["hacking"], out["ransomware"] = anyw(hacking), anyw(ransom)
+    shaped = cfg.mode is RewardMode.SHAPED
+
+    if shaped and cfg.family is RewardFamily.CONTRIBUTION:
+        a = sel(attr)
+        a = torch.where(is_op(Op.FOSSILIZE) & (ti_s < 0), 0.0, a)
+        out["attribution"] = torch.where(is_op(Op.PRUNE), -a, a)
+        kept = ~fossil  # per slot: penalties for keeping a seed never apply to a fossil
+        ratio = torch.where(hacking & kept, _ratio_penalty(c, ti, cfg), 0.0)
+        out["ratio_penalty"] = torch.where(keep | wait, sel(ratio), 0.0)
+        ransom_pen = torch.where(ransom & kept, -cfg.ransomware_penalty, 0.0)
+        out["ransomware_penalty"] = torch.where(keep | wait, sel(ransom_pen), 0.0)
+        warn = cfg.blending_warning_base + (cfg.blending_warning_per_epoch * eis.to(torch.float32)).clamp(
+            max=cfg.blending_warning_cap
+        )
+        blending = (stage == int(Stage.BLENDING)) & (ti < 0)
+        out["blending_warning"] = torch.where(is_op(Op.PRUNE), 0.0, sel(torch.where(blending, -warn, 0.0)))
+        grace = cfg.holding_grace_epochs
+        over = (eis - grace).clamp(min=0).to(torch.float32)
+        indecision = (cfg.holding_penalty_base + cfg.holding_penalty_slope * over).clamp(
+            max=cfg.holding_penalty_cap
+        )
+        waiting = (stage == int(Stage.HOLDING)) & (eis >= grace) & (attr > 0)
+        worst = torch.where(waiting, indecision, 0.0).amax(-1)
+        out["holding_indecision"] = torch.where(is_op(Op.WAIT), -worst, 0.0)
+        out["pbrs"] = pbrs(new_slots, gamma=gamma, weight=cfg.pbrs_weight, cfg=cfg)
+        out["rent"] = _rent(slots, signals["host_params"], cfg.rent_weight, cfg.rent_cap)
+        out["op_shaping"] = _op_shaping(op, ev, pick, c_s, ti_s, eis_s, measured, stage, slots, cfg)
+        n_good = (new_slots["stage"] == int(Stage.FOSSILIZED)) & (
+            val_acc.unsqueeze(-1) - clean_acc(new_slots["acc_at_germination"])
+            >= cfg.terminal_fossil_min_improvement
+        )
+        term = cfg.terminal_acc_weight * val_acc + cfg.terminal_fossil_bonus * n_good.sum(-1).to(
+            torch.float32
+        )
+        out["terminal"] = torch.where(is_last, term, 0.0)
+    elif shaped:  # LOSS family
+        delta = torch.nan_to_num(history["val_loss_delta"].float(), nan=0.0)
+        x = (delta / cfg.loss_std).clamp(-5.0, 5.0)
+        out["loss_progress"] = cfg.loss_delta_weight * torch.where(x > 0, x, cfg.loss_regression_factor * x)
+        rent = _rent(slots, signals["host_params"], cfg.loss_rent_weight, cfg.loss_rent_cap)
+        out["rent"] = torch.where(signals["epoch"] > cfg.loss_rent_grace, rent, 0.0)
+        out["pbrs"] = pbrs(new_slots, gamma=gamma, weight=cfg.loss_pbrs_weight, cfg=cfg)
+        span = cfg.loss_baseline - cfg.loss_target
+        term = ((cfg.loss_baseline - clean_loss(signals["val_loss"])) / span).clamp(0.0, 1.0)
+        out["terminal"] = torch.where(is_last, term, 0.0)
+    else:  # SPARSE, MINIMAL
+        best = clean_acc(history["best_val_acc"])
+        live_new = is_live(new_slots["stage"])
+        params = torch.nan_to_num(new_slots["seed_params"].float(), nan=0.0).clamp(0.0, _PARAMS_MAX)
+        params = torch.where(live_new, params, 0.0).sum(-1)
+        raw = best / 100.0 - cfg.sparse_param_weight * params / cfg.sparse_param_budget
+        out["terminal"] = torch.where(is_last, cfg.sparse_scale * raw.clamp(-1.0, 1.0), 0.0)  # H10
+        if cfg.mode is RewardMode.MINIMAL:
+            young = ev("prune_started") & (pick(slots["age"]) < cfg.minimal_young_age)
+            out["op_shaping"] = torch.where(young, -cfg.minimal_prune_penalty, 0.0)
+
+    out = {k: (v.to(torch.float32) if k in COMPONENTS else v) for k, v in out.items()}
+    total = zero
+    for k in COMPONENTS:
+        total = total + out[k]
+    out["total"] = total
+    return TensorDict(out, batch_size=signals.batch_size)
+
+
+def _op_shaping(op, ev, pick, c, ti, eis, measured, stage, slots, cfg: RewardConfig) -> torch.Tensor:
+    """Per-op shaping of the sampled (op, slot) (module docstring); ``[*E]``."""
+    illegal = ev("illegal")
+    invalid = torch.full_like(c, -cfg.invalid_op_penalty)
+    germ = torch.where(ev("germinated"), 0.0, invalid) - cfg.germinate_cost
+    advance = torch.where(illegal, invalid, torch.where(ev("advance_failed"), -cfg.advance_fail_penalty, 0.0))
+    aset = torch.where(illegal, invalid, torch.full_like(c, -cfg.alpha_set_cost))
+
+    regress = cfg.fossilize_regress_base + (cfg.fossilize_regress_slope * ti.abs()).clamp(
+        max=cfg.fossilize_regress_cap
+    )
+    bonus = (cfg.fossilize_bonus_base + cfg.fossilize_bonus_slope * c) * (
+        eis / cfg.fossilize_bonus_epochs
+    ).clamp(max=1.0)
+    fossil = torch.where(ev("fossilized"), bonus, -cfg.fossilize_fail_penalty)
+    fossil = torch.where(ti < 0, -regress, fossil)
+    fossil = torch.where(illegal, -cfg.fossilize_invalid_penalty, fossil) - cfg.fossilize_cost
+
+    age = pick(slots["age"]).to(torch.float32)
+    good = cfg.prune_good_base + (cfg.prune_good_slope * c).clamp(0.0, cfg.prune_good_cap)  # bounded (M3)
+    by_c = torch.where(
+        c < cfg.prune_bad_threshold, cfg.prune_bad_bonus, torch.where(c < 0, cfg.prune_mild_bonus, -good)
+    )
+    legal_prune = -cfg.prune_young_penalty * (1.0 - age).clamp(min=0.0) + torch.where(
+        pick(measured), by_c, 0.0
+    )
+    bad_target = torch.where(
+        pick(stage) == int(Stage.FOSSILIZED), -cfg.prune_fossilized_penalty, -cfg.prune_invalid_penalty
+    )
+    prune = torch.where(illegal, bad_target, legal_prune) - cfg.prune_cost
+
+    wait = torch.where(illegal, invalid, 0.0)
+    out = wait
+    for o, v in ((Op.GERMINATE, germ), (Op.ADVANCE, advance), (Op.SET_ALPHA_TARGET, aset)):
+        out = torch.where(op == int(o), v, out)
+    out = torch.where(op == int(Op.FOSSILIZE), fossil, out)
+    return torch.where(op == int(Op.PRUNE), prune, out)
+
+
+__all__ = [
+    "COMPONENTS",
+    "FLAGS",
+    "RewardConfig",
+    "RewardFamily",
+    "RewardMode",
+    "compute_reward",
+    "pbrs",
+    "potential",
+]

@@ -1,0 +1,451 @@
+"""Rewards: the reference's shaping adapted to the 8-head space, and findings C1, C2, H8-H11, M3."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from tensordict import TensorDict
+
+from esper.core.lifecycle import LifecycleConfig, init_slots, lifecycle_step
+from esper.core.observation import init_history, update_history
+from esper.core.rewards import (
+    COMPONENTS,
+    FLAGS,
+    RewardConfig,
+    RewardFamily,
+    RewardMode,
+    compute_reward,
+    pbrs,
+    potential,
+)
+from esper.core.spec import AlphaSpeed, Op, Stage
+from tests.core.test_lifecycle import N_BP, make_action, make_signals, random_rollout
+from tests.core.test_observation import arbitrary_slots, extreme_signals
+
+GAMMA = 0.99
+
+
+def seeded(stage=Stage.HOLDING, *, contribution=0.0, acc_germ=40.0, alpha=1.0, eis=3, age=8, E=1, S=3):
+    """Slot state with one seed in slot 0 (pre-action, measurements recorded)."""
+    slots = init_slots(E, [True] * S)
+    live = stage not in (Stage.DORMANT, Stage.EMBARGOED)
+    alpha = alpha if live and stage not in (Stage.GERMINATED, Stage.TRAINING) else 0.0
+    put = {"stage": int(stage), "epochs_in_stage": eis, "contribution": contribution if live else 0.0}
+    if live:
+        put |= {"age": age, "acc_at_germination": acc_germ, "acc_at_stage_start": acc_germ, "alpha": alpha}
+        put |= {"alpha_target": max(alpha, 0.5), "ramp_from": alpha, "ramp_to": alpha, "seed_params": 100.0}
+    if stage == Stage.EMBARGOED:
+        put["embargo"] = 2
+    for k, v in put.items():
+        slots[k][:, 0] = v
+    return slots
+
+
+def reward(
+    slots,
+    op=Op.WAIT,
+    slot=0,
+    *,
+    val_acc=41.0,
+    prev_acc=40.0,
+    val_loss=1.0,
+    prev_loss=1.0,
+    epoch=10,
+    cfg=None,
+    gamma=GAMMA,
+    lc=None,
+    **heads,
+):
+    E = slots.batch_size[0]
+    lc = lc or LifecycleConfig(holding_timeout=100)
+    sig = make_signals(E, slots.batch_size[1], epoch=epoch, val_acc=val_acc, val_loss=val_loss)
+    history = update_history(
+        update_history(init_history(E), make_signals(E, 1, val_acc=prev_acc, val_loss=prev_loss)), sig
+    )
+    action = make_action(E, op, slot, **heads)
+    new, events = lifecycle_step(slots, action, sig, lc, n_blueprints=N_BP)
+    out = compute_reward(
+        slots, action, new, events, sig, history, gamma=gamma, cfg=cfg or RewardConfig(), max_epochs=25
+    )
+    return out, new, events
+
+
+def one(out, k):
+    return float(out[k][0])
+
+
+def assert_all_finite(out):
+    assert set(out.keys()) == {*COMPONENTS, *FLAGS, "total"}
+    for k in (*COMPONENTS, "total"):
+        assert out[k].dtype == torch.float32 and torch.isfinite(out[k]).all(), k
+    for k in FLAGS:
+        assert out[k].dtype == torch.bool
+    torch.testing.assert_close(out["total"], sum(out[k] for k in COMPONENTS))
+
+
+# ------------------------------------------------------------------------------------------- config
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        ({"mode": RewardMode.SPARSE, "family": RewardFamily.LOSS}, "requires mode SHAPED"),
+        ({"rent_weight": -1.0}, "rent_weight"),
+        ({"pbrs_weight": float("inf")}, "pbrs_weight"),
+        ({"stage_potentials": (0.0, 1.0)}, "stage_potentials"),
+        ({"loss_baseline": 0.1}, "loss_baseline"),
+        ({"loss_std": 0.0}, "loss_std"),
+        ({"hacking_ratio": 0.0}, "hacking_ratio"),
+        ({"fossilize_bonus_epochs": 0}, "fossilize_bonus_epochs"),
+    ],
+)
+def test_config_rejects_bad_values(bad, match):
+    with pytest.raises(ValueError, match=match):
+        RewardConfig(**bad)
+
+
+def test_config_fields_are_documented():
+    assert all(f.metadata.get("doc") for f in dataclasses.fields(RewardConfig))
+
+
+# -------------------------------------------------------------------------------------------- C1
+def test_C1_reward_config_has_no_gamma_and_pbrs_uses_the_given_gamma():
+    assert not any("gamma" in f.name for f in dataclasses.fields(RewardConfig))
+    with pytest.raises(TypeError):
+        RewardConfig(gamma=0.9)
+    slots = seeded(Stage.TRAINING, eis=3)
+    cfg = RewardConfig()
+    for gamma in (0.0, 0.5, 0.9, 1.0):
+        out, new, _ = reward(slots, Op.WAIT, gamma=gamma)
+        phi_next = potential(new["stage"], new["epochs_in_stage"], cfg)
+        phi_prev = potential(slots["stage"], slots["epochs_in_stage"], cfg)
+        torch.testing.assert_close(out["pbrs"], cfg.pbrs_weight * (gamma * phi_next - phi_prev))
+    with pytest.raises(ValueError, match="gamma"):
+        reward(slots, gamma=1.5)
+
+
+# -------------------------------------------------------------------------------------------- C2
+_real = st.floats(-1e30, 1e30, allow_nan=False)
+
+
+@given(
+    c=st.one_of(_real, st.sampled_from([0.0, 1.0, 1.0001, 5.0, 100.0, 1e-30])),
+    ti=st.one_of(_real, st.sampled_from([0.0, 1e-30, -1e-30, 1e-7, 0.1])),
+    op=st.sampled_from(list(Op)),
+)
+def test_C2_ratio_penalty_zero_threshold_is_finite(c, ti, op):
+    cfg = RewardConfig(improvement_safe_threshold=0.0)
+    val_acc = 50.0
+    slots = seeded(Stage.HOLDING, contribution=c, acc_germ=val_acc - ti)
+    out, _, _ = reward(slots, op, val_acc=val_acc, cfg=cfg)
+    assert_all_finite(out)
+    bound = max(cfg.ratio_penalty_max, cfg.ratio_low_weight)
+    assert -bound * (1 + 1e-6) <= one(out, "ratio_penalty") <= 0.0
+
+
+# -------------------------------------------------------------------------------------------- H8
+_state = st.tuples(st.sampled_from([int(s) for s in Stage]), st.integers(0, 30))
+
+
+@given(
+    traj=st.lists(st.lists(_state, min_size=3, max_size=3), min_size=2, max_size=30),
+    gamma=st.floats(0.0, 1.0),
+)
+def test_H8_pbrs_telescopes_over_any_stage_trajectory(traj, gamma):
+    """sum_t gamma^t F_t == gamma^T Phi(s_T) - Phi(s_0) for any sequence of slot states, because Phi is
+    a function of the state only and both ends are read from the post-step state."""
+    cfg = RewardConfig()
+    stage = torch.tensor([[s for s, _ in row] for row in traj])  # [T+1, S]
+    eis = torch.tensor([[e for _, e in row] for row in traj])
+    T = len(traj) - 1
+    new = TensorDict(
+        {
+            "stage": stage[1:],
+            "epochs_in_stage": eis[1:],
+            "prev_stage": stage[:-1],
+            "prev_epochs_in_stage": eis[:-1],
+        },
+        batch_size=[T, 3],
+    )
+    F = pbrs(new, gamma=gamma, weight=1.0, cfg=cfg).double()  # [T]: one env per step
+    phi = potential(stage, eis, cfg).double()
+    lhs = (gamma ** torch.arange(T, dtype=torch.float64) * F).sum()
+    rhs = gamma**T * phi[-1] - phi[0]
+    torch.testing.assert_close(lhs, rhs, rtol=1e-5, atol=1e-4)
+
+
+@given(data=st.data(), gamma=st.sampled_from([0.9, 0.99, 1.0]))
+def test_H8_pbrs_telescopes_along_real_lifecycle_rollouts(data, gamma):
+    cfg = RewardConfig()
+    lc = LifecycleConfig(max_epochs=14, g2_min_epochs=1, g3_min_epochs=1, holding_timeout=3)
+    first = last = None
+    acc = torch.zeros(2, dtype=torch.float64)
+    h = init_history(2)
+    for t, (pre, action, sig, new, events) in enumerate(random_rollout(data, cfg=lc, T=14)):
+        h = update_history(h, sig)
+        out = compute_reward(pre, action, new, events, sig, h, gamma=gamma, cfg=cfg, max_epochs=14)
+        acc += gamma**t * out["pbrs"].double()
+        first = potential(pre["stage"], pre["epochs_in_stage"], cfg) if first is None else first
+        last, T = new, t + 1
+    rhs = (
+        cfg.pbrs_weight * (gamma**T * potential(last["stage"], last["epochs_in_stage"], cfg) - first).double()
+    )
+    torch.testing.assert_close(acc, rhs, rtol=1e-5, atol=1e-4)
+
+
+# -------------------------------------------------------------------------------------------- H9
+def test_H9_reward_hacking_flag_and_penalty():
+    slots = seeded(Stage.HOLDING, contribution=5.0, acc_germ=40.0, S=1)  # ti = 0.5: ratio 10 >= 5
+    out, _, _ = reward(slots, Op.WAIT, val_acc=40.5)
+    assert bool(out["hacking"][0]) and not bool(out["ransomware"][0])
+    assert one(out, "ratio_penalty") == pytest.approx(-min(0.3, 0.1 * (10 - 5) / 5))
+    low, _, _ = reward(slots, Op.WAIT, val_acc=40.05)  # ti <= 0.1: low-improvement form
+    assert one(low, "ratio_penalty") == pytest.approx(-0.3 * min(1.0, 5.0 / 10))
+    pruned, _, _ = reward(slots, Op.PRUNE, val_acc=40.5)  # pruning it is the fix: flagged, not penalized
+    assert bool(pruned["hacking"][0]) and one(pruned, "ratio_penalty") == 0.0
+    honest, _, _ = reward(seeded(Stage.HOLDING, contribution=2.0, S=1), Op.WAIT, val_acc=43.0)
+    assert not bool(honest["hacking"][0]) and one(honest, "ratio_penalty") == 0.0
+
+
+def test_H9_ransomware_flag_and_penalty():
+    slots = seeded(Stage.HOLDING, contribution=2.0, acc_germ=40.0, S=1)
+    out, _, _ = reward(slots, Op.WAIT, val_acc=39.0)  # the host got worse, the seed claims 2 points
+    assert bool(out["ransomware"][0]) and not bool(out["hacking"][0])
+    assert one(out, "ransomware_penalty") == pytest.approx(-0.3)
+    assert one(out, "attribution") == 0.0  # c >= 0 with no progress earns nothing
+    pruned, _, _ = reward(slots, Op.PRUNE, val_acc=39.0)
+    assert bool(pruned["ransomware"][0]) and one(pruned, "ransomware_penalty") == 0.0
+    for mode in (RewardMode.SPARSE, RewardMode.MINIMAL):  # telemetry in every mode, penalty only in SHAPED
+        other, _, _ = reward(slots, Op.WAIT, val_acc=39.0, cfg=RewardConfig(mode=mode))
+        assert bool(other["ransomware"][0]) and one(other, "ransomware_penalty") == 0.0
+
+
+# ------------------------------------------------------------------------------------------- H10
+@pytest.mark.parametrize("scale", [0.5, 1.0, 2.5])
+def test_H10_sparse_scale_applies_after_the_clip(scale):
+    cfg = RewardConfig(mode=RewardMode.SPARSE, sparse_scale=scale)
+    empty = init_slots(1, [True] * 3)
+    best, _, _ = reward(empty, val_acc=100.0, prev_acc=100.0, epoch=25, cfg=cfg)  # raw 1.0, at the clip
+    assert one(best, "terminal") == pytest.approx(scale)
+    heavy = seeded(Stage.FOSSILIZED, contribution=2.0)
+    heavy["seed_params"][:, 0] = 5e7  # parameter cost -10: clipped to -1, then scaled
+    worst, _, _ = reward(heavy, val_acc=0.0, prev_acc=0.0, epoch=25, cfg=cfg)
+    assert one(worst, "terminal") == pytest.approx(-scale)
+    early, _, _ = reward(empty, val_acc=100.0, epoch=24, cfg=cfg)
+    assert one(early, "total") == 0.0
+
+
+def test_minimal_mode_penalizes_pruning_young_seeds_only():
+    cfg = RewardConfig(mode=RewardMode.MINIMAL)
+    young, _, _ = reward(seeded(Stage.TRAINING, age=2), Op.PRUNE, cfg=cfg)
+    old, _, _ = reward(seeded(Stage.TRAINING, age=6), Op.PRUNE, cfg=cfg)
+    assert one(young, "op_shaping") == pytest.approx(-0.1) and one(old, "op_shaping") == 0.0
+    assert one(young, "total") == pytest.approx(-0.1)
+
+
+# ------------------------------------------------------------------------------------------- H11
+def test_H11_holding_indecision_is_linear_and_bounded():
+    cfg = RewardConfig()
+    pens = []
+    for eis in range(0, 12):
+        out, _, _ = reward(
+            seeded(Stage.HOLDING, contribution=3.0, acc_germ=38.0, eis=eis), Op.WAIT, val_acc=42.0
+        )
+        pens.append(one(out, "holding_indecision"))
+    grace = cfg.holding_grace_epochs
+    assert pens[:grace] == [0.0] * grace
+    steps = [pens[i] - pens[i + 1] for i in range(grace, len(pens) - 1)]
+    uncapped = [s for s in steps if s > 0]
+    assert uncapped and all(
+        s == pytest.approx(cfg.holding_penalty_slope) for s in uncapped
+    )  # linear, not 3^k
+    assert min(pens) == pytest.approx(-cfg.holding_penalty_cap) and all(
+        p >= -cfg.holding_penalty_cap for p in pens
+    )
+    acting, _, _ = reward(
+        seeded(Stage.HOLDING, contribution=3.0, acc_germ=38.0, eis=6), Op.FOSSILIZE, val_acc=42.0
+    )
+    assert one(acting, "holding_indecision") == 0.0
+    # WAIT ignores the (irrelevant) slot head: the HOLDING seed in slot 0 counts even when slot 2 is sampled
+    other, _, _ = reward(
+        seeded(Stage.HOLDING, contribution=3.0, acc_germ=38.0, eis=6), Op.WAIT, 2, val_acc=42.0
+    )
+    assert one(other, "holding_indecision") < 0
+    bad, _, _ = reward(seeded(Stage.HOLDING, contribution=-1.0, eis=6), Op.WAIT)
+    assert one(bad, "holding_indecision") == 0.0  # no penalty for waiting on a seed that does not help
+
+
+# -------------------------------------------------------------------------------------------- M3
+@given(c=st.floats(-1e30, 1e30, allow_nan=False), age=st.integers(0, 50), stage=st.sampled_from(list(Stage)))
+def test_M3_prune_shaping_bounded_for_any_contribution(c, age, stage):
+    cfg = RewardConfig()
+    out, _, _ = reward(seeded(stage, contribution=c, age=age), Op.PRUNE, lc=LifecycleConfig(min_prune_age=0))
+    assert_all_finite(out)
+    low = -(cfg.prune_young_penalty + cfg.prune_good_base + cfg.prune_good_cap + cfg.prune_cost)
+    low = min(low, -(cfg.prune_fossilized_penalty + cfg.prune_cost))
+    assert low - 1e-6 <= one(out, "op_shaping") <= cfg.prune_bad_bonus
+
+
+# ------------------------------------------------------------------------------------- components
+@pytest.mark.parametrize(
+    ("c", "ti", "alpha", "op", "expected"),
+    [
+        (-2.0, 1.0, 1.0, Op.WAIT, -2.0),
+        (-2.0, -1.0, 1.0, Op.WAIT, -2.0 / (1 + math.exp(10.0))),  # discounted by sigmoid(10 ti)
+        (3.0, 2.0, 1.0, Op.WAIT, math.sqrt(6.0)),  # contribution above progress: geometric mean
+        (1.0, 2.0, 1.0, Op.WAIT, 1.0),
+        (2.0, 0.0, 1.0, Op.WAIT, 0.0),  # no progress since germination: nothing
+        (-2.0, 1.0, 1.0, Op.PRUNE, 2.0),  # PRUNE negates
+        (3.0, -0.1, 1.0, Op.FOSSILIZE, 0.0),
+        (5.0, 2.0, 0.0, Op.WAIT, 0.3 * 1.0),  # alpha 0: no counterfactual, 0.3 x acc gain (1 pt)
+    ],
+)
+def test_attribution_follows_the_reference(c, ti, alpha, op, expected):
+    stage = Stage.HOLDING if alpha > 0 else Stage.TRAINING
+    out, _, _ = reward(seeded(stage, contribution=c, acc_germ=41.0 - ti, alpha=alpha, S=1), op, val_acc=41.0)
+    assert one(out, "attribution") == pytest.approx(expected, rel=1e-5)
+
+
+def test_no_attribution_for_fossils_or_empty_slots():
+    fossil, _, _ = reward(seeded(Stage.FOSSILIZED, contribution=4.0, acc_germ=30.0, S=1), Op.WAIT)
+    empty, _, _ = reward(init_slots(1, [True] * 3), Op.WAIT)
+    assert one(fossil, "attribution") == 0.0 and one(empty, "attribution") == 0.0
+
+
+def test_blending_warning_pbrs_rent_terminal():
+    cfg = RewardConfig()
+    warn, _, _ = reward(seeded(Stage.BLENDING, acc_germ=42.0, eis=4, S=1), Op.WAIT, val_acc=41.0)
+    assert one(warn, "blending_warning") == pytest.approx(-(0.1 + min(0.05 * 4, 0.3)))
+    ok, _, _ = reward(seeded(Stage.BLENDING, acc_germ=40.0, eis=4, S=1), Op.WAIT, val_acc=41.0)
+    assert one(ok, "blending_warning") == 0.0
+    out, _, _ = reward(seeded(Stage.HOLDING), Op.WAIT)  # seed 100 params, host 1000
+    assert one(out, "rent") == pytest.approx(-0.5 * math.log(1.1))
+    germ, _, _ = reward(init_slots(1, [True] * 3), Op.GERMINATE)
+    assert one(germ, "pbrs") == pytest.approx(cfg.pbrs_weight * GAMMA * 1.0)  # DORMANT -> GERMINATED
+    last, _, _ = reward(seeded(Stage.FOSSILIZED, acc_germ=38.0), Op.WAIT, val_acc=41.0, epoch=25)
+    assert one(last, "terminal") == pytest.approx(0.05 * 41.0 + 3.0)
+    small, _, _ = reward(seeded(Stage.FOSSILIZED, acc_germ=40.5), Op.WAIT, val_acc=41.0, epoch=25)
+    assert one(small, "terminal") == pytest.approx(0.05 * 41.0)  # improved < 1 point: no bonus
+
+
+def test_op_shaping_per_op():
+    germ, _, _ = reward(init_slots(1, [True] * 3), Op.GERMINATE)
+    assert one(germ, "op_shaping") == pytest.approx(-0.02)
+    bad_germ, _, ev = reward(seeded(Stage.TRAINING), Op.GERMINATE)
+    assert bool(ev["illegal"][0, 0]) and one(bad_germ, "op_shaping") == pytest.approx(-0.32)
+    fossil, _, ev = reward(seeded(Stage.HOLDING, contribution=2.0, acc_germ=38.0, eis=5), Op.FOSSILIZE)
+    assert bool(ev["fossilized"][0, 0]) and one(fossil, "op_shaping") == pytest.approx(0.7 - 0.01)
+    failed, _, _ = reward(seeded(Stage.HOLDING, contribution=0.5, acc_germ=38.0), Op.FOSSILIZE)
+    assert one(failed, "op_shaping") == pytest.approx(-0.2 - 0.01)
+    regress, _, _ = reward(seeded(Stage.HOLDING, contribution=2.0, acc_germ=43.0), Op.FOSSILIZE, val_acc=41.0)
+    assert one(regress, "op_shaping") == pytest.approx(-(0.5 + 0.4) - 0.01)
+    not_holding, _, _ = reward(seeded(Stage.TRAINING), Op.FOSSILIZE)
+    assert one(not_holding, "op_shaping") == pytest.approx(-1.01)
+    adv, _, ev = reward(seeded(Stage.TRAINING, eis=0), Op.ADVANCE)
+    assert bool(ev["advance_failed"][0, 0]) and one(adv, "op_shaping") == pytest.approx(-0.1)
+    aset, _, ev = reward(seeded(Stage.HOLDING), Op.SET_ALPHA_TARGET, alpha_speed=AlphaSpeed.FAST)
+    assert bool(ev["alpha_set"][0, 0]) and one(aset, "op_shaping") == pytest.approx(-0.01)
+    good, _, _ = reward(seeded(Stage.HOLDING, contribution=4.0), Op.PRUNE)
+    assert one(good, "op_shaping") == pytest.approx(-(0.3 + 0.2) - 0.005)
+    harmful, _, _ = reward(seeded(Stage.HOLDING, contribution=-2.0), Op.PRUNE)
+    assert one(harmful, "op_shaping") == pytest.approx(0.3 - 0.005)
+    fossil_prune, _, _ = reward(seeded(Stage.FOSSILIZED), Op.PRUNE)
+    assert one(fossil_prune, "op_shaping") == pytest.approx(-1.0 - 0.005)
+
+
+# ------------------------------------------------------------------------------------------- LOSS
+def test_loss_family_rewards_a_lower_loss():
+    """The reference treated loss_delta with the wrong sign; here prev - cur > 0 (better) pays more."""
+    cfg = RewardConfig(family=RewardFamily.LOSS)
+    slots = init_slots(1, [True] * 3)
+    progress = []
+    for cur in (2.5, 2.1, 2.0, 1.99, 1.9, 1.5):
+        out, _, _ = reward(slots, prev_loss=2.0, val_loss=cur, cfg=cfg)
+        progress.append(one(out, "loss_progress"))
+    assert progress == sorted(progress) and progress[0] < 0 < progress[-1]
+    assert progress[2] == 0.0
+    better, _, _ = reward(slots, prev_loss=2.0, val_loss=1.9, cfg=cfg)
+    worse, _, _ = reward(slots, prev_loss=1.9, val_loss=2.0, cfg=cfg)
+    assert one(better, "total") > one(worse, "total")
+    assert one(better, "loss_progress") == pytest.approx(5.0 * 2.0)  # x = 0.1 / 0.05 = 2
+    assert one(worse, "loss_progress") == pytest.approx(-5.0 * 0.5 * 2.0)  # regressions at half weight
+    end, _, _ = reward(slots, val_loss=1.3, epoch=25, cfg=cfg)
+    assert one(end, "terminal") == pytest.approx((2.3 - 1.3) / 2.0)
+
+
+# ---------------------------------------------------------------------------------------- finite
+_coef = st.floats(0.0, 100.0, allow_nan=False)
+
+
+_SAMPLED_COEFFICIENTS = (
+    "ratio_penalty_max",
+    "holding_penalty_slope",
+    "rent_weight",
+    "pbrs_weight",
+    "sparse_scale",
+    "improvement_safe_threshold",
+    "discount_steepness",
+    "prune_good_slope",
+    "loss_delta_weight",
+)
+
+
+@st.composite
+def reward_configs(draw):
+    mode = draw(st.sampled_from(list(RewardMode)))
+    family = (
+        draw(st.sampled_from(list(RewardFamily))) if mode is RewardMode.SHAPED else RewardFamily.CONTRIBUTION
+    )
+    kw = {"mode": mode, "family": family}
+    for name in _SAMPLED_COEFFICIENTS:
+        kw[name] = draw(_coef)
+    kw["stage_potentials"] = tuple(draw(st.lists(st.floats(-50, 50), min_size=8, max_size=8)))
+    kw["loss_std"] = draw(st.floats(1e-6, 10.0))
+    return RewardConfig(**kw)
+
+
+@given(
+    cfg=reward_configs(),
+    pre=arbitrary_slots(),
+    sig=extreme_signals(),
+    hist_sig=extreme_signals(),
+    op=st.sampled_from(list(Op)),
+    slot=st.integers(0, 2),
+    gamma=st.floats(0.0, 1.0),
+)
+def test_every_component_finite_for_any_signals_and_config(cfg, pre, sig, hist_sig, op, slot, gamma):
+    history = update_history(update_history(init_history(2), hist_sig), sig)
+    action = make_action(2, op, slot, blueprint=1)
+    new, events = lifecycle_step(pre, action, sig, LifecycleConfig(), n_blueprints=N_BP)
+    out = compute_reward(pre, action, new, events, sig, history, gamma=gamma, cfg=cfg, max_epochs=25)
+    assert_all_finite(out)
+
+
+def test_compute_reward_checks_shapes():
+    slots = init_slots(2, [True] * 3)
+    sig = make_signals(2, 3)
+    new, events = lifecycle_step(slots, make_action(2, Op.WAIT), sig, LifecycleConfig())
+    h = update_history(init_history(2), sig)
+    with pytest.raises(ValueError, match="action"):
+        compute_reward(
+            slots, make_action(3, Op.WAIT), new, events, sig, h, gamma=0.9, cfg=RewardConfig(), max_epochs=5
+        )
+    with pytest.raises(ValueError, match="max_epochs"):
+        compute_reward(
+            slots, make_action(2, Op.WAIT), new, events, sig, h, gamma=0.9, cfg=RewardConfig(), max_epochs=0
+        )
+
+
+def test_wait_reward_does_not_depend_on_the_ignored_slot_sample():
+    """Under WAIT the slot head is sampled but does not matter: the reward is the same whichever slot
+    it drew — the mean of the per-slot terms over enabled slots, not the drawn slot's."""
+    slots = seeded(Stage.HOLDING, contribution=5.0, acc_germ=40.0, S=3)
+    outs = [reward(slots, Op.WAIT, slot=k, val_acc=40.5)[0] for k in range(3)]
+    for out in outs[1:]:
+        torch.testing.assert_close(out["total"], outs[0]["total"])
+    single = reward(seeded(Stage.HOLDING, contribution=5.0, acc_germ=40.0, S=1), Op.WAIT, val_acc=40.5)[0]
+    assert one(outs[0], "ratio_penalty") == pytest.approx(one(single, "ratio_penalty") / 3)
+    assert bool(outs[0]["hacking"][0])
