@@ -69,25 +69,39 @@ def fields_flat(cfg_cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
 
 def with_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     """Return ``cfg`` with dotted-path overrides applied (``{"ppo.lr": "1e-4"}``); strings are parsed
-    by the field's type. Unknown paths raise with the valid ones listed."""
+    by the field's type. All overrides of one section are applied together, so validation that ties
+    fields of a section (``env.task`` and ``env.data_path``) sees the final values. Unknown paths
+    raise with the valid ones listed."""
+    tree: dict[str, Any] = {}
     for dotted, value in overrides.items():
-        cfg = _replace_path(cfg, dotted.split("."), value, dotted)
-    return cfg
+        node = tree
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"option {dotted!r} conflicts with another option")
+        node[leaf] = (dotted, value)
+    return _apply(cfg, tree)
 
 
-def _replace_path(cfg: Any, parts: list[str], value: Any, dotted: str) -> Any:
+def _apply(cfg: Any, tree: dict[str, Any]) -> Any:
     hints = typing.get_type_hints(type(cfg))
-    if parts[0] not in hints:
-        valid = sorted(n for n, _, _ in fields_flat(type(cfg)))
-        raise ValueError(f"unknown option {dotted!r}; valid options: {', '.join(valid)}")
-    sub = getattr(cfg, parts[0])
-    if len(parts) == 1:
-        if dataclasses.is_dataclass(sub):
-            raise ValueError(f"{dotted!r} is a section; set one of its fields, e.g. {dotted}.<field>")
-        return dataclasses.replace(cfg, **{parts[0]: coerce(hints[parts[0]], value, name=dotted)})
-    if not dataclasses.is_dataclass(sub):
-        raise ValueError(f"unknown option {dotted!r}: {parts[0]!r} is not a section")
-    return dataclasses.replace(cfg, **{parts[0]: _replace_path(sub, parts[1:], value, dotted)})
+    changes = {}
+    for name, sub in tree.items():
+        dotted = sub[0] if isinstance(sub, tuple) else name
+        if name not in hints:
+            valid = sorted(n for n, _, _ in fields_flat(type(cfg)))
+            raise ValueError(f"unknown option {dotted!r}; valid options: {', '.join(valid)}")
+        current = getattr(cfg, name)
+        if isinstance(sub, tuple):
+            if dataclasses.is_dataclass(current):
+                raise ValueError(f"{dotted!r} is a section; set one of its fields, e.g. {dotted}.<field>")
+            changes[name] = coerce(hints[name], sub[1], name=dotted)
+        else:
+            if not dataclasses.is_dataclass(current):
+                raise ValueError(f"unknown option: {name!r} is not a section")
+            changes[name] = _apply(current, sub)
+    return dataclasses.replace(cfg, **changes)
 
 
 def coerce(tp: Any, value: Any, *, name: str) -> Any:

@@ -76,6 +76,18 @@ class EnvModel:
             )
         return _n_params(params)
 
+    def restyle(self, slot_index: int, style: Style | int) -> None:
+        """Change a live seed's composition style; a newly built gate joins the seed's optimizer."""
+        new = self.host.slot(slot_index).restyle(style, device=self.device)
+        if not new:
+            return
+        if slot_index in self.seed_opts:
+            self.seed_opts[slot_index].add_param_group({"params": new})
+        else:
+            self.seed_opts[slot_index] = torch.optim.SGD(
+                new, lr=self.seed_lr, momentum=self.momentum, weight_decay=self.seed_weight_decay
+            )
+
     def prune(self, slot_index: int) -> None:
         """Remove the slot's seed from the model and drop its optimizer (momentum state included)."""
         self.host.remove_seed(slot_index)
@@ -85,8 +97,18 @@ class EnvModel:
         return [self.host_opt, *self.seed_opts.values()]
 
     # ----------------------------------------------------------------------------------- training
-    def train_epoch(self, batches: Iterable[Batch]) -> dict[str, torch.Tensor]:
+    def train_epoch(
+        self,
+        batches: Iterable[Batch],
+        *,
+        autocast_dtype: torch.dtype | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> dict[str, torch.Tensor]:
         """One pass over ``batches`` (train mode): every optimizer steps on every batch.
+
+        Mixed precision: ``autocast_dtype`` runs the forward under ``torch.autocast``; ``scaler`` (this
+        env's own GradScaler, finding H12: never shared between envs or streams) scales the loss and
+        unscales before every optimizer step.
 
         Returns 0-d tensors ``loss`` (item-weighted mean), ``acc`` (%), ``n_items``, and
         ``grad_ratio [S]``: per slot, ``(seed_norm / host_norm) · sqrt(host_params / seed_params)`` from
@@ -98,14 +120,22 @@ class EnvModel:
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), dtype=torch.int64, device=self.device)
         n_items = 0
+        amp = torch.autocast(self.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
         for batch in batches:
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
-            loss, n_correct, n = host.loss_and_correct(batch)
-            loss.backward()
-            for opt in opts:
-                opt.step()
-            loss_sum += loss.detach() * n
+            with amp:
+                loss, n_correct, n = host.loss_and_correct(batch)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                for opt in opts:
+                    scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                for opt in opts:
+                    opt.step()
+            loss_sum += loss.detach().float() * n
             correct += n_correct
             n_items += n
         if n_items == 0:

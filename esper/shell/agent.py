@@ -1,0 +1,62 @@
+"""The learning controller: Tamiyo's network acting for every env at once.
+
+What the policy sees is ``cat(normalize(raw_obs), op_legality)``: the observation normalized with the
+trainer's statistics, frozen during the rollout, plus one bit per op saying whether it is legal now.
+That input is what is stored as ``observation`` (finding S2), so the PPO update re-scores exactly the
+inputs the actions were sampled from; the value therefore also depends on the legality masks, and the
+truncation bootstrap uses the post-action ones (finding H4).
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from esper.core.spec import Op
+from esper.shell.policy import FactoredRecurrentActorCritic
+from esper.shell.rollout import StepInput
+from esper.shell.trainer import PPOTrainer
+
+
+def policy_input_dim(raw_obs_dim: int) -> int:
+    return raw_obs_dim + len(Op)
+
+
+class PPOController:
+    learns = True
+
+    def __init__(
+        self,
+        policy: FactoredRecurrentActorCritic,
+        trainer: PPOTrainer,
+        *,
+        generator: torch.Generator | None = None,
+        deterministic: bool = False,
+    ) -> None:
+        self.policy, self.trainer = policy, trainer
+        self.generator, self.deterministic = generator, deterministic
+        self.device = next(policy.parameters()).device
+        self.state = policy.initial_state(1, self.device)
+
+    def begin(self, n_envs: int) -> None:
+        self.state = self.policy.initial_state(n_envs, self.device)
+
+    def policy_input(self, step: StepInput) -> torch.Tensor:
+        return torch.cat([self.trainer.normalize_obs(step.raw_obs), step.legal["op"].float()], dim=-1)
+
+    def act(self, step: StepInput) -> TensorDict:
+        x = self.policy_input(step)
+        h, c = self.state
+        out, self.state = self.policy.act(
+            x, self.state, step.legal, generator=self.generator, deterministic=self.deterministic
+        )
+        out["observation"] = x
+        out["raw_observation"] = step.raw_obs
+        out["recurrent_state"] = TensorDict({"h": h[0], "c": c[0]}, batch_size=x.shape[:1])
+        return out
+
+    def bootstrap(self, step: StepInput) -> torch.Tensor:
+        return self.policy.bootstrap_value(self.policy_input(step), self.state)
+
+
+__all__ = ["PPOController", "policy_input_dim"]

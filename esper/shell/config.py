@@ -1,0 +1,148 @@
+"""The run's configuration: one frozen, slotted dataclass per concern, composed into :class:`RunConfig`,
+and every preset in one place (:data:`PRESETS`).
+
+Every field has a doc line (it is the CLI's ``--help``); unknown keys and options are rejected; values
+are validated where they are declared. The PPO discount is also the discount of potential-based reward
+shaping: there is one ``ppo.gamma`` and the reward functions receive it (finding C1), so the two cannot
+disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from esper.core.lifecycle import LifecycleConfig
+from esper.core.rewards import RewardConfig
+from esper.shell.configtools import doc
+from esper.shell.env import EnvConfig
+from esper.shell.governor import GovernorConfig
+from esper.shell.telemetry import AnomalyConfig
+from esper.shell.trainer import PPOConfig
+
+POLICIES = ("ppo", "heuristic")
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    updates: int = doc(8, "PPO updates to run; each is one batch of n_envs episodes")
+    seed: int = doc(42, "seed of every random number generator of the run")
+    policy: str = doc("ppo", "controller: ppo (learns) | heuristic (the reference's rules, no learning)")
+    compile: bool = doc(False, "torch.compile the core loss and GAE with fullgraph=True (eager always works)")
+    run_dir: str = doc("runs", "parent folder of run directories")
+    name: str = doc("", "run directory name (empty: <preset>-<timestamp>)")
+    checkpoint_every: int = doc(1, "write the checkpoint every N updates (also at the end and on Ctrl-C)")
+    report: bool = doc(True, "write plots and report.md into the run directory at the end")
+    progress: bool = doc(True, "show a progress bar on stderr")
+    env: EnvConfig = field(default_factory=EnvConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    governor: GovernorConfig = field(default_factory=GovernorConfig)
+    anomaly: AnomalyConfig = field(default_factory=AnomalyConfig)
+
+    def __post_init__(self) -> None:
+        if self.updates < 1:
+            raise ValueError(f"updates must be >= 1, got {self.updates}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.env.n_envs % self.ppo.n_minibatches:
+            raise ValueError(
+                f"ppo.n_minibatches={self.ppo.n_minibatches} must divide env.n_envs={self.env.n_envs} "
+                "(minibatches hold whole env sequences)"
+            )
+
+
+def _replace(cfg, **sections):
+    """``dataclasses.replace`` for nested sections: ``_replace(cfg, ppo={"lr": 1e-4}, updates=3)``."""
+    changes = {}
+    for name, value in sections.items():
+        if isinstance(value, dict):
+            changes[name] = dataclasses.replace(getattr(cfg, name), **value)
+        else:
+            changes[name] = value
+    return dataclasses.replace(cfg, **changes)
+
+
+def _default() -> RunConfig:
+    """The embedded default: handwritten digits (shipped with scikit-learn), a small CNN host, 4 envs,
+    25-epoch episodes. Finishes on a 2-core CPU in a few minutes."""
+    return _replace(
+        RunConfig(),
+        updates=6,
+        env={"task": "digits", "n_envs": 4, "image_size": 16, "batch_size": 64, "train_batches": 12},
+        ppo={"hidden": 64, "head_hidden": 32},
+    )
+
+
+def _stdlib_text() -> RunConfig:
+    """Byte-level LM on the Python standard library's own source, transformer host."""
+    return _replace(
+        RunConfig(),
+        updates=4,
+        env={"task": "stdlib_text", "n_envs": 2, "train_batches": 16, "val_batches": 4},
+        ppo={"n_minibatches": 1, "hidden": 64, "head_hidden": 32},
+    )
+
+
+def _cifar10() -> RunConfig:
+    """CIFAR-10 from the official binary batches at --env.data_path (GPU recommended)."""
+    return _replace(
+        RunConfig(),
+        updates=100,
+        env={"task": "cifar10", "n_envs": 4, "batch_size": 128, "device": "cuda", "amp": True},
+        ppo={"entropy_coef": 0.1},
+    )
+
+
+def _tinystories() -> RunConfig:
+    """TinyStories from a local text file at --env.data_path, byte-level transformer (GPU)."""
+    return _replace(
+        RunConfig(),
+        updates=100,
+        env={"task": "tinystories", "n_envs": 4, "device": "cuda", "amp": True},
+        ppo={"entropy_coef": 0.05},
+        reward={"sparse_scale": 0.5},
+    )
+
+
+def _smoke() -> RunConfig:
+    """A few seconds end to end: tiny episodes, tiny policy (tests and quick checks)."""
+    return _replace(
+        RunConfig(),
+        updates=2,
+        env={
+            "task": "digits",
+            "n_envs": 2,
+            "image_size": 8,
+            "batch_size": 64,
+            "train_batches": 2,
+            "val_batches": 1,
+        },
+        lifecycle={"max_epochs": 6},
+        ppo={"hidden": 16, "head_hidden": 16, "n_epochs": 2, "n_minibatches": 2},
+        report=False,
+        progress=False,
+    )
+
+
+#: Every preset, by name. ``default`` is what ``python -m esper.shell.run`` runs with no arguments.
+PRESETS: dict[str, Callable[[], RunConfig]] = {
+    "default": _default,
+    "stdlib_text": _stdlib_text,
+    "cifar10": _cifar10,
+    "tinystories": _tinystories,
+    "smoke": _smoke,
+}
+
+
+def preset(name: str) -> RunConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    return PRESETS[name]()
+
+
+__all__ = ["POLICIES", "PRESETS", "RunConfig", "preset"]

@@ -1,0 +1,358 @@
+"""The vectorized environment: ``n_envs`` hosts trained side by side, one RL step per host epoch.
+
+:class:`VecEnv` owns the stateful half of every env — the host and its optimizers
+(:class:`~esper.shell.env_model.EnvModel`), the data iterators, the AMP scaler, the CUDA stream and the
+governor snapshots — and the tensorized slot state that :mod:`esper.core.lifecycle` evolves. One step:
+
+1. :meth:`VecEnv.measure` trains every env for an epoch and validates it with every live seed's
+   counterfactual, each env on its own CUDA stream (devices round-robin); the results are joined
+   onto the policy device's current stream through per-env events (finding S1) and returned as the
+   ``signals`` TensorDict ``[E]`` that the core consumes;
+2. the governor reads the validation losses (one host sync) and rolls back any env that panicked;
+3. after the policy acted and the core stepped the lifecycle, :meth:`VecEnv.apply` reads the
+   lifecycle events once (one host sync) and builds or removes seed modules to match.
+
+On CPU the same code runs without streams.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from esper.core.lifecycle import EVENT_KINDS as LIFECYCLE_EVENT_KINDS
+from esper.core.lifecycle import LifecycleConfig, clear_seeds, init_slots
+from esper.core.spec import ActionSpec, Stage
+from esper.shell.configtools import doc
+from esper.shell.data import Task, make_task
+from esper.shell.env_model import EnvModel
+from esper.shell.governor import Governor, GovernorConfig
+
+TASKS = ("digits", "stdlib_text", "cifar10", "tinystories")
+#: Tasks whose data is read from --env.data_path (nothing is ever downloaded).
+LOCAL_TASKS = ("cifar10", "tinystories")
+
+
+@dataclass(frozen=True, slots=True)
+class EnvConfig:
+    task: str = doc("digits", "task: digits | stdlib_text | cifar10 | tinystories")
+    data_path: str | None = doc(
+        None, "local data path (cifar10: the binary batches' folder; tinystories: a .txt)"
+    )
+    n_envs: int = doc(4, "hosts trained side by side; one PPO batch is one episode of each")
+    batch_size: int = doc(0, "host training batch size (0: the task's default)")
+    train_batches: int = doc(0, "training batches per epoch per env (0: the task's default)")
+    val_batches: int = doc(0, "validation batches per epoch (0: the task's default)")
+    image_size: int = doc(16, "digits: side the 8x8 images are resized to")
+    host_lr: float = doc(0.01, "host SGD learning rate")
+    seed_lr: float = doc(0.01, "seed SGD learning rate")
+    momentum: float = doc(0.9, "SGD momentum (host and seeds)")
+    weight_decay: float = doc(5e-4, "host weight decay")
+    slots: tuple[int, ...] = doc((), "enabled slot indices (empty: all of the host's slots)")
+    device: str = doc("cpu", "device of the policy (and of the hosts unless devices is set)")
+    devices: tuple[str, ...] = doc((), "devices for the hosts, assigned round-robin (empty: device)")
+    amp: bool = doc(
+        False, "mixed precision for host training: fp16 + a GradScaler per env on CUDA, bf16 on CPU"
+    )
+
+    def __post_init__(self) -> None:
+        if self.n_envs < 1:
+            raise ValueError(f"env.n_envs must be >= 1, got {self.n_envs}")
+        for name in ("batch_size", "train_batches", "val_batches"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
+        if self.image_size < 8:
+            raise ValueError(f"env.image_size must be >= 8, got {self.image_size}")
+        if self.task not in TASKS:
+            raise ValueError(f"env.task must be one of {TASKS}, got {self.task!r}")
+        if self.task in LOCAL_TASKS and not self.data_path:
+            raise ValueError(f"task {self.task!r} reads local files: pass --env.data_path PATH")
+        if self.task not in LOCAL_TASKS and self.data_path:
+            raise ValueError(f"task {self.task!r} ships with the code; --env.data_path is not used by it")
+
+    def build_task(self) -> Task:
+        kwargs: dict = {}
+        if self.batch_size:
+            kwargs["batch_size"] = self.batch_size
+        if self.train_batches:
+            kwargs["max_batches"] = self.train_batches
+        if self.val_batches:
+            kwargs["val_max_batches"] = self.val_batches
+        if self.task == "digits":
+            kwargs["image_size"] = self.image_size
+        if self.task in LOCAL_TASKS:
+            kwargs["path"] = self.data_path
+        return make_task(self.task, **kwargs)
+
+
+class EnvStreams:
+    """One CUDA stream per env (none on CPU), with an event per env marking the end of its queued
+    work. Results produced inside :meth:`run` are only read after :meth:`join` made the consumer's
+    current stream wait on that env's event (finding S1)."""
+
+    def __init__(self, devices: list[torch.device]) -> None:
+        self.devices = devices
+        self.streams = [torch.cuda.Stream(device=d) if d.type == "cuda" else None for d in devices]
+        self.events: list = [None] * len(devices)
+
+    @contextmanager
+    def run(self, i: int) -> Iterator[None]:
+        stream = self.streams[i]
+        if stream is None:
+            yield
+            return
+        stream.wait_stream(torch.cuda.current_stream(self.devices[i]))  # inputs queued on the default
+        with torch.cuda.stream(stream):
+            yield
+        event = torch.cuda.Event()
+        event.record(stream)
+        self.events[i] = event
+
+    def join(self, i: int, tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        """Env ``i``'s ``tensors`` made safe to use on ``device``'s current stream."""
+        if self.events[i] is not None:
+            consumer = torch.cuda.current_stream(self.devices[i])
+            consumer.wait_event(self.events[i])
+            for t in tensors:
+                t.record_stream(consumer)  # the allocator must not reuse them while the consumer reads
+        return [t.to(device, non_blocking=True) for t in tensors]
+
+
+class VecEnv:
+    def __init__(
+        self,
+        cfg: EnvConfig,
+        lifecycle: LifecycleConfig,
+        governor: GovernorConfig,
+        *,
+        seed: int,
+        task: Task | None = None,
+    ) -> None:
+        self.cfg, self.lifecycle = cfg, lifecycle
+        self.task = task if task is not None else cfg.build_task()
+        self.n = cfg.n_envs
+        self.device = torch.device(cfg.device)
+        names = cfg.devices or (cfg.device,)
+        self.env_devices = [torch.device(names[i % len(names)]) for i in range(self.n)]
+        self.streams = EnvStreams(self.env_devices)
+        self.seed = seed
+        probe = self.task.make_host()
+        self.slot_names = probe.slot_names
+        self.blueprint_names = probe.blueprint_names
+        self.spec = ActionSpec(n_slots=probe.n_slots, n_blueprints=len(probe.blueprint_names))
+        bad = [s for s in cfg.slots if not 0 <= s < probe.n_slots]
+        if bad:
+            raise ValueError(
+                f"env.slots {bad} out of range: the {self.task.name} host has slots 0..{probe.n_slots - 1}"
+            )
+        self.enabled = tuple((i in cfg.slots) if cfg.slots else True for i in range(probe.n_slots))
+        self.random_guess_loss = float(torch.log(torch.tensor(float(self.task.n_classes))))
+        self.governor = Governor(governor, self.n, self.random_guess_loss)
+        self.models: list[EnvModel] = []
+        self.loaders: list = []
+        self.scalers: list = []
+        self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
+        self.slots: TensorDict = init_slots(self.n, self.enabled, device=self.device)
+        self.epoch = 0
+        self.timings: dict[str, float] = {}
+
+    # ----------------------------------------------------------------------------------------- episode
+    def reset(self, episode: int) -> None:
+        """Fresh hosts, optimizers, data order and slot state for a new batch of episodes."""
+        self.models, self.loaders, self.scalers = [], [], []
+        for i, dev in enumerate(self.env_devices):
+            env_seed = self.seed * 100_003 + episode * 1_009 + i
+            torch.manual_seed(env_seed)  # host init and seed builds draw from the global RNG
+            host = self.task.make_host().to(dev)
+            self.models.append(
+                EnvModel(
+                    host,
+                    host_lr=self.cfg.host_lr,
+                    seed_lr=self.cfg.seed_lr,
+                    momentum=self.cfg.momentum,
+                    weight_decay=self.cfg.weight_decay,
+                )
+            )
+            self.loaders.append(self.task.make_loaders(env_seed, device=dev))
+            # H12: one scaler per env, only ever used inside that env's stream
+            use_scaler = self.cfg.amp and dev.type == "cuda"
+            self.scalers.append(torch.amp.GradScaler("cuda") if use_scaler else None)
+            self.governor.reset(i)
+            if self.governor.should_snapshot(0):
+                self.governor.snapshot(i, self._snapshot_state(i))
+        self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
+        self.slots = init_slots(self.n, self.enabled, device=self.device)
+        self.epoch = 0
+
+    def host_params(self, i: int) -> int:
+        return sum(p.numel() for p in self.models[i].host.host_parameters())
+
+    # -------------------------------------------------------------------------------------------- step
+    def measure(self) -> TensorDict:
+        """Train every env one epoch, validate with counterfactuals; the ``signals`` TD ``[E]``."""
+        self.epoch += 1
+        t0 = time.perf_counter()
+        train = []
+        for i, model in enumerate(self.models):
+            with self.streams.run(i):
+                train.append(model.train_epoch(self.loaders[i][0], **self._amp(i)))
+        t1 = time.perf_counter()
+        val = []
+        for i, model in enumerate(self.models):
+            with self.streams.run(i):
+                val.append(model.evaluate(self.loaders[i][1]))
+        t2 = time.perf_counter()
+        self.timings = {"host_training": t1 - t0, "validation": t2 - t1}
+        return self._gather(train, val)
+
+    def _gather(self, train: list[dict], val: list[tuple]) -> TensorDict:
+        rows = []
+        for i in range(self.n):
+            tr, (vloss, vacc, contrib) = train[i], val[i]
+            parts = [tr["loss"], tr["acc"], vloss, vacc, tr["grad_ratio"], contrib]
+            rows.append(self.streams.join(i, [p.float() for p in parts], self.device))
+        col = lambda k: torch.stack([r[k] for r in rows])
+        E, S = self.n, self.spec.n_slots
+        return TensorDict(
+            {
+                "epoch": torch.full((E,), self.epoch, dtype=torch.int64, device=self.device),
+                "train_loss": col(0),
+                "train_acc": col(1),
+                "val_loss": col(2),
+                "val_acc": col(3),
+                "host_params": torch.tensor(
+                    [float(self.host_params(i)) for i in range(E)], device=self.device
+                ),
+                "slots": TensorDict(
+                    {
+                        "grad_ratio": col(4),
+                        "contribution": col(5),
+                        "seed_params": torch.tensor(
+                            self.seed_params, dtype=torch.float32, device=self.device
+                        ),
+                    },
+                    batch_size=[E, S],
+                ),
+            },
+            batch_size=[E],
+            device=self.device,
+        )
+
+    def govern(self, signals: TensorDict) -> tuple[TensorDict, list[str | None]]:
+        """Governor check on this epoch's validation losses (one host sync). Panicked envs are rolled
+        back — weights restored from the env's snapshot, every seed that is not fossilized removed,
+        host momentum cleared — and re-validated; others are snapshotted on the cadence. Returns the
+        (patched) signals and the panic reason per env (None where healthy)."""
+        losses = signals["val_loss"].tolist()  # sync point: the governor reads floats
+        reasons = [self.governor.check(i, loss) for i, loss in enumerate(losses)]
+        panicked = [i for i, r in enumerate(reasons) if r is not None]
+        for i in panicked:
+            self.rollback(i)
+        if panicked:
+            mask = torch.zeros(self.n, dtype=torch.bool, device=self.device)
+            mask[panicked] = True
+            self.slots = clear_seeds(self.slots, mask)
+            val = []
+            for i in panicked:
+                with self.streams.run(i):
+                    val.append(self.models[i].evaluate(self.loaders[i][1]))
+            for i, (vloss, vacc, contrib) in zip(panicked, val):
+                vloss, vacc, contrib = self.streams.join(
+                    i, [vloss.float(), vacc.float(), contrib], self.device
+                )
+                signals["val_loss"][i] = vloss
+                signals["val_acc"][i] = vacc
+                signals["slots", "contribution"][i] = contrib
+                signals["slots", "grad_ratio"][i] = 0.0
+                signals["slots", "seed_params"][i] = torch.tensor(
+                    self.seed_params[i], dtype=torch.float32, device=self.device
+                )
+        if self.governor.should_snapshot(self.epoch):
+            for i in range(self.n):
+                if reasons[i] is None:
+                    self.governor.snapshot(i, self._snapshot_state(i))
+        return signals, reasons
+
+    def rollback(self, i: int) -> None:
+        model = self.models[i]
+        for s in range(self.spec.n_slots):
+            slot = model.host.slot(s)
+            if slot.occupied and slot.stage != Stage.FOSSILIZED:
+                model.prune(s)
+                self.seed_params[i][s] = 0
+        snapshot, _ = self.governor.rollback(i)
+        current = model.host.state_dict()
+        model.host.load_state_dict({k: v for k, v in snapshot.items() if k in current}, strict=False)
+        for opt in model.optimizers():
+            opt.state.clear()
+
+    def apply(self, slots: TensorDict, events: TensorDict) -> list[list[dict]]:
+        """Make the models match the stepped slot state: remove pruned seeds, build germinated ones,
+        push alpha and stage. One host sync. Returns per env the lifecycle events that happened."""
+        packed = torch.stack(
+            [events[k].double() for k in LIFECYCLE_EVENT_KINDS]
+            + [slots[k].double() for k in ("stage", "blueprint", "style", "alpha")]
+            + [self.slots["blueprint"].double()]
+        ).tolist()  # sync point: the shell reads the lifecycle step once
+        n_kinds = len(LIFECYCLE_EVENT_KINDS)
+        stage, blueprint, style, alpha, old_blueprint = packed[n_kinds:]
+        happened: list[list[dict]] = []
+        for i, model in enumerate(self.models):
+            env_events = []
+            for s in range(self.spec.n_slots):
+                fired = {k: bool(packed[j][i][s]) for j, k in enumerate(LIFECYCLE_EVENT_KINDS)}
+                if fired["removed"]:
+                    model.prune(s)
+                    self.seed_params[i][s] = 0
+                if fired["germinated"]:
+                    with self.streams.run(i):
+                        self.seed_params[i][s] = model.germinate(s, int(blueprint[i][s]), int(style[i][s]))
+                elif fired["alpha_set"] and model.host.slot(s).style != int(style[i][s]):
+                    model.restyle(s, int(style[i][s]))
+                    self.seed_params[i][s] = sum(p.numel() for p in model.host.seed_parameters(s))
+                model.host.set_slot(s, alpha=min(max(alpha[i][s], 0.0), 1.0), stage=int(stage[i][s]))
+                for kind, on in fired.items():
+                    if on:
+                        env_events.append(
+                            {
+                                "slot": s,
+                                "kind": kind,
+                                "stage": Stage(int(stage[i][s])).name,
+                                "blueprint": self.blueprint_names[
+                                    int(old_blueprint[i][s] if kind != "germinated" else blueprint[i][s])
+                                ],
+                            }
+                        )
+            happened.append(env_events)
+        self.slots = slots
+        return happened
+
+    # --------------------------------------------------------------------------------------- helpers
+    def _amp(self, i: int) -> dict:
+        if not self.cfg.amp:
+            return {}
+        dev = self.env_devices[i]
+        return {
+            "autocast_dtype": torch.float16 if dev.type == "cuda" else torch.bfloat16,
+            "scaler": self.scalers[i],
+        }
+
+    def _snapshot_state(self, i: int) -> dict[str, torch.Tensor]:
+        """The host and its fossilized seeds (what a rollback restores)."""
+        host = self.models[i].host
+        keep_slots = {
+            f"slots.{s}." for s in range(self.spec.n_slots) if host.slot(s).stage == Stage.FOSSILIZED
+        }
+        return {
+            k: v
+            for k, v in host.state_dict().items()
+            if not k.startswith("slots.") or any(k.startswith(p) for p in keep_slots)
+        }
+
+
+__all__ = ["EnvConfig", "EnvStreams", "VecEnv"]

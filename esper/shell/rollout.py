@@ -1,0 +1,254 @@
+"""One batch of episodes: every env runs ``max_epochs`` RL steps side by side.
+
+Per step (see DESIGN.md §1): train + validate + counterfactual (:meth:`VecEnv.measure`), governor
+check and rollback, then the pure core — record the signals into the slot state, update the signal
+history, build the observation and the legality masks — one batched controller forward, the core's
+lifecycle step and reward, and :meth:`VecEnv.apply` to make the models match.
+
+For a learning controller the steps are stored as a TensorDict ``[n_envs, T]`` with the keys of
+DESIGN.md §4: ``observation`` is exactly what the policy saw (normalized observation + op-legality
+bits, finding S2), ``raw_observation`` feeds the normalizer, ``(head, action | action_log_prob |
+action_mask)`` per head, ``state_value``, ``is_init``, the pre-step recurrent state, and under
+``next``: ``raw_reward``, ``done``/``truncated`` (True on the last step: every episode is truncated
+by the time limit), ``terminated`` (always False) and ``state_value``. The last step's
+``("next", "state_value")`` is V of the post-action observation built from the post-step slot
+state with the post-action legality masks and the post-step recurrent state (finding H4).
+
+A governor rollback's penalty is added to the reward of the transition that led into the panic and
+the transitions are kept, so the learner sees it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from tensordict import TensorDict
+
+from esper.core.lifecycle import LifecycleConfig, lifecycle_step, record_signals
+from esper.core.masks import legal_masks
+from esper.core.observation import init_history, observe, update_history
+from esper.core.rewards import RewardConfig, compute_reward
+from esper.core.spec import HEADS, Op, Stage
+from esper.shell.env import VecEnv
+
+
+@dataclass
+class StepInput:
+    """What a controller may look at when it acts."""
+
+    raw_obs: torch.Tensor  # [E, obs_dim]
+    legal: TensorDict  # legal_masks(...) [E]
+    slots: TensorDict  # [E, S]
+    signals: TensorDict  # [E]
+    history: TensorDict  # [E]
+
+
+class Controller(Protocol):
+    learns: bool
+
+    def begin(self, n_envs: int) -> None: ...
+
+    def act(self, step: StepInput) -> TensorDict:
+        """``[E]`` TD with ``(head, "action")`` for every head (a learner adds log-probs, masks,
+        ``state_value``, ``observation`` and the pre-step ``recurrent_state``)."""
+        ...
+
+    def bootstrap(self, step: StepInput) -> torch.Tensor | None: ...
+
+
+@dataclass
+class EpisodeResult:
+    rollout: TensorDict | None
+    episodes: list[dict] = field(default_factory=list)  # one summary per env
+    epochs: list[dict] = field(default_factory=list)  # one "epoch" event payload per step
+    lifecycle: list[dict] = field(default_factory=list)  # lifecycle events
+    governor: list[dict] = field(default_factory=list)  # panics
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, whole batch
+
+
+class EpisodeRunner:
+    def __init__(
+        self,
+        env: VecEnv,
+        controller: Controller,
+        *,
+        lifecycle: LifecycleConfig,
+        reward: RewardConfig,
+        gamma: float,
+        on_epoch=None,
+    ) -> None:
+        self.env, self.controller = env, controller
+        self.lifecycle, self.reward_cfg, self.gamma = lifecycle, reward, gamma
+        self.on_epoch = on_epoch  # progress callback, called once per step
+
+    def _observe(self, signals: TensorDict, history: TensorDict, slots: TensorDict):
+        env = self.env
+        raw_obs = observe(
+            signals,
+            history,
+            slots,
+            max_epochs=self.lifecycle.max_epochs,
+            n_blueprints=env.spec.n_blueprints,
+            lifecycle_cfg=self.lifecycle,
+        )
+        legal = legal_masks(
+            slots, env.spec, max_seeds=self.lifecycle.max_seeds, min_prune_age=self.lifecycle.min_prune_age
+        )
+        return raw_obs, legal
+
+    def run(self, update: int) -> EpisodeResult:
+        env, ctl, lc = self.env, self.controller, self.lifecycle
+        T, E = lc.max_epochs, env.n
+        env.reset(update)
+        ctl.begin(E)
+        history = init_history(E, device=env.device)
+        result = EpisodeResult(rollout=None)
+        timings: Counter = Counter()
+        steps: list[TensorDict] = []
+        rewards: list[torch.Tensor] = []
+        components: list[TensorDict] = []
+        op_counts = [Counter() for _ in range(E)]
+        best_acc = [0.0] * E
+        removed = [0] * E
+        for t in range(T):
+            signals = env.measure()
+            timings.update(env.timings)
+            t0 = time.perf_counter()
+            signals, reasons = env.govern(signals)
+            step_penalty = torch.zeros(E, device=env.device)
+            for i, reason in enumerate(reasons):
+                if reason is None:
+                    continue
+                result.governor.append({"epoch": t + 1, "env": i, "reason": reason})
+                if rewards:  # charge the transition that led into the panic
+                    rewards[-1][i] -= env.governor.cfg.penalty
+                else:  # a panic on the first epoch: charge this step
+                    step_penalty[i] -= env.governor.cfg.penalty
+            slots = record_signals(env.slots, signals, lc)
+            history = update_history(history, signals)
+            raw_obs, legal = self._observe(signals, history, slots)
+            t1 = time.perf_counter()
+            out = ctl.act(StepInput(raw_obs, legal, slots, signals, history))
+            t2 = time.perf_counter()
+            action = TensorDict({h: out[h, "action"] for h in HEADS}, batch_size=[E])
+            new_slots, events = lifecycle_step(slots, action, signals, lc, n_blueprints=env.spec.n_blueprints)
+            reward = compute_reward(
+                slots, action, new_slots, events, signals, history, gamma=self.gamma, cfg=self.reward_cfg,
+                max_epochs=T,
+            )  # fmt: skip
+            t3 = time.perf_counter()
+            happened = env.apply(new_slots, events)
+            t4 = time.perf_counter()
+            total = reward["total"] + step_penalty
+            rewards.append(total)
+            components.append(reward.exclude("total"))
+            if ctl.learns:
+                steps.append(out)
+            timings.update(
+                {
+                    "governor_and_observation": t1 - t0,
+                    "policy": t2 - t1,
+                    "lifecycle_reward": t3 - t2,
+                    "apply": t4 - t3,
+                }
+            )
+            result.epochs.append(self._epoch_event(t + 1, signals, action, total, new_slots))
+            if hasattr(ctl, "last_reasons"):  # a rule-based controller explains each choice
+                result.epochs[-1]["reasons"] = list(ctl.last_reasons)
+            for i, evs in enumerate(happened):
+                removed[i] += sum(e["kind"] == "removed" for e in evs)
+                for e in evs:
+                    result.lifecycle.append({"epoch": t + 1, "env": i, **e})
+            for i, op in enumerate(result.epochs[-1]["op"]):
+                op_counts[i][op] += 1
+            best_acc = [max(b, a) for b, a in zip(best_acc, result.epochs[-1]["val_acc"])]
+            if self.on_epoch is not None:
+                self.on_epoch(result.epochs[-1])
+            last = (signals, history, new_slots)
+        # ------------------------------------------------------------------ bootstrap and assembly
+        signals, history, final_slots = last
+        t0 = time.perf_counter()
+        raw_obs, legal = self._observe(signals, history, final_slots)  # post-action masks (H4)
+        boot = ctl.bootstrap(StepInput(raw_obs, legal, final_slots, signals, history))
+        timings["policy"] += time.perf_counter() - t0
+        reward_seq = torch.stack(rewards, dim=1)  # [E, T]
+        comp_seq = torch.stack(components, dim=1)
+        if ctl.learns:
+            result.rollout = self._assemble(steps, reward_seq, boot)
+        result.episodes = self._episode_summaries(
+            reward_seq, comp_seq, final_slots, result, op_counts, best_acc, removed
+        )
+        result.timings = dict(timings)
+        return result
+
+    # ---------------------------------------------------------------------------------------- pieces
+    def _assemble(self, steps: list[TensorDict], rewards: torch.Tensor, boot: torch.Tensor) -> TensorDict:
+        td = torch.stack(steps, dim=1)  # [E, T]
+        E, T = td.batch_size
+        device = rewards.device
+        values = td["state_value"]
+        done = torch.zeros(E, T, dtype=torch.bool, device=device)
+        done[:, -1] = True
+        td["is_init"] = torch.zeros(E, T, dtype=torch.bool, device=device)
+        td["is_init"][:, 0] = True
+        td["next"] = TensorDict(
+            {
+                "raw_reward": rewards.float(),
+                "done": done,
+                "truncated": done.clone(),
+                "terminated": torch.zeros_like(done),
+                "state_value": torch.cat([values[:, 1:], boot.reshape(E, 1).to(values.dtype)], dim=1),
+            },
+            batch_size=[E, T],
+        )
+        return td
+
+    def _epoch_event(self, epoch, signals, action, reward, slots) -> dict:
+        env = self.env
+        host = torch.stack(
+            [signals["val_acc"], signals["val_loss"], signals["train_loss"], reward.float()]
+            + [action[h].float() for h in ("op", "slot", "blueprint")]
+        ).tolist()  # sync point: one read per epoch for telemetry
+        per_slot = torch.stack([slots["stage"].float(), slots["alpha"].float()]).tolist()
+        return {
+            "epoch": epoch,
+            "val_acc": host[0],
+            "val_loss": host[1],
+            "train_loss": host[2],
+            "reward": host[3],
+            "op": [Op(int(o)).name for o in host[4]],
+            "slot": [env.slot_names[int(s)] for s in host[5]],
+            "blueprint": [env.blueprint_names[int(b)] for b in host[6]],
+            "slot_names": list(env.slot_names),
+            "stage": [[Stage(int(s)).name for s in row] for row in per_slot[0]],
+            "alpha": per_slot[1],
+            "timings": dict(env.timings),
+        }
+
+    def _episode_summaries(
+        self, rewards, comps, final_slots, result, op_counts, best_acc, removed
+    ) -> list[dict]:
+        returns = rewards.sum(1).tolist()
+        comp_sums = {k: v.float().sum(1).tolist() for k, v in comps.items() if v.is_floating_point()}
+        n_fossil = (final_slots["stage"] == int(Stage.FOSSILIZED)).sum(-1).tolist()
+        final_acc = result.epochs[-1]["val_acc"]
+        return [
+            {
+                "env": i,
+                "return": returns[i],
+                "final_val_acc": final_acc[i],
+                "best_val_acc": best_acc[i],
+                "n_fossilized": n_fossil[i],
+                "n_pruned": removed[i],
+                "reward_components": {k: v[i] for k, v in comp_sums.items()},
+                "op_counts": dict(op_counts[i]),
+            }
+            for i in range(self.env.n)
+        ]
+
+
+__all__ = ["Controller", "EpisodeResult", "EpisodeRunner", "StepInput"]

@@ -1,0 +1,335 @@
+"""The recurrent PPO update.
+
+One call of :meth:`PPOTrainer.update` takes the rollout of one batch of episodes (``[n_envs, T]``,
+every episode truncated at T) and, in this order:
+
+1. refuses non-finite data with the offending key named (one host sync);
+2. updates the observation and reward statistics from this batch (finding C5: before the update;
+   the stored observations stay exactly those the policy acted on, finding S2) and scales rewards;
+3. runs GAE on the rollout values (truncated last step bootstraps from V(post-action obs), H4);
+4. recomputes V with the same hidden reconstruction the update uses and makes it the value-clip
+   anchor (findings C4/H5: ``n_epochs > 1`` is correct, never stale rollout values);
+5. normalizes advantages over the batch;
+6. for ``n_epochs``: shuffles *envs* into minibatches of whole sequences (finding C3), re-scores each
+   from its stored initial hidden state, computes :func:`esper.core.ppo_loss`, stops on the KL flag
+   (checked before the step), clips gradients, steps AdamW (weight decay on the critic only).
+
+Metrics stay on the device until the end, then one :func:`read_scalars` call brings them back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from esper.core.advantage import gae, gae_tensors, normalize_advantage
+from esper.core.health import GradHealthConfig, grad_health
+from esper.core.loss import ppo_loss
+from esper.core.minibatch import env_minibatches
+from esper.core.normalize import normalize, running_stats, scale, update_running_stats
+from esper.core.spec import HEADS
+from esper.shell.configtools import doc
+from esper.shell.policy import FactoredRecurrentActorCritic
+from esper.shell.readout import read_scalars
+
+#: Parameter groups whose gradient norms are reported separately.
+GRAD_GROUPS = ("trunk", *HEADS, "value")
+
+
+@dataclass(frozen=True, slots=True)
+class PPOConfig:
+    gamma: float = doc(0.995, "discount; also the potential-based shaping gamma (one value, finding C1)")
+    gae_lambda: float = doc(0.97, "GAE lambda")
+    clip_epsilon: float = doc(0.2, "surrogate ratio clip")
+    value_clip: float | None = doc(10.0, "bound on |V_new - V_anchor| in the value loss (none: off)")
+    value_coef: float = doc(0.5, "weight of the value loss (applied to 0.5 * squared error)")
+    entropy_coef: float = doc(0.05, "entropy bonus coefficient at the first update")
+    entropy_coef_end: float | None = doc(None, "entropy coefficient after annealing (none: no annealing)")
+    entropy_anneal_updates: int = doc(
+        0, "updates over which the entropy coefficient moves linearly to its end"
+    )
+    head_entropy_weights: tuple[float, ...] = doc(
+        (), "per-head entropy weights in HEADS order (empty: all 1)"
+    )
+    lr: float = doc(3e-4, "AdamW learning rate")
+    adam_eps: float = doc(1e-5, "AdamW epsilon")
+    critic_weight_decay: float = doc(0.0, "weight decay on the value head only")
+    max_grad_norm: float = doc(0.5, "global gradient-norm clip")
+    n_epochs: int = doc(4, "passes over each batch")
+    n_minibatches: int = doc(2, "minibatches per pass; each holds whole env sequences (must divide n_envs)")
+    target_kl: float | None = doc(0.015, "stop the update when kl_approx > 1.5 * target_kl (none: never)")
+    normalize_advantage: bool = doc(True, "normalize advantages over the batch")
+    obs_clip: float = doc(10.0, "clip of normalized observations")
+    reward_clip: float = doc(10.0, "clip of scaled rewards")
+    obs_momentum: float | None = doc(None, "EMA momentum of observation statistics (none: exact Welford)")
+    hidden: int = doc(128, "LSTM / trunk width")
+    head_hidden: int = doc(64, "hidden width of each head")
+    grad_explode_factor: float = doc(
+        10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'"
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"ppo.{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("clip_epsilon", "lr", "adam_eps", "max_grad_norm", "obs_clip", "reward_clip"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ppo.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("n_epochs", "n_minibatches", "hidden", "head_hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ppo.{name} must be >= 1, got {getattr(self, name)}")
+        if self.head_entropy_weights and len(self.head_entropy_weights) != len(HEADS):
+            raise ValueError(
+                f"ppo.head_entropy_weights needs {len(HEADS)} values ({', '.join(HEADS)}), "
+                f"got {len(self.head_entropy_weights)}"
+            )
+        if self.entropy_anneal_updates < 0:
+            raise ValueError("ppo.entropy_anneal_updates must be >= 0")
+
+    def entropy_coef_at(self, update: int) -> float:
+        if self.entropy_coef_end is None or self.entropy_anneal_updates == 0:
+            return self.entropy_coef
+        frac = min(1.0, update / self.entropy_anneal_updates)
+        return self.entropy_coef + frac * (self.entropy_coef_end - self.entropy_coef)
+
+
+@dataclass(slots=True)
+class TrainerState:
+    """Everything of the learner that a checkpoint must carry besides the network and optimizer."""
+
+    obs_stats: TensorDict
+    reward_stats: TensorDict
+    updates: int = 0
+    history: list = field(default_factory=list)
+
+
+class PPOTrainer:
+    def __init__(
+        self,
+        policy: FactoredRecurrentActorCritic,
+        cfg: PPOConfig,
+        *,
+        raw_obs_dim: int,
+        compile: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.policy, self.cfg = policy, cfg
+        device = next(policy.parameters()).device
+        critic = list(policy.value_head.parameters())
+        critic_ids = {id(p) for p in critic}
+        rest = [p for p in policy.parameters() if id(p) not in critic_ids]
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": rest, "weight_decay": 0.0},
+                {"params": critic, "weight_decay": cfg.critic_weight_decay},
+            ],
+            lr=cfg.lr,
+            eps=cfg.adam_eps,
+        )
+        self.state = TrainerState(
+            obs_stats=running_stats((raw_obs_dim,), device=device),
+            reward_stats=running_stats((), device=device),
+        )
+        self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
+        self.health_cfg = GradHealthConfig.for_clipped_ppo(cfg.max_grad_norm, factor=cfg.grad_explode_factor)
+        self.params = [p for p in policy.parameters()]
+        self.groups = _group_index(policy)
+        weights = cfg.head_entropy_weights or (1.0,) * len(HEADS)
+        head_weights = dict(zip(HEADS, weights))
+
+        def loss_fn(td: TensorDictBase) -> TensorDict:
+            # entropy_coef is a per-head weight here; the annealed scalar multiplies loss_entropy
+            # outside, so a changing coefficient never recompiles the loss.
+            return ppo_loss(
+                td,
+                factored=True,
+                clip_epsilon=cfg.clip_epsilon,
+                value_clip=cfg.value_clip,
+                value_coef=cfg.value_coef,
+                entropy_coef=head_weights,
+                target_kl=cfg.target_kl,
+            )
+
+        def gae_fn(td: TensorDictBase) -> TensorDictBase:
+            return gae(td, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
+
+        self.loss_fn = torch.compile(loss_fn, fullgraph=True, dynamic=False) if compile else loss_fn
+        self.gae_fn = torch.compile(gae_fn, fullgraph=True, dynamic=False) if compile else gae_fn
+
+    # ------------------------------------------------------------------------------------ observation
+    def normalize_obs(self, raw: torch.Tensor) -> torch.Tensor:
+        """What the policy sees: raw observations normalized with the current (frozen) statistics."""
+        return normalize(self.state.obs_stats, raw, clip=self.cfg.obs_clip)
+
+    # ----------------------------------------------------------------------------------------- update
+    def prepare(self, batch: TensorDictBase) -> TensorDictBase:
+        """Steps 1-5 of the module docstring; returns the batch ready for the epochs."""
+        cfg = self.cfg
+        check_finite(batch)
+        st = self.state
+        # C5: statistics include this batch before the update (the stored observations are not
+        # re-normalized: they are what the policy saw, S2).
+        st.obs_stats = update_running_stats(st.obs_stats, batch["raw_observation"], momentum=cfg.obs_momentum)
+        # Rewards are divided by the spread of discounted returns (what the critic must predict), not
+        # of single rewards: a sparse terminal bonus would otherwise dominate the scale.
+        raw = batch["next", "raw_reward"]
+        returns, _ = gae_tensors(
+            raw,
+            torch.zeros_like(raw),
+            torch.zeros_like(raw),
+            batch["next", "done"].reshape(raw.shape),
+            batch["next", "terminated"].reshape(raw.shape),
+            gamma=cfg.gamma,
+            lmbda=1.0,
+        )
+        st.reward_stats = update_running_stats(st.reward_stats, returns)
+        batch["next", "reward"] = scale(st.reward_stats, raw, clip=cfg.reward_clip)
+        with torch.no_grad():
+            self.gae_fn(batch)
+            # C4: the value-clip anchor is V under the same hidden reconstruction the update uses.
+            batch["state_value"] = self._evaluate(batch)["state_value"]
+            if cfg.normalize_advantage:
+                batch["advantage"] = normalize_advantage(batch["advantage"])
+        return batch
+
+    def update(self, batch: TensorDictBase) -> dict[str, float | list[float]]:
+        """One PPO update on a rollout ``[n_envs, T]``. Returns host-side metrics (one sync)."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        n_envs = batch.batch_size[0]
+        if n_envs % cfg.n_minibatches:
+            raise ValueError(f"ppo.n_minibatches={cfg.n_minibatches} must divide n_envs={n_envs}")
+        batch = self.prepare(batch)
+        coef = self.cfg.entropy_coef_at(self.state.updates)
+        steps: list[TensorDict] = []
+        stopped = False
+        epochs_run = 0
+        for _ in range(cfg.n_epochs):
+            for idx in env_minibatches(n_envs, cfg.n_minibatches, generator=self.generator):
+                mb = batch[idx.to(batch.device)]
+                mb["current"] = self._evaluate(mb)
+                losses = self.loss_fn(mb)
+                if bool(losses["early_stop"]):  # sync point: the KL flag, checked before the step
+                    stopped = True
+                    break
+                total = losses["loss_objective"] + losses["loss_critic"] + coef * losses["loss_entropy"]
+                self.optimizer.zero_grad(set_to_none=True)
+                total.backward()
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+                health = grad_health(
+                    grads, groups=self.groups, n_groups=len(GRAD_GROUPS), cfg=self.health_cfg
+                )
+                torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+                self.optimizer.step()
+                steps.append(_step_metrics(losses, health, coef))
+            if stopped:
+                break
+            epochs_run += 1
+        self.state.updates += 1
+        metrics = read_scalars(torch.stack(steps).mean(0)) if steps else {}  # sync point: one read
+        out = _flatten_update_metrics(metrics)
+        out.update(
+            entropy_coef=coef,
+            lr=cfg.lr,
+            epochs_run=epochs_run,
+            minibatch_steps=len(steps),
+            early_stopped=stopped,
+            seconds=time.perf_counter() - t0,
+        )
+        return out
+
+    def _evaluate(self, td: TensorDictBase) -> TensorDict:
+        h0 = td["recurrent_state", "h"][:, 0].unsqueeze(0).contiguous()
+        c0 = td["recurrent_state", "c"][:, 0].unsqueeze(0).contiguous()
+        out = self.policy.evaluate(td["observation"], (h0, c0), td["op", "action"])
+        return out
+
+    # ------------------------------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict:
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "obs_stats": self.state.obs_stats.to_dict(),
+            "reward_stats": self.state.reward_stats.to_dict(),
+            "updates": self.state.updates,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.policy.load_state_dict(sd["policy"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        device = next(self.policy.parameters()).device
+        self.state.obs_stats = TensorDict(sd["obs_stats"], batch_size=[]).to(device)
+        self.state.reward_stats = TensorDict(sd["reward_stats"], batch_size=[]).to(device)
+        self.state.updates = int(sd["updates"])
+        self.generator.set_state(sd["generator"])
+
+
+def check_finite(td: TensorDictBase) -> None:
+    """Raise naming every non-finite floating key (one host sync for the whole batch)."""
+    keys = [k for k in td.keys(True, True) if td[k].is_floating_point()]
+    if not keys:
+        return
+    flags = torch.stack([torch.isfinite(td[k]).all() for k in keys])
+    if not bool(flags.all()):  # sync point
+        bad = [k for k, ok in zip(keys, flags.tolist()) if not ok]
+        raise FloatingPointError(f"non-finite values in the rollout under {bad}; refusing to update")
+
+
+def _group_index(policy: FactoredRecurrentActorCritic) -> list[int]:
+    """Group of each parameter, in ``policy.parameters()`` order (see GRAD_GROUPS)."""
+    index = {id(p): GRAD_GROUPS.index("value") for p in policy.value_head.parameters()}
+    for h in HEADS:
+        index.update({id(p): GRAD_GROUPS.index(h) for p in policy.heads[h].parameters()})
+    return [index.get(id(p), GRAD_GROUPS.index("trunk")) for p in policy.parameters()]
+
+
+def _step_metrics(losses: TensorDict, health: TensorDict, coef: float) -> TensorDict:
+    keep = [
+        "loss_objective",
+        "loss_critic",
+        "loss_entropy",
+        "entropy",
+        "kl_approx",
+        "clip_fraction",
+        "value_clip_fraction",
+        "explained_variance",
+        "max_ratio",
+        "min_ratio",
+        "ESS",
+        *HEADS,
+    ]
+    out = losses.select(*keep).detach().float()
+    out["loss_entropy"] = out["loss_entropy"] * coef
+    out["grad"] = health.select("global_norm", "group_norms", "nan_count", "inf_count").float()
+    out["grad", "vanishing_frac"] = health["vanishing_frac"].float()
+    out["grad", "exploding_frac"] = health["exploding_frac"].float()
+    return out
+
+
+def _flatten_update_metrics(m: dict) -> dict:
+    """Shape the readout into the ``ppo_update`` event: per-head dicts and per-group grad norms."""
+    out: dict = {}
+    per_head: dict[str, dict[str, float]] = {}
+    for key, value in m.items():
+        parts = key.split("/")
+        if parts[0] in HEADS:
+            per_head.setdefault(parts[1], {})[parts[0]] = value
+        elif parts[0] == "grad":
+            if parts[1] == "group_norms":
+                out["head_grad_norm"] = dict(zip(GRAD_GROUPS, value))
+            elif parts[1] == "global_norm":
+                out["grad_norm"] = value
+            else:
+                out[f"grad_{parts[1]}"] = value
+        else:
+            out[key] = value
+    for stat, by_head in per_head.items():
+        out[f"head_{stat}"] = by_head
+    return out
+
+
+__all__ = ["GRAD_GROUPS", "PPOConfig", "PPOTrainer", "TrainerState", "check_finite"]

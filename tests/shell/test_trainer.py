@@ -1,0 +1,220 @@
+"""The recurrent PPO update on synthetic rollouts: C3 (env-sequence minibatches), C4/H5 (value clip
+anchored on the update-start recomputation, several epochs), C5 (statistics before the update), S2
+(stored observations untouched), the KL early stop and the per-head gradient norms."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from esper.core.masks import legal_masks
+from esper.core.spec import HEADS, SLOT_FIELDS, ActionSpec, Stage
+from esper.shell.policy import FactoredRecurrentActorCritic
+from esper.shell.trainer import GRAD_GROUPS, PPOConfig, PPOTrainer
+
+SPEC = ActionSpec(n_slots=2, n_blueprints=3)
+RAW = 6
+
+
+def _slots(E: int, g: torch.Generator) -> TensorDict:
+    td = TensorDict({k: torch.zeros(E, 2, dtype=dt) for k, (dt, _) in SLOT_FIELDS.items()}, [E, 2])
+    td["enabled"] = torch.ones(E, 2, dtype=torch.bool)
+    td["stage"] = torch.randint(0, len(Stage), (E, 2), generator=g)
+    td["age"] = torch.full((E, 2), 3)
+    return td
+
+
+def make_rollout(policy, trainer, E=4, T=5, seed=0) -> TensorDict:
+    """What EpisodeRunner + PPOController store, with random observations and slot states."""
+    g = torch.Generator().manual_seed(seed)
+    state = policy.initial_state(E)
+    steps = []
+    for _ in range(T):
+        raw = torch.randn(E, RAW, generator=g) * 3 + 1
+        legal = legal_masks(_slots(E, g), SPEC)
+        x = torch.cat([trainer.normalize_obs(raw), legal["op"].float()], -1)
+        h, c = state
+        out, state = policy.act(x, state, legal, generator=g)
+        out["observation"] = x
+        out["raw_observation"] = raw
+        out["recurrent_state"] = TensorDict({"h": h[0], "c": c[0]}, [E])
+        steps.append(out)
+    td = torch.stack(steps, 1)
+    done = torch.zeros(E, T, dtype=torch.bool)
+    done[:, -1] = True
+    td["is_init"] = torch.zeros(E, T, dtype=torch.bool)
+    td["is_init"][:, 0] = True
+    td["next"] = TensorDict(
+        {
+            "raw_reward": torch.randn(E, T, generator=g),
+            "done": done,
+            "truncated": done.clone(),
+            "terminated": torch.zeros_like(done),
+            "state_value": torch.cat([td["state_value"][:, 1:], torch.randn(E, 1, generator=g)], 1),
+        },
+        [E, T],
+    )
+    return td
+
+
+def _make(cfg: PPOConfig | None = None, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = cfg or PPOConfig(hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None)
+    policy = FactoredRecurrentActorCritic(RAW + 6, SPEC, hidden=cfg.hidden, head_hidden=cfg.head_hidden)
+    return policy, PPOTrainer(policy, cfg, raw_obs_dim=RAW, generator=torch.Generator().manual_seed(seed))
+
+
+def test_update_runs_and_reports_the_ppo_update_event():
+    policy, trainer = _make()
+    before = [p.detach().clone() for p in policy.parameters()]
+    metrics = trainer.update(make_rollout(policy, trainer))
+    assert metrics["minibatch_steps"] == 4 and metrics["epochs_run"] == 2
+    scalars = ("loss_objective", "loss_critic", "loss_entropy", "kl_approx", "clip_fraction",
+               "explained_variance", "grad_norm", "max_ratio", "min_ratio")  # fmt: skip
+    for key in scalars:
+        assert isinstance(metrics[key], float), key
+    assert set(metrics["head_entropy"]) == set(HEADS)
+    assert set(metrics["head_grad_norm"]) == set(GRAD_GROUPS)
+    assert set(metrics["head_weight"]) == set(HEADS)
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters())), "the policy moved"
+
+
+def test_C3_minibatches_are_whole_env_sequences_shuffled_each_epoch(monkeypatch):
+    policy, trainer = _make()
+    rollout = make_rollout(policy, trainer, E=4, T=5)
+    seen = []
+    real_eval = trainer._evaluate
+
+    def spy(td):
+        seen.append(td["raw_observation"][:, :, 0].clone())  # [k, T]: identifies the env sequences
+        return real_eval(td)
+
+    monkeypatch.setattr(trainer, "_evaluate", spy)
+    trainer.update(rollout)
+    env_rows = rollout["raw_observation"][:, :, 0]
+    minibatches = seen[1:]  # seen[0] is the anchor recomputation over the whole batch
+    assert len(minibatches) == 4
+    orders = []
+    for mb in minibatches:
+        assert mb.shape == (2, 5), "each minibatch holds whole T-step sequences"
+        ids = [int(torch.nonzero((env_rows == row).all(1))[0]) for row in mb]
+        orders.append(ids)
+    for epoch in (orders[:2], orders[2:]):
+        assert sorted(epoch[0] + epoch[1]) == [0, 1, 2, 3], "each env exactly once per epoch"
+    assert orders[:2] != orders[2:], "the env order is reshuffled between epochs"
+
+
+def test_C4_H5_value_clip_anchor_is_the_update_start_recomputation(monkeypatch):
+    """With several epochs the anchor is V recomputed once at update start with the same hidden
+    reconstruction, not the rollout's stored values, and it stays fixed across epochs."""
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=3, n_minibatches=2, target_kl=None, value_clip=0.2)
+    policy, trainer = _make(cfg)
+    rollout = make_rollout(policy, trainer)
+    rollout["state_value"] = rollout["state_value"] + 100.0  # stale rollout values must not be used
+    anchors = []
+    real_loss = trainer.loss_fn
+
+    def spy(td):
+        anchors.append((td["raw_observation"][:, 0, 0].clone(), td["state_value"].clone()))
+        return real_loss(td)
+
+    monkeypatch.setattr(trainer, "loss_fn", spy)
+    with torch.no_grad():
+        h0 = rollout["recurrent_state", "h"][:, 0].unsqueeze(0)
+        c0 = rollout["recurrent_state", "c"][:, 0].unsqueeze(0)
+        expected = policy.evaluate(rollout["observation"], (h0, c0), rollout["op", "action"])["state_value"]
+    trainer.update(rollout)
+    assert len(anchors) == 6
+    first_obs = rollout["raw_observation"][:, 0, 0]
+    for ids, anchor in anchors:
+        rows = [int(torch.nonzero(first_obs == v)[0]) for v in ids]
+        torch.testing.assert_close(anchor, expected[rows])
+
+
+def test_C5_S2_statistics_updated_before_the_update_and_observations_untouched(monkeypatch):
+    policy, trainer = _make()
+    rollout = make_rollout(policy, trainer)
+    stored = rollout["observation"].clone()
+    counts_at_step = []
+    real_step = trainer.optimizer.step
+
+    def spy(*a, **k):
+        counts_at_step.append(float(trainer.state.obs_stats["count"]))
+        return real_step(*a, **k)
+
+    monkeypatch.setattr(trainer.optimizer, "step", spy)
+    trainer.update(rollout)
+    n = rollout["raw_observation"].shape[0] * rollout["raw_observation"].shape[1]
+    assert counts_at_step and all(c == n for c in counts_at_step), "the batch was in the stats at every step"
+    torch.testing.assert_close(rollout["observation"], stored)
+    mean = rollout["raw_observation"].reshape(-1, RAW).double().mean(0)
+    torch.testing.assert_close(trainer.state.obs_stats["mean"], mean)
+
+
+def test_first_minibatch_sees_ratio_one():
+    """act and evaluate agree, so the first step of the update starts from ratio 1 and KL 0."""
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=1, n_minibatches=1, target_kl=None)
+    policy, trainer = _make(cfg)
+    rollout = trainer.prepare(make_rollout(policy, trainer))
+    rollout["current"] = trainer._evaluate(rollout)
+    losses = trainer.loss_fn(rollout)
+    assert losses["max_ratio"].item() == pytest.approx(1.0, abs=1e-4)
+    assert losses["kl_approx"].item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_kl_early_stop_skips_the_step():
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=5, n_minibatches=2, target_kl=1e-9, lr=0.05)
+    policy, trainer = _make(cfg)
+    metrics = trainer.update(make_rollout(policy, trainer))
+    assert metrics["early_stopped"] is True
+    assert metrics["minibatch_steps"] < 10
+
+
+def test_nonfinite_rollout_is_refused_with_the_key_named():
+    policy, trainer = _make()
+    rollout = make_rollout(policy, trainer)
+    rollout["next", "raw_reward"][1, 2] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"\('next', 'raw_reward'\)"):
+        trainer.update(rollout)
+
+
+def test_minibatches_must_divide_envs():
+    policy, trainer = _make(dataclasses.replace(PPOConfig(hidden=16, head_hidden=8), n_minibatches=3))
+    with pytest.raises(ValueError, match="must divide n_envs=4"):
+        trainer.update(make_rollout(policy, trainer))
+
+
+def test_weight_decay_on_the_critic_only():
+    policy, trainer = _make(PPOConfig(hidden=16, head_hidden=8, critic_weight_decay=0.1))
+    groups = trainer.optimizer.param_groups
+    critic = {id(p) for p in policy.value_head.parameters()}
+    for group in groups:
+        ids = {id(p) for p in group["params"]}
+        assert group["weight_decay"] == (0.1 if ids == critic else 0.0)
+
+
+def test_entropy_coefficient_anneals_linearly():
+    cfg = PPOConfig(entropy_coef=0.1, entropy_coef_end=0.0, entropy_anneal_updates=10)
+    assert [round(cfg.entropy_coef_at(u), 6) for u in (0, 5, 10, 20)] == [0.1, 0.05, 0.0, 0.0]
+
+
+def test_bad_ppo_config_is_refused():
+    with pytest.raises(ValueError, match="ppo.gamma"):
+        PPOConfig(gamma=1.5)
+    with pytest.raises(ValueError, match="head_entropy_weights needs 8"):
+        PPOConfig(head_entropy_weights=(1.0, 2.0))
+
+
+def test_checkpoint_state_round_trip():
+    policy, trainer = _make()
+    trainer.update(make_rollout(policy, trainer))
+    sd = trainer.state_dict()
+    policy2, trainer2 = _make(seed=3)
+    trainer2.load_state_dict(sd)
+    for a, b in zip(policy.parameters(), policy2.parameters()):
+        assert torch.equal(a, b)
+    assert trainer2.state.updates == 1
+    torch.testing.assert_close(trainer2.state.obs_stats["mean"], trainer.state.obs_stats["mean"])
