@@ -73,7 +73,7 @@ def _default() -> RunConfig:
     return _replace(
         RunConfig(),
         updates=6,
-        env={"task": "digits", "n_envs": 4, "image_size": 16, "batch_size": 64, "train_batches": 12},
+        env={"task": "digits", "n_envs": 4, "image_size": 8, "channels": (4, 8, 16), "batch_size": 64},
         ppo={"hidden": 64, "head_hidden": 32},
     )
 

@@ -36,6 +36,7 @@ from esper.shell.governor import Governor, GovernorConfig
 TASKS = ("digits", "stdlib_text", "cifar10", "tinystories")
 #: Tasks whose data is read from --env.data_path (nothing is ever downloaded).
 LOCAL_TASKS = ("cifar10", "tinystories")
+CNN_TASKS = ("digits", "cifar10")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,7 @@ class EnvConfig:
     train_batches: int = doc(0, "training batches per epoch per env (0: the task's default)")
     val_batches: int = doc(0, "validation batches per epoch (0: the task's default)")
     image_size: int = doc(16, "digits: side the 8x8 images are resized to")
+    channels: tuple[int, ...] = doc((), "CNN hosts: channels of the three blocks (empty: the task's default)")
     host_lr: float = doc(0.01, "host SGD learning rate")
     seed_lr: float = doc(0.01, "seed SGD learning rate")
     momentum: float = doc(0.9, "SGD momentum (host and seeds)")
@@ -68,6 +70,9 @@ class EnvConfig:
                 raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
         if self.image_size < 8:
             raise ValueError(f"env.image_size must be >= 8, got {self.image_size}")
+        bad_channels = self.task not in CNN_TASKS or len(self.channels) != 3 or min(self.channels) < 1
+        if self.channels and bad_channels:
+            raise ValueError(f"env.channels: three widths >= 1, for {CNN_TASKS} only; got {self.channels}")
         if self.task not in TASKS:
             raise ValueError(f"env.task must be one of {TASKS}, got {self.task!r}")
         if self.task in LOCAL_TASKS and not self.data_path:
@@ -85,6 +90,8 @@ class EnvConfig:
             kwargs["val_max_batches"] = self.val_batches
         if self.task == "digits":
             kwargs["image_size"] = self.image_size
+        if self.channels:
+            kwargs["channels"] = self.channels
         if self.task in LOCAL_TASKS:
             kwargs["path"] = self.data_path
         return make_task(self.task, **kwargs)

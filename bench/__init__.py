@@ -1,0 +1,1 @@
+"""Esper's benchmarks: ``python -m bench.run`` (see ``bench/run.py``)."""

@@ -1,0 +1,290 @@
+"""The benchmark harness: a registry of suites, interleaved timing with medians, machine provenance,
+and the results files.
+
+A suite is a function ``(ctx: Context) -> SuiteResult`` registered with ``@suite("name", help=...)``;
+it builds its inputs, calls ``ctx.compare({...})`` with zero-argument callables (every callable of a
+case timed in the same rounds, so the ratios share the machine's state), and returns rows, ratios and
+targets. Add a suite by dropping a module in ``bench/suites/`` and importing it from
+``bench/suites/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+# ---------------------------------------------------------------------------------------------- data
+@dataclass(slots=True)
+class Stats:
+    """Per-call wall time of one callable, in milliseconds, over ``samples`` samples of ``inner`` calls."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    samples: int
+    inner: int
+
+    @classmethod
+    def of(cls, per_call_s: list[float], inner: int) -> Stats:
+        ms = sorted(x * 1e3 for x in per_call_s)
+        return cls(statistics.median(ms), _quantile(ms, 0.1), _quantile(ms, 0.9), len(ms), inner)
+
+
+@dataclass(slots=True)
+class Row:
+    """One measured (or not measurable) implementation of one case."""
+
+    case: str
+    impl: str
+    stats: Stats | None = None
+    #: "faster TorchRL / this" style ratio against the case's baseline (>1: this is faster)
+    ratio: float | None = None
+    note: str = ""
+
+
+@dataclass(slots=True)
+class Target:
+    name: str
+    value: float | None
+    goal: str
+    met: bool | None  # None: not measurable here
+
+
+@dataclass(slots=True)
+class SuiteResult:
+    rows: list[Row] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: the label of the ratio column ("x vs faster TorchRL", ...)
+    ratio_label: str = "ratio"
+
+
+@dataclass(slots=True)
+class Suite:
+    name: str
+    help: str
+    fn: Callable[[Context], SuiteResult]
+    #: default run order (lower first)
+    order: int
+
+
+SUITES: dict[str, Suite] = {}
+
+
+def suite(name: str, *, help: str, order: int = 100) -> Callable:
+    """Register ``fn(ctx) -> SuiteResult`` under ``name``; ``order`` places it in a default run."""
+
+    def register(fn: Callable[[Context], SuiteResult]) -> Callable[[Context], SuiteResult]:
+        if name in SUITES:
+            raise ValueError(f"bench suite {name!r} registered twice")
+        SUITES[name] = Suite(name, help, fn, order)
+        return fn
+
+    return register
+
+
+# -------------------------------------------------------------------------------------------- timing
+@dataclass(slots=True)
+class Context:
+    """What a suite needs: the device, the quick flag and the timing policy."""
+
+    device: torch.device
+    quick: bool = False
+    #: one sample lasts at least this long (calls are batched inside a sample)
+    min_sample_s: float = 0.004
+    #: samples per callable (interleaved rounds)
+    samples: int = 25
+    #: no callable gets more than this much measuring time (the sample count shrinks, never below 5)
+    budget_s: float = 2.0
+    warmup: int = 3
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def compare(self, fns: dict[str, Callable[[], object]]) -> dict[str, Stats]:
+        """Warm up every callable, size its inner loop, then take the samples in interleaved rounds
+        (A B C A B C ...), so slow drifts of a shared machine hit every implementation alike."""
+        inner: dict[str, int] = {}
+        per_call: dict[str, float] = {}
+        for name, fn in fns.items():
+            for _ in range(self.warmup):
+                fn()
+            self.sync()
+            n, elapsed = 1, self._time(fn, 1)
+            while elapsed < self.min_sample_s and n < 1 << 20:
+                n *= 2 if elapsed * 4 > self.min_sample_s else 8
+                elapsed = self._time(fn, n)
+            inner[name], per_call[name] = n, elapsed / n
+        rounds = max(5, min(self.samples, *(int(self.budget_s / (per_call[k] * inner[k])) for k in fns)))
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(self._time(fn, inner[name]) / inner[name])
+        return {k: Stats.of(v, inner[k]) for k, v in times.items()}
+
+    def time_once(self, fn: Callable[[], object]) -> float:
+        """Seconds of one call (compile timing)."""
+        return self._time(fn, 1)
+
+    def _time(self, fn: Callable[[], object], n: int) -> float:
+        self.sync()
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        self.sync()
+        return time.perf_counter() - start
+
+
+def _quantile(sorted_xs: list[float], q: float) -> float:
+    if len(sorted_xs) == 1:
+        return sorted_xs[0]
+    pos = q * (len(sorted_xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+# ---------------------------------------------------------------------------------------- provenance
+def machine_info(device: torch.device) -> dict[str, object]:
+    """CPU, cores, threads, library versions, device, date, git revision."""
+    info: dict[str, object] = {
+        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+        "host": socket.gethostname(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
+    for lib in ("tensordict", "torchrl", "triton"):
+        try:
+            info[lib] = __import__(lib).__version__
+        except ImportError:
+            info[lib] = "absent"
+    info["git"] = _git_revision()
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git_revision() -> str:
+    """``<sha>[+dirty]`` from read-only git queries (dirty: changed or untracked files under esper/ or
+    bench/, the code measured), or "unknown"."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "esper", "bench"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+# ------------------------------------------------------------------------------------------- reports
+def fmt_ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.4f}" if x < 0.1 else f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def markdown(info: dict[str, object], results: dict[str, SuiteResult], command: str, wall_s: float) -> str:
+    lines = [
+        f"# Esper benchmarks: {info['date_utc']} UTC, {info['device_name']}",
+        "",
+        f"Command: `{command}` (whole run {wall_s:.0f} s). Times are per call, in ms: median (p10-p90)",
+        "over interleaved samples after warm-up; ratios compare medians measured in the same rounds.",
+        "",
+        "| machine | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in info.items()),
+    ]
+    for name, res in results.items():
+        lines += ["", f"## {name}", "", f"| case | impl | median ms | p10 | p90 | {res.ratio_label} | note |"]
+        lines.append("|---|---|---:|---:|---:|---:|---|")
+        for r in res.rows:
+            s = r.stats
+            lines.append(
+                f"| {r.case} | {r.impl} | {fmt_ms(s and s.median_ms)} | {fmt_ms(s and s.p10_ms)} | "
+                f"{fmt_ms(s and s.p90_ms)} | {fmt_ratio(r.ratio)} | {r.note} |"
+            )
+        if res.targets:
+            lines += ["", "| target | value | goal | met |", "|---|---:|---|---|"]
+            for t in res.targets:
+                met = "n/a" if t.met is None else "yes" if t.met else "**no**"
+                value = "-" if t.value is None else f"{t.value:.2f}"
+                lines.append(f"| {t.name} | {value} | {t.goal} | {met} |")
+        lines += [f"- {n}" for n in (["", *res.notes] if res.notes else [])]
+    return "\n".join(lines).replace("\n- \n", "\n\n") + "\n"
+
+
+def console(results: dict[str, SuiteResult]) -> str:
+    out = []
+    for name, res in results.items():
+        out.append(f"\n== {name} ==")
+        out.append(f"{'case':<22} {'impl':<46} {'median ms':>10} {'p10':>9} {'p90':>9} {res.ratio_label:>12}")
+        for r in res.rows:
+            s = r.stats
+            out.append(
+                f"{r.case:<22} {r.impl:<46} {fmt_ms(s and s.median_ms):>10} {fmt_ms(s and s.p10_ms):>9} "
+                f"{fmt_ms(s and s.p90_ms):>9} {fmt_ratio(r.ratio):>12}  {r.note}"
+            )
+        for t in res.targets:
+            met = "n/a" if t.met is None else "MET" if t.met else "MISSED"
+            value = "-" if t.value is None else f"{t.value:.2f}"
+            out.append(f"  target {t.name}: {value} (goal {t.goal}) {met}")
+        out += [f"  note: {n}" for n in res.notes]
+    return "\n".join(out)
+
+
+def write(
+    results_dir: Path, info: dict[str, object], results: dict[str, SuiteResult], md: str, tag: str
+) -> Path:
+    """``<dir>/<YYYY-MM-DD>-<host>-<device>[-tag].md`` and the raw numbers as ``.json`` beside it."""
+    device = str(info["device_name"]) if str(info["device"]).startswith("cuda") else "cpu"
+    stem = "-".join(_slug(x) for x in (str(info["date_utc"])[:10], str(info["host"]), device, tag) if x)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / f"{stem}.md").write_text(md)
+    raw = {"machine": info, "suites": {k: dataclasses.asdict(v) for k, v in results.items()}}
+    (results_dir / f"{stem}.json").write_text(json.dumps(raw, indent=1) + "\n")
+    return results_dir / f"{stem}.md"
+
+
+def _slug(x: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", x).strip("-").lower()

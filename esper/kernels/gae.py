@@ -1,0 +1,155 @@
+"""Fused GAE: one Triton kernel for the reverse scan over time, parallel over envs.
+
+Same contract and semantics as :func:`esper.core.advantage.gae_tensors` (time last, ``done`` cuts the
+trace, ``terminated`` masks the bootstrap, math in float32 or float64), registered as the custom op
+``esper::gae`` so ``torch.compile(fullgraph=True)`` traces through it (its fake impl gives shapes and
+dtypes) and treats it as one opaque kernel.
+
+Dispatch: CUDA tensors with Triton installed run the kernel; CPU tensors run the core reference
+(``register_kernel("cpu")``). The op has no autograd: the wrappers send inputs that need a gradient to
+the (differentiable) core, which is also what every non-CUDA tensor gets, so compiled CPU code keeps
+inductor's fusion of the core.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from tensordict import TensorDictBase
+
+from esper.core import advantage as core
+from esper.core.checks import check_kind, per_step, require
+from esper.core.spec import KEYS, Keys
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+#: Test hook: run the Triton kernel on CPU tensors too (under ``TRITON_INTERPRET=1``).
+TRITON_ON_CPU = False
+
+_WHERE = "esper.kernels.gae"
+
+
+def _out_dtype(reward: torch.Tensor, value: torch.Tensor, next_value: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(torch.promote_types(reward.dtype, value.dtype), next_value.dtype)
+
+
+@torch.library.custom_op("esper::gae", mutates_args=())
+def gae_op(
+    reward: torch.Tensor,
+    value: torch.Tensor,
+    next_value: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor,
+    gamma: float,
+    lmbda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(advantage, value_target)``; see :func:`gae_tensors`. Triton on GPU, core elsewhere."""
+    if not HAS_TRITON or reward.device.type != "cuda":
+        return core.gae_tensors(reward, value, next_value, done, terminated, gamma=gamma, lmbda=lmbda)
+    return _gae_triton(reward, value, next_value, done, terminated, gamma, lmbda)
+
+
+@gae_op.register_kernel("cpu")
+def _gae_cpu(reward, value, next_value, done, terminated, gamma, lmbda):
+    if TRITON_ON_CPU:
+        return _gae_triton(reward, value, next_value, done, terminated, gamma, lmbda)
+    return core.gae_tensors(reward, value, next_value, done, terminated, gamma=gamma, lmbda=lmbda)
+
+
+@gae_op.register_fake
+def _gae_fake(reward, value, next_value, done, terminated, gamma, lmbda):
+    _check(reward, value, next_value, done, terminated, gamma, lmbda)
+    dtype = _out_dtype(reward, value, next_value)  # contiguous, like both real impls
+    return reward.new_empty(reward.shape, dtype=dtype), reward.new_empty(reward.shape, dtype=dtype)
+
+
+def _gae_triton(reward, value, next_value, done, terminated, gamma, lmbda):
+    from esper.kernels import _triton
+
+    _check(reward, value, next_value, done, terminated, gamma, lmbda)
+    dtype = _out_dtype(reward, value, next_value)
+    advantage = torch.empty(reward.shape, dtype=dtype, device=reward.device)
+    value_target = torch.empty_like(advantage)
+    _triton.gae(reward, value, next_value, done, terminated, advantage, value_target, gamma, lmbda)
+    return advantage, value_target
+
+
+def _check(reward, value, next_value, done, terminated, gamma, lmbda) -> None:
+    """The core's input contract, on metadata only (free under compile, no host sync)."""
+    core._check_coefs(gamma, lmbda, _WHERE)
+    named = {
+        "reward": reward,
+        "value": value,
+        "next_value": next_value,
+        "done": done,
+        "terminated": terminated,
+    }
+    for name, x in named.items():
+        if x.dim() < 1 or x.shape != reward.shape:
+            raise ValueError(
+                f"{_WHERE}: {name} must have shape [*B, T] equal to reward's {list(reward.shape)} "
+                f"(at least one dim), got {list(x.shape)}"
+            )
+        if x.device != reward.device:
+            raise ValueError(f"{_WHERE}: {name} is on {x.device}, reward on {reward.device}")
+        check_kind(x, name, kind="bool" if name in ("done", "terminated") else "float", where=_WHERE)
+
+
+def _use_op(*xs: torch.Tensor) -> bool:
+    """The op (kernel) path: a Triton device, and no input needs a gradient (the kernel has none)."""
+    on_kernel_device = HAS_TRITON and (xs[0].device.type == "cuda" or TRITON_ON_CPU)
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+    return on_kernel_device and not needs_grad
+
+
+def gae_tensors(
+    reward: torch.Tensor,
+    value: torch.Tensor,
+    next_value: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor,
+    *,
+    gamma: float,
+    lmbda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for :func:`esper.core.gae_tensors` (same arguments, results and errors): the fused
+    kernel on CUDA, the core elsewhere or when an input requires grad."""
+    if not _use_op(reward, value, next_value):
+        return core.gae_tensors(reward, value, next_value, done, terminated, gamma=gamma, lmbda=lmbda)
+    _check(reward, value, next_value, done, terminated, gamma, lmbda)
+    return gae_op(reward, value, next_value, done, terminated, float(gamma), float(lmbda))
+
+
+def gae(td: TensorDictBase, *, gamma: float, lmbda: float, keys: Keys = KEYS) -> TensorDictBase:
+    """Drop-in for :func:`esper.core.gae` (same keys, shapes and errors; writes ``keys.advantage`` and
+    ``keys.value_target`` into ``td`` and returns it), computed by :func:`gae_tensors`.
+
+    The key reading mirrors the core's with the core's own helpers; only the kernel path reads here,
+    everything else is handed to :func:`esper.core.gae` untouched.
+    """
+    where = core._WHERE
+    if td.batch_dims < 1 or keys.reward not in td.keys(include_nested=True):
+        return core.gae(td, gamma=gamma, lmbda=lmbda, keys=keys)  # raises the core's error
+    if not (HAS_TRITON and (td[keys.reward].device.type == "cuda" or TRITON_ON_CPU)):
+        return core.gae(td, gamma=gamma, lmbda=lmbda, keys=keys)
+    present = td.keys(include_nested=True)
+    if keys.done not in present and keys.truncated not in present:
+        return core.gae(td, gamma=gamma, lmbda=lmbda, keys=keys)  # raises the core's KeyError
+    reward_shape = require(td, keys.reward, where=where).shape
+    reward = per_step(td, keys.reward, where=where, kind="float")
+    value = per_step(td, keys.state_value, where=where, kind="float")
+    next_value = per_step(td, keys.next_state_value, where=where, kind="float")
+    terminated = per_step(td, keys.terminated, where=where, kind="bool")
+    if keys.done in present:
+        done = per_step(td, keys.done, where=where, kind="bool")
+    else:
+        done = terminated | per_step(td, keys.truncated, where=where, kind="bool")
+    advantage, value_target = gae_tensors(
+        reward, value, next_value, done, terminated, gamma=gamma, lmbda=lmbda
+    )
+    td.set(keys.advantage, advantage.reshape(reward_shape))
+    td.set(keys.value_target, value_target.reshape(reward_shape))
+    return td
+
+
+__all__ = ["HAS_TRITON", "gae", "gae_op", "gae_tensors"]
