@@ -12,10 +12,11 @@ with the post-action masks and hidden state (finding H4). Envs never mix: every 
 elementwise over the batch dims.
 
 Finding R1 (no per-step allocation, no Python loop in the compiled hot path): ``delta`` and the
-per-step trace coefficient are computed vectorized, moved once to a time-major contiguous buffer, and
-the reverse recurrence runs in place in that buffer with ``addcmul_`` on row views: eager allocates the
-same handful of buffers whatever ``T`` is; ``torch.compile(fullgraph=True)`` unrolls the (static-length)
-loop into one graph that inductor fuses.
+per-step trace coefficient are computed vectorized and moved once to time-major contiguous buffers.
+Eager runs the reverse recurrence in place in the ``delta`` buffer with ``addcmul_`` on row views, so it
+allocates the same handful of buffers whatever ``T`` is. Under ``torch.compile`` the (static-length)
+loop is unrolled at trace time into a chain of per-step values stacked once, which inductor fuses into
+a single pass (in-place row updates would be functionalized into a whole-buffer copy per step).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
-from esper.core.checks import check_kind, check_unit_interval, key_str, per_step, require
+from esper.core.checks import check_kind, check_unit_interval, key_str, per_step
 from esper.core.distributions import compute_dtype
 from esper.core.spec import KEYS, Keys
 
@@ -52,35 +53,41 @@ def gae_tensors(
         ``(advantage, value_target)``, both ``[*B, T]`` in the promoted dtype of the three float inputs.
         The math runs in float64 for float64 inputs and in float32 otherwise (half/bfloat16 are cast back).
     """
-    _check_coefs(gamma, lmbda, "gae_tensors")
-    shape = reward.shape
-    named = {
-        "reward": reward,
-        "value": value,
-        "next_value": next_value,
-        "done": done,
-        "terminated": terminated,
-    }
-    for name, x in named.items():
-        if x.dim() < 1 or x.shape != shape:
-            raise ValueError(
-                f"gae_tensors: {name} must have shape [*B, T] equal to reward's {list(shape)} "
-                f"(at least one dim), got {list(x.shape)}"
-            )
-        check_kind(x, name, kind="bool" if name in ("done", "terminated") else "float", where="gae_tensors")
+    check_gae_tensors(reward, value, next_value, done, terminated, gamma=gamma, lmbda=lmbda)
 
     out_dtype = torch.promote_types(torch.promote_types(reward.dtype, value.dtype), next_value.dtype)
     dtype = compute_dtype(out_dtype)
     r, v, nv = reward.to(dtype), value.to(dtype), next_value.to(dtype)
     # [*B, T] -> time-major [T, *B], one contiguous buffer each; the recurrence runs in `adv` in place.
     not_term = (~terminated).to(dtype)
-    adv = torch.addcmul(r - v, not_term, nv, value=gamma).movedim(-1, 0).contiguous()  # delta_t
+    delta = torch.addcmul(r - v, not_term, nv, value=gamma).movedim(-1, 0).contiguous()
     coef = ((~done).to(dtype) * (gamma * lmbda)).movedim(-1, 0).contiguous()
-    for t in range(shape[-1] - 2, -1, -1):  # static length: unrolled under compile
-        adv[t].addcmul_(coef[t], adv[t + 1])  # A_t = delta_t + coef_t * A_{t+1}, no allocation
-    advantage = adv.movedim(0, -1).contiguous()  # back to the inputs' [*B, T] layout
+    scan = _reverse_scan_traced if torch.compiler.is_compiling() else _reverse_scan_in_place
+    advantage = scan(delta, coef).movedim(0, -1).contiguous()  # back to the inputs' [*B, T] layout
     value_target = advantage + v
     return advantage.to(out_dtype), value_target.to(out_dtype)
+
+
+def _reverse_scan_in_place(delta: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """Eager: ``A_t = delta_t + coef_t * A_{t+1}`` over time-major rows, in ``delta``'s buffer."""
+    for t in range(delta.shape[0] - 2, -1, -1):
+        delta[t].addcmul_(coef[t], delta[t + 1])  # no allocation per step
+    return delta
+
+
+def _reverse_scan_traced(delta: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """Compiled: the same recurrence as a chain of per-step values stacked once.
+
+    In a traced graph the in-place row updates above are functionalized into a copy of the whole
+    ``[T, *B]`` buffer per step (O(T^2) work). As a chain, inductor fuses the ``T`` steps into one
+    pass that reads each input once and writes the result once (the loop is unrolled at trace time).
+    """
+    a = delta[-1]
+    steps = [a]
+    for t in range(delta.shape[0] - 2, -1, -1):
+        a = torch.addcmul(delta[t], coef[t], a)
+        steps.append(a)
+    return torch.stack(steps[::-1])
 
 
 def gae(td: TensorDictBase, *, gamma: float, lmbda: float, keys: Keys = KEYS) -> TensorDictBase:
@@ -97,31 +104,80 @@ def gae(td: TensorDictBase, *, gamma: float, lmbda: float, keys: Keys = KEYS) ->
             is outside ``[0, 1]``.
         TypeError: done/terminated/truncated not bool, or reward/values not floating.
     """
-    _check_coefs(gamma, lmbda, _WHERE)
+    check_gae_coefs(gamma, lmbda, _WHERE)
+    inputs = gae_inputs(td, keys=keys)
+    advantage, value_target = gae_tensors(*inputs, gamma=gamma, lmbda=lmbda)
+    return write_gae_outputs(td, advantage, value_target, keys=keys)
+
+
+def gae_inputs(
+    td: TensorDictBase, *, keys: Keys = KEYS, where: str = _WHERE
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(reward, value, next_value, done, terminated)`` read from ``td`` as ``[*B, T]`` tensors, with
+    the checks and errors :func:`gae` documents (``done`` built as ``terminated | truncated`` when
+    absent). The one reader of GAE's keys: the fused kernel reads through it too."""
     if td.batch_dims < 1:
-        raise ValueError(f"{_WHERE}: the TensorDict needs batch size [*B, T] (time last), got []")
-    reward_shape = require(td, keys.reward, where=_WHERE).shape
-    reward = per_step(td, keys.reward, where=_WHERE, kind="float")
-    value = per_step(td, keys.state_value, where=_WHERE, kind="float")
-    next_value = per_step(td, keys.next_state_value, where=_WHERE, kind="float")
-    terminated = per_step(td, keys.terminated, where=_WHERE, kind="bool")
+        raise ValueError(f"{where}: the TensorDict needs batch size [*B, T] (time last), got []")
+    reward = per_step(td, keys.reward, where=where, kind="float")
+    value = per_step(td, keys.state_value, where=where, kind="float")
+    next_value = per_step(td, keys.next_state_value, where=where, kind="float")
+    terminated = per_step(td, keys.terminated, where=where, kind="bool")
     present = td.keys(include_nested=True)
     if keys.done in present:
-        done = per_step(td, keys.done, where=_WHERE, kind="bool")
+        done = per_step(td, keys.done, where=where, kind="bool")
     elif keys.truncated in present:
-        done = terminated | per_step(td, keys.truncated, where=_WHERE, kind="bool")
+        done = terminated | per_step(td, keys.truncated, where=where, kind="bool")
     else:
         raise KeyError(
-            f"{_WHERE}: needs {key_str(keys.done)}, or {key_str(keys.truncated)} to build it as "
+            f"{where}: needs {key_str(keys.done)}, or {key_str(keys.truncated)} to build it as "
             f"terminated | truncated; neither is in the TensorDict (keys: "
             f"{', '.join(sorted(key_str(k) for k in td.keys(include_nested=True, leaves_only=True)))})"
         )
-    advantage, value_target = gae_tensors(
-        reward, value, next_value, done, terminated, gamma=gamma, lmbda=lmbda
-    )
+    return reward, value, next_value, done, terminated
+
+
+def write_gae_outputs(
+    td: TensorDictBase, advantage: torch.Tensor, value_target: torch.Tensor, *, keys: Keys = KEYS
+) -> TensorDictBase:
+    """Writes ``keys.advantage`` and ``keys.value_target`` with the reward's shape (``[*B, T]`` or
+    ``[*B, T, 1]``) into ``td``; returns ``td``."""
+    reward_shape = td.get(keys.reward).shape
     td.set(keys.advantage, advantage.reshape(reward_shape))
     td.set(keys.value_target, value_target.reshape(reward_shape))
     return td
+
+
+def check_gae_tensors(
+    reward: torch.Tensor,
+    value: torch.Tensor,
+    next_value: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor,
+    *,
+    gamma: float,
+    lmbda: float,
+    where: str = "gae_tensors",
+) -> None:
+    """:func:`gae_tensors`' input contract, on metadata only (no host sync; free under compile):
+    gamma/lmbda Python floats in ``[0, 1]``, five ``[*B, T]`` tensors of one shape and device, float
+    reward/values, bool flags."""
+    check_gae_coefs(gamma, lmbda, where)
+    named = {
+        "reward": reward,
+        "value": value,
+        "next_value": next_value,
+        "done": done,
+        "terminated": terminated,
+    }
+    for name, x in named.items():
+        if x.dim() < 1 or x.shape != reward.shape:
+            raise ValueError(
+                f"{where}: {name} must have shape [*B, T] equal to reward's {list(reward.shape)} "
+                f"(at least one dim), got {list(x.shape)}"
+            )
+        if x.device != reward.device:
+            raise ValueError(f"{where}: {name} is on {x.device}, reward on {reward.device}")
+        check_kind(x, name, kind="bool" if name in ("done", "terminated") else "float", where=where)
 
 
 def normalize_advantage(
@@ -162,7 +218,8 @@ def normalize_advantage(
     return (centered / (var.sqrt() + eps)).to(advantage.dtype)
 
 
-def _check_coefs(gamma: float, lmbda: float, where: str) -> None:
+def check_gae_coefs(gamma: float, lmbda: float, where: str = _WHERE) -> None:
+    """gamma and lmbda are Python floats (not tensors: they are compile-time constants) in ``[0, 1]``."""
     for name, x in (("gamma", gamma), ("lmbda", lmbda)):
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             raise TypeError(f"{where}: {name} must be a Python float, got {type(x).__name__}")
@@ -173,4 +230,12 @@ def _broadcasts_to(src: torch.Size, dst: torch.Size) -> bool:
     return len(src) <= len(dst) and all(s in (1, d) for s, d in zip(reversed(src), reversed(dst)))
 
 
-__all__ = ["gae", "gae_tensors", "normalize_advantage"]
+__all__ = [
+    "check_gae_coefs",
+    "check_gae_tensors",
+    "gae",
+    "gae_inputs",
+    "gae_tensors",
+    "normalize_advantage",
+    "write_gae_outputs",
+]

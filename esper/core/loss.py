@@ -43,7 +43,7 @@ weight)``. ``total_loss(out)`` sums the three ``loss_*`` terms.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -66,6 +66,7 @@ def ppo_loss(
     entropy_coef: float | Mapping[str, float] = 0.01,
     target_kl: float | None = None,
     keys: Keys = KEYS,
+    categorical: Callable = masked_categorical,
 ) -> TensorDict:
     """PPO loss terms and diagnostics for one (mini)batch. See the module docstring for the contract.
 
@@ -77,6 +78,9 @@ def ppo_loss(
         value_coef: ``loss_critic = value_coef * 0.5 * mean(max(unclipped^2, clipped^2))``.
         entropy_coef: coefficient of the entropy bonus, one float or one per head (exactly the heads).
         target_kl: sets ``early_stop`` when ``kl_approx > 1.5 * target_kl``; None: never.
+        categorical: the per-head ``(log_prob, entropy, kl)`` function; the default is the core's
+            :func:`~esper.core.distributions.masked_categorical`, and
+            :func:`esper.kernels.masked_categorical` (the fused kernel) is a drop-in for it.
     """
     heads = HEADS if factored else (None,)
     coefs = _entropy_coefs(entropy_coef, heads)
@@ -112,7 +116,7 @@ def ppo_loss(
     weight_sum = adv.new_zeros(())
     for head in heads:
         logits, action, old_lp, mask = _head_inputs(td, head, keys, adv.shape)
-        lp, ent, kl = masked_categorical(logits, action, mask, old_lp)
+        lp, ent, kl = categorical(logits, action, mask, old_lp)
         old_lp = old_lp.to(lp.dtype)
         n_choices = mask.sum(-1) if mask is not None else torch.full_like(action, logits.shape[-1])
         w = valid * (n_choices > 1).to(dtype)

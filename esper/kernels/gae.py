@@ -19,7 +19,6 @@ import torch
 from tensordict import TensorDictBase
 
 from esper.core import advantage as core
-from esper.core.checks import check_kind, per_step, require
 from esper.core.spec import KEYS, Keys
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -75,24 +74,9 @@ def _gae_triton(reward, value, next_value, done, terminated, gamma, lmbda):
 
 
 def _check(reward, value, next_value, done, terminated, gamma, lmbda) -> None:
-    """The core's input contract, on metadata only (free under compile, no host sync)."""
-    core._check_coefs(gamma, lmbda, _WHERE)
-    named = {
-        "reward": reward,
-        "value": value,
-        "next_value": next_value,
-        "done": done,
-        "terminated": terminated,
-    }
-    for name, x in named.items():
-        if x.dim() < 1 or x.shape != reward.shape:
-            raise ValueError(
-                f"{_WHERE}: {name} must have shape [*B, T] equal to reward's {list(reward.shape)} "
-                f"(at least one dim), got {list(x.shape)}"
-            )
-        if x.device != reward.device:
-            raise ValueError(f"{_WHERE}: {name} is on {x.device}, reward on {reward.device}")
-        check_kind(x, name, kind="bool" if name in ("done", "terminated") else "float", where=_WHERE)
+    core.check_gae_tensors(
+        reward, value, next_value, done, terminated, gamma=gamma, lmbda=lmbda, where=_WHERE
+    )
 
 
 def _use_op(*xs: torch.Tensor) -> bool:
@@ -124,32 +108,18 @@ def gae(td: TensorDictBase, *, gamma: float, lmbda: float, keys: Keys = KEYS) ->
     """Drop-in for :func:`esper.core.gae` (same keys, shapes and errors; writes ``keys.advantage`` and
     ``keys.value_target`` into ``td`` and returns it), computed by :func:`gae_tensors`.
 
-    The key reading mirrors the core's with the core's own helpers; only the kernel path reads here,
-    everything else is handed to :func:`esper.core.gae` untouched.
+    Keys are read and written by the core's own :func:`esper.core.advantage.gae_inputs` and
+    :func:`~esper.core.advantage.write_gae_outputs`; off the kernel device the call is the core's.
     """
-    where = core._WHERE
-    if td.batch_dims < 1 or keys.reward not in td.keys(include_nested=True):
-        return core.gae(td, gamma=gamma, lmbda=lmbda, keys=keys)  # raises the core's error
-    if not (HAS_TRITON and (td[keys.reward].device.type == "cuda" or TRITON_ON_CPU)):
-        return core.gae(td, gamma=gamma, lmbda=lmbda, keys=keys)
-    present = td.keys(include_nested=True)
-    if keys.done not in present and keys.truncated not in present:
-        return core.gae(td, gamma=gamma, lmbda=lmbda, keys=keys)  # raises the core's KeyError
-    reward_shape = require(td, keys.reward, where=where).shape
-    reward = per_step(td, keys.reward, where=where, kind="float")
-    value = per_step(td, keys.state_value, where=where, kind="float")
-    next_value = per_step(td, keys.next_state_value, where=where, kind="float")
-    terminated = per_step(td, keys.terminated, where=where, kind="bool")
-    if keys.done in present:
-        done = per_step(td, keys.done, where=where, kind="bool")
-    else:
-        done = terminated | per_step(td, keys.truncated, where=where, kind="bool")
-    advantage, value_target = gae_tensors(
-        reward, value, next_value, done, terminated, gamma=gamma, lmbda=lmbda
+    reward = td.get(keys.reward, None) if td.batch_dims >= 1 else None
+    on_kernel_device = HAS_TRITON and isinstance(reward, torch.Tensor) and (
+        reward.device.type == "cuda" or TRITON_ON_CPU
     )
-    td.set(keys.advantage, advantage.reshape(reward_shape))
-    td.set(keys.value_target, value_target.reshape(reward_shape))
-    return td
+    if not on_kernel_device:
+        return core.gae(td, gamma=gamma, lmbda=lmbda, keys=keys)  # the core's path and errors
+    core.check_gae_coefs(gamma, lmbda)
+    advantage, value_target = gae_tensors(*core.gae_inputs(td, keys=keys), gamma=gamma, lmbda=lmbda)
+    return core.write_gae_outputs(td, advantage, value_target, keys=keys)
 
 
 __all__ = ["HAS_TRITON", "gae", "gae_op", "gae_tensors"]

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from esper import kernels
 from esper.core.advantage import gae, gae_tensors, normalize_advantage
+from esper.core.distributions import masked_categorical
 from esper.core.health import GradHealthConfig, grad_health
 from esper.core.loss import ppo_loss
 from esper.core.minibatch import env_minibatches
@@ -140,6 +142,11 @@ class PPOTrainer:
         weights = cfg.head_entropy_weights or (1.0,) * len(HEADS)
         head_weights = dict(zip(HEADS, weights))
 
+        # The fused Triton kernels where they run (CUDA with Triton), the core functions elsewhere.
+        use_kernels = device.type == "cuda" and kernels.HAS_TRITON
+        categorical = kernels.masked_categorical if use_kernels else masked_categorical
+        gae_impl = kernels.gae if use_kernels else gae
+
         def loss_fn(td: TensorDictBase) -> TensorDict:
             # entropy_coef is a per-head weight here; the annealed scalar multiplies loss_entropy
             # outside, so a changing coefficient never recompiles the loss.
@@ -151,10 +158,11 @@ class PPOTrainer:
                 value_coef=cfg.value_coef,
                 entropy_coef=head_weights,
                 target_kl=cfg.target_kl,
+                categorical=categorical,
             )
 
         def gae_fn(td: TensorDictBase) -> TensorDictBase:
-            return gae(td, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
+            return gae_impl(td, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
 
         self.loss_fn = torch.compile(loss_fn, fullgraph=True, dynamic=False) if compile else loss_fn
         self.gae_fn = torch.compile(gae_fn, fullgraph=True, dynamic=False) if compile else gae_fn

@@ -50,3 +50,31 @@ def test_R1_gae_inductor_matches_reference():
     torch.testing.assert_close(tgt.double(), ref_tgt, rtol=1e-5, atol=1e-5)
     eager = gae_tensors(r, v, nv, term | trunc, term, gamma=0.99, lmbda=0.95)
     torch.testing.assert_close(adv, eager[0], rtol=1e-5, atol=1e-5)
+
+
+def _functional_graph_ops(fn, *args) -> list[str]:
+    """The aten ops of ``fn``'s functionalized forward graph (what inductor receives)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    ops: list[str] = []
+
+    def capture(gm, _inputs):
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=capture))(*args)
+    return ops
+
+
+def test_R1_compiled_gae_graph_has_no_whole_buffer_copy_per_step():
+    """In-place row updates, functionalized, become one scatter of the whole [T, B] buffer per step
+    (O(T^2) work); the traced path is a chain of per-step values stacked once."""
+    for T in (8, 32):
+        r, v, nv, term, trunc = rollout((4,), T, seed=5)
+        ops = _functional_graph_ops(
+            lambda *a: gae_tensors(*a, gamma=0.99, lmbda=0.95), r, v, nv, term | trunc, term
+        )
+        scatters = [op for op in ops if "scatter" in op or op.startswith("aten.copy")]
+        assert scatters == [], scatters[:5]
+        assert sum("stack" in op or "cat" in op for op in ops) == 1, ops

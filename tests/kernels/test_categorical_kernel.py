@@ -242,3 +242,23 @@ def test_op_under_inductor_with_strided_logits(triton_path):
     ref_x = wide.clone().requires_grad_()
     _loss(ref_x[..., :7], action, mask, old).backward()
     torch.testing.assert_close(x.grad, ref_x.grad, rtol=2e-5, atol=2e-5)
+
+
+def test_ppo_loss_through_the_kernel_equals_the_core(triton_path):
+    """What the trainer does on CUDA: ``ppo_loss(..., categorical=esper.kernels.masked_categorical)``
+    gives the core's losses and gradients."""
+    from esper.core.loss import ppo_loss, total_loss
+    from tests.core.test_loss import factored_batch
+
+    results = []
+    for fn in (D.masked_categorical, K.masked_categorical):
+        td = factored_batch(3, 5, seed=9).to(triton_path)
+        leaves = [td["current", h, "logits"] for h in td["current"].keys() if h != "state_value"]
+        losses = ppo_loss(td, factored=True, categorical=fn)
+        grads = torch.autograd.grad(total_loss(losses), leaves)
+        results.append((losses.detach(), grads))
+    (core_losses, core_grads), (kernel_losses, kernel_grads) = results
+    for k in core_losses.keys(True, True):
+        torch.testing.assert_close(kernel_losses[k], core_losses[k], rtol=1e-5, atol=1e-6, msg=str(k))
+    for a, b in zip(kernel_grads, core_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
