@@ -17,7 +17,7 @@ from torch._dynamo.utils import counters
 
 import esper.core as core
 from bench.harness import Context, Row, Stats, SuiteResult, Target, suite
-from bench.suites.gae import GAMMA, LMBDA, proposed_gae_tensors, rollout, rollout_td
+from bench.suites.gae import GAMMA, LMBDA, rollout, rollout_td
 from bench.suites.loss import SPEC, Policy, factored_rollout, factored_step
 from esper.core.spec import HEADS
 
@@ -100,11 +100,6 @@ def _gae_compile(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
     """gae(td): compile time grows with T (the static time loop is unrolled)."""
     args = rollout(E, T, ctx.device)
     impls = {"core.gae(td)": (lambda td: core.gae(td, gamma=GAMMA, lmbda=LMBDA), (rollout_td(*args),))}
-    if T > 25:
-        impls["prototype: stacked steps"] = (
-            lambda *a: proposed_gae_tensors(*a, gamma=GAMMA, lmbda=LMBDA),
-            args,
-        )
     for name, (fn, fn_args) in impls.items():
         with cold():
             compiled = torch.compile(fn, fullgraph=True)

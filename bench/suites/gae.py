@@ -7,9 +7,8 @@ TorchRL's vectorized path splits trajectories for real. Shapes [E, T] for Esper,
 Rows (per case): TorchRL ``vec_generalized_advantage_estimate`` and ``generalized_advantage_estimate``
 (the loop), eager; TorchRL's loop compiled as its PPO script does (extra); Esper's core eager and
 compiled with ``torch.compile(fullgraph=True)`` (inductor) on ``gae_tensors`` (the tensor function, like
-TorchRL's) and on ``gae(td)``; a prototype of a proposed change to the core's compiled path (below);
-the fused Triton kernel where a GPU is present. Ratio: faster of TorchRL's two eager functions over the
-row (>1: the row is faster).
+TorchRL's) and on ``gae(td)``; the fused Triton kernel where a GPU is present. Ratio: faster of
+TorchRL's two eager functions over the row (>1: the row is faster).
 """
 
 from __future__ import annotations
@@ -46,26 +45,6 @@ def rollout_td(r, v, nv, done, term) -> TensorDict:
     return TensorDict({"state_value": v, "next": nxt}, list(r.shape), device=r.device)
 
 
-def proposed_gae_tensors(reward, value, next_value, done, terminated, *, gamma, lmbda):
-    """Prototype for ``esper.core.gae_tensors`` under compile (same math, float32 inputs assumed).
-
-    The core's recurrence updates rows of one buffer in place (``adv[t].addcmul_(...)``): ideal in eager
-    (no per-step allocation), but functionalization turns each row update into a copy of the whole
-    ``[T, E]`` buffer (``select_scatter``), so inductor's code does O(T^2 E) work. Written as a chain of
-    per-step tensors stacked once, inductor fuses the T steps into a single pass over the envs.
-    """
-    delta = torch.addcmul(reward - value, (~terminated).to(reward.dtype), next_value, value=gamma)
-    coef = (~done).to(reward.dtype) * (gamma * lmbda)
-    d, c = delta.unbind(-1), coef.unbind(-1)
-    a = d[-1]
-    steps = [a]
-    for t in range(len(d) - 2, -1, -1):
-        a = torch.addcmul(d[t], c[t], a)
-        steps.append(a)
-    advantage = torch.stack(steps[::-1], -1)
-    return advantage, advantage + value
-
-
 @suite("gae", help="GAE: TorchRL vec/loop vs esper eager/compiled/kernel at [envs x T]", order=10)
 def run(ctx: Context) -> SuiteResult:
     res = SuiteResult(ratio_label="x vs faster TorchRL")
@@ -96,10 +75,6 @@ def _case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
             esper_args,
         ),
         "esper compiled core.gae(td)": (lambda td: core.gae(td, gamma=GAMMA, lmbda=LMBDA), (td,)),
-        "prototype: compiled core with stacked steps": (
-            lambda *a: proposed_gae_tensors(*a, gamma=GAMMA, lmbda=LMBDA),
-            esper_args,
-        ),
     }
     if not ctx.quick:
         compiled["torchrl loop compiled (extra)"] = (
@@ -127,10 +102,7 @@ def _case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
     if not on_gpu:
         res.rows.append(Row(case, kernel, note="no GPU"))
     if case in TARGET_CASES:
-        for label, name in (
-            ("esper compiled", "esper compiled core.gae_tensors"),
-            ("prototype compiled (proposed core)", "prototype: compiled core with stacked steps"),
-        ):
+        for label, name in (("esper compiled", "esper compiled core.gae_tensors"),):
             if name in stats:
                 ratio = base / stats[name].median_ms
                 res.targets.append(Target(f"{case} faster TorchRL / {label}", ratio, ">= 5", ratio >= 5))

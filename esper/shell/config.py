@@ -9,13 +9,13 @@ disagree.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig
-from esper.shell.configtools import doc
+from esper.shell.configtools import doc, with_overrides
 from esper.shell.env import EnvConfig
 from esper.shell.governor import GovernorConfig
 from esper.shell.telemetry import AnomalyConfig
@@ -56,52 +56,48 @@ class RunConfig:
             )
 
 
-def _replace(cfg, **sections):
-    """``dataclasses.replace`` for nested sections: ``_replace(cfg, ppo={"lr": 1e-4}, updates=3)``."""
-    changes = {}
+def _flat(sections: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"ppo": {"lr": 1e-4}, "updates": 3}`` -> ``{"ppo.lr": 1e-4, "updates": 3}``."""
+    out: dict[str, Any] = {}
     for name, value in sections.items():
         if isinstance(value, dict):
-            changes[name] = dataclasses.replace(getattr(cfg, name), **value)
+            out.update(_flat(value, f"{prefix}{name}."))
         else:
-            changes[name] = value
-    return dataclasses.replace(cfg, **changes)
+            out[f"{prefix}{name}"] = value
+    return out
 
 
-def _default() -> RunConfig:
+def _default() -> dict[str, Any]:
     """The embedded default: handwritten digits (shipped with scikit-learn), a small CNN host, 4 envs,
     25-epoch episodes. Finishes on a 2-core CPU in a few minutes."""
-    return _replace(
-        RunConfig(),
+    return dict(
         updates=6,
         env={"task": "digits", "n_envs": 4, "image_size": 8, "channels": (4, 8, 16), "batch_size": 64},
         ppo={"hidden": 64, "head_hidden": 32},
     )
 
 
-def _stdlib_text() -> RunConfig:
+def _stdlib_text() -> dict[str, Any]:
     """Byte-level LM on the Python standard library's own source, transformer host."""
-    return _replace(
-        RunConfig(),
+    return dict(
         updates=4,
         env={"task": "stdlib_text", "n_envs": 2, "train_batches": 16, "val_batches": 4},
         ppo={"n_minibatches": 1, "hidden": 64, "head_hidden": 32},
     )
 
 
-def _cifar10() -> RunConfig:
+def _cifar10() -> dict[str, Any]:
     """CIFAR-10 from the official binary batches at --env.data_path (GPU recommended)."""
-    return _replace(
-        RunConfig(),
+    return dict(
         updates=100,
         env={"task": "cifar10", "n_envs": 4, "batch_size": 128, "device": "cuda", "amp": True},
         ppo={"entropy_coef": 0.1},
     )
 
 
-def _tinystories() -> RunConfig:
+def _tinystories() -> dict[str, Any]:
     """TinyStories from a local text file at --env.data_path, byte-level transformer (GPU)."""
-    return _replace(
-        RunConfig(),
+    return dict(
         updates=100,
         env={"task": "tinystories", "n_envs": 4, "device": "cuda", "amp": True},
         ppo={"entropy_coef": 0.05},
@@ -109,10 +105,9 @@ def _tinystories() -> RunConfig:
     )
 
 
-def _smoke() -> RunConfig:
+def _smoke() -> dict[str, Any]:
     """A few seconds end to end: tiny episodes, tiny policy (tests and quick checks)."""
-    return _replace(
-        RunConfig(),
+    return dict(
         updates=2,
         env={
             "task": "digits",
@@ -129,8 +124,9 @@ def _smoke() -> RunConfig:
     )
 
 
-#: Every preset, by name. ``default`` is what ``python -m esper.shell.run`` runs with no arguments.
-PRESETS: dict[str, Callable[[], RunConfig]] = {
+#: Every preset, by name: its changes to :class:`RunConfig`'s defaults, as nested sections.
+#: ``default`` is what ``python -m esper.shell.run`` runs with no arguments.
+PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "default": _default,
     "stdlib_text": _stdlib_text,
     "cifar10": _cifar10,
@@ -139,10 +135,13 @@ PRESETS: dict[str, Callable[[], RunConfig]] = {
 }
 
 
-def preset(name: str) -> RunConfig:
+def preset(name: str, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The preset ``name`` with dotted-path ``overrides`` (see :func:`with_overrides`), validated once
+    on the final values: a preset that needs a field it cannot know (``cifar10``'s ``env.data_path``)
+    is built together with that override."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
-    return PRESETS[name]()
+    return with_overrides(RunConfig(), {**_flat(PRESETS[name]()), **(overrides or {})})
 
 
 __all__ = ["POLICIES", "PRESETS", "RunConfig", "preset"]

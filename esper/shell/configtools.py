@@ -47,6 +47,8 @@ def from_dict(cls: type, data: dict[str, Any], *, path: str = "") -> Any:
     for name, value in data.items():
         tp = hints[name]
         if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ValueError(f"{_join(path, name)} is a section (a dict of fields), got {value!r}")
             kwargs[name] = from_dict(tp, value, path=_join(path, name))
         else:
             kwargs[name] = coerce(tp, value, name=_join(path, name))
@@ -122,6 +124,8 @@ def coerce(tp: Any, value: Any, *, name: str) -> Any:
                 errors.append(str(e))
         raise ValueError(f"{name}: cannot read {value!r} as {tp}: {'; '.join(errors)}")
     if origin is tuple:
+        if not isinstance(value, (str, list, tuple)):
+            raise ValueError(f"{name}: {value!r} is not a list (comma-separated on the CLI)")
         items = value.split(",") if isinstance(value, str) else list(value)
         items = [i.strip() for i in items] if isinstance(value, str) else items
         items = [i for i in items if i != ""]
@@ -152,7 +156,7 @@ def coerce(tp: Any, value: Any, *, name: str) -> Any:
             raise ValueError(f"{name}: {value!r} is not an integer")
         try:
             return int(value)
-        except ValueError:
+        except (TypeError, ValueError):
             raise ValueError(f"{name}: {value!r} is not an integer") from None
     if tp is float:
         try:
@@ -160,6 +164,8 @@ def coerce(tp: Any, value: Any, *, name: str) -> Any:
         except (TypeError, ValueError):
             raise ValueError(f"{name}: {value!r} is not a number") from None
     if tp is str:
+        if value is None or isinstance(value, (list, tuple, dict, set)):
+            raise ValueError(f"{name}: {value!r} is not a string")
         return str(value)
     if tp is Any:
         return value

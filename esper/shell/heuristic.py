@@ -9,6 +9,7 @@ Per env, each epoch (reference §10, adapted to ADVANCE-driven stage changes):
   convolutions first, then attention, norm, depthwise, ...; never ``noop``) that skips blueprints
   recently pruned (a prune adds 2 to a blueprint's penalty, which halves every epoch; skipped at 3).
   Blend style SIGMOID_ADD, standard tempo, alpha target 1.0.
+- **GERMINATED** (the step after GERMINATE; G1 makes it TRAINING at this step's end). WAIT.
 - **TRAINING / BLENDING.** PRUNE a seed that has lost more than 2 points over 5 epochs in its stage;
   otherwise ADVANCE once the stage's minimum dwell passed (and, in BLENDING, the ramp finished) —
   the lifecycle's gate decides whether it goes through.
@@ -16,8 +17,8 @@ Per env, each epoch (reference §10, adapted to ADVANCE-driven stage changes):
   germination); FOSSILIZE when the contribution reaches the G5 threshold; PRUNE when it is <= 0;
   otherwise WAIT (the holding timeout will prune it).
 
-Every choice is checked against the legality masks (an illegal choice becomes WAIT) and explained in
-``last_reasons``, which the run logs with each epoch.
+Every choice is checked against the legality masks (an illegal choice becomes WAIT, and WAIT goes to an
+enabled slot) and explained in ``last_reasons``, which the run logs with each epoch.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from esper.shell.rollout import StepInput
 #: Preferred germination order; names a host family does not have are skipped.
 ROTATION = ("conv_light", "conv_heavy", "attention", "norm", "depthwise", "bottleneck", "conv_small",
             "mlp", "lora", "lora_large", "mlp_small")  # fmt: skip
+
+#: Stages whose seed the heuristic manages; while one exists it germinates nothing.
+_SEEDED = (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING)
 
 
 class HeuristicController:
@@ -86,6 +90,8 @@ class HeuristicController:
             op, slot, bp, reason = self._decide(i, host, val_acc[i], val_loss[i], epoch[i])
             if op != Op.WAIT and not legal[i][op][slot]:
                 op, reason = Op.WAIT, f"{Op(op).name} not legal on slot {slot}: wait"
+            if op == Op.WAIT and not legal[i][Op.WAIT][slot]:  # WAIT is legal on enabled slots only
+                slot = next((k for k, ok in enumerate(legal[i][Op.WAIT]) if ok), slot)
             actions["op"][i], actions["slot"][i] = int(op), slot
             if op == Op.GERMINATE:
                 actions["blueprint"][i] = bp
@@ -113,10 +119,12 @@ class HeuristicController:
             if st["penalty"][name] < 0.1:
                 del st["penalty"][name]
         stages = s["stage"][i]
-        live = [k for k, g in enumerate(stages) if g in (Stage.TRAINING, Stage.BLENDING, Stage.HOLDING)]
+        live = [k for k, g in enumerate(stages) if g in _SEEDED]
         if live:
             k = live[0]
             stage, eis = Stage(stages[k]), s["epochs_in_stage"][i][k]
+            if stage == Stage.GERMINATED:  # germinated last step; G1 makes it TRAINING at this step's end
+                return Op.WAIT, k, 0, "seed germinated: wait for it to train"
             gain = acc - s["acc_at_stage_start"][i][k]
             if stage in (Stage.TRAINING, Stage.BLENDING):
                 if eis >= self.prune_after and gain < -self.prune_loss:

@@ -84,8 +84,8 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
         base = from_dict(RunConfig, json.loads(path.read_text()))
     elif args.config:
         base = from_dict(RunConfig, json.loads(Path(args.config).read_text()))
-    else:
-        base = preset(args.preset)
+    else:  # the preset and the options are validated together (cifar10 needs --env.data_path)
+        return preset(args.preset, overrides)
     return with_overrides(base, overrides)
 
 

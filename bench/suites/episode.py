@@ -1,0 +1,216 @@
+"""One whole episode and one whole PPO update of the embedded default, as ``python -m esper.shell.run``
+runs them: wall time split by phase, and the share of it that is neither host training nor validation.
+
+The run is built exactly as ``python -m esper.shell.run`` builds it with no arguments: the config is
+``resolve_config`` of an empty command line (the ``default`` preset: digits at 8x8, 4 envs x 25
+epochs, CNN host with channels 4/8/16, policy 64/32, everything on CPU) and the objects come from
+:class:`esper.shell.run.Run` (in a temporary run directory). One measured iteration is the body of
+``Run.train``'s loop: the episode (``EpisodeRunner.run``: every env runs ``max_epochs`` RL steps), its
+event-log writes, ``PPOTrainer.update``, the update's event and anomaly check, and the checkpoint
+(``checkpoint_every`` is 1 in the default). Left out: the progress bar (``on_epoch`` callback) and the
+end-of-run report. The first iteration (update 0, the run's first) is a warm-up and not measured; then
+``--episodes`` N are (default 5, 2 with ``--quick``): with the warm-up, the 6 updates of the default run.
+
+Phases of the episode are the rollout's own timings (``EpisodeResult.timings``, seconds summed over the
+steps): ``host_training`` (``EnvModel.train_epoch`` of every env), ``validation`` (``EnvModel.evaluate``:
+the validation pass *and* every live seed's counterfactual pass, one loop over the validation batches,
+so the two cannot be told apart here), ``governor_and_observation`` (governor check and snapshot,
+rollback and re-validation on a panic, signal recording, history, observation, legality masks),
+``policy`` (one batched forward per step and the bootstrap value), ``lifecycle_reward`` and ``apply``
+(seed modules built or removed). The rest of the episode is timed by wrapping ``VecEnv.reset``,
+``EpisodeRunner._epoch_event`` (the per-step telemetry payload) and the rollout assembly; whatever is
+still left is reported as ``episode: unaccounted``, never hidden. Every row is the median over the
+measured iterations; the shares are of the summed wall time, so they add up to 100%.
+
+Target (the issue's): everything that is not host training or validation + counterfactual under 5% of
+the wall time of the embedded default.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from bench.harness import Context, Row, Stats, SuiteResult, Target, suite
+
+FULL_EPISODES, QUICK_EPISODES = 5, 2
+CASE = "default 4 envs x 25 epochs"
+#: (row label, key): rollout timings first, in the runner's order, then the rest of the iteration.
+HOST, VALIDATION = "host training", "validation + counterfactual"
+PHASES = (
+    (HOST, "host_training"),
+    (VALIDATION, "validation"),
+    ("governor + observation", "governor_and_observation"),
+    ("policy inference", "policy"),
+    ("lifecycle + reward", "lifecycle_reward"),
+    ("apply (build/remove seeds)", "apply"),
+    ("env.reset (fresh hosts, loaders)", "reset"),
+    ("per-step telemetry payload", "epoch_event"),
+    ("rollout assembly + summaries", "assembly"),
+    ("episode: unaccounted", "episode_rest"),
+    ("event log writes", "event_log"),
+    ("PPO update", "update"),
+    ("update event + anomaly check", "update_log"),
+    ("checkpoint", "checkpoint"),
+)
+#: The phases the issue lists besides host training and validation.
+LISTED = ("governor_and_observation", "policy", "lifecycle_reward", "apply", "update")
+ROLLOUT_KEYS = (
+    "host_training",
+    "validation",
+    "governor_and_observation",
+    "policy",
+    "lifecycle_reward",
+    "apply",
+)
+
+
+def default_config(**env_overrides):
+    """The config of ``python -m esper.shell.run`` with no arguments (``env`` fields overridable)."""
+    import dataclasses
+
+    from esper.shell.run import build_parser, resolve_config
+
+    cfg = resolve_config(build_parser().parse_args([]))
+    if env_overrides:
+        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, **env_overrides))
+    return cfg
+
+
+def build_run(cfg, run_dir: Path):
+    """``esper.shell.run.Run`` and the ``EpisodeRunner`` its ``train`` loop would use (no progress bar)."""
+    from esper.shell.rollout import EpisodeRunner
+    from esper.shell.run import Run
+
+    run = Run(cfg, run_dir, resume=False)
+    runner = EpisodeRunner(
+        run.env, run.controller, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma
+    )
+    return run, runner
+
+
+class Clock:
+    """Accumulates the seconds spent in wrapped callables, by key."""
+
+    def __init__(self) -> None:
+        self.acc: Counter = Counter()
+
+    def wrap(self, obj, name: str, key: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.acc[key] += time.perf_counter() - start
+
+        setattr(obj, name, timed)
+
+
+def iteration(run, runner, update: int, clock: Clock) -> dict[str, float]:
+    """One iteration of ``Run.train``'s loop, timed by phase (seconds); ``wall`` is the whole."""
+    clock.acc.clear()
+    t0 = time.perf_counter()
+    result = runner.run(update)
+    t1 = time.perf_counter()
+    run._log_episodes(update, result)
+    t2 = time.perf_counter()
+    metrics = run.trainer.update(result.rollout)
+    t3 = time.perf_counter()
+    run.log.write("ppo_update", update=update + 1, **metrics)
+    for anomaly in run.detector.check(metrics):
+        run.log.write("anomaly", update=update + 1, **anomaly.as_dict())
+    t4 = time.perf_counter()
+    if (update + 1) % run.cfg.checkpoint_every == 0 or update + 1 == run.cfg.updates:
+        run.save(update + 1)
+    t5 = time.perf_counter()
+    out = {k: float(result.timings.get(k, 0.0)) for k in ROLLOUT_KEYS}
+    out.update({k: float(clock.acc[k]) for k in ("reset", "epoch_event", "assembly")})
+    out["episode_rest"] = (t1 - t0) - sum(out.values())
+    out.update(event_log=t2 - t1, update=t3 - t2, update_log=t4 - t3, checkpoint=t5 - t4, wall=t5 - t0)
+    out["episode"] = t1 - t0
+    out["update_steps"] = metrics.get("minibatch_steps", 0)
+    out["early_stopped"] = float(bool(metrics.get("early_stopped", False)))
+    return out
+
+
+@suite(
+    "episode",
+    help="embedded default: one episode + PPO update, wall time by phase, non-host share (< 5%)",
+    order=50,
+)
+def run(ctx: Context) -> SuiteResult:
+    res = SuiteResult(ratio_label="-")
+    n = ctx.episodes or (QUICK_EPISODES if ctx.quick else FULL_EPISODES)
+    cfg = default_config()
+    with tempfile.TemporaryDirectory(prefix="esper-bench-episode-") as tmp:
+        run_, runner = build_run(cfg, Path(tmp))
+        clock = Clock()
+        clock.wrap(run_.env, "reset", "reset")
+        clock.wrap(runner, "_epoch_event", "epoch_event")
+        clock.wrap(runner, "_assemble", "assembly")
+        clock.wrap(runner, "_episode_summaries", "assembly")
+        warm = iteration(run_, runner, 0, clock)
+        samples = [iteration(run_, runner, u, clock) for u in range(1, n + 1)]
+        run_.log.close()
+    _report(res, cfg, warm, samples)
+    if ctx.device.type != "cpu":
+        res.notes.append(
+            f"--device {ctx.device} does not apply: the embedded default runs on {cfg.env.device}."
+        )
+    return res
+
+
+def _report(res: SuiteResult, cfg, warm: dict[str, float], samples: list[dict[str, float]]) -> None:
+    total = sum(s["wall"] for s in samples)
+    share = {key: sum(s[key] for s in samples) / total for _, key in PHASES}
+    for label, key in PHASES:
+        stats = Stats.of([s[key] for s in samples], 1)
+        note = f"{100 * share[key]:.2f}% of wall"
+        if key == "validation":
+            note += "; EnvModel.evaluate: validation and counterfactual passes in one loop"
+        if key == "update":
+            steps = sorted({int(s["update_steps"]) for s in samples})
+            stops = int(sum(s["early_stopped"] for s in samples))
+            note += f"; minibatch steps {steps} ({cfg.ppo.n_epochs} epochs x {cfg.ppo.n_minibatches} max)"
+            note += f", KL early stop in {stops}/{len(samples)}"
+        res.rows.append(Row(CASE, label, stats, note=note))
+    res.rows.append(
+        Row(
+            CASE, "total: one training-loop iteration", Stats.of([s["wall"] for s in samples], 1), note="100%"
+        )
+    )
+    res.rows.append(
+        Row(CASE, "warm-up iteration (update 0, not in the rows above)", Stats.of([warm["wall"]], 1))
+    )
+    non_host = 1.0 - share["host_training"] - share["validation"]
+    res.targets.append(
+        Target(
+            "share of wall not host training or validation + counterfactual, %",
+            100 * non_host,
+            "< 5",
+            non_host < 0.05,
+        )
+    )
+    listed = sum(share[k] for k in LISTED)
+    others = sorted(
+        ((share[k], label) for label, k in PHASES if k not in ("host_training", "validation")), reverse=True
+    )
+    walls = ", ".join(f"{s['wall']:.1f}" for s in samples)
+    res.notes += [
+        f"{len(samples)} measured iteration(s) after one warm-up; shares are of the summed wall time "
+        f"({total:.1f} s); iteration walls: {walls} s.",
+        f"the issue's listed phases alone (governor + observation, policy, lifecycle + reward, apply, PPO "
+        f"update): {100 * listed:.2f}% of wall; everything else besides host training and validation: "
+        f"{100 * (non_host - listed):.2f}%.",
+        "largest non-host phases: " + ", ".join(f"{label} {100 * s:.2f}%" for s, label in others[:3]) + ".",
+        f"config: {cfg.env.task} {cfg.env.image_size}x{cfg.env.image_size}, {cfg.env.n_envs} envs x "
+        f"{cfg.lifecycle.max_epochs} epochs, batch {cfg.env.batch_size}, channels {cfg.env.channels}, "
+        f"policy {cfg.ppo.hidden}/{cfg.ppo.head_hidden}, device {cfg.env.device}, "
+        f"torch threads {torch.get_num_threads()}.",
+    ]

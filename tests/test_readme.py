@@ -1,0 +1,145 @@
+"""The README's promises: its core-API snippet runs as written on a TorchRL-shaped batch, its two set-up
+commands are there, its test command is the one CI runs, and its preset list is the real one."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+CI = (ROOT / ".ci" / "run").read_text()
+
+
+def blocks(lang: str, text: str | None = None) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", README if text is None else text, flags=re.S | re.M)
+
+
+def section(title: str) -> str:
+    """The README text from the ``## title`` heading to the next ``## `` heading."""
+    match = re.search(rf"^## {re.escape(title)}.*?$(.*?)(?=^## |\Z)", README, flags=re.S | re.M)
+    assert match, f"README has no '## {title}' section"
+    return match.group(1)
+
+
+def core_snippet() -> str:
+    found = [b for b in blocks("python") if "ec.gae(" in b and "ec.ppo_loss(" in b]
+    assert len(found) == 1, "README must hold exactly one python block calling ec.gae and ec.ppo_loss"
+    return found[0]
+
+
+def torchrl_batch(n_envs: int, T: int, obs_dim: int, n_actions: int, *, trailing_one: bool):
+    """What a TorchRL collector hands over (TorchRL keys, ``[n_envs, T]``, per-step scalars with the
+    trailing 1 TorchRL uses) and an actor-critic returning logits and a value."""
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    net = torch.nn.Linear(obs_dim, n_actions + 1)
+
+    def actor_critic(obs):
+        out = net(obs)
+        value = out[..., n_actions:] if trailing_one else out[..., n_actions]
+        return types.SimpleNamespace(logits=out[..., :n_actions], value=value)
+
+    obs = torch.randn(n_envs, T, obs_dim, generator=g)
+    with torch.no_grad():
+        behaviour = actor_critic(obs)
+        shift = 0.3 * torch.randn(n_actions, generator=g)  # behaviour != current policy: ratios != 1
+        dist = torch.distributions.Categorical(logits=behaviour.logits + shift)
+        action = dist.sample()
+        log_prob = dist.log_prob(action)
+    scalar = (n_envs, T, 1) if trailing_one else (n_envs, T)
+    done = torch.zeros(scalar, dtype=torch.bool)
+    done[:, -1] = True  # the last step of each env's segment ends its episode (truncated)
+    terminated = torch.zeros(scalar, dtype=torch.bool)
+    terminated[0, 2] = done[0, 2] = True  # one env terminates mid-way
+    batch = TensorDict(
+        {
+            "observation": obs,
+            "action": action,
+            "action_log_prob": log_prob,
+            "state_value": behaviour.value,
+            "next": {
+                "reward": torch.randn(scalar, generator=g),
+                "done": done,
+                "terminated": terminated,
+                "truncated": done & ~terminated,
+                "state_value": torch.randn(scalar, generator=g),
+            },
+        },
+        batch_size=[n_envs, T],
+    )
+    return batch, actor_critic, net
+
+
+@pytest.mark.parametrize("trailing_one", [True, False])
+def test_core_api_snippet_runs_on_a_torchrl_batch(trailing_one):
+    code = core_snippet()
+    lines = [ln for ln in code.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert len(lines) <= 15, "the core-API snippet should stay short (~10 lines)"
+    batch, actor_critic, net = torchrl_batch(4, 6, 5, 3, trailing_one=trailing_one)
+    ns = {"collector_batch": batch, "actor_critic": actor_critic}
+    exec(compile(code, "README.md (core API)", "exec"), ns)
+
+    td, losses = ns["td"], ns["losses"]
+    assert td is batch  # gae writes into the user's TensorDict
+    for key in ("advantage", "value_target"):
+        assert td[key].shape == batch["next", "reward"].shape, key
+        assert bool(torch.isfinite(td[key]).all()), key
+    torch.testing.assert_close(td["advantage"].mean(), torch.tensor(0.0), atol=1e-5, rtol=0)  # normalized
+    scalars = ("loss_objective", "loss_critic", "loss_entropy", "entropy", "kl_approx", "explained_variance")
+    for name in scalars:
+        assert losses[name].shape == () and bool(torch.isfinite(losses[name])), name
+    assert losses["loss_critic"] > 0
+    assert ns["stop"].dtype == torch.bool and ns["stop"].shape == ()
+    grads = [p.grad for p in net.parameters()]
+    assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
+    assert any(bool(g.abs().sum() > 0) for g in grads)  # backward reached the user's network
+
+
+def test_ppo_loss_returns_the_names_the_readme_lists():
+    batch, actor_critic, _ = torchrl_batch(2, 4, 3, 3, trailing_one=True)
+    ns = {"collector_batch": batch, "actor_critic": actor_critic}
+    exec(compile(core_snippet(), "README.md (core API)", "exec"), ns)
+    listed = section("The core API (`esper.core`)").split("`ppo_loss` returns", 1)[1].split("per-head", 1)[0]
+    names = set(re.findall(r"`(\w+)`", listed))
+    assert {"loss_objective", "loss_critic", "early_stop", "ESS"} <= names  # the parse found the list
+    assert names <= set(ns["losses"].keys()), names - set(ns["losses"].keys())
+
+
+def ci_commands() -> list[str]:
+    return [ln.strip() for ln in CI.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def test_readme_has_the_two_setup_commands_ci_uses():
+    setup = blocks("bash", section("Set-up"))
+    assert len(setup) == 2, "Set-up holds two commands: install-and-run, and the tests"
+    install, tests = (b.strip() for b in setup)
+    assert "\n" not in install and "\n" not in tests  # one command each
+    steps = [s.strip() for s in install.split("&&")]
+    torch_pin = re.search(r"torch==[\w.]+", CI)
+    assert torch_pin, ".ci/run pins torch"
+    assert steps[0] == f"pip install {torch_pin.group(0)}"  # same pin as CI, installed first
+    assert steps[1] == 'pip install -e ".[dev]"'
+    assert any(shlex.split(c)[-2:] == ["-e", ".[dev]"] for c in ci_commands() if "pip install" in c)
+    assert steps[2] == "python -m esper.shell.run"
+
+
+def test_readme_test_command_is_the_one_ci_runs():
+    tests = blocks("bash", section("Set-up"))[1].strip()
+    ci_pytest = [c for c in ci_commands() if "pytest" in c]
+    assert ci_pytest == [tests], (ci_pytest, tests)
+    assert ci_commands()[-1] == tests  # and it is what CI ends with
+
+
+def test_readme_lists_the_real_presets():
+    from esper.shell.config import PRESETS
+
+    match = re.search(r"# presets: ([\w, ]+)", README)
+    assert match, "the CLI section lists the presets"
+    assert [p.strip() for p in match.group(1).split(",")] == list(PRESETS)
