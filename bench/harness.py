@@ -111,6 +111,8 @@ class Context:
     #: no callable gets more than this much measuring time (the sample count shrinks, never below 5)
     budget_s: float = 2.0
     warmup: int = 3
+    #: measured episodes of the ``episode`` suite (0: the suite's default, smaller with --quick)
+    episodes: int = 0
 
     def sync(self) -> None:
         if self.device.type == "cuda":

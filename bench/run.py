@@ -1,12 +1,14 @@
 """Run Esper's benchmarks, print a table, write the results file.
 
-    python -m bench.run                      # every suite (gae, loss, compile), a few minutes on 2 CPU cores
+    python -m bench.run                      # every suite (gae, loss, compile, update, episode): ~10 minutes
     python -m bench.run --suite gae,loss     # some suites
-    python -m bench.run --quick              # smaller cases and fewer samples: under a minute
+    python -m bench.run --quick              # smaller cases and fewer samples: a few minutes
     python -m bench.run --list               # the registered suites
 
-Options: ``--device cuda`` (default: cuda when available, else cpu), ``--threads N`` (torch intra-op
-threads; default: torch's), ``--out DIR`` (default ``bench/results``), ``--no-write``.
+Options: ``--device cuda`` (default: cuda when available, else cpu; the ``update`` and ``episode`` suites
+always run the embedded default, on CPU), ``--threads N`` (torch intra-op threads; default: torch's),
+``--episodes N`` (measured episodes of the ``episode`` suite), ``--out DIR`` (default ``bench/results``),
+``--no-write``.
 
 Writes ``bench/results/<YYYY-MM-DD>-<host>-<device>[-quick][-t<threads>].md`` (tables, targets, machine) and a
 ``.json`` beside it with the raw numbers. Every time is the median (and p10/p90) of interleaved samples
@@ -35,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument(
+        "--episodes", type=int, default=0, help="measured episodes of the episode suite (0: 5, --quick: 2)"
+    )
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     args = parser.parse_args(argv)
@@ -52,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)
-    ctx = Context(device=device, quick=args.quick)
+    if args.episodes < 0:
+        parser.error("--episodes must be >= 0")
+    ctx = Context(device=device, quick=args.quick, episodes=args.episodes)
     if args.quick:
         ctx.samples, ctx.min_sample_s, ctx.budget_s, ctx.warmup = 9, 0.002, 0.4, 2
     info = machine_info(device)
@@ -69,9 +76,6 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench.run " + " ".join(argv if argv is not None else sys.argv[1:])
     print(console(results))
     if not args.no_write:
-        tag = "-".join(
-            x for x in ("quick" if args.quick else "", f"t{args.threads}" if args.threads else "") if x
-        )
         tag = "-".join(
             t for t in ("quick" if args.quick else "", f"t{args.threads}" if args.threads else "") if t
         )

@@ -17,10 +17,11 @@ the validation pass *and* every live seed's counterfactual pass, one loop over t
 so the two cannot be told apart here), ``governor_and_observation`` (governor check and snapshot,
 rollback and re-validation on a panic, signal recording, history, observation, legality masks),
 ``policy`` (one batched forward per step and the bootstrap value), ``lifecycle_reward`` and ``apply``
-(seed modules built or removed). The rest of the episode is timed by wrapping ``VecEnv.reset``,
-``EpisodeRunner._epoch_event`` (the per-step telemetry payload) and the rollout assembly; whatever is
-still left is reported as ``episode: unaccounted``, never hidden. Every row is the median over the
-measured iterations; the shares are of the summed wall time, so they add up to 100%.
+(seed modules built or removed). The rest of the episode is timed by wrapping ``VecEnv._gather``
+(stacking the measured numbers into the signals, after the timed loops of ``measure``),
+``VecEnv.reset``, ``EpisodeRunner._epoch_event`` (the per-step telemetry payload) and the rollout
+assembly; whatever is still left is reported as ``episode: unaccounted``, never hidden. Every row is
+the median over the measured iterations; the shares are of the summed wall time, so they add up to 100%.
 
 Target (the issue's): everything that is not host training or validation + counterfactual under 5% of
 the wall time of the embedded default.
@@ -48,6 +49,7 @@ PHASES = (
     ("policy inference", "policy"),
     ("lifecycle + reward", "lifecycle_reward"),
     ("apply (build/remove seeds)", "apply"),
+    ("signals gather (VecEnv._gather)", "gather"),
     ("env.reset (fresh hosts, loaders)", "reset"),
     ("per-step telemetry payload", "epoch_event"),
     ("rollout assembly + summaries", "assembly"),
@@ -130,7 +132,7 @@ def iteration(run, runner, update: int, clock: Clock) -> dict[str, float]:
         run.save(update + 1)
     t5 = time.perf_counter()
     out = {k: float(result.timings.get(k, 0.0)) for k in ROLLOUT_KEYS}
-    out.update({k: float(clock.acc[k]) for k in ("reset", "epoch_event", "assembly")})
+    out.update({k: float(clock.acc[k]) for k in ("gather", "reset", "epoch_event", "assembly")})
     out["episode_rest"] = (t1 - t0) - sum(out.values())
     out.update(event_log=t2 - t1, update=t3 - t2, update_log=t4 - t3, checkpoint=t5 - t4, wall=t5 - t0)
     out["episode"] = t1 - t0
@@ -152,6 +154,7 @@ def run(ctx: Context) -> SuiteResult:
         run_, runner = build_run(cfg, Path(tmp))
         clock = Clock()
         clock.wrap(run_.env, "reset", "reset")
+        clock.wrap(run_.env, "_gather", "gather")
         clock.wrap(runner, "_epoch_event", "epoch_event")
         clock.wrap(runner, "_assemble", "assembly")
         clock.wrap(runner, "_episode_summaries", "assembly")
@@ -205,6 +208,9 @@ def _report(res: SuiteResult, cfg, warm: dict[str, float], samples: list[dict[st
     res.notes += [
         f"{len(samples)} measured iteration(s) after one warm-up; shares are of the summed wall time "
         f"({total:.1f} s); iteration walls: {walls} s.",
+        f"warm-up iteration {warm['wall']:.1f} s: host training {warm['host_training']:.1f} s, validation "
+        f"{warm['validation']:.1f} s, PPO update {warm['update']:.2f} s, the rest "
+        f"{warm['wall'] - warm['host_training'] - warm['validation'] - warm['update']:.2f} s.",
         f"the issue's listed phases alone (governor + observation, policy, lifecycle + reward, apply, PPO "
         f"update): {100 * listed:.2f}% of wall; everything else besides host training and validation: "
         f"{100 * (non_host - listed):.2f}%.",

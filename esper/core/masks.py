@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from esper.core.spec import HEADS, N_HEADS, ActionSpec, Op, Stage, relevance_table
+from esper.core.spec import HEADS, ActionSpec, Op, Stage, relevance_table
 
 
 def head_relevance(op: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
-    """``[*B] int64 op -> [*B, N_HEADS] bool``: column ``HEAD_INDEX[h]`` is True where head ``h``
+    """``[*B] int64 op -> [*B, len(HEADS)] bool``: column ``HEAD_INDEX[h]`` is True where head ``h``
     changed what the action did. ``table`` is :func:`relevance_table` on ``op``'s device; pass it to
     skip rebuilding it."""
     if op.dtype != torch.int64:
@@ -111,4 +111,4 @@ def _stage_in(stage: torch.Tensor, stages: tuple[Stage, ...]) -> torch.Tensor:
     return out
 
 
-__all__ = ["N_HEADS", "action_masks", "head_relevance", "legal_masks", "n_legal", "op_slot_legality"]
+__all__ = ["action_masks", "head_relevance", "legal_masks", "n_legal", "op_slot_legality"]

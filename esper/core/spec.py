@@ -110,7 +110,6 @@ HEADS: tuple[str, ...] = (
     "alpha_speed",
     "alpha_curve",
 )
-N_HEADS = len(HEADS)
 HEAD_INDEX = MappingProxyType({h: i for i, h in enumerate(HEADS)})
 
 #: Head relevance (the "causal masks"): for each op, the heads besides ``op`` whose sample changes
@@ -128,7 +127,7 @@ RELEVANCE = MappingProxyType(
 
 
 def relevance_table(device: torch.device | str | None = None) -> torch.Tensor:
-    """``[N_OPS, N_HEADS]`` bool: entry ``[o, h]`` says whether head ``h`` matters when op ``o`` is
+    """``[N_OPS, len(HEADS)]`` bool: entry ``[o, h]`` says whether head ``h`` matters when op ``o`` is
     sampled. The op head always matters."""
     return torch.tensor(_RELEVANCE_ROWS, dtype=torch.bool, device=device)
 
@@ -271,7 +270,6 @@ __all__ = [
     "HEAD_INDEX",
     "KEYS",
     "LIVE_STAGES",
-    "N_HEADS",
     "N_STAGES",
     "RELEVANCE",
     "SLOT_FIELDS",

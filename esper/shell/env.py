@@ -63,6 +63,8 @@ class EnvConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.task not in TASKS:  # first: the checks below depend on the task
+            raise ValueError(f"env.task must be one of {TASKS}, got {self.task!r}")
         if self.n_envs < 1:
             raise ValueError(f"env.n_envs must be >= 1, got {self.n_envs}")
         for name in ("batch_size", "train_batches", "val_batches"):
@@ -73,8 +75,6 @@ class EnvConfig:
         bad_channels = self.task not in CNN_TASKS or len(self.channels) != 3 or min(self.channels) < 1
         if self.channels and bad_channels:
             raise ValueError(f"env.channels: three widths >= 1, for {CNN_TASKS} only; got {self.channels}")
-        if self.task not in TASKS:
-            raise ValueError(f"env.task must be one of {TASKS}, got {self.task!r}")
         if self.task in LOCAL_TASKS and not self.data_path:
             raise ValueError(f"task {self.task!r} reads local files: pass --env.data_path PATH")
         if self.task not in LOCAL_TASKS and self.data_path:
@@ -222,7 +222,8 @@ class VecEnv:
         for i in range(self.n):
             tr, (vloss, vacc, contrib) = train[i], val[i]
             parts = [tr["loss"], tr["acc"], vloss, vacc, tr["grad_ratio"], contrib]
-            rows.append(self.streams.join(i, [p.float() for p in parts], self.device))
+            # cast after the join: a cast is a read, and reads of env i's results wait on its event (S1)
+            rows.append([p.float() for p in self.streams.join(i, parts, self.device)])
         col = lambda k: torch.stack([r[k] for r in rows])
         E, S = self.n, self.spec.n_slots
         return TensorDict(
@@ -269,8 +270,8 @@ class VecEnv:
                 with self.streams.run(i):
                     val.append(self.models[i].evaluate(self.loaders[i][1]))
             for i, (vloss, vacc, contrib) in zip(panicked, val):
-                vloss, vacc, contrib = self.streams.join(
-                    i, [vloss.float(), vacc.float(), contrib], self.device
+                vloss, vacc, contrib = (
+                    t.float() for t in self.streams.join(i, [vloss, vacc, contrib], self.device)
                 )
                 signals["val_loss"][i] = vloss
                 signals["val_acc"][i] = vacc

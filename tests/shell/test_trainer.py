@@ -134,6 +134,41 @@ def test_C4_H5_value_clip_anchor_is_the_update_start_recomputation(monkeypatch):
         torch.testing.assert_close(anchor, expected[rows])
 
 
+def test_H5_every_epoch_rescores_whole_sequences_with_the_current_weights(monkeypatch):
+    """n_epochs > 1 is correct for the recurrent policy: each minibatch's logits are the current
+    network unrolled over the whole stored sequence from its stored initial state (no stale cached
+    hidden states), the old log-probs stay the rollout's, and later epochs see a moved policy."""
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=3, n_minibatches=2, target_kl=None, lr=0.02)
+    policy, trainer = _make(cfg)
+    rollout = make_rollout(policy, trainer)
+    old_logp = rollout["op", "action_log_prob"].clone()
+    seen = []
+    real_loss = trainer.loss_fn
+
+    def spy(td):
+        with torch.no_grad():
+            h0 = td["recurrent_state", "h"][:, 0].unsqueeze(0)
+            c0 = td["recurrent_state", "c"][:, 0].unsqueeze(0)
+            fresh = policy.evaluate(td["observation"], (h0, c0), td["op", "action"])
+        torch.testing.assert_close(td["current", "op", "logits"], fresh["op", "logits"])
+        torch.testing.assert_close(td["current", "state_value"], fresh["state_value"])
+        first = rollout["observation"][:, 0]
+        rows = [int(torch.nonzero((first == o).all(-1))[0]) for o in td["observation"][:, 0]]
+        torch.testing.assert_close(td["op", "action_log_prob"], old_logp[rows])
+        seen.append((rows, td["current", "op", "logits"].detach().clone()))
+        return real_loss(td)
+
+    monkeypatch.setattr(trainer, "loss_fn", spy)
+    trainer.update(rollout)
+    assert len(seen) == 6
+    by_env = {}
+    for rows, logits in seen:
+        for r, lg in zip(rows, logits):
+            by_env.setdefault(r, []).append(lg)
+    assert all(len(v) == 3 for v in by_env.values()), "every env's sequence is re-scored once per epoch"
+    assert any(not torch.allclose(v[0], v[-1]) for v in by_env.values()), "later epochs see updated weights"
+
+
 def test_C5_S2_statistics_updated_before_the_update_and_observations_untouched(monkeypatch):
     policy, trainer = _make()
     rollout = make_rollout(policy, trainer)
