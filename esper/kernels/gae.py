@@ -112,8 +112,8 @@ def gae(td: TensorDictBase, *, gamma: float, lmbda: float, keys: Keys = KEYS) ->
     :func:`~esper.core.advantage.write_gae_outputs`; off the kernel device the call is the core's.
     """
     reward = td.get(keys.reward, None) if td.batch_dims >= 1 else None
-    on_kernel_device = HAS_TRITON and isinstance(reward, torch.Tensor) and (
-        reward.device.type == "cuda" or TRITON_ON_CPU
+    on_kernel_device = (
+        HAS_TRITON and isinstance(reward, torch.Tensor) and (reward.device.type == "cuda" or TRITON_ON_CPU)
     )
     if not on_kernel_device:
         return core.gae(td, gamma=gamma, lmbda=lmbda, keys=keys)  # the core's path and errors

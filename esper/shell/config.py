@@ -69,11 +69,13 @@ def _flat(sections: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _default() -> dict[str, Any]:
     """The embedded default: handwritten digits (shipped with scikit-learn), a small CNN host, 4 envs,
-    25-epoch episodes. Finishes on a 2-core CPU in a few minutes."""
+    25-epoch episodes, 20 PPO updates: about 6 minutes on a 2-core CPU, long enough for the return to
+    climb well past its first updates' (the small policy takes a larger step size and a lighter entropy
+    bonus than the PPOConfig defaults)."""
     return dict(
-        updates=6,
+        updates=20,
         env={"task": "digits", "n_envs": 4, "image_size": 8, "channels": (4, 8, 16), "batch_size": 64},
-        ppo={"hidden": 64, "head_hidden": 32},
+        ppo={"hidden": 64, "head_hidden": 32, "lr": 1e-3, "entropy_coef": 0.01},
     )
 
 

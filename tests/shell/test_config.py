@@ -46,7 +46,7 @@ def test_every_preset_builds_a_valid_frozen_config(name):
 @pytest.mark.parametrize(
     ("name", "expect"),
     [
-        ("default", {"env.task": "digits", "env.n_envs": 4, "env.channels": (4, 8, 16), "ppo.hidden": 64}),
+        ("default", {"env.task": "digits", "env.n_envs": 4, "env.channels": (4, 8, 16), "ppo.lr": 1e-3}),
         ("stdlib_text", {"env.task": "stdlib_text", "env.n_envs": 2, "ppo.n_minibatches": 1}),
         ("cifar10", {"env.task": "cifar10", "env.device": "cuda", "env.amp": True, "ppo.entropy_coef": 0.1}),
         ("tinystories", {"env.task": "tinystories", "reward.sparse_scale": 0.5, "updates": 100}),
@@ -116,7 +116,7 @@ def test_nested_overrides_apply_with_the_fields_types():
     assert cfg.lifecycle.g2_min_gain == 0.25
     # everything else is the base's, and the base is untouched
     assert cfg.ppo.gamma == base.ppo.gamma and cfg.env.task == base.env.task and cfg.seed == base.seed
-    assert base.ppo.lr == 3e-4 and base.env.n_envs == 4 and base.report is True
+    assert base.ppo.lr == 1e-3 and base.env.n_envs == 4 and base.report is True
 
 
 def test_overrides_of_one_section_are_validated_together():
@@ -236,7 +236,7 @@ def test_configs_cannot_be_mutated():
     with pytest.raises((dataclasses.FrozenInstanceError, AttributeError, TypeError)):
         cfg.typo_field = 1  # slotted: no stray attributes either
     assert not hasattr(cfg, "__dict__")
-    assert cfg.updates == 6 and cfg.ppo.lr == 3e-4 and cfg.env.n_envs == 4
+    assert cfg.updates == 20 and cfg.ppo.lr == 1e-3 and cfg.env.n_envs == 4
     assert isinstance(cfg.env.channels, tuple)  # sequences are stored immutable
     hash(cfg)  # frozen and made of immutable values: hashable
 
