@@ -12,6 +12,8 @@ covers the actor forward on both sides (TorchRL's loss runs the actor and critic
   same actor/critic networks, the same settings (clip 0.2, entropy 0.01, critic 0.5 x squared error,
   no value clipping, no advantage normalization), eager and compiled. ``ClipPPOLoss`` is compiled as
   TorchRL users do, ``torch.compile(step)``; fullgraph is tried first and the outcome recorded.
+  Measured twice: with the MLPs (a whole training step, where the networks take a large share) and
+  with pass-through "networks" that return a parameter (the loss's forward and backward alone).
 """
 
 from __future__ import annotations
@@ -82,15 +84,34 @@ def factored_step(policy: Policy, batch: TensorDict) -> torch.Tensor:
     return core.total_loss(core.ppo_loss(td, factored=True))
 
 
-def single_head_setup(E: int, T: int, device: torch.device, n: int = 8, seed: int = 0):
+class PassThrough(nn.Module):
+    """A "network" that ignores its input and returns its own ``[E, T, width]`` parameter: with it the
+    timed step is the loss's forward and backward alone (plus one multiply), on both sides."""
+
+    def __init__(self, E: int, T: int, width: int) -> None:
+        super().__init__()
+        self.out = nn.Parameter(torch.randn(E, T, width))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.out * 1.0
+
+
+def single_head_setup(
+    E: int, T: int, device: torch.device, n: int = 8, seed: int = 0, *, networks: str = "mlp"
+):
+    """Batch, step functions and parameters; ``networks`` is ``"mlp"`` (real actor and critic MLPs)
+    or ``"pass"`` (:class:`PassThrough`: the loss alone)."""
     from torchrl.modules import ProbabilisticActor, ValueOperator
     from torchrl.objectives import ClipPPOLoss
 
     torch.manual_seed(seed)
-    net = nn.Sequential(
-        nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, n)
-    )
-    critic = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+    if networks == "pass":
+        net, critic = PassThrough(E, T, n), PassThrough(E, T, 1)
+    else:
+        net = nn.Sequential(
+            nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, n)
+        )
+        critic = nn.Sequential(nn.Linear(OBS, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
     net, critic = net.to(device), critic.to(device)
     actor = ProbabilisticActor(
         TensorDictModule(net, ["observation"], ["logits"]),
@@ -176,8 +197,9 @@ def run(ctx: Context) -> SuiteResult:
     for E, T in [(4, 25)] if ctx.quick else [(4, 25), (64, 25)]:
         torch._dynamo.reset()
         _factored_case(ctx, res, E, T)
-    torch._dynamo.reset()
-    _single_head_case(ctx, res, *((16, 25) if ctx.quick else (64, 25)))
+    for networks in ("mlp", "pass"):
+        torch._dynamo.reset()
+        _single_head_case(ctx, res, *((16, 25) if ctx.quick else (64, 25)), networks=networks)
     res.notes.append(
         "speed-up column: factored rows vs esper eager of the same case; single-head rows vs ClipPPOLoss "
         "eager. Single-head targets compare like with like (eager with eager, compiled with compiled)."
@@ -206,9 +228,9 @@ def _factored_case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
         res.targets.append(Target(f"{case}: compiled / eager speed-up", ratio, ">= 1.5", ratio >= 1.5))
 
 
-def _single_head_case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
-    case = f"1 head {E}x{T}"
-    batch, steps, params = single_head_setup(E, T, ctx.device)
+def _single_head_case(ctx: Context, res: SuiteResult, E: int, T: int, *, networks: str) -> None:
+    case = f"1 head {E}x{T}" + (", loss alone" if networks == "pass" else ", MLP networks")
+    batch, steps, params = single_head_setup(E, T, ctx.device, networks=networks)
     fns, notes = {}, {}
     for name, step in steps.items():
         fns[f"{name} eager"] = _train_call(step, batch, params)
@@ -224,6 +246,8 @@ def _single_head_case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
         note = notes.get(name, "")
         if name.startswith("networks only"):
             note = "reference: actor + critic forward and backward, no loss (included in every row above)"
+            if networks == "pass":
+                note = "reference: the pass-through outputs and their backward, no loss"
         res.rows.append(Row(case, name, s, base / s.median_ms, note))
     for mode in ("eager", "compiled"):
         theirs, ours = stats.get(f"torchrl ClipPPOLoss {mode}"), stats.get(f"esper ppo_loss {mode}")
@@ -233,7 +257,7 @@ def _single_head_case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
         ratio = theirs.median_ms / ours.median_ms
         res.targets.append(Target(f"{case}: ClipPPOLoss / esper ppo_loss, {mode}", ratio, ">= 2", ratio >= 2))
         net = stats.get(f"networks only {mode}")
-        if net is not None and ours.median_ms > net.median_ms:
+        if networks == "mlp" and net is not None and ours.median_ms > net.median_ms:
             loss_only = (theirs.median_ms - net.median_ms) / (ours.median_ms - net.median_ms)
             res.notes.append(
                 f"{case} {mode}: without the networks' share ({net.median_ms:.3f} ms), the losses alone "

@@ -98,8 +98,9 @@ def ppo_loss(
     adv = per_step(td, keys.advantage, where=_WHERE, kind="float")
     dtype = compute_dtype(adv.dtype)
     adv = adv.to(dtype)
-    valid = _valid(td, keys, dtype)
-    n_valid = valid.sum().clamp(min=1.0)
+    valid = _valid(td, keys, dtype)  # None: every step is valid (no multiplies by ones)
+    n_steps = torch.full((), float(adv.numel()), dtype=dtype, device=adv.device)
+    n_valid = (n_steps if valid is None else valid.sum()).clamp(min=1.0)
 
     relevance = None
     if factored:
@@ -107,22 +108,14 @@ def ppo_loss(
         relevance = head_relevance(op)
 
     out: dict[str, torch.Tensor | dict[str, torch.Tensor]] = {}
-    objective = adv.new_zeros(())
-    loss_entropy = adv.new_zeros(())
-    entropy_sum = adv.new_zeros(())
-    kl_per_step = torch.zeros_like(adv)
-    joint_log_ratio = torch.zeros_like(adv)
-    clipped_sum = adv.new_zeros(())
-    weight_sum = adv.new_zeros(())
+    # Sums over heads; each starts as its first head's term (no adds onto zeros for a single head).
+    objective = loss_entropy = entropy_sum = kl_per_step = joint_log_ratio = clipped_sum = weight_sum = None
     for head in heads:
         logits, action, old_lp, mask = _head_inputs(td, head, keys, adv.shape)
         lp, ent, kl = categorical(logits, action, mask, old_lp)
         old_lp = old_lp.to(lp.dtype)
-        n_choices = mask.sum(-1) if mask is not None else torch.full_like(action, logits.shape[-1])
-        w = valid * (n_choices > 1).to(dtype)
-        if relevance is not None:
-            w = w * relevance[..., HEAD_INDEX[head]].to(dtype)
-        w_sum = w.sum()
+        w = _head_weight(valid, mask, logits.shape[-1], relevance, head, adv)
+        w_sum = n_steps if w is None else w.sum()
 
         log_ratio = lp - old_lp
         ratio = log_ratio.exp()
@@ -131,13 +124,13 @@ def ppo_loss(
         head_entropy = _wmean(ent, w, w_sum)
         clipped = ((ratio - 1.0).abs() > clip_epsilon).to(dtype).detach()
 
-        objective = objective + head_objective
-        loss_entropy = loss_entropy - coefs[head] * head_entropy
-        entropy_sum = entropy_sum + head_entropy.detach()
-        kl_per_step = kl_per_step + (w * kl).detach()
-        joint_log_ratio = joint_log_ratio + (w * log_ratio).detach()
-        clipped_sum = clipped_sum + (clipped * w).sum()
-        weight_sum = weight_sum + w_sum
+        objective = _acc(objective, head_objective)
+        loss_entropy = _acc(loss_entropy, head_entropy * -coefs[head])
+        entropy_sum = _acc(entropy_sum, head_entropy.detach())
+        kl_per_step = _acc(kl_per_step, (kl if w is None else w * kl).detach())
+        joint_log_ratio = _acc(joint_log_ratio, (log_ratio if w is None else w * log_ratio).detach())
+        clipped_sum = _acc(clipped_sum, _msum(clipped, w))
+        weight_sum = _acc(weight_sum, w_sum)
         if head is not None:
             out[head] = {
                 "loss_objective": head_objective.detach(),
@@ -147,8 +140,7 @@ def ppo_loss(
                 "weight": w_sum / n_valid,
             }
 
-    kl_approx = (kl_per_step * valid).sum() / n_valid
-    any_valid = valid.sum() > 0
+    kl_approx = _msum(kl_per_step, valid) / n_valid
     joint_ratio = joint_log_ratio.exp()
     out.update(
         loss_objective=objective,
@@ -156,9 +148,9 @@ def ppo_loss(
         entropy=entropy_sum,
         kl_approx=kl_approx,
         clip_fraction=clipped_sum / weight_sum.clamp(min=1.0),
-        mean_ratio=(joint_ratio * valid).sum() / n_valid,
-        max_ratio=torch.where(any_valid, torch.where(valid > 0, joint_ratio, -torch.inf).amax(), 1.0),
-        min_ratio=torch.where(any_valid, torch.where(valid > 0, joint_ratio, torch.inf).amin(), 1.0),
+        mean_ratio=_msum(joint_ratio, valid) / n_valid,
+        max_ratio=_masked_extreme(joint_ratio, valid, largest=True),
+        min_ratio=_masked_extreme(joint_ratio, valid, largest=False),
         ESS=_ess(joint_ratio, valid, n_valid),
         early_stop=(kl_approx > 1.5 * target_kl)
         if target_kl is not None
@@ -177,27 +169,70 @@ def total_loss(losses: TensorDictBase) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------- helpers
-def _wmean(x: torch.Tensor, w: torch.Tensor, w_sum: torch.Tensor) -> torch.Tensor:
-    return (x * w).sum() / w_sum.clamp(min=1.0)
+def _acc(total: torch.Tensor | None, term: torch.Tensor) -> torch.Tensor:
+    return term if total is None else total + term
 
 
-def _valid(td: TensorDictBase, keys: Keys, dtype: torch.dtype) -> torch.Tensor:
+# A weight of None means "all ones": the common unmasked single-head case skips the multiplies. The
+# branches below are on the *presence* of masks and on static shapes, never on tensor values.
+def _msum(x: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+    return x.sum() if w is None else (x * w).sum()
+
+
+def _wmean(x: torch.Tensor, w: torch.Tensor | None, w_sum: torch.Tensor) -> torch.Tensor:
+    return _msum(x, w) / w_sum.clamp(min=1.0)
+
+
+def _masked_extreme(x: torch.Tensor, valid: torch.Tensor | None, *, largest: bool) -> torch.Tensor:
+    """Max (or min) of ``x`` over valid steps; 1.0 (a ratio's neutral value) when none is valid."""
+    if x.numel() == 0:
+        return x.new_ones(())
+    if valid is None:
+        return x.amax() if largest else x.amin()
+    fill = -torch.inf if largest else torch.inf
+    picked = torch.where(valid > 0, x, fill)
+    return torch.where(valid.sum() > 0, picked.amax() if largest else picked.amin(), 1.0)
+
+
+def _head_weight(
+    valid: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    n: int,
+    relevance: torch.Tensor | None,
+    head: str | None,
+    like: torch.Tensor,
+) -> torch.Tensor | None:
+    """Where a head counts (``like``'s shape and dtype): valid steps with more than one legal choice
+    where the head mattered. None when that is every step."""
+    w = valid
+    if mask is not None:
+        several = (mask.sum(-1) > 1).to(like.dtype)
+        w = several if w is None else w * several
+    elif n <= 1:  # a single choice everywhere: the head never counts
+        w = torch.zeros_like(like)
+    if relevance is not None:
+        rel = relevance[..., HEAD_INDEX[head]].to(like.dtype)
+        w = rel if w is None else w * rel
+    return w
+
+
+def _valid(td: TensorDictBase, keys: Keys, dtype: torch.dtype) -> torch.Tensor | None:
     if keys.valid in td.keys(include_nested=True):
         return per_step(td, keys.valid, where=_WHERE, kind="bool").to(dtype)
-    return torch.ones(td.batch_size, dtype=dtype, device=td.device)
+    return None
 
 
-def _ess(ratio: torch.Tensor, valid: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
+def _ess(ratio: torch.Tensor, valid: torch.Tensor | None, n_valid: torch.Tensor) -> torch.Tensor:
     """Normalized effective sample size of the importance weights, in (0, 1]."""
-    s1 = (ratio * valid).sum()
-    s2 = (ratio.square() * valid).sum()
+    s1 = _msum(ratio, valid)
+    s2 = _msum(ratio.square(), valid)
     return s1.square() / (s2 * n_valid).clamp(min=torch.finfo(ratio.dtype).tiny)
 
 
 def _critic_terms(
     td: TensorDictBase,
     keys: Keys,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     n_valid: torch.Tensor,
     dtype: torch.dtype,
     *,
@@ -218,8 +253,8 @@ def _critic_terms(
         moved = value - anchor
         clipped_value = anchor + moved.clamp(-value_clip, value_clip)
         per_step_loss = torch.maximum(unclipped, (clipped_value - target).square())
-        clipped_frac = ((moved.abs() > value_clip).to(dtype) * valid).sum().detach() / n_valid
-    loss_critic = value_coef * 0.5 * (per_step_loss * valid).sum() / n_valid
+        clipped_frac = _msum((moved.abs() > value_clip).to(dtype), valid).detach() / n_valid
+    loss_critic = value_coef * 0.5 * _msum(per_step_loss, valid) / n_valid
     return {
         "loss_critic": loss_critic,
         "value_clip_fraction": clipped_frac,
@@ -228,13 +263,13 @@ def _critic_terms(
 
 
 def _explained_variance(
-    pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, n_valid: torch.Tensor
+    pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor | None, n_valid: torch.Tensor
 ) -> torch.Tensor:
     """``1 - Var(target - pred) / Var(target)`` over valid steps; 0 when the target has no variance."""
 
     def var(x: torch.Tensor) -> torch.Tensor:
-        mean = (x * valid).sum() / n_valid
-        return ((x - mean).square() * valid).sum() / n_valid
+        mean = _msum(x, valid) / n_valid
+        return _msum((x - mean).square(), valid) / n_valid
 
     var_t = var(target)
     ok = var_t > 1e-12
