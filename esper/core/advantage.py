@@ -55,7 +55,7 @@ def gae_tensors(
     """
     check_gae_tensors(reward, value, next_value, done, terminated, gamma=gamma, lmbda=lmbda)
 
-    out_dtype = torch.promote_types(torch.promote_types(reward.dtype, value.dtype), next_value.dtype)
+    out_dtype = gae_out_dtype(reward, value, next_value)
     dtype = compute_dtype(out_dtype)
     r, v, nv = reward.to(dtype), value.to(dtype), next_value.to(dtype)
     # [*B, T] -> time-major [T, *B], one contiguous buffer each; the recurrence runs in `adv` in place.
@@ -66,6 +66,12 @@ def gae_tensors(
     advantage = scan(delta, coef).movedim(0, -1).contiguous()  # back to the inputs' [*B, T] layout
     value_target = advantage + v
     return advantage.to(out_dtype), value_target.to(out_dtype)
+
+
+def gae_out_dtype(reward: torch.Tensor, value: torch.Tensor, next_value: torch.Tensor) -> torch.dtype:
+    """The dtype of GAE's outputs: the promoted dtype of the three float inputs (the fused kernel's
+    fake and real implementations allocate with it too)."""
+    return torch.promote_types(torch.promote_types(reward.dtype, value.dtype), next_value.dtype)
 
 
 def _reverse_scan_in_place(delta: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
@@ -235,6 +241,7 @@ __all__ = [
     "check_gae_tensors",
     "gae",
     "gae_inputs",
+    "gae_out_dtype",
     "gae_tensors",
     "normalize_advantage",
     "write_gae_outputs",

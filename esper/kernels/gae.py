@@ -28,10 +28,6 @@ TRITON_ON_CPU = False
 _WHERE = "esper.kernels.gae"
 
 
-def _out_dtype(reward: torch.Tensor, value: torch.Tensor, next_value: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(torch.promote_types(reward.dtype, value.dtype), next_value.dtype)
-
-
 @torch.library.custom_op("esper::gae", mutates_args=())
 def gae_op(
     reward: torch.Tensor,
@@ -58,7 +54,7 @@ def _gae_cpu(reward, value, next_value, done, terminated, gamma, lmbda):
 @gae_op.register_fake
 def _gae_fake(reward, value, next_value, done, terminated, gamma, lmbda):
     _check(reward, value, next_value, done, terminated, gamma, lmbda)
-    dtype = _out_dtype(reward, value, next_value)  # contiguous, like both real impls
+    dtype = core.gae_out_dtype(reward, value, next_value)  # contiguous, like both real impls
     return reward.new_empty(reward.shape, dtype=dtype), reward.new_empty(reward.shape, dtype=dtype)
 
 
@@ -66,7 +62,7 @@ def _gae_triton(reward, value, next_value, done, terminated, gamma, lmbda):
     from esper.kernels import _triton
 
     _check(reward, value, next_value, done, terminated, gamma, lmbda)
-    dtype = _out_dtype(reward, value, next_value)
+    dtype = core.gae_out_dtype(reward, value, next_value)
     advantage = torch.empty(reward.shape, dtype=dtype, device=reward.device)
     value_target = torch.empty_like(advantage)
     _triton.gae(reward, value, next_value, done, terminated, advantage, value_target, gamma, lmbda)

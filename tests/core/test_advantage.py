@@ -345,3 +345,22 @@ def test_normalize_advantage_bad_inputs():
         normalize_advantage(adv, torch.ones(2, 3, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="advantage"):
         normalize_advantage(adv.long())
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "expected"),
+    [
+        ((torch.float32, torch.float32, torch.float32), torch.float32),
+        ((torch.float16, torch.float32, torch.float16), torch.float32),
+        ((torch.bfloat16, torch.bfloat16, torch.bfloat16), torch.bfloat16),
+        ((torch.float32, torch.float64, torch.float32), torch.float64),
+    ],
+)
+def test_gae_out_dtype_is_the_dtype_gae_tensors_returns(dtypes, expected):
+    from esper.core.advantage import gae_out_dtype
+
+    r, v, nv = (torch.randn(2, 5).to(dt) for dt in dtypes)
+    done = torch.zeros(2, 5, dtype=torch.bool)
+    assert gae_out_dtype(r, v, nv) == expected
+    adv, target = gae_tensors(r, v, nv, done, done, gamma=0.9, lmbda=0.8)
+    assert adv.dtype == target.dtype == expected
