@@ -25,7 +25,14 @@ from esper.core.masks import action_masks, head_relevance, legal_masks, op_slot_
 from esper.core.minibatch import env_minibatches
 from esper.core.normalize import normalize, running_stats, scale, update_running_stats
 from esper.core.observation import init_history, obs_dim, observe, update_history
-from esper.core.rewards import RewardConfig, RewardFamily, RewardMode, compute_reward
+from esper.core.rewards import (
+    RewardConfig,
+    RewardFamily,
+    RewardMode,
+    compute_reward,
+    objective,
+    objective_delta,
+)
 from esper.core.spec import HEADS, KEYS, ActionSpec, Keys, Op, Stage
 
 __all__ = [
@@ -61,6 +68,8 @@ __all__ = [
     "normalize",
     "normalize_advantage",
     "normalized_entropy",
+    "objective",
+    "objective_delta",
     "obs_dim",
     "observe",
     "op_slot_legality",

@@ -18,7 +18,9 @@ against :func:`esper.core.masks.op_slot_legality`; an illegal pair changes nothi
   blend-in ramp from 0 to ``alpha_target`` over ``TEMPO_EPOCHS[tempo]`` epochs along
   ``STYLE_BLEND_CURVE[style]``. ADVANCE on BLENDING: G3 = ``epochs_in_stage >= g3_min_epochs`` and the
   ramp finished. Pass: HOLDING. A failed gate changes nothing (``advance_failed``). There is no
-  automatic TRAINING->BLENDING or BLENDING->HOLDING: the policy advances, the gates decide.
+  automatic TRAINING->BLENDING or BLENDING->HOLDING: the policy advances, the gates decide — unless
+  ``auto_advance`` is set: then ADVANCE is illegal and every slot the op did not act on advances
+  wherever its gate passes (the reviewed reference's mechanical transitions).
 - **SET_ALPHA_TARGET** (BLENDING or HOLDING, not ramping): a new ramp from the current alpha to
   ``ALPHA_TARGETS[alpha_target]`` over ``ALPHA_SPEED_STEPS[alpha_speed]`` epochs along ``alpha_curve``;
   ``style`` replaces the composition style (``alpha_set``).
@@ -34,7 +36,9 @@ Then the mechanical end-of-epoch advance of every slot:
 
 1. GERMINATED (not germinated this step) -> TRAINING (G1).
 2. A HOLDING seed whose ``epochs_in_stage`` would reach ``holding_timeout`` is pruned at once
-   (``timeout_pruned``); the policy saw it in HOLDING ``holding_timeout`` times. No auto-fossilize.
+   (``timeout_pruned``); the policy saw it in HOLDING ``holding_timeout`` times. No auto-fossilize —
+   unless ``timeout_fossilizes`` is set: then a seed whose G5 passes is fossilized instead
+   (``timeout_fossilized``) and only the others are pruned.
 3. Every active ramp moves one epoch (also a ramp started this step, so a ramp of length L reaches
    its end after L steps and INSTANT applies at once); alpha = :func:`alpha_at` of the ramp fields.
 4. A PRUNED seed whose ramp ended (alpha 0) is removed (``removed``): EMBARGOED for
@@ -111,6 +115,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "prune_started",
     "removed",
     "timeout_pruned",
+    "timeout_fossilized",
     "alpha_set",
     "illegal",
 )
@@ -135,9 +140,18 @@ class LifecycleConfig:
     g3_min_epochs: int = config_field(3, "G3: epochs in BLENDING (and the ramp finished) before ADVANCE")
     g5_min_contribution: float = config_field(1.0, "G5: counterfactual contribution (points) to fossilize")
     holding_timeout: int = config_field(5, "HOLDING epochs after which the seed is pruned automatically")
+    timeout_fossilizes: bool = config_field(
+        False, "at the HOLDING timeout, fossilize a seed whose G5 passes (prune only the others)"
+    )
     embargo_epochs: int = config_field(5, "epochs a slot stays EMBARGOED after its seed was removed")
     min_prune_age: int = config_field(1, "minimum seed age (steps since germination) for PRUNE")
     max_seeds: int = config_field(0, "maximum live seeds per env (0: unlimited)")
+    auto_advance: bool = config_field(
+        False, "the lifecycle itself blends a seed when G2 passes and holds it when G3 passes (no ADVANCE op)"
+    )
+    gate_masks: bool = config_field(
+        True, "offer ADVANCE / FOSSILIZE only where their gate would pass (a failing one does nothing)"
+    )
     grad_ratio_momentum: float = config_field(0.9, "EMA momentum of the gradient ratio")
     grad_ratio_cap: float = config_field(10.0, "cap on the per-epoch gradient ratio before the EMA")
 
@@ -352,7 +366,9 @@ def lifecycle_step(
     # ---- which slot acts, and is the (op, slot) pair legal
     op = action["op"]
     chosen = torch.arange(S, device=dev) == action["slot"].unsqueeze(-1)
-    legal = op_slot_legality(slots, max_seeds=cfg.max_seeds, min_prune_age=cfg.min_prune_age)
+    legal = op_slot_legality(
+        slots, max_seeds=cfg.max_seeds, min_prune_age=cfg.min_prune_age, auto_advance=cfg.auto_advance
+    )
     op_hot = torch.arange(legal.shape[-2], device=dev) == op.unsqueeze(-1)
     legal_here = (legal & op_hot.unsqueeze(-1)).any(-2)
     act = chosen & legal_here
@@ -366,6 +382,8 @@ def lifecycle_step(
     germ = doing(Op.GERMINATE) & g0
     germ_failed = doing(Op.GERMINATE) & ~g0
     advance = doing(Op.ADVANCE)
+    if cfg.auto_advance:  # every slot no op acted on (WAIT acts on none) advances where its gate passes
+        advance = advance | ~(act & (head("op") != int(Op.WAIT)))
     to_blend = advance & gates["g2"]
     to_hold = advance & gates["g3"]
     aset = doing(Op.SET_ALPHA_TARGET)
@@ -410,8 +428,11 @@ def lifecycle_step(
     # ---- mechanical end-of-epoch advance
     promote = (stage == int(Stage.GERMINATED)) & ~germ
     stage = torch.where(promote, int(Stage.TRAINING), stage)
-    timeout = (stage == int(Stage.HOLDING)) & (stage0 == int(Stage.HOLDING))
-    timeout = timeout & (eis0 + 1 >= cfg.holding_timeout)
+    expired = (stage == int(Stage.HOLDING)) & (stage0 == int(Stage.HOLDING))
+    expired = expired & (eis0 + 1 >= cfg.holding_timeout)
+    kept = expired & gates["g5"] if cfg.timeout_fossilizes else torch.zeros_like(expired)
+    timeout = expired & ~kept
+    stage = torch.where(kept, int(Stage.FOSSILIZED), stage)
     stage = torch.where(timeout, int(Stage.PRUNED), stage)
     f["ramp_from"] = torch.where(timeout, alpha0, f["ramp_from"])
     f["ramp_to"] = torch.where(timeout, zero_f, f["ramp_to"])
@@ -446,12 +467,13 @@ def lifecycle_step(
         "germinated": germ,
         "germinate_failed": germ_failed,
         "advanced": to_blend | to_hold,
-        "advance_failed": advance & ~(to_blend | to_hold),
+        "advance_failed": doing(Op.ADVANCE) & ~(to_blend | to_hold),
         "fossilized": fossil,
         "fossilize_failed": fossil_failed,
         "prune_started": prune,
         "removed": removed,
         "timeout_pruned": timeout,
+        "timeout_fossilized": kept,
         "alpha_set": aset,
         "illegal": illegal,
     }

@@ -27,11 +27,22 @@ def head_relevance(op: torch.Tensor, table: torch.Tensor | None = None) -> torch
     return table[op]
 
 
-def op_slot_legality(slots: TensorDict, *, max_seeds: int = 0, min_prune_age: int = 0) -> torch.Tensor:
+def op_slot_legality(
+    slots: TensorDict,
+    *,
+    max_seeds: int = 0,
+    min_prune_age: int = 0,
+    gates: TensorDict | None = None,
+    auto_advance: bool = False,
+) -> torch.Tensor:
     """``slots [*E, S] -> [*E, N_OPS, S] bool``: may op ``o`` be applied to slot ``s``.
 
     Reads ``enabled``, ``stage``, ``age``, ``ramp_pos``, ``ramp_len``. ``max_seeds = 0`` means no
-    limit on live seeds. Rules (gates are checked at execution, not here):
+    limit on live seeds. ``gates``: :func:`esper.core.lifecycle.gate_readiness` of the same state; when
+    given, ADVANCE and FOSSILIZE are legal only where their gate would pass (G2 on TRAINING, G3 on
+    BLENDING, G5), since a failing one changes nothing and only costs a step. With ``auto_advance``
+    the lifecycle advances seeds itself (:class:`esper.core.lifecycle.LifecycleConfig`), so ADVANCE is
+    never legal. Rules (without ``gates``, the gates are checked at execution only):
 
     - WAIT: any enabled slot (the slot head does not matter under WAIT).
     - GERMINATE: enabled, DORMANT, and fewer than ``max_seeds`` live seeds in the env.
@@ -64,13 +75,27 @@ def op_slot_legality(slots: TensorDict, *, max_seeds: int = 0, min_prune_age: in
         Op.FOSSILIZE: is_(Stage.HOLDING) & holding_alpha,
         Op.ADVANCE: is_(Stage.TRAINING, Stage.BLENDING),
     }
+    if auto_advance:
+        per_op[Op.ADVANCE] = torch.zeros_like(enabled)
+    if gates is not None:
+        per_op[Op.ADVANCE] = per_op[Op.ADVANCE] & (
+            (is_(Stage.TRAINING) & gates["g2"]) | (is_(Stage.BLENDING) & gates["g3"])
+        )
+        per_op[Op.FOSSILIZE] = per_op[Op.FOSSILIZE] & gates["g5"]
     return torch.stack([per_op[op] & enabled for op in Op], dim=-2)
 
 
 def legal_masks(
-    slots: TensorDict, spec: ActionSpec, *, max_seeds: int = 0, min_prune_age: int = 0
+    slots: TensorDict,
+    spec: ActionSpec,
+    *,
+    max_seeds: int = 0,
+    min_prune_age: int = 0,
+    gates: TensorDict | None = None,
+    auto_advance: bool = False,
 ) -> TensorDict:
-    """Legality of every head before the op is sampled, batch ``[*E]``.
+    """Legality of every head before the op is sampled, batch ``[*E]`` (``gates``, ``auto_advance``:
+    see :func:`op_slot_legality`).
 
     Returns ``op [*E, N_OPS]``, ``slot_by_op [*E, N_OPS, S]`` and an all-True ``[*E, n]`` mask for
     every other head. Feed it to :func:`action_masks` once the op is known.
@@ -79,7 +104,9 @@ def legal_masks(
         raise ValueError(
             f"legal_masks: slot state must have batch size [*E, {spec.n_slots}], got {list(slots.batch_size)}"
         )
-    by_op = op_slot_legality(slots, max_seeds=max_seeds, min_prune_age=min_prune_age)
+    by_op = op_slot_legality(
+        slots, max_seeds=max_seeds, min_prune_age=min_prune_age, gates=gates, auto_advance=auto_advance
+    )
     env_shape = slots.batch_size[:-1]
     out = {"op": by_op.any(-1), "slot_by_op": by_op}
     for head, n in spec.sizes.items():

@@ -1,5 +1,26 @@
 """Per-step rewards, every component returned separately (reference §7 adapted to the 8-head space).
 
+**OBJECTIVE** mode (the default) pays for what a user of a grown network wants: held-out accuracy per
+parameter. With the objective of a host state
+
+    Phi(s) = val_acc(s) - param_weight * sum_seeds(share * parameters) / (host parameters)   (points)
+
+(:func:`objective`), step t pays ``r_t = Phi(s_{t+1}) - Phi(s_t)`` (:func:`objective_delta`): the change
+the action and the epoch of training after it made. The sum over an episode telescopes to
+``Phi(final host) - Phi(after the first epoch)``, so the return *is* the final objective, up to a
+start value no action can change. It cannot be farmed: a seed that does not raise accuracy pays its
+parameters and nothing else, and a seed the host has come to depend on is worth exactly what the
+host's accuracy is worth. A seed is charged while it is part of the host's function, in proportion to
+its blend weight (``share = alpha``): an incubating seed (alpha 0) changes nothing a user would keep,
+and a seed being blended in is charged as its effect arrives, so the step that starts a blend is
+paid by what the blend does rather than by its whole price at once. The final host is charged in
+full for every seed it keeps (``share = 1`` wherever alpha > 0), so the sum still telescopes to the
+held-out objective of the final host. ``s_{t+1}`` is measured one epoch after the action, so the
+shell adds this term when the next measurement arrives (:class:`esper.shell.rollout.EpisodeRunner`);
+in OBJECTIVE mode :func:`compute_reward` itself returns zeros (the component ``objective`` is the
+shell's).
+The reference's modes below stay available.
+
 :func:`compute_reward` reads the **pre-action** slot state, the action, the lifecycle events, the
 post-step slot state, this epoch's signals and the history after this epoch, and returns a
 TensorDict ``[*E]`` of float32 components, their sum ``total``, and two bool telemetry flags
@@ -80,6 +101,7 @@ from esper.core.spec import N_STAGES, Op, Stage
 
 
 class RewardMode(enum.Enum):
+    OBJECTIVE = "objective"
     SHAPED = "shaped"
     SPARSE = "sparse"
     MINIMAL = "minimal"
@@ -92,6 +114,7 @@ class RewardFamily(enum.Enum):
 
 #: Float components of :func:`compute_reward`, summed into ``total``.
 COMPONENTS: tuple[str, ...] = (
+    "objective",
     "attribution",
     "ratio_penalty",
     "ransomware_penalty",
@@ -119,15 +142,20 @@ _f = config_field
 
 @dataclass(frozen=True, slots=True)
 class RewardConfig:
-    """Reward mode, family and coefficients (defaults: the reference's). There is deliberately no
-    gamma: :func:`compute_reward` takes the PPO gamma as an argument (finding C1). Penalty fields are
-    magnitudes (>= 0); the sign is applied in :func:`compute_reward`."""
+    """Reward mode, family and coefficients (the shaped modes' defaults are the reference's). There is
+    deliberately no gamma: :func:`compute_reward` takes the PPO gamma as an argument (finding C1).
+    Penalty fields are magnitudes (>= 0); the sign is applied in :func:`compute_reward`."""
 
     mode: RewardMode = dataclasses.field(
-        default=RewardMode.SHAPED, metadata={"doc": "SHAPED | SPARSE | MINIMAL"}
+        default=RewardMode.OBJECTIVE,
+        metadata={"doc": "OBJECTIVE (the change of val acc - parameter cost) | SHAPED | SPARSE | MINIMAL"},
+    )
+    param_weight: float = _f(
+        2.0, "OBJECTIVE: accuracy points charged per host-size of live seed parameters"
     )
     family: RewardFamily = dataclasses.field(
-        default=RewardFamily.CONTRIBUTION, metadata={"doc": "CONTRIBUTION | LOSS (LOSS needs SHAPED)"}
+        default=RewardFamily.CONTRIBUTION,
+        metadata={"doc": "SHAPED's terms: CONTRIBUTION | LOSS (LOSS needs SHAPED)"},
     )
     # attribution
     discount_steepness: float = _f(10.0, "attribution discount sigmoid(k * ti) when ti < 0")
@@ -235,6 +263,31 @@ class RewardConfig:
             )
         if not self.loss_baseline > self.loss_target:
             raise ValueError(f"{where}: loss_baseline ({self.loss_baseline}) must be > loss_target")
+
+
+# --------------------------------------------------------------------------------------- objective
+def objective(signals: TensorDictBase, cfg: RewardConfig, *, final: bool = False) -> torch.Tensor:
+    """``Phi`` of the module docstring for every env, ``[*E]`` float32 (accuracy points): reads
+    ``val_acc [*E]`` (%), ``host_params [*E]``, and per slot ``("slots", "seed_params" | "alpha")
+    [*E, S]`` (the seed's parameter count, 0 where there is none, and the alpha it was measured at).
+    Each seed is charged ``alpha`` times its parameters, or with ``final=True`` (the final host) all of
+    them wherever alpha > 0. Finite for any input: accuracy clamped to [0, 100], alpha to [0, 1], NaN
+    parameter counts and alphas read as 0, the host count as at least 1."""
+    params = torch.nan_to_num(signals["slots", "seed_params"].float(), nan=0.0).clamp(0.0, _PARAMS_MAX)
+    alpha = torch.nan_to_num(signals["slots", "alpha"].float(), nan=0.0).clamp(0.0, 1.0)
+    share = (alpha > 0).float() if final else alpha
+    params = share * params
+    host = torch.nan_to_num(signals["host_params"].float(), nan=1.0).clamp(1.0, _PARAMS_MAX)
+    return clean_acc(signals["val_acc"]) - cfg.param_weight * params.sum(-1) / host
+
+
+def objective_delta(
+    before: TensorDictBase, after: TensorDictBase, cfg: RewardConfig, *, final: bool = False
+) -> torch.Tensor:
+    """``Phi(after) - Phi(before)`` ``[*E]``: the OBJECTIVE reward of the step that led from the
+    measurement ``before`` to the measurement ``after`` (the next epoch's, or with ``final=True`` the
+    final host's, charged in full)."""
+    return objective(after, cfg, final=final) - objective(before, cfg)
 
 
 # ------------------------------------------------------------------------------------------ pieces
@@ -369,7 +422,9 @@ def compute_reward(
     out["hacking"], out["ransomware"] = anyw(hacking), anyw(ransom)
     shaped = cfg.mode is RewardMode.SHAPED
 
-    if shaped and cfg.family is RewardFamily.CONTRIBUTION:
+    if cfg.mode is RewardMode.OBJECTIVE:
+        pass  # every term is the shell's objective_delta, added when the next measurement arrives
+    elif shaped and cfg.family is RewardFamily.CONTRIBUTION:
         a = sel(attr)
         a = torch.where(is_op(Op.FOSSILIZE) & (ti_s < 0), 0.0, a)
         out["attribution"] = torch.where(is_op(Op.PRUNE), -a, a)
@@ -477,6 +532,8 @@ __all__ = [
     "RewardFamily",
     "RewardMode",
     "compute_reward",
+    "objective",
+    "objective_delta",
     "pbrs",
     "potential",
 ]

@@ -12,18 +12,34 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from esper.core.spec import Op
+from esper.core.observation import obs_dim
+from esper.core.spec import ActionSpec, Op
 from esper.shell.policy import FactoredRecurrentActorCritic
 from esper.shell.rollout import StepInput
-from esper.shell.trainer import PPOTrainer
+from esper.shell.trainer import PPOConfig, PPOTrainer
 
 
 def policy_input_dim(raw_obs_dim: int) -> int:
     return raw_obs_dim + len(Op)
 
 
+def build_learner(
+    ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str, seed: int, compile: bool = False
+) -> tuple[FactoredRecurrentActorCritic, PPOTrainer]:
+    """Tamiyo's network for an action space and its PPO trainer (statistics, optimizer), freshly
+    initialized from ``seed``'s generators; load a checkpoint's ``trainer`` entry to restore one."""
+    raw_dim = obs_dim(spec.n_slots, spec.n_blueprints)
+    policy = FactoredRecurrentActorCritic(
+        policy_input_dim(raw_dim), spec, hidden=ppo.hidden, head_hidden=ppo.head_hidden,
+        wait_bias=ppo.wait_bias,
+    ).to(device)  # fmt: skip
+    trainer = PPOTrainer(
+        policy, ppo, raw_obs_dim=raw_dim, compile=compile, generator=torch.Generator().manual_seed(seed + 1)
+    )
+    return policy, trainer
+
+
 class PPOController:
-    learns = True
 
     def __init__(
         self,
@@ -32,7 +48,10 @@ class PPOController:
         *,
         generator: torch.Generator | None = None,
         deterministic: bool = False,
+        learns: bool = True,
     ) -> None:
+        #: False for a frozen controller under evaluation: the runner then keeps no rollout.
+        self.learns = learns
         self.policy, self.trainer = policy, trainer
         self.generator, self.deterministic = generator, deterministic
         self.device = next(policy.parameters()).device
@@ -59,4 +78,4 @@ class PPOController:
         return self.policy.bootstrap_value(self.policy_input(step), self.state)
 
 
-__all__ = ["PPOController", "policy_input_dim"]
+__all__ = ["PPOController", "build_learner", "policy_input_dim"]

@@ -16,6 +16,17 @@ the tests check:
   - conv_light: 3×3 → GN → ReLU → 1×1. 10C² + 2C (2592 / 10304 / 41088)
   - conv_heavy: 3×3 → GN → ReLU → 3×3. 18C² + 2C (4640 / 18496 / 73856)
 
+- ``"cnn1d"`` (activation ``[N, C, L]``, 1-D signals); params at C = 8:
+
+  - noop: zeros. 0
+  - norm: ``tanh(s)·(GroupNorm(x) − x)``. 2C + 1 (17)
+  - attention: squeeze-excite over the length, r = C/4. C²/2 + 5C/4 (42)
+  - depthwise: dw k5 → GN → ReLU → pw1×1. C² + 7C (120)
+  - conv_small: k3 C→C/2 → GN → ReLU → 1×1 C/2→C. 2C² + C (136)
+  - conv_light: k3 → GN → ReLU → 1×1. 4C² + 2C (272)
+  - self_attention: 1×1 q/k/v projections, softmax over positions, 1×1 out. 4C² + 4C (288)
+  - conv_heavy: k3 → GN → ReLU → k3. 6C² + 2C (400)
+
 - ``"transformer"`` (activation ``[N, L, D]``, the residual stream of a causal LM); params at D = 64:
 
   - noop: zeros. 0
@@ -49,6 +60,16 @@ BLUEPRINTS: dict[str, tuple[str, ...]] = {
         "bottleneck",
         "conv_small",
         "conv_light",
+        "conv_heavy",
+    ),
+    "cnn1d": (
+        "noop",
+        "norm",
+        "attention",
+        "depthwise",
+        "conv_small",
+        "conv_light",
+        "self_attention",
         "conv_heavy",
     ),
     "transformer": ("noop", "norm", "lora", "lora_large", "mlp_small", "attention", "mlp"),
@@ -104,8 +125,9 @@ class NormSeed(nn.Module):
 
 
 class SqueezeExcite(nn.Module):
-    """Channel attention on ``[N, C, H, W]``: ``delta = x · tanh(MLP(mean_hw(x)))``, so the composed
-    output rescales channels by a factor in (0, 2) per sample; the MLP's last layer starts near zero."""
+    """Channel attention on ``[N, C, *spatial]`` (2-D images or 1-D signals): ``delta = x ·
+    tanh(MLP(mean_spatial(x)))``, so the composed output rescales channels by a factor in (0, 2) per
+    sample; the MLP's last layer starts near zero."""
 
     def __init__(self, channels: int, reduction: int = 4):
         super().__init__()
@@ -114,8 +136,9 @@ class SqueezeExcite(nn.Module):
         self.fc2 = _near_zero_(nn.Linear(hidden, channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.fc2(F.relu(self.fc1(x.mean(dim=(2, 3)))))  # [N, C]
-        return x * torch.tanh(z)[:, :, None, None]
+        spatial = tuple(range(2, x.dim()))
+        z = self.fc2(F.relu(self.fc1(x.mean(dim=spatial))))  # [N, C]
+        return x * torch.tanh(z).reshape(*z.shape, *(1,) * len(spatial))
 
 
 class CausalSelfAttention(nn.Module):
@@ -137,6 +160,22 @@ class CausalSelfAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)  # [N, H, L, D/H]
         return self.proj(y.transpose(1, 2).reshape(n, length, d))
+
+
+class PositionAttention(nn.Module):
+    """Self-attention over the positions of a 1-D signal ``[N, C, L]`` (non-causal: the whole signal is
+    one example): 1×1 q/k/v projections, one head, softmax over positions, 1×1 output projection
+    (near zero at init). Gives every position a global receptive field in one step."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.qkv = nn.Conv1d(channels, 3 * channels, 1)
+        self.proj = _near_zero_(nn.Conv1d(channels, channels, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=1)  # each [N, C, L]
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.proj(y.transpose(1, 2))
 
 
 class LoRA(nn.Module):
@@ -197,6 +236,32 @@ def _build_cnn(name: str, c: int) -> nn.Module:
     raise AssertionError(name)  # unreachable: names are checked against BLUEPRINTS first
 
 
+def _conv1d(c_in: int, c_out: int, k: int, groups: int = 1) -> nn.Conv1d:
+    return nn.Conv1d(c_in, c_out, k, padding=k // 2, groups=groups, bias=False)
+
+
+def _build_cnn1d(name: str, c: int) -> nn.Module:
+    half = max(1, c // 2)
+    gn_relu = lambda n: [nn.GroupNorm(_groups(n), n), nn.ReLU()]
+    if name == "noop":
+        return Zero()
+    if name == "norm":
+        return NormSeed(nn.GroupNorm(_groups(c), c))
+    if name == "attention":
+        return SqueezeExcite(c)
+    if name == "depthwise":
+        return nn.Sequential(_conv1d(c, c, 5, groups=c), *gn_relu(c), _near_zero_(_conv1d(c, c, 1)))
+    if name == "conv_small":
+        return nn.Sequential(_conv1d(c, half, 3), *gn_relu(half), _near_zero_(_conv1d(half, c, 1)))
+    if name == "conv_light":
+        return nn.Sequential(_conv1d(c, c, 3), *gn_relu(c), _near_zero_(_conv1d(c, c, 1)))
+    if name == "self_attention":
+        return PositionAttention(c)
+    if name == "conv_heavy":
+        return nn.Sequential(_conv1d(c, c, 3), *gn_relu(c), _near_zero_(_conv1d(c, c, 3)))
+    raise AssertionError(name)
+
+
 def _mlp(d: int, hidden: int) -> nn.Module:
     return PreNorm(d, nn.Sequential(nn.Linear(d, hidden), nn.GELU(), _near_zero_(nn.Linear(hidden, d))))
 
@@ -221,7 +286,7 @@ def _build_transformer(name: str, d: int) -> nn.Module:
     raise AssertionError(name)
 
 
-_BUILDERS = {"cnn": _build_cnn, "transformer": _build_transformer}
+_BUILDERS = {"cnn": _build_cnn, "cnn1d": _build_cnn1d, "transformer": _build_transformer}
 
 
 def blueprint_index(family: str, name: str) -> int:
@@ -257,6 +322,7 @@ __all__ = [
     "CausalSelfAttention",
     "LoRA",
     "NormSeed",
+    "PositionAttention",
     "PreNorm",
     "SqueezeExcite",
     "Zero",

@@ -1,14 +1,24 @@
 """Data: embedded defaults (no download), local CIFAR-10 / TinyStories loaders, batch iterators, tasks.
 
+Every task has three splits: **train** (the host trains on it), **validation** (what the controller
+sees: accuracy, loss, counterfactuals) and **test** (seen by neither; only reported, at the end of an
+episode). :meth:`Task.make_loaders` returns them as :class:`Loaders`.
+
+- ``mnist1d`` (the default): MNIST-1D, generated procedurally by the ``mnist1d`` package (no download,
+  deterministic for a seed, ~1 s): 6,000 1-D signals of length 40, 10 classes, split 4,000 / 1,000 /
+  1,000 in generation order (the package shuffles). Standardized by the package.
 - ``digits``: scikit-learn's bundled handwritten digits (1797 8×8 grayscale images, 10 classes), read
   from the csv.gz inside the installed package without importing sklearn. Scaled to [0, 1],
-  normalized with the train split's mean/std, optionally resized; split 80/20 by a fixed permutation.
+  normalized with the train split's mean/std, optionally resized; split 70/15/15 by a fixed permutation.
 - ``stdlib_text``: this Python's standard-library ``*.py`` files (depth-first walk in name order,
   site-packages excluded, joined by newlines, capped at ``max_bytes``) as a byte corpus; the last
-  ``val_fraction`` of it is validation. Deterministic for a given Python installation.
-- ``cifar10``: the official binary batches at a local path (train: ``data_batch_1..5.bin``,
-  validation: ``test_batch.bin``); uint8 in memory, normalized (and augmented) per batch.
-- ``tinystories``: a local text file, byte-level (optionally a separate validation file).
+  ``val_fraction`` of it is held out, its first half validation and its second half test.
+  Deterministic for a given Python installation.
+- ``cifar10``: the official binary batches at a local path (train: 45,000 images of
+  ``data_batch_1..5.bin``, validation: the other 5,000 (a fixed permutation), test: ``test_batch.bin``);
+  uint8 in memory, normalized (and augmented) per batch.
+- ``tinystories``: a local text file, byte-level (optionally a separate validation file); the held-out
+  bytes are halved into validation and test.
 
 Every env gets its own iterators (:meth:`Task.make_loaders`) with their own ``torch.Generator``;
 the data tensors are loaded once per task and shared (one copy per device).
@@ -23,12 +33,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from esper.shell.hosts import Batch, CNNHost, Host, TransformerHost
+from esper.shell.hosts import Batch, CNN1dHost, CNNHost, Host, TransformerHost
 
 CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
 CIFAR_TEST_FILE = "test_batch.bin"
@@ -50,9 +61,15 @@ def digits_csv_path() -> Path:
 
 
 def load_digits(
-    *, image_size: int = 8, interpolation: str = "bilinear", val_fraction: float = 0.2, split_seed: int = 0
-) -> tuple[Batch, Batch]:
-    """``((train_x, train_y), (val_x, val_y))``: x float32 ``[N, 1, S, S]`` normalized, y int64."""
+    *,
+    image_size: int = 8,
+    interpolation: str = "bilinear",
+    val_fraction: float = 0.15,
+    test_fraction: float = 0.15,
+    split_seed: int = 0,
+) -> tuple[Batch, Batch, Batch]:
+    """``(train, val, test)``, each ``(x, y)``: x float32 ``[N, 1, S, S]`` normalized with the train
+    split's statistics, y int64."""
     with gzip.open(digits_csv_path(), "rt") as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.float32)  # [1797, 65]: 64 pixels (0-16), label
     x = torch.from_numpy(table[:, :64] / 16.0).reshape(-1, 1, 8, 8)
@@ -60,12 +77,60 @@ def load_digits(
     if image_size != 8:
         kw = {"align_corners": False} if interpolation in ("bilinear", "bicubic") else {}
         x = F.interpolate(x, size=(image_size, image_size), mode=interpolation, **kw)
+    _check_fractions(val_fraction, test_fraction)
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(split_seed))
-    n_val = round(val_fraction * len(y))
-    val, train = perm[:n_val], perm[n_val:]
+    n_val, n_test = round(val_fraction * len(y)), round(test_fraction * len(y))
+    val, test, train = perm[:n_val], perm[n_val : n_val + n_test], perm[n_val + n_test :]
     mean, std = x[train].mean(), x[train].std()
     x = (x - mean) / std
-    return (x[train].contiguous(), y[train]), (x[val].contiguous(), y[val])
+    return tuple((x[i].contiguous(), y[i]) for i in (train, val, test))
+
+
+def _check_fractions(val_fraction: float, test_fraction: float) -> None:
+    if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
+        raise ValueError(
+            f"val_fraction and test_fraction must be in (0, 1) with a sum < 1, got {val_fraction}, "
+            f"{test_fraction}"
+        )
+
+
+# ------------------------------------------------------------------------------------------ MNIST-1D
+#: MNIST-1D split sizes: train, validation, test (generated in one call, split in order).
+MNIST1D_SPLITS = (4000, 1000, 1000)
+
+
+def load_mnist1d(
+    *, splits: tuple[int, int, int] = MNIST1D_SPLITS, seed: int = 42
+) -> tuple[Batch, Batch, Batch]:
+    """MNIST-1D generated by the ``mnist1d`` package with its default arguments (``seed`` and the
+    sample count aside): ``(train, val, test)``, each ``(x float32 [N, 1, 40], y int64 [N])``.
+
+    The package seeds Python's and NumPy's global generators; their states are restored after, so
+    generating the data leaves the caller's random streams untouched."""
+    import random
+
+    try:
+        from mnist1d.data import get_dataset_args, make_dataset
+    except ImportError as e:  # a dependency of esper; only a broken install gets here
+        raise ImportError("the mnist1d task needs the `mnist1d` package: pip install mnist1d") from e
+    if len(splits) != 3 or min(splits) < 10:
+        raise ValueError(f"MNIST-1D splits: three sizes >= 10 (train, val, test), got {splits}")
+    args = get_dataset_args()
+    args.num_samples = sum(splits)
+    args.train_split = 1.0  # the package's own split is not used: all samples come back in "x"
+    args.seed = seed
+    py_state, np_state = random.getstate(), np.random.get_state()  # noqa: NPY002 (the package's global)
+    try:
+        data = make_dataset(args)
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)  # noqa: NPY002
+    x = torch.as_tensor(data["x"], dtype=torch.float32).unsqueeze(1)  # [N, 1, L]
+    y = torch.as_tensor(data["y"], dtype=torch.int64)
+    if len(y) < sum(splits):  # the package makes num_samples // 10 per class
+        raise ValueError(f"mnist1d returned {len(y)} samples, fewer than the {sum(splits)} asked for")
+    a, b = splits[0], splits[0] + splits[1]
+    return (x[:a], y[:a]), (x[a:b], y[a:b]), (x[b : b + splits[2]], y[b : b + splits[2]])
 
 
 # ------------------------------------------------------------------------------------------ CIFAR-10
@@ -95,12 +160,23 @@ def _read_cifar_file(path: Path) -> Batch:
     return records[:, 1:].reshape(-1, 3, 32, 32).clone(), y
 
 
-def load_cifar10(path: str | Path) -> tuple[Batch, Batch]:
-    """``((train_x, train_y), (test_x, test_y))``: x uint8 ``[N, 3, 32, 32]`` (CHW), y int64."""
+def load_cifar10(
+    path: str | Path, *, val_fraction: float = 0.1, split_seed: int = 0
+) -> tuple[Batch, Batch, Batch]:
+    """``(train, val, test)``, each ``(x uint8 [N, 3, 32, 32] (CHW), y int64)``: ``val_fraction`` of
+    the training files' images (a fixed permutation; 5,000 of the official 50,000) are validation,
+    ``test_batch.bin`` is the test split."""
     root = _cifar_dir(path)
     parts = [_read_cifar_file(root / n) for n in CIFAR_TRAIN_FILES]
-    train = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
-    return train, _read_cifar_file(root / CIFAR_TEST_FILE)
+    x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    n_val = round(val_fraction * len(y))
+    if not 1 <= n_val < len(y):
+        raise ValueError(
+            f"CIFAR-10: val_fraction {val_fraction} of {len(y)} training images leaves a split empty"
+        )
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(split_seed))
+    val, train = perm[:n_val], perm[n_val:]
+    return (x[train], y[train]), (x[val], y[val]), _read_cifar_file(root / CIFAR_TEST_FILE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,11 +247,14 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def split_bytes(data: bytes, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split a byte string by position: the last ``val_fraction`` is validation."""
-    n_val = int(len(data) * val_fraction)
+def split_bytes(data: bytes, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split a byte string by position into ``(train, val, test)``: the last ``val_fraction`` is held
+    out, its first half validation and its second half test."""
+    n_held = int(len(data) * val_fraction)
     tokens = _bytes_tensor(data)
-    return tokens[: len(data) - n_val].clone(), tokens[len(data) - n_val :].clone()
+    cut = len(data) - n_held
+    mid = cut + n_held // 2
+    return tokens[:cut].clone(), tokens[cut:mid].clone(), tokens[mid:].clone()
 
 
 def _read_text(path: str | Path, max_bytes: int | None, what: str) -> bytes:
@@ -197,16 +276,17 @@ def load_text_file(
     val_path: str | Path | None = None,
     max_bytes: int | None = None,
     val_fraction: float = 0.05,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Byte-level ``(train_tokens, val_tokens)`` uint8 1-D from a local text file (e.g. TinyStories).
-    With ``val_path`` the validation bytes come from that file (same ``max_bytes`` cap); otherwise the
-    last ``val_fraction`` of ``path``."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Byte-level ``(train, val, test)`` uint8 1-D token tensors from a local text file (e.g.
+    TinyStories). With ``val_path`` the held-out bytes come from that file (same ``max_bytes`` cap),
+    its first half validation and its second half test; otherwise the last ``val_fraction`` of
+    ``path`` is held out and halved the same way (:func:`split_bytes`)."""
     data = _read_text(path, max_bytes, "text file")
     if val_path is None:
         return split_bytes(data, val_fraction)
-    return _bytes_tensor(data).clone(), _bytes_tensor(
-        _read_text(val_path, max_bytes, "validation file")
-    ).clone()
+    held = _bytes_tensor(_read_text(val_path, max_bytes, "validation file"))
+    mid = len(held) // 2
+    return _bytes_tensor(data).clone(), held[:mid].clone(), held[mid:].clone()
 
 
 # ------------------------------------------------------------------------------------- batch iterators
@@ -319,7 +399,12 @@ class WindowBatches(_Batches):
 
 
 # ------------------------------------------------------------------------------------------- tasks
-Loaders = tuple[_Batches, _Batches]
+class Loaders(NamedTuple):
+    """One env's iterators over the three splits."""
+
+    train: _Batches  # shuffled by the env's own generator, ``max_batches`` per epoch
+    val: _Batches  # fixed order, the same batches every epoch (what the controller sees)
+    test: _Batches  # fixed order, only for reporting (never seen by host training or the controller)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,8 +421,8 @@ class Task:
     n_classes: int
     #: ``make_host() -> Host``: a fresh host with default-initialized weights.
     make_host: Callable[[], Host]
-    #: ``make_loaders(seed, device=None) -> (train, val)``: one env's iterators; train shuffled by a
-    #: generator seeded with ``seed``, validation in fixed order (same batches every epoch).
+    #: ``make_loaders(seed, device=None) -> Loaders(train, val, test)``: one env's iterators; train
+    #: shuffled by a generator seeded with ``seed``, validation and test in fixed order.
     make_loaders: Callable[..., Loaders]
 
 
@@ -354,32 +439,52 @@ class _PerDevice:
         return self._copies[key]
 
 
-def _image_loaders(
-    data, batch_size, max_batches, val_max_batches, transform, val_transform, seed, device=None
-):
-    tx, ty, vx, vy = data.get(device)
+def _tensor_loaders(
+    data, batch_size, max_batches, val_max_batches, transform, val_transform, seed, device=None,
+    eval_batch_size=None,
+) -> Loaders:  # fmt: skip
+    tx, ty, vx, vy, sx, sy = data.get(device)
     train = TensorBatches(
         tx, ty, batch_size=batch_size, max_batches=max_batches, seed=seed, transform=transform
     )
-    val = TensorBatches(
-        vx, vy, batch_size=batch_size, shuffle=False, drop_last=False, max_batches=val_max_batches,
-        transform=val_transform,
+    held = lambda x, y: TensorBatches(
+        x, y, batch_size=eval_batch_size or batch_size, shuffle=False, drop_last=False,
+        max_batches=val_max_batches, transform=val_transform,
     )  # fmt: skip
-    return train, val
+    return Loaders(train, held(vx, vy), held(sx, sy))
 
 
-def _text_loaders(data, ctx, batch_size, max_batches, val_max_batches, seed, device=None):
-    train_tokens, val_tokens = data.get(device)
+def _text_loaders(data, ctx, batch_size, max_batches, val_max_batches, seed, device=None) -> Loaders:
+    train_tokens, val_tokens, test_tokens = data.get(device)
     train = WindowBatches(train_tokens, ctx=ctx, batch_size=batch_size, max_batches=max_batches, seed=seed)
-    val = WindowBatches(
-        val_tokens,
-        ctx=ctx,
-        batch_size=batch_size,
-        shuffle=False,
-        drop_last=False,
-        max_batches=val_max_batches,
+    held = lambda tokens: WindowBatches(
+        tokens, ctx=ctx, batch_size=batch_size, shuffle=False, drop_last=False, max_batches=val_max_batches
     )
-    return train, val
+    return Loaders(train, held(val_tokens), held(test_tokens))
+
+
+def mnist1d_task(
+    *,
+    channels: tuple[int, ...] = (8, 8, 8),
+    kernels: tuple[int, ...] = (1, 1, 1),
+    pools: tuple[int, ...] = (2, 2, 1),
+    batch_size: int = 64,
+    max_batches: int | None = None,
+    val_max_batches: int | None = None,
+    eval_batch_size: int = 1000,
+    splits: tuple[int, int, int] = MNIST1D_SPLITS,
+    data_seed: int = 42,
+) -> Task:
+    """MNIST-1D (:func:`load_mnist1d`) with a small :class:`~esper.shell.hosts.CNN1dHost`; validation
+    and test run in batches of ``eval_batch_size`` (one batch each by default)."""
+    (tx, ty), (vx, vy), (sx, sy) = load_mnist1d(splits=splits, seed=data_seed)
+    data = _PerDevice((tx, ty, vx, vy, sx, sy))
+    return Task(
+        "mnist1d", "cnn1d", (1, tx.shape[-1]), 10,
+        partial(CNN1dHost, 1, tx.shape[-1], tuple(channels), 10, tuple(kernels), tuple(pools)),
+        partial(_tensor_loaders, data, batch_size, max_batches, val_max_batches, None, None,
+                eval_batch_size=eval_batch_size),
+    )  # fmt: skip
 
 
 def digits_task(
@@ -390,17 +495,19 @@ def digits_task(
     max_batches: int | None = None,
     val_max_batches: int | None = None,
     interpolation: str = "bilinear",
-    val_fraction: float = 0.2,
+    val_fraction: float = 0.15,
+    test_fraction: float = 0.15,
     split_seed: int = 0,
 ) -> Task:
-    (tx, ty), (vx, vy) = load_digits(
-        image_size=image_size, interpolation=interpolation, val_fraction=val_fraction, split_seed=split_seed
-    )
-    data = _PerDevice((tx, ty, vx, vy))
+    splits = load_digits(
+        image_size=image_size, interpolation=interpolation, val_fraction=val_fraction,
+        test_fraction=test_fraction, split_seed=split_seed,
+    )  # fmt: skip
+    data = _PerDevice(tuple(t for split in splits for t in split))
     return Task(
         "digits", "cnn", (1, image_size, image_size), 10,
         partial(CNNHost, 1, image_size, tuple(channels), 10),
-        partial(_image_loaders, data, batch_size, max_batches, val_max_batches, None, None),
+        partial(_tensor_loaders, data, batch_size, max_batches, val_max_batches, None, None),
     )  # fmt: skip
 
 
@@ -413,20 +520,19 @@ def cifar10_task(
     val_max_batches: int | None = None,
     augment: bool = True,
 ) -> Task:
-    (tx, ty), (vx, vy) = load_cifar10(path)
-    data = _PerDevice((tx, ty, vx, vy))
+    data = _PerDevice(tuple(t for split in load_cifar10(path) for t in split))
     return Task(
         "cifar10", "cnn", (3, 32, 32), 10,
         partial(CNNHost, 3, 32, tuple(channels), 10),
-        partial(_image_loaders, data, batch_size, max_batches, val_max_batches,
+        partial(_tensor_loaders, data, batch_size, max_batches, val_max_batches,
                 ImageTransform(augment=augment), ImageTransform(augment=False)),
     )  # fmt: skip
 
 
-def _text_task(name: str, train: torch.Tensor, val: torch.Tensor, *, ctx: int, batch_size: int,
+def _text_task(name: str, splits: tuple[torch.Tensor, ...], *, ctx: int, batch_size: int,
                max_batches: int | None, val_max_batches: int | None, d_model: int, n_layers: int,
                n_heads: int, dropout: float, slot_every: int) -> Task:  # fmt: skip
-    data = _PerDevice((train, val))
+    data = _PerDevice(tuple(splits))
     return Task(
         name, "transformer", (ctx,), 256,
         partial(TransformerHost, 256, d_model, n_layers, n_heads, ctx, dropout, slot_every),
@@ -448,11 +554,10 @@ def stdlib_text_task(
     dropout: float = 0.0,
     slot_every: int = 2,
 ) -> Task:
-    train, val = split_bytes(stdlib_source_bytes(max_bytes), val_fraction)
     return _text_task(
-        "stdlib_text", train, val, ctx=ctx, batch_size=batch_size, max_batches=max_batches,
-        val_max_batches=val_max_batches, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-        dropout=dropout, slot_every=slot_every,
+        "stdlib_text", split_bytes(stdlib_source_bytes(max_bytes), val_fraction), ctx=ctx,
+        batch_size=batch_size, max_batches=max_batches, val_max_batches=val_max_batches,
+        d_model=d_model, n_layers=n_layers, n_heads=n_heads, dropout=dropout, slot_every=slot_every,
     )  # fmt: skip
 
 
@@ -472,9 +577,9 @@ def tinystories_task(
     dropout: float = 0.1,
     slot_every: int = 2,
 ) -> Task:
-    train, val = load_text_file(path, val_path=val_path, max_bytes=max_bytes, val_fraction=val_fraction)
+    splits = load_text_file(path, val_path=val_path, max_bytes=max_bytes, val_fraction=val_fraction)
     return _text_task(
-        "tinystories", train, val, ctx=ctx, batch_size=batch_size, max_batches=max_batches,
+        "tinystories", splits, ctx=ctx, batch_size=batch_size, max_batches=max_batches,
         val_max_batches=val_max_batches, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
         dropout=dropout, slot_every=slot_every,
     )  # fmt: skip
@@ -482,6 +587,7 @@ def tinystories_task(
 
 #: Preset name -> task factory (keyword arguments only; unknown keywords raise TypeError).
 PRESETS: dict[str, Callable[..., Task]] = {
+    "mnist1d": mnist1d_task,
     "digits": digits_task,
     "stdlib_text": stdlib_text_task,
     "cifar10": cifar10_task,
@@ -499,8 +605,10 @@ def make_task(name: str, **kwargs) -> Task:
 __all__ = [
     "CIFAR_MEAN",
     "CIFAR_STD",
+    "MNIST1D_SPLITS",
     "PRESETS",
     "ImageTransform",
+    "Loaders",
     "Task",
     "TensorBatches",
     "WindowBatches",
@@ -509,8 +617,10 @@ __all__ = [
     "digits_task",
     "load_cifar10",
     "load_digits",
+    "load_mnist1d",
     "load_text_file",
     "make_task",
+    "mnist1d_task",
     "random_crop_flip",
     "split_bytes",
     "stdlib_source_bytes",

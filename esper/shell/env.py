@@ -17,10 +17,14 @@ On CPU the same code runs without streams.
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -33,15 +37,17 @@ from esper.shell.data import Task, make_task
 from esper.shell.env_model import EnvModel
 from esper.shell.governor import Governor, GovernorConfig
 
-TASKS = ("digits", "stdlib_text", "cifar10", "tinystories")
+TASKS = ("mnist1d", "digits", "stdlib_text", "cifar10", "tinystories")
 #: Tasks whose data is read from --env.data_path (nothing is ever downloaded).
 LOCAL_TASKS = ("cifar10", "tinystories")
-CNN_TASKS = ("digits", "cifar10")
+LR_SCHEDULES = ("constant", "cosine")
+#: Tasks whose host is a CNN with three blocks (``env.channels`` sets their widths).
+CNN_TASKS = ("mnist1d", "digits", "cifar10")
 
 
 @dataclass(frozen=True, slots=True)
 class EnvConfig:
-    task: str = doc("digits", "task: digits | stdlib_text | cifar10 | tinystories")
+    task: str = doc("mnist1d", "task: mnist1d | digits | stdlib_text | cifar10 | tinystories")
     data_path: str | None = doc(
         None, "local data path (cifar10: the binary batches' folder; tinystories: a .txt)"
     )
@@ -61,12 +67,20 @@ class EnvConfig:
     amp: bool = doc(
         False, "mixed precision for host training: fp16 + a GradScaler per env on CUDA, bf16 on CPU"
     )
+    workers: int = doc(
+        1, "CPU: envs trained concurrently by this many threads (1: one after the other)"
+    )
+    lr_schedule: str = doc(
+        "constant", "host and seed learning rates over an episode: constant | cosine (1 -> 0 over the epochs)"
+    )
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:  # first: the checks below depend on the task
             raise ValueError(f"env.task must be one of {TASKS}, got {self.task!r}")
         if self.n_envs < 1:
             raise ValueError(f"env.n_envs must be >= 1, got {self.n_envs}")
+        if self.workers < 1:
+            raise ValueError(f"env.workers must be >= 1, got {self.workers}")
         for name in ("batch_size", "train_batches", "val_batches"):
             if getattr(self, name) < 0:
                 raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
@@ -75,6 +89,8 @@ class EnvConfig:
         bad_channels = self.task not in CNN_TASKS or len(self.channels) != 3 or min(self.channels) < 1
         if self.channels and bad_channels:
             raise ValueError(f"env.channels: three widths >= 1, for {CNN_TASKS} only; got {self.channels}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"env.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if self.task in LOCAL_TASKS and not self.data_path:
             raise ValueError(f"task {self.task!r} reads local files: pass --env.data_path PATH")
         if self.task not in LOCAL_TASKS and self.data_path:
@@ -95,6 +111,37 @@ class EnvConfig:
         if self.task in LOCAL_TASKS:
             kwargs["path"] = self.data_path
         return make_task(self.task, **kwargs)
+
+
+def _uses_dropout(module: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in module.modules())
+
+
+def lr_scale(schedule: str, epoch: int, max_epochs: int) -> float:
+    """Learning-rate multiplier for training epoch ``epoch`` (1-based) of ``max_epochs``: 1 for
+    ``constant``; for ``cosine`` a half cosine from 1 at the first epoch to 0 after the last."""
+    if schedule == "constant":
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * (epoch - 1) / max(max_epochs, 1)))
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from ``parts`` (a purpose string first: ``"train"``, ``"eval"``): distinct parts
+    give unrelated seeds, and seeds of different purposes never coincide in practice (a hash, not
+    arithmetic that two (run, episode, env) triples could share)."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def train_host_seeds(run_seed: int, episode: int, env_indices: Sequence[int]) -> list[int]:
+    """Host seeds of a training episode (host init, seed modules and data order), per global env index."""
+    return [derive_seed("train", run_seed, episode, i) for i in env_indices]
+
+
+def eval_host_seeds(eval_seed: int, episodes: Sequence[int]) -> list[int]:
+    """Host seeds of evaluation episodes (by index): another purpose than training's, so no evaluation
+    host is a training host."""
+    return [derive_seed("eval", eval_seed, e) for e in episodes]
 
 
 class EnvStreams:
@@ -139,8 +186,12 @@ class VecEnv:
         *,
         seed: int,
         task: Task | None = None,
+        first_env: int = 0,
     ) -> None:
         self.cfg, self.lifecycle = cfg, lifecycle
+        #: Global index of this VecEnv's first env (several processes may each run a slice).
+        self.first_env = first_env
+        self.host_seeds: list[int] = []
         self.task = task if task is not None else cfg.build_task()
         self.n = cfg.n_envs
         self.device = torch.device(cfg.device)
@@ -167,13 +218,28 @@ class VecEnv:
         self.slots: TensorDict = init_slots(self.n, self.enabled, device=self.device)
         self.epoch = 0
         self.timings: dict[str, float] = {}
+        # Worker threads for CPU envs: only where training draws no random numbers from the global
+        # generator (dropout would make the result depend on thread timing), so runs stay reproducible.
+        concurrent = cfg.workers > 1 and all(d.type == "cpu" for d in self.env_devices)
+        self._pool = (
+            ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="esper-env")
+            if concurrent and not _uses_dropout(probe)
+            else None
+        )
 
     # ----------------------------------------------------------------------------------------- episode
-    def reset(self, episode: int) -> None:
-        """Fresh hosts, optimizers, data order and slot state for a new batch of episodes."""
+    def reset(self, episode: int, *, host_seeds: Sequence[int] | None = None) -> None:
+        """Fresh hosts, optimizers, data order and slot state for a new batch of episodes. Env ``i``'s
+        host is seeded with ``host_seeds[i]`` (default: :func:`train_host_seeds` of the run seed, the
+        episode and the env's global index ``first_env + i``)."""
+        if host_seeds is None:
+            host_seeds = train_host_seeds(self.seed, episode, range(self.first_env, self.first_env + self.n))
+        if len(host_seeds) != self.n:
+            raise ValueError(f"VecEnv.reset: {len(host_seeds)} host seeds for {self.n} envs")
+        self.host_seeds = list(host_seeds)
         self.models, self.loaders, self.scalers = [], [], []
         for i, dev in enumerate(self.env_devices):
-            env_seed = self.seed * 100_003 + episode * 1_009 + i
+            env_seed = int(host_seeds[i])
             torch.manual_seed(env_seed)  # host init and seed builds draw from the global RNG
             host = self.task.make_host().to(dev)
             self.models.append(
@@ -204,18 +270,52 @@ class VecEnv:
         """Train every env one epoch, validate with counterfactuals; the ``signals`` TD ``[E]``."""
         self.epoch += 1
         t0 = time.perf_counter()
-        train = []
-        for i, model in enumerate(self.models):
-            with self.streams.run(i):
-                train.append(model.train_epoch(self.loaders[i][0], **self._amp(i)))
+        scale = lr_scale(self.cfg.lr_schedule, self.epoch, self.lifecycle.max_epochs)
+        for model in self.models:
+            model.set_lr_scale(scale)
+        train = self._each(lambda i: self.models[i].train_epoch(self.loaders[i].train, **self._amp(i)))
         t1 = time.perf_counter()
-        val = []
-        for i, model in enumerate(self.models):
-            with self.streams.run(i):
-                val.append(model.evaluate(self.loaders[i][1]))
+        val = self._each(lambda i: self.models[i].evaluate(self.loaders[i].val))
         t2 = time.perf_counter()
         self.timings = {"host_training": t1 - t0, "validation": t2 - t1}
         return self._gather(train, val)
+
+    def finish(self) -> TensorDict:
+        """Evaluate the final hosts (after the episode's last action): ``[E]`` TensorDict with
+        ``val_loss``, ``val_acc`` and, on the held-out split, ``test_loss``, ``test_acc``, plus
+        ``host_params`` and ``("slots", "seed_params") [E, S]`` (so :func:`esper.core.rewards.objective`
+        reads it like a measurement). The test split is read here and nowhere else."""
+        val = self._each(lambda i: self.models[i].validate(self.loaders[i].val))
+        test = self._each(lambda i: self.models[i].validate(self.loaders[i].test))
+        rows = [
+            [p.float() for p in self.streams.join(i, [*val[i], *test[i]], self.device)] for i in range(self.n)
+        ]
+        col = lambda k: torch.stack([r[k] for r in rows])
+        E, S = self.n, self.spec.n_slots
+        return TensorDict(
+            {
+                "val_loss": col(0),
+                "val_acc": col(1),
+                "test_loss": col(2),
+                "test_acc": col(3),
+                "host_params": self._host_params_tensor(),
+                "slots": TensorDict(self._seed_state(), batch_size=[E, S]),
+            },
+            batch_size=[E],
+            device=self.device,
+        )
+
+    def _host_params_tensor(self) -> torch.Tensor:
+        return torch.tensor([float(self.host_params(i)) for i in range(self.n)], device=self.device)
+
+    def _seed_state(self) -> dict[str, torch.Tensor]:
+        """``seed_params`` and ``alpha`` ``[E, S]`` of the seeds as the models hold them now (the alpha
+        the last measurement used): what :func:`esper.core.rewards.objective` charges."""
+        alpha = [[self.models[i].host.slot(s).alpha for s in range(self.spec.n_slots)] for i in range(self.n)]
+        return {
+            "seed_params": torch.tensor(self.seed_params, dtype=torch.float32, device=self.device),
+            "alpha": torch.tensor(alpha, dtype=torch.float32, device=self.device),
+        }
 
     def _gather(self, train: list[dict], val: list[tuple]) -> TensorDict:
         rows = []
@@ -233,18 +333,9 @@ class VecEnv:
                 "train_acc": col(1),
                 "val_loss": col(2),
                 "val_acc": col(3),
-                "host_params": torch.tensor(
-                    [float(self.host_params(i)) for i in range(E)], device=self.device
-                ),
+                "host_params": self._host_params_tensor(),
                 "slots": TensorDict(
-                    {
-                        "grad_ratio": col(4),
-                        "contribution": col(5),
-                        "seed_params": torch.tensor(
-                            self.seed_params, dtype=torch.float32, device=self.device
-                        ),
-                    },
-                    batch_size=[E, S],
+                    {"grad_ratio": col(4), "contribution": col(5), **self._seed_state()}, batch_size=[E, S]
                 ),
             },
             batch_size=[E],
@@ -268,7 +359,7 @@ class VecEnv:
             val = []
             for i in panicked:
                 with self.streams.run(i):
-                    val.append(self.models[i].evaluate(self.loaders[i][1]))
+                    val.append(self.models[i].evaluate(self.loaders[i].val))
             for i, (vloss, vacc, contrib) in zip(panicked, val):
                 vloss, vacc, contrib = (
                     t.float() for t in self.streams.join(i, [vloss, vacc, contrib], self.device)
@@ -277,9 +368,9 @@ class VecEnv:
                 signals["val_acc"][i] = vacc
                 signals["slots", "contribution"][i] = contrib
                 signals["slots", "grad_ratio"][i] = 0.0
-                signals["slots", "seed_params"][i] = torch.tensor(
-                    self.seed_params[i], dtype=torch.float32, device=self.device
-                )
+            seeds = self._seed_state()  # the rollback removed seeds: their parameters and alphas go
+            for k in ("seed_params", "alpha"):
+                signals["slots", k][panicked] = seeds[k][panicked]
         if self.governor.should_snapshot(self.epoch):
             for i in range(self.n):
                 if reasons[i] is None:
@@ -341,6 +432,24 @@ class VecEnv:
         return happened
 
     # --------------------------------------------------------------------------------------- helpers
+    def _each(self, work: Callable[[int], Any]) -> list[Any]:
+        """``[work(i) for i in envs]``, each inside env i's stream; on CPU with ``env.workers > 1``
+        the envs run concurrently on a thread pool (PyTorch releases the GIL inside its ops, and the
+        envs share nothing: own model, optimizers, data generator). Results keep env order."""
+        def run(i: int) -> Any:
+            with self.streams.run(i):
+                return work(i)
+
+        if self._pool is None or self.n == 1:
+            return [run(i) for i in range(self.n)]
+        return list(self._pool.map(run, range(self.n)))
+
+    def close(self) -> None:
+        """Stop the worker threads (if any); the env stays usable, one env after the other."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
     def _amp(self, i: int) -> dict:
         if not self.cfg.amp:
             return {}
@@ -363,4 +472,4 @@ class VecEnv:
         }
 
 
-__all__ = ["EnvConfig", "EnvStreams", "VecEnv"]
+__all__ = ["EnvConfig", "EnvStreams", "VecEnv", "derive_seed", "eval_host_seeds", "train_host_seeds"]

@@ -34,6 +34,10 @@ def _grad_norm(params: Sequence[nn.Parameter], device: torch.device) -> torch.Te
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
 
 
+def _backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None, inputs=None) -> None:
+    (scaler.scale(loss) if scaler is not None else loss).backward(inputs=inputs)
+
+
 def _n_params(params: Sequence[nn.Parameter]) -> int:
     return sum(p.numel() for p in params)
 
@@ -54,7 +58,10 @@ class EnvModel:
         seed_weight_decay: float = 0.0,
     ):
         self.host = host
-        self.seed_lr, self.momentum, self.seed_weight_decay = seed_lr, momentum, seed_weight_decay
+        self.host_lr, self.seed_lr = host_lr, seed_lr
+        self.momentum, self.seed_weight_decay = momentum, seed_weight_decay
+        #: Multiplier of every learning rate (the episode's schedule, :meth:`set_lr_scale`).
+        self.lr_scale = 1.0
         self._host_params = host.host_parameters()
         self.host_opt = torch.optim.SGD(
             self._host_params, lr=host_lr, momentum=momentum, weight_decay=weight_decay
@@ -72,7 +79,8 @@ class EnvModel:
         params = self.host.germinate(slot_index, blueprint_index, style)
         if params:
             self.seed_opts[slot_index] = torch.optim.SGD(
-                params, lr=self.seed_lr, momentum=self.momentum, weight_decay=self.seed_weight_decay
+                params, lr=self.seed_lr * self.lr_scale, momentum=self.momentum,
+                weight_decay=self.seed_weight_decay
             )
         return _n_params(params)
 
@@ -85,13 +93,25 @@ class EnvModel:
             self.seed_opts[slot_index].add_param_group({"params": new})
         else:
             self.seed_opts[slot_index] = torch.optim.SGD(
-                new, lr=self.seed_lr, momentum=self.momentum, weight_decay=self.seed_weight_decay
+                new, lr=self.seed_lr * self.lr_scale, momentum=self.momentum,
+                weight_decay=self.seed_weight_decay
             )
 
     def prune(self, slot_index: int) -> None:
         """Remove the slot's seed from the model and drop its optimizer (momentum state included)."""
         self.host.remove_seed(slot_index)
         self.seed_opts.pop(slot_index, None)
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Scale every learning rate to ``scale`` times its base (host_lr for the host, seed_lr for
+        the seeds); seeds germinated later start at the current scale."""
+        if not (math.isfinite(scale) and scale >= 0.0):
+            raise ValueError(f"set_lr_scale: scale must be finite and >= 0, got {scale}")
+        self.lr_scale = scale
+        bases = [(self.host_opt, self.host_lr)] + [(o, self.seed_lr) for o in self.seed_opts.values()]
+        for opt, base in bases:
+            for group in opt.param_groups:
+                group["lr"] = base * scale
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.host_opt, *self.seed_opts.values()]
@@ -105,6 +125,11 @@ class EnvModel:
         scaler: torch.amp.GradScaler | None = None,
     ) -> dict[str, torch.Tensor]:
         """One pass over ``batches`` (train mode): every optimizer steps on every batch.
+
+        Per batch: the host pass (incubating seeds skipped) back-propagates into the host and every
+        blended seed; then, if some seed incubates (GERMINATED, TRAINING), a what-if pass with those
+        seeds at alpha 1 (:meth:`~esper.shell.hosts.Host.incubating`) back-propagates into their
+        parameters only. The reported loss and accuracy are the host pass's.
 
         Mixed precision: ``autocast_dtype`` runs the forward under ``torch.autocast``; ``scaler`` (this
         env's own GradScaler, finding H12: never shared between envs or streams) scales the loss and
@@ -121,18 +146,23 @@ class EnvModel:
         correct = torch.zeros((), dtype=torch.int64, device=self.device)
         n_items = 0
         amp = torch.autocast(self.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
+        incubating = host.incubating_slots()
+        what_if = [p for i in incubating for p in host.seed_parameters(i)]
         for batch in batches:
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
             with amp:
                 loss, n_correct, n = host.loss_and_correct(batch)
+            _backward(loss, scaler)
+            if what_if:  # incubating seeds learn from a pass with them blended in at alpha 1
+                with host.incubating(incubating), amp:
+                    seed_loss, _, _ = host.loss_and_correct(batch)
+                _backward(seed_loss, scaler, inputs=what_if)
             if scaler is not None:
-                scaler.scale(loss).backward()
                 for opt in opts:
                     scaler.step(opt)
                 scaler.update()
             else:
-                loss.backward()
                 for opt in opts:
                     opt.step()
             loss_sum += loss.detach().float() * n

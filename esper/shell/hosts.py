@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,7 @@ class Host(nn.Module, ABC):
     Slot indices follow :attr:`slot_names`; the slot head of the policy uses the same order.
     """
 
-    #: "cnn" or "transformer": picks the blueprint registry.
+    #: "cnn", "cnn1d" or "transformer": picks the blueprint registry.
     family: str
 
     def __init__(self, slot_names: tuple[str, ...], widths: tuple[int, ...]):
@@ -98,6 +99,28 @@ class Host(nn.Module, ABC):
         """Inside the block, slot ``slot_index`` composes with alpha 0 (its seed is skipped)."""
         return self.slot(slot_index).force_alpha(0.0)
 
+    def incubating_slots(self) -> list[int]:
+        """Indices of the slots whose seed incubates (GERMINATED, TRAINING)."""
+        return [i for i, s in enumerate(self.slots) if s.incubating]
+
+    @contextmanager
+    def incubating(self, slot_indices: Sequence[int]) -> Iterator[None]:
+        """The what-if pass of incubating seeds: inside the block the listed slots compose at alpha 1
+        on the detached host activation, and batch-norm running statistics do not move (the what-if
+        activations must not leak into the host's evaluation statistics)."""
+        norms = [m for m in self.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        saved = [m.momentum for m in norms]
+        with ExitStack() as stack:
+            for i in slot_indices:
+                stack.enter_context(self.slot(i).force_alpha(1.0))
+            try:
+                for m in norms:
+                    m.momentum = 0.0  # running = (1 - 0) * running + 0 * batch: unchanged
+                yield
+            finally:
+                for m, momentum in zip(norms, saved):
+                    m.momentum = momentum
+
     @abstractmethod
     def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
         """``(mean cross-entropy [with grad], n_correct [0-d int64 tensor], n_items)``; no host sync."""
@@ -155,6 +178,67 @@ class CNNHost(Host):
         for block, slot in zip(self.blocks, self.slots):
             x = slot(block(x))
         return self.head(x.mean(dim=(2, 3)))
+
+    def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x, y = batch
+        return _loss_and_correct(self(x), y)
+
+
+class CNN1dHost(Host):
+    """A 1-D CNN for signals ``[N, in_channels, length]``: ``len(channels)`` blocks of
+    conv (kernel ``kernels[i]``, no bias) → BN → ReLU → maxpool ``pools[i]`` (none when 1), a seed slot
+    after each block (``"b0"``, ``"b1"``, ...; widths = ``channels``), global average pool over the
+    length, linear classifier.
+
+    The default is deliberately small: pointwise convolutions (kernel 1) see one position each, so the
+    host's receptive field is only what its pools merge, and it cannot read the shape of a signal. The
+    seeds (:data:`~esper.shell.blueprints.BLUEPRINTS` ``["cnn1d"]``) add what it lacks: spatial
+    context (convolutions, depthwise, self-attention over positions) and channel mixing.
+    """
+
+    family = "cnn1d"
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        length: int = 40,
+        channels: tuple[int, ...] = (8, 8, 8),
+        n_classes: int = 10,
+        kernels: tuple[int, ...] = (1, 1, 1),
+        pools: tuple[int, ...] = (2, 2, 1),
+    ):
+        channels, kernels, pools = tuple(channels), tuple(kernels), tuple(pools)
+        if not channels or len(kernels) != len(channels) or len(pools) != len(channels):
+            raise ValueError(
+                f"CNN1dHost: need one kernel and one pool per block, got channels {channels}, "
+                f"kernels {kernels}, pools {pools}"
+            )
+        if min(channels) < 1 or min(kernels) < 1 or min(pools) < 1:
+            raise ValueError(f"CNN1dHost: channels, kernels and pools must be >= 1, got {channels}, "
+                             f"{kernels}, {pools}")  # fmt: skip
+        if length < math.prod(pools):
+            raise ValueError(f"CNN1dHost: length {length} < the product of the pools {pools}")
+        super().__init__(tuple(f"b{i}" for i in range(len(channels))), channels)
+        self.in_channels, self.length, self.n_classes = in_channels, length, n_classes
+        blocks, c_in = [], in_channels
+        for c, k, p in zip(channels, kernels, pools):
+            blocks.append(
+                nn.Sequential(
+                    nn.Conv1d(c_in, c, k, padding=k // 2, bias=False),
+                    nn.BatchNorm1d(c),
+                    nn.ReLU(inplace=True),
+                    nn.MaxPool1d(p) if p > 1 else nn.Identity(),
+                )
+            )
+            c_in = c
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(c_in, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [N, C_in, L] -> logits [N, n_classes]
+        for block, slot in zip(self.blocks, self.slots):
+            x = slot(block(x))
+        return self.head(x.mean(dim=-1))
 
     def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
         x, y = batch
@@ -243,4 +327,4 @@ class TransformerHost(Host):
         return _loss_and_correct(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-__all__ = ["Batch", "Block", "CNNHost", "Host", "TransformerHost"]
+__all__ = ["Batch", "Block", "CNN1dHost", "CNNHost", "Host", "TransformerHost"]

@@ -1,7 +1,9 @@
 """Tamiyo's network: a factored recurrent actor-critic.
 
 Trunk: ``Linear(obs -> hidden) -> LayerNorm -> ReLU -> LSTM(hidden) -> LayerNorm``. One head per
-action head (``Linear -> ReLU -> Linear``) and a value head. The op head reads the trunk features; every
+action head (``Linear -> ReLU -> Linear``) and a value head. ``wait_bias`` sets the initial
+preference for WAIT (a cautious start: random pruning and re-targeting would otherwise destroy most
+seeds before the policy learns what a good one is worth). The op head reads the trunk features; every
 other head also reads a learned embedding of the sampled op, so "which slot" can depend on "to do
 what" (the op is sampled first and the slot mask is conditioned on it, :func:`esper.core.masks.action_masks`).
 
@@ -42,7 +44,14 @@ def _mlp(n_in: int, n_hidden: int, n_out: int, out_gain: float) -> nn.Sequential
 
 class FactoredRecurrentActorCritic(nn.Module):
     def __init__(
-        self, obs_dim: int, spec: ActionSpec, *, hidden: int = 128, head_hidden: int = 64, op_embed: int = 16
+        self,
+        obs_dim: int,
+        spec: ActionSpec,
+        *,
+        hidden: int = 128,
+        head_hidden: int = 64,
+        op_embed: int = 16,
+        wait_bias: float = 0.0,
     ) -> None:
         super().__init__()
         if obs_dim < 1 or hidden < 1 or head_hidden < 1:
@@ -67,6 +76,10 @@ class FactoredRecurrentActorCritic(nn.Module):
             {h: _mlp(hidden + (0 if h == "op" else op_embed), head_hidden, sizes[h], 0.01) for h in HEADS}
         )
         self.value_head = _mlp(hidden, head_hidden, 1, 1.0)
+        # The op head's last layer starts near zero (gain 0.01), so its bias is the initial preference:
+        # WAIT starts ``wait_bias`` logits above every other op (0: uniform over the legal ops).
+        with torch.no_grad():
+            self.heads["op"][2].bias[int(Op.WAIT)] = float(wait_bias)
 
     # ------------------------------------------------------------------------------------ building blocks
     def initial_state(self, batch: int, device: torch.device | str | None = None) -> RecurrentState:

@@ -52,6 +52,7 @@ MARKER_OF_KIND = {
     "pruned": "prune",
     "prune_started": "prune",
     "timeout_pruned": "prune",
+    "timeout_fossilized": "fossilize",
 }
 CONFIG_HIGHLIGHTS = (
     "task",

@@ -16,6 +16,11 @@ state with the post-action legality masks and the post-step recurrent state (fin
 
 A governor rollback's penalty is added to the reward of the transition that led into the panic and
 the transitions are kept, so the learner sees it.
+
+In OBJECTIVE reward mode (the default) step t's reward is :func:`esper.core.rewards.objective_delta`
+between this epoch's measurement and the next one; it is added to step t when the next measurement
+arrives, and the last step's uses the evaluation of the final host (:meth:`VecEnv.finish`, which also
+reads the held-out test split for the episode summary: never seen by the controller).
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ from typing import Protocol
 import torch
 from tensordict import TensorDict
 
-from esper.core.lifecycle import LifecycleConfig, lifecycle_step, record_signals
+from esper.core.lifecycle import LifecycleConfig, gate_readiness, lifecycle_step, record_signals
 from esper.core.masks import legal_masks
 from esper.core.observation import init_history, observe, update_history
-from esper.core.rewards import RewardConfig, compute_reward
+from esper.core.rewards import RewardConfig, RewardMode, compute_reward, objective, objective_delta
 from esper.core.spec import HEADS, Op, Stage
 from esper.shell.env import VecEnv
 
@@ -67,6 +72,7 @@ class EpisodeResult:
     epochs: list[dict] = field(default_factory=list)  # one "epoch" event payload per step
     lifecycle: list[dict] = field(default_factory=list)  # lifecycle events
     governor: list[dict] = field(default_factory=list)  # panics
+    final: TensorDict | None = None  # VecEnv.finish(): the final hosts' val/test metrics [E]
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, whole batch
 
 
@@ -95,15 +101,21 @@ class EpisodeRunner:
             n_blueprints=env.spec.n_blueprints,
             lifecycle_cfg=self.lifecycle,
         )
+        lc = self.lifecycle
+        gates = gate_readiness(slots, signals["val_acc"], lc) if lc.gate_masks else None
         legal = legal_masks(
-            slots, env.spec, max_seeds=self.lifecycle.max_seeds, min_prune_age=self.lifecycle.min_prune_age
-        )
+            slots, env.spec, max_seeds=lc.max_seeds, min_prune_age=lc.min_prune_age, gates=gates,
+            auto_advance=lc.auto_advance,
+        )  # fmt: skip
         return raw_obs, legal
 
-    def run(self, update: int) -> EpisodeResult:
+    def run(self, update: int, *, host_seeds: list[int] | None = None) -> EpisodeResult:
+        """One episode of every env: ``update`` numbers it (training host seeds derive from it unless
+        ``host_seeds`` gives them, as evaluation does)."""
         env, ctl, lc = self.env, self.controller, self.lifecycle
         T, E = lc.max_epochs, env.n
-        env.reset(update)
+        by_objective = self.reward_cfg.mode is RewardMode.OBJECTIVE
+        env.reset(update, host_seeds=host_seeds)
         ctl.begin(E)
         history = init_history(E, device=env.device)
         result = EpisodeResult(rollout=None)
@@ -112,6 +124,7 @@ class EpisodeRunner:
         rewards: list[torch.Tensor] = []
         components: list[TensorDict] = []
         op_counts = [Counter() for _ in range(E)]
+        prev: TensorDict | None = None  # the previous measurement (OBJECTIVE reward)
         best_acc = [0.0] * E
         removed = [0] * E
         for t in range(T):
@@ -128,6 +141,9 @@ class EpisodeRunner:
                     rewards[-1][i] -= env.governor.cfg.penalty
                 else:  # a panic on the first epoch: charge this step
                     step_penalty[i] -= env.governor.cfg.penalty
+            if by_objective and prev is not None:  # the previous step's reward: what its action led to
+                self._add_objective(rewards, components, objective_delta(prev, signals, self.reward_cfg))
+            prev = signals
             slots = record_signals(env.slots, signals, lc)
             history = update_history(history, signals)
             raw_obs, legal = self._observe(signals, history, slots)
@@ -172,11 +188,19 @@ class EpisodeRunner:
         # ------------------------------------------------------------------ bootstrap and assembly
         signals, history, final_slots = last
         t0 = time.perf_counter()
+        result.final = env.finish()
+        timings["final_evaluation"] += time.perf_counter() - t0
+        if by_objective:
+            delta = objective_delta(prev, result.final, self.reward_cfg, final=True)
+            self._add_objective(rewards, components, delta)
+        t0 = time.perf_counter()
         raw_obs, legal = self._observe(signals, history, final_slots)  # post-action masks (H4)
         boot = ctl.bootstrap(StepInput(raw_obs, legal, final_slots, signals, history))
         timings["policy"] += time.perf_counter() - t0
         reward_seq = torch.stack(rewards, dim=1)  # [E, T]
         comp_seq = torch.stack(components, dim=1)
+        for ev, r in zip(result.epochs, reward_seq.T.tolist()):  # sync point: the rewards as paid, once
+            ev["reward"] = r  # with the terms that arrived later (objective, governor penalty)
         if ctl.learns:
             result.rollout = self._assemble(steps, reward_seq, boot)
         result.episodes = self._episode_summaries(
@@ -186,6 +210,11 @@ class EpisodeRunner:
         return result
 
     # ---------------------------------------------------------------------------------------- pieces
+    @staticmethod
+    def _add_objective(rewards: list[torch.Tensor], components: list[TensorDict], delta: torch.Tensor):
+        rewards[-1] = rewards[-1] + delta
+        components[-1]["objective"] = components[-1]["objective"] + delta
+
     def _assemble(self, steps: list[TensorDict], rewards: torch.Tensor, boot: torch.Tensor) -> TensorDict:
         td = torch.stack(steps, dim=1)  # [E, T]
         E, T = td.batch_size
@@ -235,12 +264,30 @@ class EpisodeRunner:
         returns = rewards.sum(1).tolist()
         comp_sums = {k: v.float().sum(1).tolist() for k, v in comps.items() if v.is_floating_point()}
         n_fossil = (final_slots["stage"] == int(Stage.FOSSILIZED)).sum(-1).tolist()
-        final_acc = result.epochs[-1]["val_acc"]
+        fin = result.final
+        blended = torch.where(fin["slots", "alpha"] > 0, fin["slots", "seed_params"], 0.0)  # the final host's
+        final = {
+            k: v.tolist()
+            for k, v in {
+                "val_acc": fin["val_acc"],
+                "test_acc": fin["test_acc"],
+                "test_loss": fin["test_loss"],
+                "params_added": blended.sum(-1),
+                "host_params": fin["host_params"],
+                "objective": objective(fin, self.reward_cfg, final=True),
+            }.items()
+        }  # sync point: the episode's final numbers, once
         return [
             {
                 "env": i,
+                "host_seed": self.env.host_seeds[i],
                 "return": returns[i],
-                "final_val_acc": final_acc[i],
+                "final_val_acc": final["val_acc"][i],
+                "final_test_acc": final["test_acc"][i],
+                "final_test_loss": final["test_loss"][i],
+                "params_added": int(final["params_added"][i]),
+                "host_params": int(final["host_params"][i]),
+                "objective": final["objective"][i],
                 "best_val_acc": best_acc[i],
                 "n_fossilized": n_fossil[i],
                 "n_pruned": removed[i],

@@ -28,17 +28,15 @@ from pathlib import Path
 
 import torch
 
-from esper.core.observation import obs_dim
-from esper.shell.agent import PPOController, policy_input_dim
+from esper.shell.agent import PPOController, build_learner
 from esper.shell.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from esper.shell.config import PRESETS, RunConfig, preset
 from esper.shell.configtools import fields_flat, from_dict, to_dict, with_overrides
 from esper.shell.env import VecEnv
 from esper.shell.heuristic import HeuristicController
-from esper.shell.policy import FactoredRecurrentActorCritic
 from esper.shell.rollout import EpisodeRunner
+from esper.shell.stats import mean_ci95
 from esper.shell.telemetry import AnomalyDetector, EventLog, progress, summary_table
-from esper.shell.trainer import PPOTrainer
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -124,17 +122,11 @@ class Run:
         self.cfg, self.dir = cfg, run_dir
         torch.manual_seed(cfg.seed)
         self.env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed)
-        spec = self.env.spec
-        raw_dim = obs_dim(spec.n_slots, spec.n_blueprints)
         device = torch.device(cfg.env.device)
-        self.policy = FactoredRecurrentActorCritic(
-            policy_input_dim(raw_dim), spec, hidden=cfg.ppo.hidden, head_hidden=cfg.ppo.head_hidden
-        ).to(device)
+        self.policy, self.trainer = build_learner(
+            cfg.ppo, self.env.spec, device=device, seed=cfg.seed, compile=cfg.compile
+        )
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
-        self.trainer = PPOTrainer(
-            self.policy, cfg.ppo, raw_obs_dim=raw_dim, compile=cfg.compile,
-            generator=torch.Generator().manual_seed(cfg.seed + 1),
-        )  # fmt: skip
         if cfg.policy == "ppo":
             self.controller = PPOController(self.policy, self.trainer, generator=self.generator)
         else:
@@ -195,7 +187,7 @@ class Run:
                                ev=metrics.get("explained_variance"))  # fmt: skip
                 row["seconds"] = time.perf_counter() - t0
                 self.rows.append(row)
-                bar.set_postfix(acc=f"{row['final_acc']:.1f}", ret=f"{row['return']:.2f}")
+                bar.set_postfix(test=f"{row['test_acc']:.1f}", ret=f"{row['return']:.2f}")
                 if (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates:
                     self.save(update + 1)
         except KeyboardInterrupt:
@@ -208,8 +200,13 @@ class Run:
             return 130
         bar.close()
         table = summary_table(self.rows, [c for c in SUMMARY_COLUMNS if any(c in r for r in self.rows)])
-        (self.dir / "summary.txt").write_text(table + "\n")
         print(table)
+        check = self.heldout_check() if cfg.eval_episodes else None
+        if check is not None:
+            print(check["text"])
+            table += "\n\n" + check["text"]
+            self.log.write("heldout_check", **{k: v for k, v in check.items() if k != "text"})
+        (self.dir / "summary.txt").write_text(table + "\n")
         self.log.write(
             "run_end", interrupted=False, updates=cfg.updates, summary=self.rows[-1] if self.rows else {}
         )
@@ -221,6 +218,33 @@ class Run:
             print(f"report: {self.dir / 'report.md'}")
         print(f"run directory: {self.dir}")
         return 0
+
+    def heldout_check(self) -> dict:
+        """The trained controller and the static host on ``eval_episodes`` fresh hosts (evaluation
+        seeds of their own, the same for both): did growth pay on data neither ever saw?"""
+        from esper.shell.evaluate import evaluate_config
+
+        cfg = self.cfg
+        checkpoint = {"trainer": self.trainer.state_dict(), "progress": {"update": cfg.updates}}
+        res = evaluate_config(
+            cfg, [cfg.policy, "static"], episodes=cfg.eval_episodes, seed=HELDOUT_SEED + cfg.seed,
+            checkpoint=checkpoint, show_progress=cfg.progress, task=self.env.task,
+        )  # fmt: skip
+        grown, static = res["controllers"][cfg.policy], res["controllers"]["static"]
+        paired = [g["final_test_acc"] - s["final_test_acc"]
+                  for g, s in zip(grown["per_episode"], static["per_episode"])]  # fmt: skip
+        gain, (lo, hi) = mean_ci95(paired)
+        text = (
+            f"held-out check on {cfg.eval_episodes} fresh hosts (the same for both): the {cfg.policy} "
+            f"controller's final hosts reach {grown['test_acc_mean']:.1f} % test accuracy with "
+            f"{grown['params_added_mean']:.0f} parameters added; the static host "
+            f"{static['test_acc_mean']:.1f} %; "
+            f"growth paid {gain:+.1f} points (95 % CI {lo:+.1f} to {hi:+.1f}). "
+            f"Full comparison: python -m esper.shell.evaluate {self.dir}"
+        )
+        return {"text": text, "episodes": cfg.eval_episodes, "controller": cfg.policy,
+                "test_acc": grown["test_acc_mean"], "static_test_acc": static["test_acc_mean"],
+                "params_added": grown["params_added_mean"], "gain": gain, "gain_ci95": [lo, hi]}  # fmt: skip
 
     def _log_episodes(self, update: int, result) -> None:
         for ev in result.epochs:
@@ -234,8 +258,10 @@ class Run:
         self.log.write("timings", update=update + 1, **result.timings)
 
 
-SUMMARY_COLUMNS = ("update", "return", "final_acc", "best_acc", "fossilized", "pruned", "kl", "entropy", "ev",
-                   "seconds")  # fmt: skip
+SUMMARY_COLUMNS = ("update", "return", "test_acc", "val_acc", "params", "fossilized", "pruned", "kl",
+                   "entropy", "ev", "seconds")  # fmt: skip
+#: Evaluation seeds of the end-of-run held-out check start here (plus the run seed).
+HELDOUT_SEED = 7_000_000
 
 
 def _episode_means(episodes: list[dict]) -> dict:
@@ -243,8 +269,9 @@ def _episode_means(episodes: list[dict]) -> dict:
     mean = lambda k: sum(e[k] for e in episodes) / n
     return {
         "return": mean("return"),
-        "final_acc": mean("final_val_acc"),
-        "best_acc": mean("best_val_acc"),
+        "test_acc": mean("final_test_acc"),
+        "val_acc": mean("final_val_acc"),
+        "params": mean("params_added"),
         "fossilized": mean("n_fossilized"),
         "pruned": mean("n_pruned"),
     }
@@ -272,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     (run_dir / "provenance.json").write_text(json.dumps(provenance(cfg), indent=2))
+    torch.set_num_threads(cfg.torch_threads())
     try:
         run = Run(cfg, run_dir, resume=bool(args.resume))
     except (OSError, ValueError) as e:  # bad data path, unreadable checkpoint, ...: one clear line

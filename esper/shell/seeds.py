@@ -21,10 +21,15 @@ they are optimized (the reference left them in no optimizer).
 Forward by stage:
 
 - empty slot (no seed): ``h``.
-- GERMINATED, TRAINING: straight-through isolation. ``x = h.detach()``, ``y = y(1)`` composed on
-  ``h.detach()``, output ``h + (y − y.detach())``: the value is exactly the host's (``alpha`` is
-  ignored), the host gets no gradient through the seed, the seed (and gate) get the gradient they
-  would get blended at alpha 1. Without autograd (validation), the seed is not run at all.
+- GERMINATED, TRAINING (incubation): ``h``, the seed is not run, so the host trains exactly as if
+  the slot were empty (``alpha`` is ignored). The seed learns in a separate *what-if* pass
+  (:meth:`esper.shell.hosts.Host.incubating`, used by :meth:`esper.shell.env_model.EnvModel.train_epoch`):
+  under ``force_alpha(1)`` the slot composes ``y(1)`` with ``x = h.detach()``, the loss of that
+  forward is back-propagated into the incubating seeds only, and batch-norm statistics are frozen
+  during it. The seed thus trains on the host's residual and sees its own effect on the loss. (A
+  straight-through forward, ``h + (y − y.detach())``, evaluates the loss at the host's output
+  whatever the seed does: its gradient never responds to the seed's own delta, so the delta grows
+  without bound along the first gradient and wrecks the host once blended in.)
 - BLENDING, HOLDING, PRUNED: ``y(alpha)`` with ``x = h.detach()``: the host's downstream layers see
   the blend, but the layers before the slot are not shaped by a seed that may still be pruned
   (the reference kept this isolation for its CNN host; we keep it for both families).
@@ -50,23 +55,25 @@ from torch import nn
 
 from esper.core.spec import LIVE_STAGES, Stage, Style
 
-#: Stages whose forward is the straight-through (isolated, value-preserving) one.
-STRAIGHT_THROUGH_STAGES = frozenset({Stage.GERMINATED, Stage.TRAINING})
-#: Stages in which the seed reads ``h.detach()`` (everything but FOSSILIZED).
+#: Stages whose seed incubates: the normal forward skips it, a what-if pass trains it.
+INCUBATING_STAGES = frozenset({Stage.GERMINATED, Stage.TRAINING})
+#: Stages in which the seed reads ``h.detach()`` (everything but FOSSILIZED; incubating seeds too, in
+#: the what-if pass).
 DETACHED_INPUT_STAGES = frozenset(LIVE_STAGES) - {Stage.FOSSILIZED}
 
 
 class Gate(nn.Module):
     """Per-sample gate ``g(x)`` in (0, 1), shaped to broadcast against ``x``.
 
-    CNN (``[N, C, H, W]``): mean over H, W -> Linear(C, C/4) -> ReLU -> Linear(C/4, 1) -> sigmoid,
-    ``[N, 1, 1, 1]``. Transformer (``[N, L, D]``): the same MLP per position, ``[N, L, 1]``. The last
-    layer starts at zero, so a fresh gate is 0.5 everywhere.
+    CNN (``[N, C, H, W]``; cnn1d ``[N, C, L]``): mean over the spatial dims -> Linear(C, C/4) -> ReLU
+    -> Linear(C/4, 1) -> sigmoid, ``[N, 1, 1, 1]`` (``[N, 1, 1]``). Transformer (``[N, L, D]``): the
+    same MLP per position, ``[N, L, 1]``. The last layer starts at zero, so a fresh gate is 0.5
+    everywhere.
     """
 
     def __init__(self, width: int, family: str):
         super().__init__()
-        if family not in ("cnn", "transformer"):
+        if family not in ("cnn", "cnn1d", "transformer"):
             raise ValueError(f"Gate: unknown family {family!r}")
         self.family = family
         hidden = max(1, width // 4)
@@ -76,8 +83,10 @@ class Gate(nn.Module):
         nn.init.zeros_(self.fc2.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.family == "cnn":
-            return torch.sigmoid(self.fc2(F.relu(self.fc1(x.mean(dim=(2, 3))))))[:, :, None, None]
+        if self.family != "transformer":
+            spatial = tuple(range(2, x.dim()))
+            g = torch.sigmoid(self.fc2(F.relu(self.fc1(x.mean(dim=spatial)))))  # [N, 1]
+            return g.reshape(*g.shape, *(1,) * len(spatial))
         return torch.sigmoid(self.fc2(F.relu(self.fc1(x))))  # [N, L, 1]
 
 
@@ -179,7 +188,12 @@ class SeedSlot(nn.Module):
     @property
     def contributes(self) -> bool:
         """Whether the slot can change the forward value (seed present, blended, alpha > 0)."""
-        return self.seed is not None and self.stage not in STRAIGHT_THROUGH_STAGES and self.alpha > 0.0
+        return self.seed is not None and self.stage not in INCUBATING_STAGES and self.alpha > 0.0
+
+    @property
+    def incubating(self) -> bool:
+        """Whether the slot holds a seed that trains only in the what-if pass."""
+        return self.seed is not None and self.stage in INCUBATING_STAGES
 
     @contextmanager
     def force_alpha(self, value: float) -> Iterator[None]:
@@ -196,12 +210,8 @@ class SeedSlot(nn.Module):
         if self.seed is None:
             return h
         forced = self._forced
-        if forced is None and self.stage in STRAIGHT_THROUGH_STAGES:
-            if not torch.is_grad_enabled():
-                return h  # value is the host's either way; skip the seed
-            hd = h.detach()
-            y = self._compose(hd, hd, 1.0)
-            return h + (y - y.detach())
+        if forced is None and self.stage in INCUBATING_STAGES:
+            return h  # incubating: the host trains as if the slot were empty
         alpha = self.alpha if forced is None else forced
         if alpha == 0.0:
             return h
@@ -220,4 +230,4 @@ class SeedSlot(nn.Module):
         )
 
 
-__all__ = ["DETACHED_INPUT_STAGES", "STRAIGHT_THROUGH_STAGES", "Gate", "SeedSlot", "compose"]
+__all__ = ["DETACHED_INPUT_STAGES", "INCUBATING_STAGES", "Gate", "SeedSlot", "compose"]

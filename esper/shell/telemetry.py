@@ -22,7 +22,8 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``n_pruned``, ``reward_components`` (dict name → episode sum), ``op_counts`` (dict op → count).
 ``lifecycle``
     ``update``, ``epoch``, ``env``, ``slot`` (index or name), ``kind`` (what happened, e.g.
-    germinated, advanced, fossilized, prune_started, removed, timeout_pruned), ``blueprint``,
+    germinated, advanced, fossilized, prune_started, removed, timeout_pruned, timeout_fossilized),
+    ``blueprint``,
     ``stage`` (the stage after the event).
 ``ppo_update``
     ``update``, ``loss_objective``, ``loss_critic``, ``loss_entropy``, ``entropy``, ``kl_approx``,

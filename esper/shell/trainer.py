@@ -69,6 +69,7 @@ class PPOConfig:
     obs_momentum: float | None = doc(None, "EMA momentum of observation statistics (none: exact Welford)")
     hidden: int = doc(128, "LSTM / trunk width")
     head_hidden: int = doc(64, "hidden width of each head")
+    wait_bias: float = doc(0.0, "initial logit of WAIT above the other ops (0: uniform over the legal ops)")
     grad_explode_factor: float = doc(
         10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'"
     )

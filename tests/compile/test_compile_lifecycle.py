@@ -95,11 +95,12 @@ def test_observe_and_history_compile(compile_check):
     "cfg",
     [
         RewardConfig(),
-        RewardConfig(family=RewardFamily.LOSS),
+        RewardConfig(mode=RewardMode.SHAPED),
+        RewardConfig(mode=RewardMode.SHAPED, family=RewardFamily.LOSS),
         RewardConfig(mode=RewardMode.SPARSE),
         RewardConfig(mode=RewardMode.MINIMAL),
     ],
-    ids=["shaped", "loss", "sparse", "minimal"],
+    ids=["objective", "shaped", "loss", "sparse", "minimal"],
 )
 def test_compute_reward_compiles(compile_check, cfg):
     slots, action, signals, history = busy_state()
@@ -122,3 +123,16 @@ def test_busy_state_has_the_deep_stages():
         Stage.EMBARGOED,
     }
     assert {int(s) for s in want} <= stages
+
+
+def test_objective_and_its_delta_compile(compile_check):
+    from esper.core.rewards import objective, objective_delta
+
+    _, _, signals, _ = busy_state()
+    signals["slots", "alpha"] = torch.tensor([[0.0, 0.5, 1.0, 0.0], [0.3, 0.0, 1.0, 1.0]])
+    after = signals.clone()
+    after["val_acc"] = after["val_acc"] + torch.tensor([3.0, -1.0])
+    cfg = RewardConfig()
+    compile_check(lambda s: objective(s, cfg), signals)
+    compile_check(lambda s: objective(s, cfg, final=True), signals)
+    compile_check(lambda a, b: objective_delta(a, b, cfg, final=True), signals, after)

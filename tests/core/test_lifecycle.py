@@ -460,3 +460,50 @@ def test_random_legal_play_never_reaches_an_illegal_state(data, max_seeds, embar
         assert not events["illegal"].any(), "a masked-in action was refused"
         check_invariants(pre, None, cfg)
         check_invariants(new, pre, cfg)
+
+
+def test_auto_advance_blends_and_holds_where_the_gates_pass_and_the_op_left_the_slot_alone():
+    from esper.core.masks import op_slot_legality
+
+    cfg = LifecycleConfig(auto_advance=True, g2_min_epochs=1, g3_min_epochs=1, min_prune_age=0)
+    slots = init_slots(3, [True, True])
+    for env in range(3):
+        slots["stage"][env] = torch.tensor([int(Stage.TRAINING), int(Stage.TRAINING)])
+        slots["epochs_in_stage"][env] = 3
+        slots["age"][env] = 4
+        slots["grad_ratio"][env] = 0.5
+        slots["acc_at_stage_start"][env] = 40.0
+        slots["tempo"][env] = int(Tempo.FAST)
+        slots["alpha_target"][env] = 1.0
+    signals = make_signals(3, 2, val_acc=45.0)
+    # env 0 waits, env 1 prunes slot 0, env 2 tries ADVANCE (illegal with auto_advance)
+    ops = torch.tensor([int(Op.WAIT), int(Op.PRUNE), int(Op.ADVANCE)])
+    action = make_action(3, ops, torch.tensor([0, 0, 1]))
+    new, events = lifecycle_step(slots, action, signals, cfg, n_blueprints=N_BP)
+    assert new["stage"].tolist() == [
+        [int(Stage.BLENDING)] * 2,
+        [int(Stage.EMBARGOED), int(Stage.BLENDING)],  # pruned at alpha 0: removed at once
+        [int(Stage.BLENDING)] * 2,
+    ]
+    assert events["advanced"].tolist() == [[True, True], [False, True], [True, True]]
+    assert events["illegal"].tolist() == [[False, False], [False, False], [False, True]]
+    assert not op_slot_legality(slots, auto_advance=True)[:, int(Op.ADVANCE)].any()
+    assert (new["ramp_len"][new["stage"] == int(Stage.BLENDING)] == 3).all()  # the FAST blend-in ramp
+    # and nothing moves where a gate fails
+    slots["epochs_in_stage"][:] = 0
+    held, events = lifecycle_step(slots, make_action(3, Op.WAIT, 0), signals, cfg, n_blueprints=N_BP)
+    assert (held["stage"] == int(Stage.TRAINING)).all() and not events["advanced"].any()
+
+
+@pytest.mark.parametrize(("contribution", "kept"), [(2.0, True), (0.0, False)])
+def test_timeout_fossilizes_a_seed_that_earned_g5_and_prunes_the_rest(contribution, kept):
+    cfg = LifecycleConfig(timeout_fossilizes=True)
+    plan = {1: (Op.GERMINATE, 0, {"tempo": Tempo.FAST}), 6: (Op.ADVANCE, 0, {}), 10: (Op.ADVANCE, 0, {})}
+    run = _play(plan, T=16, cfg=cfg, contribution=contribution)
+    stages = [Stage(int(new["stage"][0, 0])) for _, new, _ in run]
+    assert stages[9:14] == [Stage.HOLDING] * 5  # the policy had holding_timeout chances to decide
+    if kept:
+        assert fired(run[14][2]) == {"timeout_fossilized"} and stages[14:] == [Stage.FOSSILIZED] * 2
+        assert float(run[15][1]["alpha"][0, 0]) == float(run[13][1]["alpha"][0, 0]) > 0  # kept as blended
+    else:
+        assert fired(run[14][2]) == {"timeout_pruned", "removed"} and stages[14] == Stage.EMBARGOED

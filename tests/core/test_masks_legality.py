@@ -87,3 +87,56 @@ def test_masks_forbid_exactly_what_the_lifecycle_refuses(data, max_seeds, min_pr
             a, b = new[k][~ok], wait_new[k][env[~ok]]
             same = torch.allclose(a, b, rtol=0, atol=1e-6) if a.is_floating_point() else torch.equal(a, b)
             assert same, f"a masked-out pair changed {k}"
+
+
+@given(data=st.data(), min_prune_age=st.sampled_from([0, 1, 3]))
+def test_gate_masks_offer_advance_and_fossilize_exactly_where_they_would_succeed(data, min_prune_age):
+    """With the gates, a masked-in ADVANCE or FOSSILIZE always goes through (no failed-gate no-op is
+    ever offered), and no op other than those two loses or gains legality."""
+    from esper.core.lifecycle import gate_readiness
+
+    cfg = LifecycleConfig(min_prune_age=min_prune_age, holding_timeout=3, g2_min_epochs=1, g3_min_epochs=1)
+    heads = {"blueprint": 1, "alpha_target": 1, "alpha_speed": 1, "alpha_curve": 2, "tempo": 0, "style": 1}
+    gated_ops = (int(Op.ADVANCE), int(Op.FOSSILIZE))
+    for pre, _, signals, _, _ in random_rollout(data, cfg=cfg, T=12):
+        plain = op_slot_legality(pre, min_prune_age=min_prune_age)
+        gated = op_slot_legality(
+            pre, min_prune_age=min_prune_age, gates=gate_readiness(pre, signals["val_acc"], cfg)
+        )
+        assert not (gated & ~plain).any()  # gates only ever remove choices
+        others = [o for o in range(len(Op)) if o not in gated_ops]
+        assert torch.equal(gated[:, others], plain[:, others])
+        env, op, slot, _, events = every_pair(pre, signals, cfg, heads)
+        offered = gated[env, op, slot]
+        for o, success in ((Op.ADVANCE, "advanced"), (Op.FOSSILIZE, "fossilized")):
+            picked = offered & (op == int(o))
+            took = events[success][torch.arange(len(slot)), slot]
+            assert took[picked].all(), f"an offered {o.name} failed its gate"
+            failed = plain[env, op, slot] & (op == int(o)) & ~took
+            assert not (failed & offered).any()
+
+
+def test_gate_masks_follow_g2_g3_g5():
+    from esper.core.lifecycle import gate_readiness, init_slots
+    from esper.core.spec import Stage
+
+    cfg = LifecycleConfig(g2_min_epochs=3, g3_min_epochs=3, g5_min_contribution=1.0)
+    slots = init_slots(2, [True, True, True])
+    # env 0: TRAINING long enough with gain and gradient (G2 passes), BLENDING with its ramp done
+    # (G3 passes), HOLDING with a contribution (G5 passes); env 1: each one epoch short / too small
+    for env, eis, contrib in ((0, 3, 2.0), (1, 2, 0.5)):
+        for s, stage in enumerate((Stage.TRAINING, Stage.BLENDING, Stage.HOLDING)):
+            slots["stage"][env, s] = int(stage)
+            slots["epochs_in_stage"][env, s] = eis if stage != Stage.HOLDING else 1
+            slots["age"][env, s] = 9
+        slots["acc_at_stage_start"][env, 0] = 40.0
+        slots["grad_ratio"][env, 0] = 0.5
+        slots["alpha"][env, 1:] = 1.0
+        slots["contribution"][env, 2] = contrib
+    val_acc = torch.tensor([45.0, 45.0])
+    gated = op_slot_legality(slots, gates=gate_readiness(slots, val_acc, cfg))
+    plain = op_slot_legality(slots)
+    assert plain[:, int(Op.ADVANCE)].tolist() == [[True, True, False]] * 2
+    assert gated[:, int(Op.ADVANCE)].tolist() == [[True, True, False], [False, False, False]]
+    assert gated[:, int(Op.FOSSILIZE)].tolist() == [[False, False, True], [False, False, False]]
+    assert plain[:, int(Op.FOSSILIZE)].tolist() == [[False, False, True]] * 2

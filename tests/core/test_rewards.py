@@ -28,6 +28,9 @@ from tests.core.test_lifecycle import N_BP, make_action, make_signals, random_ro
 from tests.core.test_observation import arbitrary_slots, extreme_signals
 
 GAMMA = 0.99
+#: The reference's shaped mode (the dataclass default is OBJECTIVE; these tests exercise SHAPED).
+SHAPED = RewardMode.SHAPED
+SHAPED_CFG = RewardConfig(mode=SHAPED)
 
 
 def seeded(stage=Stage.HOLDING, *, contribution=0.0, acc_germ=40.0, alpha=1.0, eis=3, age=8, E=1, S=3):
@@ -70,7 +73,7 @@ def reward(
     action = make_action(E, op, slot, **heads)
     new, events = lifecycle_step(slots, action, sig, lc, n_blueprints=N_BP)
     out = compute_reward(
-        slots, action, new, events, sig, history, gamma=gamma, cfg=cfg or RewardConfig(), max_epochs=25
+        slots, action, new, events, sig, history, gamma=gamma, cfg=cfg or SHAPED_CFG, max_epochs=25
     )
     return out, new, events
 
@@ -117,7 +120,7 @@ def test_C1_reward_config_has_no_gamma_and_pbrs_uses_the_given_gamma():
     with pytest.raises(TypeError):
         RewardConfig(gamma=0.9)
     slots = seeded(Stage.TRAINING, eis=3)
-    cfg = RewardConfig()
+    cfg = RewardConfig(mode=SHAPED)
     for gamma in (0.0, 0.5, 0.9, 1.0):
         out, new, _ = reward(slots, Op.WAIT, gamma=gamma)
         phi_next = potential(new["stage"], new["epochs_in_stage"], cfg)
@@ -157,7 +160,7 @@ _state = st.tuples(st.sampled_from([int(s) for s in Stage]), st.integers(0, 30))
 def test_H8_pbrs_telescopes_over_any_stage_trajectory(traj, gamma):
     """sum_t gamma^t F_t == gamma^T Phi(s_T) - Phi(s_0) for any sequence of slot states, because Phi is
     a function of the state only and both ends are read from the post-step state."""
-    cfg = RewardConfig()
+    cfg = RewardConfig(mode=SHAPED)
     stage = torch.tensor([[s for s, _ in row] for row in traj])  # [T+1, S]
     eis = torch.tensor([[e for _, e in row] for row in traj])
     T = len(traj) - 1
@@ -179,7 +182,7 @@ def test_H8_pbrs_telescopes_over_any_stage_trajectory(traj, gamma):
 
 @given(data=st.data(), gamma=st.sampled_from([0.9, 0.99, 1.0]))
 def test_H8_pbrs_telescopes_along_real_lifecycle_rollouts(data, gamma):
-    cfg = RewardConfig()
+    cfg = RewardConfig(mode=SHAPED)
     lc = LifecycleConfig(max_epochs=14, g2_min_epochs=1, g3_min_epochs=1, holding_timeout=3)
     first = last = None
     acc = torch.zeros(2, dtype=torch.float64)
@@ -248,7 +251,7 @@ def test_minimal_mode_penalizes_pruning_young_seeds_only():
 
 # ------------------------------------------------------------------------------------------- H11
 def test_H11_holding_indecision_is_linear_and_bounded():
-    cfg = RewardConfig()
+    cfg = RewardConfig(mode=SHAPED)
     pens = []
     for eis in range(0, 12):
         out, _, _ = reward(
@@ -281,7 +284,7 @@ def test_H11_holding_indecision_is_linear_and_bounded():
 # -------------------------------------------------------------------------------------------- M3
 @given(c=st.floats(-1e30, 1e30, allow_nan=False), age=st.integers(0, 50), stage=st.sampled_from(list(Stage)))
 def test_M3_prune_shaping_bounded_for_any_contribution(c, age, stage):
-    cfg = RewardConfig()
+    cfg = RewardConfig(mode=SHAPED)
     out, _, _ = reward(seeded(stage, contribution=c, age=age), Op.PRUNE, lc=LifecycleConfig(min_prune_age=0))
     assert_all_finite(out)
     low = -(cfg.prune_young_penalty + cfg.prune_good_base + cfg.prune_good_cap + cfg.prune_cost)
@@ -316,7 +319,7 @@ def test_no_attribution_for_fossils_or_empty_slots():
 
 
 def test_blending_warning_pbrs_rent_terminal():
-    cfg = RewardConfig()
+    cfg = RewardConfig(mode=SHAPED)
     warn, _, _ = reward(seeded(Stage.BLENDING, acc_germ=42.0, eis=4, S=1), Op.WAIT, val_acc=41.0)
     assert one(warn, "blending_warning") == pytest.approx(-(0.1 + min(0.05 * 4, 0.3)))
     ok, _, _ = reward(seeded(Stage.BLENDING, acc_germ=40.0, eis=4, S=1), Op.WAIT, val_acc=41.0)
@@ -359,7 +362,7 @@ def test_op_shaping_per_op():
 # ------------------------------------------------------------------------------------------- LOSS
 def test_loss_family_rewards_a_lower_loss():
     """The reference treated loss_delta with the wrong sign; here prev - cur > 0 (better) pays more."""
-    cfg = RewardConfig(family=RewardFamily.LOSS)
+    cfg = RewardConfig(mode=SHAPED, family=RewardFamily.LOSS)
     slots = init_slots(1, [True] * 3)
     progress = []
     for cur in (2.5, 2.1, 2.0, 1.99, 1.9, 1.5):
@@ -431,11 +434,11 @@ def test_compute_reward_checks_shapes():
     h = update_history(init_history(2), sig)
     with pytest.raises(ValueError, match="action"):
         compute_reward(
-            slots, make_action(3, Op.WAIT), new, events, sig, h, gamma=0.9, cfg=RewardConfig(), max_epochs=5
+            slots, make_action(3, Op.WAIT), new, events, sig, h, gamma=0.9, cfg=SHAPED_CFG, max_epochs=5
         )
     with pytest.raises(ValueError, match="max_epochs"):
         compute_reward(
-            slots, make_action(2, Op.WAIT), new, events, sig, h, gamma=0.9, cfg=RewardConfig(), max_epochs=0
+            slots, make_action(2, Op.WAIT), new, events, sig, h, gamma=0.9, cfg=SHAPED_CFG, max_epochs=0
         )
 
 
@@ -449,3 +452,104 @@ def test_wait_reward_does_not_depend_on_the_ignored_slot_sample():
     single = reward(seeded(Stage.HOLDING, contribution=5.0, acc_germ=40.0, S=1), Op.WAIT, val_acc=40.5)[0]
     assert one(outs[0], "ratio_penalty") == pytest.approx(one(single, "ratio_penalty") / 3)
     assert bool(outs[0]["hacking"][0])
+
+
+# --------------------------------------------------------------------------------------- OBJECTIVE
+def _objective_signals(val_acc, params, alpha, host=200.0):
+    E, S = len(val_acc), len(params[0])
+    return TensorDict(
+        {
+            "val_acc": torch.tensor(val_acc, dtype=torch.float32),
+            "host_params": torch.full((E,), host),
+            "slots": TensorDict(
+                {"seed_params": torch.tensor(params, dtype=torch.float32), "alpha": torch.tensor(alpha)},
+                batch_size=[E, S],
+            ),
+        },
+        batch_size=[E],
+    )
+
+
+def _objective_reference(val_acc, params, alpha, host, weight, final):
+    """Slow reference: Phi per env with Python loops."""
+    out = []
+    for acc, ps, als in zip(val_acc, params, alpha):
+        charged = 0.0
+        for p, a in zip(ps, als):
+            share = (1.0 if a > 0 else 0.0) if final else min(max(a, 0.0), 1.0)
+            charged += share * p
+        out.append(min(max(acc, 0.0), 100.0) - weight * charged / host)
+    return out
+
+
+@given(
+    acc=st.lists(st.floats(-10, 110, width=32), min_size=1, max_size=4),
+    data=st.data(),
+    weight=st.floats(0.0, 10.0),
+    final=st.booleans(),
+)
+def test_objective_matches_a_reference_loop(acc, data, weight, final):
+    from esper.core.rewards import objective
+
+    S = 3
+    params = [data.draw(st.lists(st.floats(0, 5000, width=32), min_size=S, max_size=S)) for _ in acc]
+    alpha = [data.draw(st.lists(st.sampled_from([0.0, 0.2, 0.5, 1.0]), min_size=S, max_size=S)) for _ in acc]
+    got = objective(_objective_signals(acc, params, alpha), RewardConfig(param_weight=weight), final=final)
+    want = _objective_reference(acc, params, alpha, 200.0, weight, final)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float32), rtol=1e-5, atol=1e-3)
+
+
+def test_objective_is_finite_for_garbage_inputs():
+    from esper.core.rewards import objective
+
+    nan = float("nan")
+    sig = _objective_signals([nan, 1e9], [[nan, -5.0], [1e30, 1.0]], [[1.0, 1.0], [0.5, 0.0]])
+    sig["host_params"] = torch.tensor([float("nan"), 0.0])
+    sig["slots", "alpha"][0, 0] = nan
+    assert torch.isfinite(objective(sig, RewardConfig())).all()
+    assert torch.isfinite(objective(sig, RewardConfig(), final=True)).all()
+
+
+def test_objective_rewards_telescope_to_the_final_objective():
+    """The OBJECTIVE return is Phi(final host, charged in full) - Phi(first measurement), whatever
+    happened in between (seeds germinated, blended, pruned)."""
+    from esper.core.rewards import objective, objective_delta
+
+    cfg = RewardConfig(param_weight=3.0)
+    g = torch.Generator().manual_seed(0)
+    T, E, S = 12, 5, 3
+    measurements = [
+        _objective_signals(
+            (torch.rand(E, generator=g) * 100).tolist(),
+            (torch.rand(E, S, generator=g) * 500).tolist(),
+            (torch.rand(E, S, generator=g).round(decimals=1) * (torch.rand(E, S, generator=g) > 0.4))
+            .tolist(),
+        )
+        for _ in range(T + 1)
+    ]
+    rewards = [objective_delta(measurements[t], measurements[t + 1], cfg, final=t == T - 1) for t in range(T)]
+    ret = torch.stack(rewards).sum(0)
+    expected = objective(measurements[T], cfg, final=True) - objective(measurements[0], cfg)
+    torch.testing.assert_close(ret, expected, rtol=1e-5, atol=1e-3)
+
+
+def test_objective_mode_leaves_every_step_term_to_the_shell():
+    slots = seeded(Stage.HOLDING, contribution=5.0)
+    for op in (Op.WAIT, Op.FOSSILIZE, Op.PRUNE):
+        out, _, _ = reward(slots, op, cfg=RewardConfig(), epoch=25)
+        assert all(one(out, k) == 0.0 for k in COMPONENTS), op
+        assert one(out, "total") == 0.0
+
+
+def test_objective_pays_growth_that_helps_and_charges_growth_that_does_not():
+    """A farmed seed (blended, the host depends on it, accuracy unchanged) costs its parameters; a
+    useful one earns its accuracy minus its parameters; with no growth, nothing."""
+    from esper.core.rewards import objective_delta
+
+    cfg = RewardConfig(param_weight=2.0)
+    start = _objective_signals([50.0], [[0.0, 0.0]], [[0.0, 0.0]])
+    farmed = _objective_signals([50.0], [[400.0, 0.0]], [[1.0, 0.0]])  # same accuracy, big seed
+    useful = _objective_signals([65.0], [[100.0, 0.0]], [[1.0, 0.0]])
+    assert float(objective_delta(start, farmed, cfg, final=True)) == pytest.approx(-4.0)
+    assert float(objective_delta(start, useful, cfg, final=True)) == pytest.approx(14.0)
+    assert float(objective_delta(start, start, cfg, final=True)) == 0.0

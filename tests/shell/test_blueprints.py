@@ -10,14 +10,14 @@ from esper.shell.blueprints import (
     param_count,
 )
 
-CASES = [("cnn", n) for n in BLUEPRINTS["cnn"]] + [("transformer", n) for n in BLUEPRINTS["transformer"]]
-#: Slot widths of the default hosts (CNNHost channels, TransformerHost d_model).
-DEFAULT_WIDTHS = {"cnn": (16, 32, 64), "transformer": (64,)}
+CASES = [(family, n) for family in ("cnn", "cnn1d", "transformer") for n in BLUEPRINTS[family]]
+#: Slot widths of the default hosts (CNNHost channels, CNN1dHost channels, TransformerHost d_model).
+DEFAULT_WIDTHS = {"cnn": (16, 32, 64), "cnn1d": (8,), "transformer": (64,)}
 
 
 def _input(family: str, width: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    shape = (3, width, 5, 7) if family == "cnn" else (3, 9, width)
+    shape = {"cnn": (3, width, 5, 7), "cnn1d": (3, width, 11)}.get(family, (3, 9, width))
     return torch.randn(shape, generator=g)
 
 
@@ -41,7 +41,7 @@ def test_every_blueprint_builds_keeps_shape_and_is_finite(family, name, width):
         assert torch.isfinite(d).all()
 
 
-@pytest.mark.parametrize("family", ["cnn", "transformer"])
+@pytest.mark.parametrize("family", ["cnn", "cnn1d", "transformer"])
 def test_param_counts_increase_in_registry_order(family):
     for width in DEFAULT_WIDTHS[family]:
         counts = [param_count(build_blueprint(family, n, width)) for n in BLUEPRINTS[family]]
@@ -76,6 +76,17 @@ def test_transformer_seeds_are_causal(name):
     x2 = x.clone()
     x2[:, 5:] += torch.randn_like(x2[:, 5:])
     torch.testing.assert_close(seed(x)[:, :5], seed(x2)[:, :5], rtol=1e-5, atol=1e-6)
+
+
+def test_cnn1d_self_attention_reads_the_whole_signal():
+    """The 1-D family gives a pointwise host what it lacks, context along the signal: through
+    self-attention the first position's delta depends on the last position."""
+    x = _input("cnn1d", 8)
+    far = x.clone()
+    far[..., -1] += 5.0  # change the last position only
+    seed = build_blueprint("cnn1d", "self_attention", 8)
+    _randomize(seed)
+    assert not torch.allclose(seed(x)[..., 0], seed(far)[..., 0])
 
 
 def test_unknown_names_raise_listing_the_valid_ones():

@@ -46,7 +46,8 @@ def test_every_preset_builds_a_valid_frozen_config(name):
 @pytest.mark.parametrize(
     ("name", "expect"),
     [
-        ("default", {"env.task": "digits", "env.n_envs": 4, "env.channels": (4, 8, 16), "ppo.lr": 1e-3}),
+        ("default", {"env.task": "mnist1d", "reward.mode": RewardMode.OBJECTIVE}),
+        ("digits", {"env.task": "digits", "env.n_envs": 4, "env.channels": (4, 8, 16), "ppo.lr": 1e-3}),
         ("stdlib_text", {"env.task": "stdlib_text", "env.n_envs": 2, "ppo.n_minibatches": 1}),
         ("cifar10", {"env.task": "cifar10", "env.device": "cuda", "env.amp": True, "ppo.entropy_coef": 0.1}),
         ("tinystories", {"env.task": "tinystories", "reward.sparse_scale": 0.5, "updates": 100}),
@@ -116,7 +117,7 @@ def test_nested_overrides_apply_with_the_fields_types():
     assert cfg.lifecycle.g2_min_gain == 0.25
     # everything else is the base's, and the base is untouched
     assert cfg.ppo.gamma == base.ppo.gamma and cfg.env.task == base.env.task and cfg.seed == base.seed
-    assert base.ppo.lr == 1e-3 and base.env.n_envs == 4 and base.report is True
+    assert base == preset("default") and base.report is True
 
 
 def test_overrides_of_one_section_are_validated_together():
@@ -129,7 +130,9 @@ def test_overrides_of_one_section_are_validated_together():
     cfg = with_overrides(base, {"env.task": "cifar10", "env.data_path": "/x", "env.channels": ""})
     assert (cfg.env.task, cfg.env.data_path) == ("cifar10", "/x")
     # reward: family LOSS needs mode SHAPED; leaving LOSS and SHAPED at once must work
-    loss = with_overrides(base, {"reward.family": "loss"})
+    with pytest.raises(ValueError, match="LOSS requires mode SHAPED, got OBJECTIVE"):
+        with_overrides(base, {"reward.family": "loss"})
+    loss = with_overrides(base, {"reward.family": "loss", "reward.mode": "shaped"})
     assert loss.reward.family is RewardFamily.LOSS
     with pytest.raises(ValueError, match="LOSS requires mode SHAPED"):
         with_overrides(loss, {"reward.mode": "sparse"})
@@ -236,7 +239,7 @@ def test_configs_cannot_be_mutated():
     with pytest.raises((dataclasses.FrozenInstanceError, AttributeError, TypeError)):
         cfg.typo_field = 1  # slotted: no stray attributes either
     assert not hasattr(cfg, "__dict__")
-    assert cfg.updates == 20 and cfg.ppo.lr == 1e-3 and cfg.env.n_envs == 4
+    assert cfg == preset("default")
     assert isinstance(cfg.env.channels, tuple)  # sequences are stored immutable
     hash(cfg)  # frozen and made of immutable values: hashable
 

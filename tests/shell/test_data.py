@@ -40,16 +40,20 @@ def _write_cifar(root, n_train: int = 3, n_test: int = 2, bad: str | None = None
 
 # ------------------------------------------------------------------------------------------ digits
 def test_digits_shapes_split_and_normalization():
-    (tx, ty), (vx, vy) = load_digits()
-    assert tx.shape == (1438, 1, 8, 8) and vx.shape == (359, 1, 8, 8)
-    assert ty.dtype == torch.int64 and set(ty.tolist()) == set(range(10)) and vy.max() <= 9
+    (tx, ty), (vx, vy), (sx, sy) = load_digits()
+    assert tx.shape == (1257, 1, 8, 8) and vx.shape == (270, 1, 8, 8) and sx.shape == (270, 1, 8, 8)
+    assert ty.dtype == torch.int64 and set(ty.tolist()) == set(range(10)) and vy.max() <= 9 and sy.max() <= 9
     assert abs(float(tx.mean())) < 1e-4 and abs(float(tx.std()) - 1) < 1e-3
-    (tx2, ty2), (vx2, vy2) = load_digits()
-    assert (
-        torch.equal(tx, tx2) and torch.equal(ty, ty2) and torch.equal(vx, vx2) and torch.equal(vy, vy2)
-    )  # deterministic split
-    (ux, _), (uvx, _) = load_digits(image_size=16, interpolation="nearest")
-    assert ux.shape == (1438, 1, 16, 16) and uvx.shape == (359, 1, 16, 16)
+    again = load_digits()
+    for (x, y), (x2, y2) in zip(((tx, ty), (vx, vy), (sx, sy)), again):
+        assert torch.equal(x, x2) and torch.equal(y, y2)  # deterministic split
+    # the three splits are disjoint (no image appears in two of them)
+    rows = [{tuple(r.tolist()) for r in x.flatten(1)} for x in (tx, vx, sx)]
+    assert not (rows[0] & rows[2]) and not (rows[1] & rows[2]) and not (rows[0] & rows[1])
+    (ux, _), (uvx, _), _ = load_digits(image_size=16, interpolation="nearest")
+    assert ux.shape == (1257, 1, 16, 16) and uvx.shape == (270, 1, 16, 16)
+    with pytest.raises(ValueError, match="sum < 1"):
+        load_digits(val_fraction=0.5, test_fraction=0.5)
 
 
 def test_digits_task_end_to_end():
@@ -57,16 +61,16 @@ def test_digits_task_end_to_end():
     assert isinstance(task, Task) and task.family == "cnn" and task.input_shape == (1, 16, 16)
     assert task.n_classes == 10
     host = task.make_host()
-    train, val = task.make_loaders(0, device="cpu")
-    assert len(train) == 1438 // 64 and len(val) == -(-359 // 64)
+    train, val, test = task.make_loaders(0, device="cpu")
+    assert len(train) == 1257 // 64 and len(val) == len(test) == -(-270 // 64)
     x, y = next(iter(train))
     assert x.shape == (64, 1, 16, 16) and y.shape == (64,)
     loss, correct, n = host.loss_and_correct((x, y))
     assert torch.isfinite(loss) and n == 64 and 0 <= int(correct) <= 64
-    assert sum(len(b[1]) for b in val) == 359
-    train2, _ = task.make_loaders(1)
+    assert sum(len(b[1]) for b in val) == sum(len(b[1]) for b in test) == 270
+    train2, _, _ = task.make_loaders(1)
     assert train2.generator is not train.generator
-    assert not torch.equal(next(iter(train2))[1], next(iter(task.make_loaders(0)[0]))[1])
+    assert not torch.equal(next(iter(train2))[1], next(iter(task.make_loaders(0).train))[1])
 
 
 # -------------------------------------------------------------------------------------------- text
@@ -74,16 +78,16 @@ def test_stdlib_text_is_deterministic_and_split_by_position():
     data = stdlib_source_bytes(50_000)
     assert len(data) == 50_000 and data == stdlib_source_bytes(50_000)
     assert b"def " in data
-    train, val = split_bytes(data, 0.1)
-    assert train.dtype == torch.uint8 and len(train) == 45_000 and len(val) == 5_000
-    assert bytes(torch.cat([train, val]).tolist()) == data
+    train, val, test = split_bytes(data, 0.1)
+    assert train.dtype == torch.uint8 and len(train) == 45_000 and len(val) == len(test) == 2_500
+    assert bytes(torch.cat([train, val, test]).tolist()) == data
 
 
 def test_stdlib_text_task_batches():
     task = make_task("stdlib_text", max_bytes=100_000, ctx=32, batch_size=4, max_batches=5, d_model=32)
     assert task.family == "transformer" and task.input_shape == (32,) and task.n_classes == 256
     host = task.make_host()
-    train, val = task.make_loaders(3)
+    train, val, test = task.make_loaders(3)
     batches = list(train)
     assert len(batches) == len(train) == 5
     x, y = batches[0]
@@ -92,6 +96,7 @@ def test_stdlib_text_task_batches():
     loss, _, n = host.loss_and_correct((x, y))
     assert n == 128 and torch.isfinite(loss)
     assert len(val) == 8 and [torch.equal(a[0], b[0]) for a, b in zip(val, val)] == [True] * 8
+    assert not torch.equal(next(iter(val))[0], next(iter(test))[0])  # different held-out bytes
 
 
 def test_window_batches_read_the_stream():
@@ -113,15 +118,16 @@ def test_tinystories_loader(tmp_path):
     text = ("Once upon a time there was a tiny story. " * 50).encode()
     path = tmp_path / "stories.txt"
     path.write_bytes(text)
-    train, val = load_text_file(path, val_fraction=0.1)
-    assert len(train) + len(val) == len(text) and bytes(val.tolist()) == text[-len(val) :]
+    train, val, test = load_text_file(path, val_fraction=0.1)
+    assert len(train) + len(val) + len(test) == len(text)
+    assert bytes(torch.cat([val, test]).tolist()) == text[len(train) :]
     vpath = tmp_path / "valid.txt"
     vpath.write_bytes(b"The end. " * 20)
-    train, val = load_text_file(path, val_path=vpath, max_bytes=500)
-    assert len(train) == 500 and len(val) == 180
+    train, val, test = load_text_file(path, val_path=vpath, max_bytes=500)
+    assert len(train) == 500 and len(val) == len(test) == 90
     task = make_task("tinystories", path=path, ctx=16, batch_size=2, d_model=32, n_layers=2, n_heads=2)
     assert task.input_shape == (16,) and task.make_host().ctx == 16
-    x, y = next(iter(task.make_loaders(0)[0]))
+    x, y = next(iter(task.make_loaders(0).train))
     assert x.shape == y.shape == (2, 16)
 
 
@@ -141,12 +147,15 @@ def test_text_errors_name_the_path(tmp_path):
 def test_cifar10_loader_reads_binary_records(tmp_path):
     root = _write_cifar(tmp_path / "cifar-10-batches-bin")
     for where in (root, tmp_path):  # the folder itself, or its parent
-        (tx, ty), (vx, vy) = load_cifar10(where)
-        assert tx.shape == (15, 3, 32, 32) and tx.dtype == torch.uint8 and vx.shape == (2, 3, 32, 32)
-        assert ty.tolist() == [(f + k) % 10 for f in range(5) for k in range(3)]
-        assert vy.tolist() == [5, 6]
-        # CHW layout: pixel (c, i, j) of file f is (c*7 + i + j + f) % 256
-        assert int(tx[3, 2, 4, 5]) == 2 * 7 + 4 + 5 + 1 and int(vx[0, 1, 0, 31]) == 7 + 31 + 5
+        (tx, ty), (vx, vy), (sx, sy) = load_cifar10(where)
+        assert tx.shape == (13, 3, 32, 32) and tx.dtype == torch.uint8 and vx.shape == (2, 3, 32, 32)
+        assert sx.shape == (2, 3, 32, 32) and sy.tolist() == [5, 6]  # test: the test file, in order
+        # train + val: a partition of the five training files' records. CHW layout: pixel (c, i, j) of
+        # file f is (c*7 + i + j + f) % 256, so pixel (2, 4, 5) names the file and the label its record.
+        images, labels = torch.cat([tx, vx]), torch.cat([ty, vy])
+        records = sorted((int(x[2, 4, 5]) - 23, int(y)) for x, y in zip(images, labels))
+        assert records == sorted((f, (f + k) % 10) for f in range(5) for k in range(3))
+        assert int(sx[0, 1, 0, 31]) == 7 + 31 + 5
 
 
 def test_cifar10_errors(tmp_path):
@@ -168,13 +177,13 @@ def test_cifar10_task_and_augmentation(tmp_path):
     root = _write_cifar(tmp_path / "c", n_train=8, n_test=4)
     task = make_task("cifar10", path=root, batch_size=16)
     assert task.input_shape == (3, 32, 32)
-    train, val = task.make_loaders(0)
-    assert len(train) == 2 and len(val) == 1
+    train, val, test = task.make_loaders(0)
+    assert len(train) == 2 and len(val) == len(test) == 1
     x, y = next(iter(train))
     assert x.shape == (16, 3, 32, 32) and x.dtype == torch.float32
-    vx, _ = next(iter(val))
-    expected = ImageTransform()(load_cifar10(root)[1][0], torch.Generator())
-    torch.testing.assert_close(vx, expected)  # validation: normalized, not augmented
+    _, (raw_val, _), (raw_test, _) = load_cifar10(root)
+    for loader, raw in ((val, raw_val), (test, raw_test)):  # held out: normalized, not augmented
+        torch.testing.assert_close(next(iter(loader))[0], ImageTransform()(raw, torch.Generator()))
     loss, _, _ = task.make_host().loss_and_correct((x, y))
     assert torch.isfinite(loss)
 

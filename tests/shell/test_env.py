@@ -265,7 +265,9 @@ def test_S1_every_cross_stream_read_waits_on_the_env_event(monkeypatch):
     waits = [e for e in log if e[0] == "wait_event"]
     assert waits and all(e[1] == "default" for e in waits)
     T = env.lifecycle.max_epochs
-    assert len(waits) == T * env.n + 1, "one join per env per step, plus the rolled-back env's re-validation"
+    assert len(waits) == T * env.n + 1 + env.n, (
+        "one join per env per step, the rolled-back env's re-validation, and the final evaluation's"
+    )
 
 
 def test_S1_checker_catches_a_join_without_the_wait(monkeypatch):

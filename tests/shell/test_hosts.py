@@ -27,6 +27,29 @@ def test_cnn_host_shapes(in_channels, size):
         host.slot_width("r0c0")
 
 
+def test_cnn1d_host_is_pointwise_and_small():
+    from esper.shell.hosts import CNN1dHost
+
+    host = CNN1dHost()
+    assert host.family == "cnn1d" and host.slot_names == ("b0", "b1", "b2")
+    assert [host.slot_width(n) for n in host.slot_names] == [8, 8, 8]
+    assert host.blueprint_names == BLUEPRINTS["cnn1d"]
+    assert sum(p.numel() for p in host.parameters()) == 274
+    x = torch.randn(5, 1, 40)
+    assert host(x).shape == (5, 10)
+    # kernel-1 convolutions: with no pooling, a position of the last block's output reads one input
+    # position only, so the host cannot see the shape of a signal; its slots are where context grows
+    flat = CNN1dHost(pools=(1, 1, 1)).eval()
+    feats = lambda t: torch.nn.Sequential(*flat.blocks)(t)
+    moved = x.clone()
+    moved[..., 7] += 3.0
+    diff = (feats(moved) - feats(x)).abs().sum(dim=(0, 1))
+    assert diff[7] > 0 and torch.count_nonzero(diff) == 1
+    for bad in ({"kernels": (1, 1)}, {"pools": (0, 1, 1)}, {"length": 3, "pools": (2, 2, 1)}):
+        with pytest.raises(ValueError, match="CNN1dHost"):
+            CNN1dHost(**bad)
+
+
 def test_cnn_host_rejects_too_small_images():
     with pytest.raises(ValueError, match="image_size"):
         CNNHost(image_size=4)

@@ -199,7 +199,8 @@ def test_C1_one_gamma_for_pbrs_and_ppo_through_the_run(monkeypatch, tmp_path):
     monkeypatch.setattr(rollout_mod, "compute_reward", reward_spy)
     monkeypatch.setattr(trainer_mod, "gae", gae_spy)
     cfg = RunConfig(
-        updates=1, report=False, progress=False, checkpoint_every=1, run_dir=str(tmp_path), env=ENV,
+        updates=1, report=False, progress=False, checkpoint_every=1, eval_episodes=0, run_dir=str(tmp_path),
+        env=ENV,
         lifecycle=LifecycleConfig(max_epochs=T), ppo=PPOConfig(gamma=0.7, hidden=16, head_hidden=16,
                                                                n_epochs=1, n_minibatches=1),
     )  # fmt: skip

@@ -81,18 +81,21 @@ def test_alpha_zero_and_force_alpha_zero_return_the_host_exactly(style):
 
 @pytest.mark.parametrize("family", ["cnn", "transformer"])
 @pytest.mark.parametrize("style", list(Style))
-def test_training_seed_is_straight_through(family, style):
+def test_incubating_seed_is_skipped_by_the_host_pass_and_trained_by_the_what_if_pass(family, style):
     slot = _slot(family, style, "conv_light" if family == "cnn" else "mlp")
-    slot.set(alpha=0.7, stage=Stage.TRAINING)  # alpha is ignored in TRAINING
+    slot.set(alpha=0.7, stage=Stage.TRAINING)  # alpha is ignored while incubating
     h = _h(family).requires_grad_()
     out = slot(h)
-    assert torch.equal(out, h)  # value: exactly the host's
+    assert out is h  # the host pass: the seed does not run
     out.pow(2).sum().backward()
-    torch.testing.assert_close(h.grad, 2 * h.detach(), rtol=0, atol=0)  # no gradient via the seed
+    assert all(p.grad is None for p in slot.seed_parameters())
+    h.grad = None
+    with slot.force_alpha(1.0):  # the what-if pass: composed at alpha 1 on the detached activation
+        what_if = slot(h)
+    torch.testing.assert_close(what_if, slot._compose(h, h, 1.0))
+    what_if.pow(2).sum().backward()
     grads = [p.grad for p in slot.seed_parameters()]
     assert all(g is not None for g in grads) and any(g.abs().sum() > 0 for g in grads)
-    with torch.no_grad():
-        assert torch.equal(slot(h), h)  # validation skips the seed
 
 
 def test_blending_input_is_detached_fossilized_is_not():
@@ -139,10 +142,22 @@ def test_training_seed_leaves_host_forward_and_grads_unchanged(host, x):
     assert torch.equal(loss, base_loss)  # forward bit-for-bit unchanged
     for g0, g1 in zip(base_grads, grads):
         assert torch.equal(g0, g1)  # host gradients untouched by the seeds
+    assert model.incubating_slots() == list(range(model.n_slots))
+    stats = {n: b.clone() for n, b in model.named_buffers()}
+    with model.incubating(model.incubating_slots()):
+        seed_loss, _, _ = model.loss_and_correct((inp, y))
+    assert not torch.equal(seed_loss, loss)  # the what-if pass sees the seeds
+    seed_loss.backward(inputs=[p for i in range(model.n_slots) for p in model.seed_parameters(i)])
     for i in range(model.n_slots):
         params = model.seed_parameters(i)
         assert params and all(p.grad is not None for p in params)
         assert sum(float(p.grad.abs().sum()) for p in params) > 0
+    for g0, g1 in zip(base_grads, [p.grad for p in model.host_parameters()]):
+        assert torch.equal(g0, g1)  # ... and it adds nothing to the host's gradients
+    for n, b in model.named_buffers():
+        if b.is_floating_point():
+            assert torch.equal(b, stats[n]), n  # nor to its batch-norm statistics
+    assert all(m.momentum == 0.1 for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
 
 
 def test_gate_is_per_sample_and_per_position():

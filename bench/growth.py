@@ -1,0 +1,389 @@
+"""Does growth pay, and does the learned controller grow better than the alternatives? Held-out numbers.
+
+    python -m bench.growth                          # sweep + 5 training seeds + evaluation (see README)
+    python -m bench.growth --stage sweep            # static vs grow_all with every blueprint only
+    python -m bench.growth --stage learn --seeds 5 --episodes 10 --jobs 2
+
+Two stages, each on the embedded default (``python -m esper.shell.run``'s preset):
+
+1. **sweep** — ``static`` and ``grow_all:<blueprint>`` for every blueprint of the host family on
+   ``--sweep-episodes`` fresh hosts (evaluation seeds; the same hosts for every controller). Shows the
+   default task's headroom (the bar: the best fixed schedule beats the static host by >= 15 points of
+   test accuracy) and which blueprint ``grow_all`` should grow (it must be the one
+   :data:`esper.shell.baselines.GROW_ALL_BLUEPRINT` names).
+2. **learn** — ``--seeds`` training runs of the default (``--seed k``), ``--jobs`` at a time, each then
+   evaluated with ``python -m esper.shell.evaluate`` on ``--episodes`` fresh hosts of its own (evaluation
+   seed ``1000 + k``) against ``static``, ``random``, ``heuristic`` and ``grow_all``. The 95 % intervals
+   are over training seeds (Student-t of the per-seed means), so they include the spread between
+   trained controllers, not only between episodes.
+
+Writes ``bench/results/<date>-<host>-growth.{md,json}`` and ``...-growth-*.png`` (test accuracy vs
+parameters added; test accuracy over the training updates of every seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.harness import machine_info
+from esper.shell.baselines import GROW_ALL_BLUEPRINT
+from esper.shell.blueprints import BLUEPRINTS
+from esper.shell.config import preset
+from esper.shell.stats import grouped_mean_ci95, mean_ci95, spearman
+from esper.shell.telemetry import read_events
+
+ROOT = Path(__file__).resolve().parent
+BASELINES = ("static", "random", "heuristic", "grow_all")
+
+
+# --------------------------------------------------------------------------------------------- sweep
+def sweep(episodes: int, seed: int) -> dict[str, Any]:
+    from esper.shell.evaluate import evaluate_config
+
+    cfg = preset("default")
+    family = cfg.env.build_task().family
+    names = ["static"] + [f"grow_all:{b}" for b in BLUEPRINTS[family] if b != "noop"]
+    t0 = time.perf_counter()
+    res = evaluate_config(cfg, names, episodes=episodes, seed=seed, show_progress=True)
+    static = res["controllers"]["static"]
+    rows = []
+    for name, s in res["controllers"].items():
+        gains = [
+            e["final_test_acc"] - b["final_test_acc"] for e, b in zip(s["per_episode"], static["per_episode"])
+        ]
+        gm, (glo, ghi) = mean_ci95(gains)  # paired: the same host seeds
+        rows.append(
+            {
+                "controller": name,
+                "test_acc_mean": s["test_acc_mean"],
+                "test_acc_ci95": s["test_acc_ci95"],
+                "gain_mean": gm,
+                "gain_ci95": [glo, ghi],
+                "params_added_mean": s["params_added_mean"],
+                "fossilized_mean": s["n_fossilized_mean"],
+            }
+        )
+    grown = [r for r in rows if r["controller"] != "static"]
+    best = max(grown, key=lambda r: r["test_acc_mean"])
+    return {
+        "episodes": episodes,
+        "eval_seed": seed,
+        "rows": rows,
+        "best": best["controller"],
+        "grow_all_blueprint": GROW_ALL_BLUEPRINT[family],
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+# --------------------------------------------------------------------------------------------- learn
+def _train(k: int, run_root: Path, extra: list[str]) -> tuple[Path, float]:
+    run_dir = run_root / f"seed{k}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "esper.shell.run",
+        "--seed",
+        str(k),
+        "--run_dir",
+        str(run_root),
+        "--name",
+        f"seed{k}",
+        "--progress",
+        "false",
+        *extra,
+    ]
+    if (run_dir / "checkpoint.pt").exists():  # a finished (or interrupted) run: continue it
+        cmd = [sys.executable, "-m", "esper.shell.run", "--resume", str(run_dir), "--progress", "false"]
+    t0 = time.perf_counter()
+    log = run_root / f"seed{k}.log"
+    with log.open("w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"training seed {k} failed ({proc.returncode}); see {log}")
+    return run_dir, time.perf_counter() - t0
+
+
+def _evaluate(run_dir: Path, k: int, episodes: int, threads: int) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "esper.shell.evaluate",
+        str(run_dir),
+        "--episodes",
+        str(episodes),
+        "--seed",
+        str(1000 + k),
+        "--no-progress",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"evaluating {run_dir} failed:\n{proc.stderr[-2000:]}")
+    return json.loads((run_dir / "eval" / "results.json").read_text())
+
+
+def learn(seeds: int, episodes: int, jobs: int, run_root: Path) -> dict[str, Any]:
+    run_root.mkdir(parents=True, exist_ok=True)
+    extra = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
+    t0 = time.perf_counter()
+
+    def one(k: int) -> tuple[int, Path, float, dict, float]:
+        run_dir, train_s = _train(k, run_root, extra)
+        t1 = time.perf_counter()
+        results = _evaluate(run_dir, k, episodes, threads=1 if jobs > 1 else os.cpu_count() or 1)
+        return k, run_dir, train_s, results, time.perf_counter() - t1
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        done = sorted(pool.map(one, range(seeds)))
+    per_run = [r for _, _, _, r, _ in done]
+    names = list(per_run[0]["controllers"])
+    controllers = {}
+    for name in names:
+        acc = [[e["final_test_acc"] for e in r["controllers"][name]["per_episode"]] for r in per_run]
+        params = [[e["params_added"] for e in r["controllers"][name]["per_episode"]] for r in per_run]
+        m, (lo, hi) = grouped_mean_ci95(acc)
+        pm, (plo, phi) = grouped_mean_ci95(params)
+        controllers[name] = {
+            "test_acc_mean": m,
+            "test_acc_ci95": [lo, hi],
+            "params_added_mean": pm,
+            "params_added_ci95": [plo, phi],
+            "per_seed_test_acc": [float(np.mean(a)) for a in acc],
+            "episodes": sum(len(a) for a in acc),
+            "training_seeds": len(acc),
+            "per_episode": [e for r in per_run for e in r["controllers"][name]["per_episode"]],
+        }
+    pooled = [e for c in controllers.values() for e in c["per_episode"]]
+    corr = {
+        "return_vs_test_acc": spearman([e["return"] for e in pooled], [e["final_test_acc"] for e in pooled]),
+        "return_vs_test_objective": spearman(
+            [e["return"] for e in pooled], [e["test_objective"] for e in pooled]
+        ),
+        "per_run": [r["correlations"] for r in per_run],
+    }
+    curves = {str(k): _learning_curve(run_dir) for k, run_dir, _, _, _ in done}
+    return {
+        "seeds": seeds,
+        "episodes_per_seed": episodes,
+        "jobs": jobs,
+        "controllers": controllers,
+        "correlations": corr,
+        "verdict": verdict(controllers),
+        "learning_curves": curves,
+        "train_seconds": [t for _, _, t, _, _ in done],
+        "eval_seconds": [t for *_, t in done],
+        "seconds": time.perf_counter() - t0,
+        "run_root": str(run_root),
+    }
+
+
+def _learning_curve(run_dir: Path) -> dict[str, list[float]]:
+    by_update: dict[int, list[dict]] = {}
+    for ev in read_events(run_dir / "events.jsonl", "episode"):
+        by_update.setdefault(ev["update"], []).append(ev)
+    ups = sorted(by_update)
+    mean = lambda k: [float(np.mean([e[k] for e in by_update[u]])) for u in ups]
+    return {
+        "update": ups,
+        "test_acc": mean("final_test_acc"),
+        "return": mean("return"),
+        "params_added": mean("params_added"),
+    }
+
+
+def verdict(c: dict[str, dict]) -> dict[str, Any]:
+    """The issue's targets, checked on the aggregated numbers."""
+    ppo = c["ppo"]
+    out: dict[str, Any] = {}
+    for name in ("static", "random", "heuristic"):
+        if name in c:
+            out[f"beats_{name}"] = ppo["test_acc_ci95"][0] > c[name]["test_acc_ci95"][1]
+    if "grow_all" in c and "static" in c:
+        base = c["static"]["test_acc_mean"]
+        gain_ppo, gain_all = ppo["test_acc_mean"] - base, c["grow_all"]["test_acc_mean"] - base
+        share_gain = gain_ppo / gain_all if gain_all > 0 else float("nan")
+        share_params = (
+            ppo["params_added_mean"] / c["grow_all"]["params_added_mean"]
+            if c["grow_all"]["params_added_mean"] > 0
+            else float("nan")
+        )
+        out.update(
+            gain_share_of_grow_all=share_gain,
+            params_share_of_grow_all=share_params,
+            efficient_vs_grow_all=share_gain >= 0.9 and share_params <= 0.6,
+            beats_grow_all=ppo["test_acc_ci95"][0] > c["grow_all"]["test_acc_ci95"][1],
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------- writing
+def _plots(out: Path, stem: str, learned: dict | None) -> list[str]:
+    if not learned:
+        return []
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from esper.shell.evaluate import COLORS
+
+    files = []
+    fig = Figure(figsize=(7, 4.5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for name, s in learned["controllers"].items():
+        eps = s["per_episode"]
+        ax.scatter(
+            [e["params_added"] for e in eps],
+            [e["final_test_acc"] for e in eps],
+            s=10,
+            alpha=0.45,
+            color=COLORS.get(name),
+            label=f"{name} ({s['test_acc_mean']:.1f} %)",
+        )
+        m, (lo, hi) = s["test_acc_mean"], s["test_acc_ci95"]
+        ax.errorbar(
+            [s["params_added_mean"]],
+            [m],
+            yerr=[[m - lo], [hi - m]],
+            color=COLORS.get(name),
+            marker="D",
+            markersize=7,
+            markeredgecolor="black",
+            capsize=4,
+        )
+    ax.set_xlabel("parameters added to the host")
+    ax.set_ylabel("final test accuracy (%)")
+    ax.set_title(f"{learned['seeds']} training seeds x {learned['episodes_per_seed']} fresh hosts each")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    path = out / f"{stem}-acc-vs-params.png"
+    fig.savefig(path, bbox_inches="tight")
+    files.append(path.name)
+
+    fig = Figure(figsize=(7, 4), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for k, curve in learned["learning_curves"].items():
+        ax.plot(curve["update"], curve["test_acc"], alpha=0.8, label=f"seed {k}")
+    for name in ("static", "grow_all"):
+        if name in learned["controllers"]:
+            ax.axhline(
+                learned["controllers"][name]["test_acc_mean"], ls="--", color=COLORS.get(name), label=name
+            )
+    ax.set_xlabel("PPO update")
+    ax.set_ylabel("test accuracy of the update's final hosts (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    path = out / f"{stem}-learning.png"
+    fig.savefig(path, bbox_inches="tight")
+    files.append(path.name)
+    return files
+
+
+def _ci(s: dict, key: str = "test_acc") -> str:
+    lo, hi = s[f"{key}_ci95"]
+    return f"{s[f'{key}_mean']:.1f} [{lo:.1f}, {hi:.1f}]"
+
+
+def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[str], command: str) -> str:
+    lines = [
+        f"# Growth results, {info['date']}",
+        "",
+        f"`{command}` on {info.get('cpu', '?')} "
+        f"({info.get('cpu_count', '?')} cores, torch {info.get('torch', '?')}).",
+        "",
+    ]
+    if swept:
+        lines += [
+            f"## Headroom: fixed schedules vs the static host ({swept['episodes']} fresh hosts, paired)",
+            "",
+            "| controller | test acc % [95 % CI] | gain over static [95 % CI] | params added | fossilized |",
+            "|---|---|---|---:|---:|",
+        ]
+        for r in swept["rows"]:
+            lines.append(
+                f"| {r['controller']} | {_ci(r)} | {_ci(r, 'gain')} | {r['params_added_mean']:.0f} | "
+                f"{r['fossilized_mean']:.1f} |"
+            )
+        lines += [
+            "",
+            f"Best schedule: `{swept['best']}`; `grow_all` grows `{swept['grow_all_blueprint']}`.",
+            "",
+        ]
+    if learned:
+        v = learned["verdict"]
+        lines += [
+            f"## The learned controller ({learned['seeds']} training seeds x "
+            f"{learned['episodes_per_seed']} fresh hosts each; 95 % CI over training seeds)",
+            "",
+            "| controller | test acc % [95 % CI] | params added [95 % CI] | per-seed means |",
+            "|---|---|---|---|",
+        ]
+        for name, s in learned["controllers"].items():
+            per = ", ".join(f"{a:.1f}" for a in s["per_seed_test_acc"])
+            lines.append(f"| {name} | {_ci(s)} | {_ci(s, 'params_added')} | {per} |")
+        corr = learned["correlations"]
+        lines += [
+            "",
+            "Targets: "
+            + ", ".join(
+                f"{k} = {val:.2f}" if isinstance(val, float) else f"{k} = {val}" for k, val in v.items()
+            )
+            + ".",
+            "",
+            f"Spearman correlation of the episode return with the final test accuracy over all evaluation "
+            f"episodes: {corr['return_vs_test_acc']:.3f}; with the held-out objective: "
+            f"{corr['return_vs_test_objective']:.3f}.",
+            "",
+            f"Training took {np.median(learned['train_seconds']) / 60:.1f} min per seed (median, "
+            f"{learned['jobs']} at a time), evaluation {np.median(learned['eval_seconds']) / 60:.1f} min per "
+            f"seed; the whole stage {learned['seconds'] / 60:.1f} min.",
+            "",
+        ]
+    lines += [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__.split("\n\n")[0])
+    p.add_argument("--stage", choices=("all", "sweep", "learn"), default="all")
+    p.add_argument("--seeds", type=int, default=5, help="training seeds (default 5)")
+    p.add_argument("--episodes", type=int, default=10, help="evaluation episodes per training seed (10)")
+    p.add_argument("--sweep-episodes", type=int, default=10, help="fresh hosts per sweep controller (10)")
+    p.add_argument("--jobs", type=int, default=2, help="training runs at a time (default 2: one per core)")
+    p.add_argument("--runs", type=Path, default=ROOT / "runs" / "growth", help="where the training runs go")
+    p.add_argument("--out", type=Path, default=ROOT / "results")
+    args = p.parse_args(argv)
+    command = "python -m bench.growth " + " ".join(argv if argv is not None else sys.argv[1:])
+    info = machine_info(torch.device("cpu"))
+    info["date"] = dt.date.today().isoformat()
+    swept = sweep(args.sweep_episodes, seed=500) if args.stage in ("all", "sweep") else None
+    learned = (
+        learn(args.seeds, args.episodes, args.jobs, args.runs) if args.stage in ("all", "learn") else None
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{info['date']}-{info.get('host', 'host')}-growth" + (
+        "" if args.stage == "all" else f"-{args.stage}"
+    )
+    plots = _plots(args.out, stem, learned)
+    (args.out / f"{stem}.md").write_text(markdown(info, swept, learned, plots, command.strip()))
+    (args.out / f"{stem}.json").write_text(
+        json.dumps({"machine": info, "sweep": swept, "learn": learned}, indent=1)
+    )
+    print((args.out / f"{stem}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

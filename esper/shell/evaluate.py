@@ -1,0 +1,360 @@
+"""``python -m esper.shell.evaluate RUN_DIR``: judge a trained controller on hosts it never saw.
+
+    python -m esper.shell.evaluate runs/default-20261123-101500                   # 20 episodes each
+    python -m esper.shell.evaluate RUN_DIR --episodes 50 --seed 7 --controllers ppo,static,grow_all
+
+The run's controller is loaded from ``RUN_DIR/checkpoint.pt`` and frozen (no update, observation
+statistics as saved; it acts greedily unless ``--sample``). It and the baselines of
+:mod:`esper.shell.baselines` — ``static`` (always WAIT), ``random`` (uniform over legal actions),
+``heuristic`` (the reference's rules), ``grow_all`` (germinate the task's best blueprint everywhere,
+blend and fossilize as fast as the gates allow) — each run the **same** episodes: host seeds derived
+from ``--seed`` under a purpose of their own (:func:`esper.shell.env.eval_host_seeds`), so no
+evaluation host is a training host, and every controller meets the same hosts and data orders.
+
+The verdict is the held-out **test** accuracy of each episode's final host (a split neither the host's
+training nor the controller ever reads) and the parameters the controller added. Written to
+``RUN_DIR/eval/``:
+
+- ``results.json``: ``{"controllers": {name: {"test_acc_mean", "test_acc_ci95": [lo, hi],
+  "params_added_mean", "episodes", ...}}, "correlations": {...}, "meta": {...}}``: accuracy in %,
+  95 % Student-t intervals over episodes, ``params_added`` = final host's parameters minus the static
+  host's; every episode's numbers under ``per_episode``; Spearman correlations between the episode
+  return and the final test accuracy (and accuracy per parameter, and the held-out objective) over
+  all evaluation episodes;
+- ``report.md`` and ``plots/``: test accuracy against parameters added (one point per episode), and
+  validation accuracy over the epochs per controller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from esper.core.rewards import RewardConfig
+from esper.shell.agent import PPOController, build_learner
+from esper.shell.baselines import GROW_ALL_BLUEPRINT, GrowAllController, RandomController, StaticController
+from esper.shell.checkpoint import load_checkpoint
+from esper.shell.config import RunConfig
+from esper.shell.configtools import from_dict
+from esper.shell.data import Task
+from esper.shell.env import VecEnv, eval_host_seeds
+from esper.shell.heuristic import HeuristicController
+from esper.shell.rollout import EpisodeRunner
+from esper.shell.stats import mean_ci95, spearman
+from esper.shell.telemetry import progress
+
+CONTROLLERS = ("ppo", "static", "random", "heuristic", "grow_all")
+#: Episode fields kept in ``per_episode`` (and averaged where numeric).
+EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
+                  "n_fossilized", "n_pruned", "host_seed")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- controllers
+def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict | None, sample: bool,
+                    seed: int):  # fmt: skip
+    """A fresh controller ``name`` for ``env`` (the PPO one restored from ``checkpoint`` and frozen)."""
+    if name == "ppo":
+        if checkpoint is None:
+            raise ValueError("controller 'ppo' needs the run's checkpoint")
+        device = torch.device(cfg.env.device)
+        policy, trainer = build_learner(cfg.ppo, env.spec, device=device, seed=cfg.seed)
+        trainer.load_state_dict(checkpoint["trainer"])
+        policy.eval()
+        generator = torch.Generator(device=device).manual_seed(seed)
+        return PPOController(policy, trainer, generator=generator, deterministic=not sample, learns=False)
+    if name == "static":
+        return StaticController()
+    if name == "random":
+        return RandomController(seed=seed)
+    if name == "heuristic":
+        return HeuristicController(env.blueprint_names, cfg.lifecycle)
+    if name == "grow_all" or name.startswith("grow_all:"):
+        blueprint = name.partition(":")[2] or GROW_ALL_BLUEPRINT[env.task.family]
+        names = env.blueprint_names
+        if blueprint not in names:
+            raise ValueError(f"{name}: no blueprint {blueprint!r}; blueprints: {', '.join(names)}")
+        return GrowAllController(names.index(blueprint), cfg.lifecycle)
+    raise ValueError(
+        f"unknown controller {name!r}; controllers: {', '.join(CONTROLLERS)} (or grow_all:BLUEPRINT)"
+    )
+
+
+# ------------------------------------------------------------------------------------------ running
+def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int], *, eval_seed: int,
+                 checkpoint: dict | None, sample: bool = False, on_epoch=None) -> list[dict]:  # fmt: skip
+    """Run controller ``name`` on evaluation episodes ``episodes`` (indices; host seeds from
+    ``eval_seed``), ``cfg.env.n_envs`` at a time. Returns one record per episode, in order."""
+    records: list[dict] = []
+    width = cfg.env.n_envs
+    for start in range(0, len(episodes), width):
+        chunk = list(episodes[start : start + width])
+        env_cfg = dataclasses.replace(cfg.env, n_envs=len(chunk))
+        env = VecEnv(env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, task=task)
+        ctl = make_controller(name, cfg, env, checkpoint=checkpoint, sample=sample, seed=eval_seed + start)
+        runner = EpisodeRunner(
+            env, ctl, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma, on_epoch=on_epoch
+        )
+        result = runner.run(start, host_seeds=eval_host_seeds(eval_seed, chunk))
+        curves = np.array([ev["val_acc"] for ev in result.epochs]).T  # [E, T]
+        for i, ep in enumerate(result.episodes):
+            rec = {"controller": name, "episode": chunk[i], **ep}
+            rec["test_objective"] = _objective(ep["final_test_acc"], ep["params_added"], ep["host_params"],
+                                               cfg.reward)  # fmt: skip
+            rec["val_acc_curve"] = [float(a) for a in curves[i]]
+            records.append(rec)
+    return records
+
+
+def _objective(acc: float, params_added: float, host_params: float, reward: RewardConfig) -> float:
+    """The held-out analogue of the OBJECTIVE reward's Phi: test accuracy minus the parameter cost."""
+    return acc - reward.param_weight * params_added / max(host_params, 1.0)
+
+
+def summarize(records: list[dict]) -> dict[str, Any]:
+    """One controller's summary (the ``results.json`` entry)."""
+    acc = [r["final_test_acc"] for r in records]
+    params = [r["params_added"] for r in records]
+    m, (lo, hi) = mean_ci95(acc)
+    pm, (plo, phi) = mean_ci95(params)
+    out: dict[str, Any] = {
+        "test_acc_mean": m,
+        "test_acc_ci95": [lo, hi],
+        "params_added_mean": pm,
+        "params_added_ci95": [plo, phi],
+        "episodes": len(records),
+        "test_acc_std": float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0,
+    }
+    for k in ("return", "final_val_acc", "objective", "test_objective", "n_fossilized", "n_pruned"):
+        out[f"{k}_mean"] = float(np.mean([r[k] for r in records]))
+    ops: dict[str, float] = {}
+    for r in records:
+        for op, n in r.get("op_counts", {}).items():
+            ops[op] = ops.get(op, 0.0) + n / len(records)
+    out["op_counts_mean"] = ops
+    out["val_acc_curve_mean"] = np.mean([r["val_acc_curve"] for r in records], axis=0).tolist()
+    out["per_episode"] = [{k: r[k] for k in (*EPISODE_FIELDS, "episode")} for r in records]
+    return out
+
+
+def correlations(records: list[dict]) -> dict[str, Any]:
+    """Spearman's rho between each episode's return and its held-out outcome, over ``records``."""
+    ret = [r["return"] for r in records]
+    per_param = [r["final_test_acc"] / (r["host_params"] + r["params_added"]) * 1000.0 for r in records]
+    return {
+        "n_episodes": len(records),
+        "return_vs_test_acc": spearman(ret, [r["final_test_acc"] for r in records]),
+        "return_vs_test_acc_per_kparam": spearman(ret, per_param),
+        "return_vs_test_objective": spearman(ret, [r["test_objective"] for r in records]),
+    }
+
+
+def evaluate(run_dir: str | Path, *, episodes: int = 20, seed: int = 0,
+             controllers: Sequence[str] = CONTROLLERS, sample: bool = False,
+             show_progress: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Evaluate (module docstring) and write ``RUN_DIR/eval/``; returns the results dict."""
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{cfg_path} not found (is {run_dir} a run directory?)")
+    if episodes < 2:
+        raise ValueError(f"--episodes must be >= 2 (a confidence interval needs two), got {episodes}")
+    unknown = [c for c in controllers if c not in CONTROLLERS and not c.startswith("grow_all:")]
+    if unknown or not controllers:
+        raise ValueError(f"unknown controller(s) {unknown}; choose from {', '.join(CONTROLLERS)}")
+    cfg = from_dict(RunConfig, json.loads(cfg_path.read_text()))
+    checkpoint = None
+    if "ppo" in controllers:
+        ckpt = run_dir / "checkpoint.pt"
+        if not ckpt.is_file():
+            raise FileNotFoundError(f"{ckpt} not found: evaluate a run that finished an update")
+        checkpoint = load_checkpoint(ckpt, map_location=cfg.env.device)
+    results = evaluate_config(cfg, controllers, episodes=episodes, seed=seed, checkpoint=checkpoint,
+                              sample=sample, show_progress=show_progress)  # fmt: skip
+    results["meta"]["run_dir"] = str(run_dir)
+    write_eval(run_dir / "eval", results)
+    return results
+
+
+def evaluate_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int, seed: int,
+                    checkpoint: dict | None = None, sample: bool = False, show_progress: bool = True,
+                    task: Task | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run ``controllers`` on ``episodes`` evaluation episodes of the task ``cfg`` describes and
+    summarize (the ``results.json`` layout, without writing it)."""
+    task = task if task is not None else cfg.env.build_task()
+    t0 = time.perf_counter()
+    records: dict[str, list[dict]] = {}
+    T = cfg.lifecycle.max_epochs
+    with progress(len(controllers) * episodes * T, desc="evaluate", enabled=show_progress) as bar:
+        for name in controllers:
+            bar.set_postfix(controller=name)
+            on_epoch = lambda ev: bar.update(len(ev["val_acc"]))
+            records[name] = run_episodes(cfg, task, name, range(episodes), eval_seed=seed,
+                                         checkpoint=checkpoint, sample=sample, on_epoch=on_epoch)  # fmt: skip
+    return {
+        "controllers": {name: summarize(recs) for name, recs in records.items()},
+        "correlations": correlations([r for recs in records.values() for r in recs]),
+        "meta": {
+            "run_dir": None,
+            "task": cfg.env.task,
+            "episodes": episodes,
+            "eval_seed": seed,
+            "ppo_acts": "sampled" if sample else "greedily",
+            "grow_all_blueprint": GROW_ALL_BLUEPRINT.get(task.family),
+            "param_weight": cfg.reward.param_weight,
+            "reward_mode": cfg.reward.mode.name,
+            "trained_updates": int(checkpoint["progress"]["update"]) if checkpoint else None,
+            "seconds": time.perf_counter() - t0,
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------ writing
+COLORS = {"ppo": "#d62828", "static": "#6c757d", "random": "#f4a261", "heuristic": "#2a9d8f",
+          "grow_all": "#264653"}  # fmt: skip
+
+
+def write_eval(out: Path, results: dict[str, Any]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1, allow_nan=True))
+    plots = [
+        plot_acc_vs_params(results, out / "plots" / "acc_vs_params.png"),
+        plot_acc_over_epochs(results, out / "plots" / "acc_over_epochs.png"),
+    ]
+    plots = [p for p in plots if p is not None]
+    (out / "report.md").write_text(report_markdown(results, [p.relative_to(out) for p in plots]))
+    return out
+
+
+def _figure(size=(7.0, 4.5)):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=110)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def plot_acc_vs_params(results: dict, path: Path) -> Path | None:
+    ctl = results["controllers"]
+    if not ctl:
+        return None
+    fig, ax = _figure()
+    for name, s in ctl.items():
+        eps = s["per_episode"]
+        ax.scatter([e["params_added"] for e in eps], [e["final_test_acc"] for e in eps], s=14, alpha=0.6,
+                   color=COLORS.get(name), label=f"{name} ({s['test_acc_mean']:.1f} %)")  # fmt: skip
+        m, (lo, hi) = s["test_acc_mean"], s["test_acc_ci95"]
+        ax.errorbar([s["params_added_mean"]], [m], yerr=[[m - lo], [hi - m]], color=COLORS.get(name),
+                    marker="D", markersize=7, markeredgecolor="black", capsize=4)  # fmt: skip
+    ax.set_xlabel("parameters added to the host")
+    ax.set_ylabel("final test accuracy (%)")
+    ax.set_title("held-out accuracy vs growth (one point per episode; diamond: mean, 95 % CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    return path
+
+
+def plot_acc_over_epochs(results: dict, path: Path) -> Path | None:
+    ctl = results["controllers"]
+    if not ctl:
+        return None
+    fig, ax = _figure()
+    for name, s in ctl.items():
+        curves = np.array([c for c in (s.get("val_acc_curve_mean"),) if c])
+        if not curves.size:
+            continue
+        x = np.arange(1, curves.shape[1] + 1)
+        ax.plot(x, curves[0], color=COLORS.get(name), label=name)
+        ax.scatter([x[-1] + 1], [s["test_acc_mean"]], color=COLORS.get(name), marker="*", s=80)
+    ax.set_xlabel("host epoch (the star: final test accuracy)")
+    ax.set_ylabel("validation accuracy (%), mean over episodes")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    return path
+
+
+def _f(x: float, nd: int = 1) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def report_markdown(results: dict, plots: Sequence[Path]) -> str:
+    meta, ctl, corr = results["meta"], results["controllers"], results["correlations"]
+    static = ctl.get("static")
+    lines = [
+        f"# Evaluation of `{meta['run_dir']}`",
+        "",
+        f"{meta['episodes']} episodes per controller on fresh hosts (evaluation seed "
+        f"{meta['eval_seed']}; the same host seeds for every controller), task `{meta['task']}`; the PPO "
+        f"controller acts {meta['ppo_acts']}. Accuracy is the final host's **test** accuracy (held out "
+        "from host training and from the controller); intervals are 95 % Student-t over episodes.",
+        "",
+        "| controller | test acc % | 95 % CI | gain over static | params added | return | fossilized |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for name, s in ctl.items():
+        gain = _f(s["test_acc_mean"] - static["test_acc_mean"]) if static else "n/a"
+        lo, hi = s["test_acc_ci95"]
+        lines.append(
+            f"| {name} | {_f(s['test_acc_mean'])} | [{_f(lo)}, {_f(hi)}] | {gain} | "
+            f"{_f(s['params_added_mean'], 0)} | {_f(s['return_mean'], 2)} | {_f(s['n_fossilized_mean'], 2)} |"
+        )
+    lines += [
+        "",
+        f"Spearman correlation of the episode return with the held-out outcome, over all "
+        f"{corr['n_episodes']} episodes: test accuracy {_f(corr['return_vs_test_acc'], 3)}, test accuracy "
+        f"per 1k parameters {_f(corr['return_vs_test_acc_per_kparam'], 3)}, held-out objective (test "
+        f"accuracy − {meta['param_weight']} × added / host parameters) "
+        f"{_f(corr['return_vs_test_objective'], 3)}.",
+        "",
+    ]
+    lines += [f"![{p.stem}]({p.as_posix()})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m esper.shell.evaluate",
+        allow_abbrev=False,
+        description="Evaluate a trained controller against baselines on fresh hosts.",
+    )
+    p.add_argument("run_dir", help="a run directory written by python -m esper.shell.run")
+    p.add_argument("--episodes", type=int, default=20, help="episodes per controller (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="evaluation seed: host seeds derive from it (0)")
+    p.add_argument("--controllers", default=",".join(CONTROLLERS),
+                   help=f"comma-separated subset of {','.join(CONTROLLERS)}; grow_all:BLUEPRINT grows "
+                        "another blueprint than the task's best")  # fmt: skip
+    p.add_argument("--sample", action="store_true", help="the PPO controller samples (default: greedy)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    names = [c.strip() for c in args.controllers.split(",") if c.strip()]
+    try:
+        results = evaluate(args.run_dir, episodes=args.episodes, seed=args.seed, controllers=names,
+                           sample=args.sample, show_progress=not args.no_progress)  # fmt: skip
+    except (OSError, ValueError) as e:
+        print(f"esper.evaluate: error: {e}", file=sys.stderr)
+        return 2
+    for name, s in results["controllers"].items():
+        lo, hi = s["test_acc_ci95"]
+        print(f"{name:>10}: test acc {s['test_acc_mean']:5.1f} % [{lo:5.1f}, {hi:5.1f}]  "
+              f"params added {s['params_added_mean']:7.0f}  return {s['return_mean']:6.2f}")  # fmt: skip
+    print(f"results: {Path(args.run_dir) / 'eval' / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""``python -m esper.shell.evaluate RUN_DIR``: a trained controller and the baselines on fresh hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from esper.shell.evaluate import CONTROLLERS, evaluate, main
+
+pytestmark = pytest.mark.e2e
+
+RUN = ["--preset", "smoke", "--env.n_envs", "2", "--lifecycle.max_epochs", "4", "--updates", "1"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    out = subprocess.run(
+        [sys.executable, "-m", "esper.shell.run", *RUN, "--run_dir", str(root), "--name", "r"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root / "r"
+
+
+def test_evaluate_cli_writes_results_report_and_plots(run_dir):
+    out = subprocess.run(
+        [sys.executable, "-m", "esper.shell.evaluate", str(run_dir), "--episodes", "3", "--seed", "5",
+         "--no-progress"], capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "static: test acc" in out.stdout
+    results = json.loads((run_dir / "eval" / "results.json").read_text())
+    assert list(results["controllers"]) == list(CONTROLLERS)
+    for name, s in results["controllers"].items():
+        assert s["episodes"] == 3, name
+        lo, hi = s["test_acc_ci95"]
+        assert lo <= s["test_acc_mean"] <= hi and 0 <= s["test_acc_mean"] <= 100
+        assert isinstance(s["params_added_mean"], float) and s["params_added_mean"] >= 0
+        assert len(s["per_episode"]) == 3
+    static = results["controllers"]["static"]
+    assert static["params_added_mean"] == 0
+    seeds = {name: [e["host_seed"] for e in s["per_episode"]] for name, s in results["controllers"].items()}
+    assert all(v == seeds["static"] for v in seeds.values())  # every controller meets the same hosts
+    corr = results["correlations"]
+    assert corr["n_episodes"] == 3 * len(CONTROLLERS) and "return_vs_test_acc" in corr
+    assert results["meta"]["ppo_acts"] == "greedily" and results["meta"]["trained_updates"] == 1
+    report = (run_dir / "eval" / "report.md").read_text()
+    assert "| grow_all |" in report and "Spearman" in report
+    for plot in ("acc_vs_params.png", "acc_over_epochs.png"):
+        assert (run_dir / "eval" / "plots" / plot).stat().st_size > 1000
+
+
+def test_greedy_evaluation_is_reproducible_and_other_seeds_give_other_hosts(run_dir):
+    a = evaluate(run_dir, episodes=2, seed=9, controllers=["ppo", "random"], show_progress=False)
+    b = evaluate(run_dir, episodes=2, seed=9, controllers=["ppo", "random"], show_progress=False)
+    c = evaluate(run_dir, episodes=2, seed=10, controllers=["ppo"], show_progress=False)
+    def eps(r, name):
+        return [(e["host_seed"], e["final_test_acc"], e["return"]) for e in r["controllers"][name]["per_episode"]]
+
+    assert eps(a, "ppo") == eps(b, "ppo") and eps(a, "random") == eps(b, "random")
+    assert {e[0] for e in eps(a, "ppo")}.isdisjoint({e[0] for e in eps(c, "ppo")})
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--episodes", "1"], "--episodes must be >= 2"),
+        (["--controllers", "ppo,greedy"], "unknown controller"),
+        (["--controllers", "grow_all:conv_huge"], "no blueprint 'conv_huge'"),
+    ],
+)
+def test_evaluate_refuses_bad_requests_in_one_line(run_dir, capsys, args, message):
+    assert main([str(run_dir), "--no-progress", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_evaluate_needs_a_run_directory(tmp_path, capsys):
+    assert main([str(tmp_path / "nope")]) == 2
+    assert "config.json not found" in capsys.readouterr().err
