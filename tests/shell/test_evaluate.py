@@ -60,7 +60,8 @@ def test_greedy_evaluation_is_reproducible_and_other_seeds_give_other_hosts(run_
     b = evaluate(run_dir, episodes=2, seed=9, controllers=["ppo", "random"], show_progress=False)
     c = evaluate(run_dir, episodes=2, seed=10, controllers=["ppo"], show_progress=False)
     def eps(r, name):
-        return [(e["host_seed"], e["final_test_acc"], e["return"]) for e in r["controllers"][name]["per_episode"]]
+        per_episode = r["controllers"][name]["per_episode"]
+        return [(e["host_seed"], e["final_test_acc"], e["return"]) for e in per_episode]
 
     assert eps(a, "ppo") == eps(b, "ppo") and eps(a, "random") == eps(b, "random")
     assert {e[0] for e in eps(a, "ppo")}.isdisjoint({e[0] for e in eps(c, "ppo")})
