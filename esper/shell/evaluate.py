@@ -100,11 +100,16 @@ def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int],
         chunk = list(episodes[start : start + width])
         env_cfg = dataclasses.replace(cfg.env, n_envs=len(chunk))
         env = VecEnv(env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, task=task)
-        ctl = make_controller(name, cfg, env, checkpoint=checkpoint, sample=sample, seed=eval_seed + start)
-        runner = EpisodeRunner(
-            env, ctl, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma, on_epoch=on_epoch
-        )
-        result = runner.run(start, host_seeds=eval_host_seeds(eval_seed, chunk))
+        try:
+            ctl = make_controller(
+                name, cfg, env, checkpoint=checkpoint, sample=sample, seed=eval_seed + start
+            )
+            runner = EpisodeRunner(
+                env, ctl, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma, on_epoch=on_epoch
+            )
+            result = runner.run(start, host_seeds=eval_host_seeds(eval_seed, chunk))
+        finally:
+            env.close()
         curves = np.array([ev["val_acc"] for ev in result.epochs]).T  # [E, T]
         for i, ep in enumerate(result.episodes):
             rec = {"controller": name, "episode": chunk[i], **ep}

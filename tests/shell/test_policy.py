@@ -110,3 +110,19 @@ def test_bf16_autocast_act_is_finite():
         out, _ = net.act(torch.randn(4, 5) * 50, net.initial_state(4), legal)
     for head in HEADS:
         assert torch.isfinite(out[head, "action_log_prob"]).all()
+
+
+@pytest.mark.parametrize("bias", [0.0, 2.0])
+def test_wait_bias_sets_the_initial_preference_for_wait(bias):
+    """The op head starts near uniform over the legal ops, WAIT ``bias`` logits above the rest: a
+    cautious start (p(WAIT) = e^b / (e^b + k - 1) with k legal ops)."""
+    torch.manual_seed(0)
+    net = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8, wait_bias=bias)
+    feats, _ = net.features(torch.randn(64, 1, 6), net.initial_state(64))
+    with torch.no_grad():
+        probs = torch.softmax(net.heads["op"](feats.squeeze(1)), -1)
+    k = len(Op)
+    expected = torch.tensor(bias).exp() / (torch.tensor(bias).exp() + k - 1)
+    torch.testing.assert_close(probs[:, int(Op.WAIT)].mean(), expected, atol=0.02, rtol=0)
+    others = torch.cat([probs[:, :int(Op.WAIT)], probs[:, int(Op.WAIT) + 1 :]], -1)
+    assert float(others.std()) < 0.02  # the other ops start equal
