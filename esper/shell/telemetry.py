@@ -68,7 +68,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from esper.shell.configtools import doc
+from esper.shell.configtools import check_fields, doc
 
 #: The event kinds of the schema above, in the order a run emits them.
 EVENT_KINDS = (
@@ -186,30 +186,22 @@ def read_events(path: str | os.PathLike, kind: str | None = None) -> list[dict[s
 # ---------------------------------------------------------------------------------------- anomalies
 @dataclass(frozen=True, slots=True)
 class AnomalyConfig:
-    ratio_explosion: float = doc(5.0, "flag max_ratio above this")
-    ratio_collapse: float = doc(0.1, "flag min_ratio below this")
-    entropy_collapse: float = doc(0.1, "flag a head's normalized entropy below this (heads with weight > 0)")
-    kl_spike_factor: float = doc(3.0, "flag kl_approx above this x its running EMA (after the warm-up)")
-    kl_spike_ema: float = doc(0.9, "decay of the KL running EMA")
-    kl_spike_warmup: int = doc(3, "updates seen before the EMA test applies")
-    kl_spike_target_factor: float = doc(4.0, "flag kl_approx above this x target_kl (when a target is set)")
-    kl_spike_floor: float = doc(1e-4, "a KL below this is never a spike (EMA near 0)")
-    value_collapse: float = doc(-0.5, "flag explained_variance below this")
+    ratio_explosion: float = doc(5.0, "flag max_ratio above this", gt=1)
+    ratio_collapse: float = doc(0.1, "flag min_ratio below this", ge=0, lt=1)
+    entropy_collapse: float = doc(
+        0.1, "flag a head's normalized entropy below this (heads with weight > 0)", ge=0, le=1
+    )
+    kl_spike_factor: float = doc(3.0, "flag kl_approx above this x its running EMA (after the warm-up)", gt=1)
+    kl_spike_ema: float = doc(0.9, "decay of the KL running EMA", ge=0, lt=1)
+    kl_spike_warmup: int = doc(3, "updates seen before the EMA test applies", ge=0)
+    kl_spike_target_factor: float = doc(
+        4.0, "flag kl_approx above this x target_kl (when a target is set)", gt=1
+    )
+    kl_spike_floor: float = doc(1e-4, "a KL below this is never a spike (EMA near 0)", ge=0)
+    value_collapse: float = doc(-0.5, "flag explained_variance below this", le=1)
 
     def __post_init__(self) -> None:
-        if not self.ratio_explosion > 1.0:
-            raise ValueError(f"anomaly.ratio_explosion must be > 1, got {self.ratio_explosion}")
-        if not 0.0 <= self.ratio_collapse < 1.0:
-            raise ValueError(f"anomaly.ratio_collapse must be in [0, 1), got {self.ratio_collapse}")
-        if not 0.0 <= self.entropy_collapse <= 1.0:
-            raise ValueError(f"anomaly.entropy_collapse must be in [0, 1], got {self.entropy_collapse}")
-        if not 0.0 <= self.kl_spike_ema < 1.0:
-            raise ValueError(f"anomaly.kl_spike_ema must be in [0, 1), got {self.kl_spike_ema}")
-        for name in ("kl_spike_factor", "kl_spike_target_factor"):
-            if not getattr(self, name) > 1.0:
-                raise ValueError(f"anomaly.{name} must be > 1, got {getattr(self, name)}")
-        if self.kl_spike_warmup < 0 or self.kl_spike_floor < 0:
-            raise ValueError("anomaly.kl_spike_warmup and anomaly.kl_spike_floor must be >= 0")
+        check_fields(self, "anomaly")
 
 
 @dataclass(frozen=True, slots=True)

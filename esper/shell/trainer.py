@@ -33,7 +33,7 @@ from esper.core.loss import ppo_loss
 from esper.core.minibatch import env_minibatches
 from esper.core.normalize import normalize, running_stats, scale, update_running_stats
 from esper.core.spec import HEADS
-from esper.shell.configtools import doc
+from esper.shell.configtools import check_fields, doc
 from esper.shell.policy import FactoredRecurrentActorCritic
 from esper.shell.readout import read_scalars
 
@@ -43,54 +43,58 @@ GRAD_GROUPS = ("trunk", *HEADS, "value")
 
 @dataclass(frozen=True, slots=True)
 class PPOConfig:
-    gamma: float = doc(0.995, "discount; also the potential-based shaping gamma (one value, finding C1)")
-    gae_lambda: float = doc(0.97, "GAE lambda")
-    clip_epsilon: float = doc(0.2, "surrogate ratio clip")
-    value_clip: float | None = doc(10.0, "bound on |V_new - V_anchor| in the value loss (none: off)")
-    value_coef: float = doc(0.5, "weight of the value loss (applied to 0.5 * squared error)")
-    entropy_coef: float = doc(0.05, "entropy bonus coefficient at the first update")
-    entropy_coef_end: float | None = doc(None, "entropy coefficient after annealing (none: no annealing)")
+    gamma: float = doc(
+        0.995, "discount; also the potential-based shaping gamma (one value, finding C1)", ge=0, le=1
+    )
+    gae_lambda: float = doc(0.97, "GAE lambda", ge=0, le=1)
+    clip_epsilon: float = doc(0.2, "surrogate ratio clip", gt=0)
+    value_clip: float | None = doc(10.0, "bound on |V_new - V_anchor| in the value loss (none: off)", gt=0)
+    value_coef: float = doc(0.5, "weight of the value loss (applied to 0.5 * squared error)", ge=0)
+    entropy_coef: float = doc(0.05, "entropy bonus coefficient at the first update", ge=0)
+    entropy_coef_end: float | None = doc(
+        None, "entropy coefficient after annealing (none: no annealing)", ge=0
+    )
     entropy_anneal_updates: int = doc(
-        0, "updates over which the entropy coefficient moves linearly to its end"
+        0, "updates over which the entropy coefficient moves linearly to its end", ge=0
     )
     head_entropy_weights: tuple[float, ...] = doc(
-        (), "per-head entropy weights in HEADS order (empty: all 1)"
+        (), "per-head entropy weights in HEADS order (empty: all 1)", ge=0
     )
-    lr: float = doc(3e-4, "AdamW learning rate")
-    adam_eps: float = doc(1e-5, "AdamW epsilon")
-    critic_weight_decay: float = doc(0.0, "weight decay on the value head only")
-    max_grad_norm: float = doc(0.5, "global gradient-norm clip")
-    n_epochs: int = doc(4, "passes over each batch")
-    n_minibatches: int = doc(2, "minibatches per pass; each holds whole env sequences (must divide n_envs)")
-    target_kl: float | None = doc(0.015, "stop the update when kl_approx > 1.5 * target_kl (none: never)")
+    lr: float = doc(3e-4, "AdamW learning rate", gt=0)
+    adam_eps: float = doc(1e-5, "AdamW epsilon", gt=0)
+    critic_weight_decay: float = doc(0.0, "weight decay on the value head only", ge=0)
+    max_grad_norm: float = doc(0.5, "global gradient-norm clip", gt=0)
+    n_epochs: int = doc(4, "passes over each batch", ge=1)
+    n_minibatches: int = doc(
+        2, "minibatches per pass; each holds whole env sequences (must divide n_envs)", ge=1
+    )
+    target_kl: float | None = doc(
+        0.015, "stop the update when kl_approx > 1.5 * target_kl (none: never)", gt=0
+    )
     normalize_advantage: bool = doc(True, "normalize advantages over the batch")
-    obs_clip: float = doc(10.0, "clip of normalized observations")
-    reward_clip: float = doc(10.0, "clip of scaled rewards")
-    obs_momentum: float | None = doc(None, "EMA momentum of observation statistics (none: exact Welford)")
-    hidden: int = doc(128, "LSTM / trunk width")
-    head_hidden: int = doc(64, "hidden width of each head")
+    obs_clip: float = doc(10.0, "clip of normalized observations", gt=0)
+    reward_clip: float = doc(10.0, "clip of scaled rewards", gt=0)
+    obs_momentum: float | None = doc(
+        None, "EMA momentum of observation statistics (none: exact Welford)", ge=0, le=1
+    )
+    hidden: int = doc(128, "LSTM / trunk width", ge=1)
+    head_hidden: int = doc(64, "hidden width of each head", ge=1)
     wait_bias: float = doc(0.0, "initial logit of WAIT above the other ops (0: uniform over the legal ops)")
     grad_explode_factor: float = doc(
-        10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'"
+        10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'", gt=0
+    )
+    max_bad_updates: int = doc(
+        3, "stop the run after this many consecutive updates rolled back for a non-finite loss or gradient",
+        ge=1,
     )
 
     def __post_init__(self) -> None:
-        for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"ppo.{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("clip_epsilon", "lr", "adam_eps", "max_grad_norm", "obs_clip", "reward_clip"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"ppo.{name} must be > 0, got {getattr(self, name)}")
-        for name in ("n_epochs", "n_minibatches", "hidden", "head_hidden"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ppo.{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self, "ppo")
         if self.head_entropy_weights and len(self.head_entropy_weights) != len(HEADS):
             raise ValueError(
                 f"ppo.head_entropy_weights needs {len(HEADS)} values ({', '.join(HEADS)}), "
                 f"got {len(self.head_entropy_weights)}"
             )
-        if self.entropy_anneal_updates < 0:
-            raise ValueError("ppo.entropy_anneal_updates must be >= 0")
 
     def entropy_coef_at(self, update: int) -> float:
         if self.entropy_coef_end is None or self.entropy_anneal_updates == 0:
