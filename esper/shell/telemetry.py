@@ -47,7 +47,8 @@ Other kinds (``timings``, ``heuristic``, ...) may be written; readers ignore kin
 **Anomalies.** :class:`AnomalyDetector` checks the metrics of one ``ppo_update`` against
 :class:`AnomalyConfig` (every threshold configurable, finding M21): ratio explosion / collapse,
 entropy collapse of a head that mattered (H1), KL spikes against a running EMA or the KL target (H2),
-value collapse (explained variance), and NaN/Inf anywhere.
+value collapse (explained variance), NaN/Inf anywhere, and an update the trainer rolled back
+(``rolled_back``: a non-finite loss, gradient or parameter).
 """
 
 from __future__ import annotations
@@ -233,6 +234,14 @@ class AnomalyDetector:
     def check(self, metrics: Mapping[str, Any]) -> list[Anomaly]:
         cfg = self.cfg
         out = [Anomaly("nonfinite", None, None, f"{name} is {v}") for name, v in _nonfinite(metrics)]
+        if metrics.get("rolled_back"):
+            out.append(
+                Anomaly(
+                    "rolled_back", metrics.get("nonfinite_steps"), None,
+                    "a PPO step had a non-finite loss or gradient, or the parameters ended non-finite: "
+                    "the update was rolled back",
+                )
+            )  # fmt: skip
         if _finite(metrics, "max_ratio") and metrics["max_ratio"] > cfg.ratio_explosion:
             out.append(Anomaly("ratio_explosion", metrics["max_ratio"], cfg.ratio_explosion, "max_ratio"))
         if _finite(metrics, "min_ratio") and metrics["min_ratio"] < cfg.ratio_collapse:

@@ -196,6 +196,13 @@ def test_nonfinite_and_value_collapse_are_flagged():
     assert ev["kind"] == "value_collapse" and ev["threshold"] == -0.5
 
 
+def test_a_rolled_back_update_is_flagged():
+    det = AnomalyDetector()
+    assert "rolled_back" not in _kinds(det.check(_metrics(rolled_back=False, nonfinite_steps=0)))
+    found = [a for a in det.check(_metrics(rolled_back=True, nonfinite_steps=1)) if a.kind == "rolled_back"]
+    assert len(found) == 1 and found[0].value == 1 and "rolled back" in found[0].detail
+
+
 # ----------------------------------------------------------------------------------- console output
 def test_summary_table_aligns_columns():
     rows = [{"update": 1, "acc": 0.912345, "name": "conv"}, {"update": 10, "acc": float("nan")}]
