@@ -60,6 +60,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,12 +124,15 @@ class EventLog:
 
     Args:
         path: the file; parent directories are created.
-        append: keep existing events (a resumed run) instead of truncating the file.
+        append: keep existing events (a resumed run) instead of truncating the file. A torn last line
+            (the process died mid-write: no final newline) is first moved to :func:`discarded_path`,
+            so the first new event starts on a fresh line; :attr:`repaired` holds what was moved.
     """
 
     def __init__(self, path: str | os.PathLike, *, append: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.repaired: str | None = _cut_torn_tail(self.path) if append else None
         self._file: IO[str] | None = open(self.path, "a" if append else "w", encoding="utf-8")
         self._t0 = time.monotonic()
 
@@ -163,24 +167,109 @@ class EventLog:
         self.close()
 
 
-def read_events(path: str | os.PathLike, kind: str | None = None) -> list[dict[str, Any]]:
-    """The events of a JSONL log (only those of ``kind`` if given). A truncated last line (a crash
-    while writing) is skipped; a malformed line elsewhere raises ``ValueError`` with its number."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    events = []
+def discarded_path(path: str | os.PathLike) -> Path:
+    """Where lines taken out of the log ``path`` go: ``events.jsonl`` -> ``events.discarded.jsonl``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.discarded{path.suffix}")
+
+
+def _cut_torn_tail(path: Path) -> str | None:
+    """Move an unterminated last line of ``path`` to :func:`discarded_path`; returns it (or None)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return None
+        keep, pos = 0, size
+        while pos > 0:  # the start of the last line, reading backwards in 64 KiB chunks
+            start = max(0, pos - (1 << 16))
+            f.seek(start)
+            newline = f.read(pos - start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            pos = start
+        f.seek(keep)
+        tail = f.read()
+        _append_lines(discarded_path(path), [tail])
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return tail.decode("utf-8", errors="replace")
+
+
+def _append_lines(path: Path, lines: Sequence[bytes]) -> None:
+    with open(path, "ab") as f:
+        for line in lines:
+            f.write(line if line.endswith(b"\n") else line + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def rewind_events(path: str | os.PathLike, update: int) -> int:
+    """Make the log ``path`` end at the checkpoint of ``update`` before a resumed run appends to it.
+
+    Moves to :func:`discarded_path` every event of a later update (logged by a run that died before
+    that update's checkpoint: the resumed run logs the update again) and every unreadable line (a torn
+    tail), keeping the order of the rest; the log is rewritten atomically. Returns the number of lines
+    moved (0: the file is left untouched)."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    keep, moved = [], []
+    for line in path.read_bytes().splitlines(keepends=True):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+            ok = isinstance(event, dict) and "event" in event
+            ok = ok and not (isinstance(event.get("update"), int) and event["update"] > update)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            ok = False
+        (keep if ok else moved).append(line)
+    if not moved:
+        return 0
+    _append_lines(discarded_path(path), moved)
+    tmp = path.with_name(f".{path.name}.rewind.tmp")
+    with open(tmp, "wb") as f:
+        f.writelines(line if line.endswith(b"\n") else line + b"\n" for line in keep)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(moved)
+
+
+def scan_events(path: str | os.PathLike, kind: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """The events of a JSONL log (only those of ``kind`` if given) and its torn last line, if any (a
+    crash while writing: it is skipped). A malformed line elsewhere raises ``ValueError`` with its
+    number."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    events, torn = [], None
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             event = json.loads(line)
         except json.JSONDecodeError as e:
-            if i == len(lines) - 1:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                torn = line
                 break
             raise ValueError(f"{path}:{i + 1}: malformed event line: {e}") from None
         if not isinstance(event, dict) or "event" not in event:
             raise ValueError(f"{path}:{i + 1}: not an event object")
         if kind is None or event["event"] == kind:
             events.append(event)
+    return events, torn
+
+
+def read_events(path: str | os.PathLike, kind: str | None = None) -> list[dict[str, Any]]:
+    """The events of :func:`scan_events`; a torn last line is skipped with a warning that says so."""
+    events, torn = scan_events(path, kind)
+    if torn is not None:
+        warnings.warn(f"{path}: skipped a torn last line ({len(torn)} characters)", stacklevel=2)
     return events
 
 
@@ -365,8 +454,11 @@ __all__ = [
     "AnomalyConfig",
     "AnomalyDetector",
     "EventLog",
+    "discarded_path",
     "jsonable",
     "progress",
     "read_events",
+    "rewind_events",
+    "scan_events",
     "summary_table",
 ]
