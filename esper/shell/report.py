@@ -17,7 +17,6 @@ matplotlib's object API on the Agg canvas: no pyplot, no global backend state.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections import Counter, defaultdict
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from esper.core.spec import Stage
+from esper.shell.cli import OneLineParser, describe
 from esper.shell.telemetry import scan_events
 
 STAGE_COLORS = {
@@ -426,15 +426,15 @@ def write_report(run_dir: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m esper.shell.report", description="Plots and a markdown summary of an esper run."
     )
     parser.add_argument("run_dir", type=Path, help="run directory holding events.jsonl")
     args = parser.parse_args(argv)
     try:
         out = write_report(args.run_dir)
-    except FileNotFoundError as e:
-        parser.error(str(e))
+    except (OSError, ValueError) as e:  # a missing directory or log, a malformed log line, ...
+        parser.error(describe(e))
     print(f"wrote {out} and {out.parent / 'plots'}", file=sys.stderr)
     return 0
 

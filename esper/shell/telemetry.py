@@ -2,9 +2,9 @@
 
 **Event log.** :class:`EventLog` writes one JSON object per line, ``{"event": kind, "t": seconds
 since the log opened, **fields}``, flushed line by line (a crash loses at most the line being
-written; :func:`read_events` skips a truncated last line). Values are made JSON-safe by
-:func:`jsonable`: tensors and numpy values become numbers or lists, NaN/±Inf become ``null``, enums
-their name, dataclasses dicts.
+written; :func:`read_events` skips a truncated last line and says so, and appending after one first
+moves it aside). Values are made JSON-safe by :func:`jsonable`: tensors and numpy values become
+numbers or lists, NaN/±Inf become ``null``, enums their name, dataclasses dicts.
 
 **Schema** (what the trainer emits and :mod:`esper.shell.report` reads; lists marked [env] have one
 entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
@@ -28,7 +28,9 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
 ``ppo_update``
     ``update``, ``loss_objective``, ``loss_critic``, ``loss_entropy``, ``entropy``, ``kl_approx``,
     ``clip_fraction``, ``value_clip_fraction``, ``explained_variance``, ``max_ratio``, ``min_ratio``,
-    ``entropy_coef``, ``lr``, ``epochs_run``, ``early_stopped``, ``grad_norm``, ``seconds``; per-head
+    ``entropy_coef``, ``lr``, ``epochs_run``, ``minibatch_steps``, ``early_stopped``,
+    ``nonfinite_steps`` and ``rolled_back`` (a non-finite step ended the update and undid it),
+    ``grad_norm``, ``seconds``; per-head
     dicts ``head_entropy`` (normalized, in [0, 1]), ``head_kl``, ``head_clip_fraction``,
     ``head_weight`` (fraction of steps where the head mattered), ``head_grad_norm`` (by parameter
     group: trunk, each head, value).
@@ -39,8 +41,12 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``update``, ``epoch``, ``env``, ``reason`` (nonfinite, lobotomy, spike).
 ``checkpoint``
     ``update``, ``path``.
+``log_rewound``
+    ``update`` (the checkpoint a resumed run starts from), ``discarded`` (event lines of later updates
+    and torn lines moved to ``events.discarded.jsonl``), ``path``.
 ``run_end``
-    ``summary`` (dict).
+    ``interrupted``, ``updates``; ``summary`` (dict) after a finished run, ``status`` (exit status)
+    and ``reason`` after an interrupted or stopped one.
 
 Other kinds (``timings``, ``heuristic``, ...) may be written; readers ignore kinds they do not know.
 

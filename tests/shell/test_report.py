@@ -155,4 +155,10 @@ def test_report_errors_clearly_on_missing_inputs(tmp_path, capsys):
     assert err.value.code == 2 and "nope does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([str(tmp_path)])
-    assert "events.jsonl does not exist" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "events.jsonl does not exist" in err and err.count("\n") == 1 and "--help" in err
+    (tmp_path / "events.jsonl").write_text('{"event":"run_start"}\n{"event":\n{"event":"run_end"}\n')
+    with pytest.raises(SystemExit) as err:
+        main([str(tmp_path)])
+    out = capsys.readouterr().err
+    assert err.value.code == 2 and ":2: malformed event line" in out and out.count("\n") == 1
