@@ -29,10 +29,11 @@ def _slots(E: int, g: torch.Generator) -> TensorDict:
     return td
 
 
-def make_rollout(policy, trainer, E=4, T=5, seed=0) -> TensorDict:
-    """What EpisodeRunner + PPOController store, with random observations and slot states."""
+def make_rollout(policy, trainer, E=4, T=5, seed=0, state=None) -> TensorDict:
+    """What EpisodeRunner + PPOController store, with random observations and slot states; ``state``:
+    the recurrent state before the first step (default: the policy's initial, zero state)."""
     g = torch.Generator().manual_seed(seed)
-    state = policy.initial_state(E)
+    state = policy.initial_state(E) if state is None else state
     steps = []
     for _ in range(T):
         raw = torch.randn(E, RAW, generator=g) * 3 + 1
@@ -169,6 +170,36 @@ def test_H5_every_epoch_rescores_whole_sequences_with_the_current_weights(monkey
             by_env.setdefault(r, []).append(lg)
     assert all(len(v) == 3 for v in by_env.values()), "every env's sequence is re-scored once per epoch"
     assert any(not torch.allclose(v[0], v[-1]) for v in by_env.values()), "later epochs see updated weights"
+
+
+def test_H5_rescoring_starts_from_the_stored_initial_state_not_from_zeros(monkeypatch):
+    """Each minibatch is re-scored from the recurrent state stored at its first step. With a zero
+    stored state (every test rollout above) a trainer that started from zeros would pass unnoticed
+    (issue 10), so this rollout starts mid-stream, from a non-zero state."""
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None)
+    policy, trainer = _make(cfg)
+    g = torch.Generator().manual_seed(7)
+    h0, c0 = (torch.randn(1, 4, cfg.hidden, generator=g) for _ in range(2))
+    rollout = make_rollout(policy, trainer, state=(h0, c0))
+    torch.testing.assert_close(rollout["recurrent_state", "h"][:, 0], h0[0])
+    real_loss, checked = trainer.loss_fn, []
+
+    def spy(td):
+        with torch.no_grad():
+            first = td["recurrent_state"][:, 0]
+            stored = (first["h"].unsqueeze(0), first["c"].unsqueeze(0))
+            fresh = policy.evaluate(td["observation"], stored, td["op", "action"])
+            zero = policy.initial_state(td.shape[0])
+            zeros = policy.evaluate(td["observation"], zero, td["op", "action"])
+        torch.testing.assert_close(td["current", "op", "logits"], fresh["op", "logits"])
+        torch.testing.assert_close(td["current", "state_value"], fresh["state_value"])
+        assert not torch.allclose(fresh["op", "logits"], zeros["op", "logits"]), "must tell them apart"
+        checked.append(1)
+        return real_loss(td)
+
+    monkeypatch.setattr(trainer, "loss_fn", spy)
+    trainer.update(rollout)
+    assert len(checked) == 4
 
 
 def test_C5_S2_statistics_updated_before_the_update_and_observations_untouched(monkeypatch):
