@@ -335,8 +335,9 @@ class Run:
         than the checkpoint on disk, and say in one line what happened and how to go on."""
         done = last["progress"]["update"]
         try:
-            if self.saved is None or done > self.saved:
-                self.save(last)
+            with self.signals.deferred(drop=True):  # a second Ctrl-C does not cut this write short
+                if self.saved is None or done > self.saved:
+                    self.save(last)
         except (FloatingPointError, OSError) as e:
             why += f"; the checkpoint of update {done} could not be written ({describe(e)})"
         if self.saved is None:
@@ -458,6 +459,10 @@ def main(argv: list[str] | None = None) -> int:
             return _start(parser, args, signals)
     except CliError as e:
         return report(PROG, e)
+    except KeyboardInterrupt as e:  # before the first update began (after it, Run.train handles it)
+        print(f"\nesper: {'stopped by SIGTERM' if isinstance(e, Terminated) else 'interrupted'} before "
+              "training began; no checkpoint was written", file=sys.stderr)  # fmt: skip
+        return 143 if isinstance(e, Terminated) else 130
 
 
 def _config(parser: argparse.ArgumentParser, args: argparse.Namespace, checkpoint: dict | None) -> RunConfig:

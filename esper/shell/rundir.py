@@ -107,8 +107,9 @@ class StopSignals:
         _raise(signum)
 
     @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
-        """Hold SIGINT/SIGTERM back until the block ends (a checkpoint write is never cut short)."""
+    def deferred(self, *, drop: bool = False) -> Iterator[None]:
+        """Hold SIGINT/SIGTERM back until the block ends (a checkpoint write is never cut short), then
+        raise the first one that arrived, or with ``drop`` forget it (the run is stopping anyway)."""
         self._deferring += 1
         try:
             yield
@@ -117,7 +118,7 @@ class StopSignals:
             signum = None if self._deferring else self._pending
             if signum is not None:
                 self._pending = None
-        if signum is not None:
+        if signum is not None and not drop:
             _raise(signum)
 
 

@@ -130,9 +130,11 @@ def test_a_refused_resume_touches_no_file(done_run, capsys):
         status, err = cli(capsys, "--resume", done_run, *args)
         assert status == 2 and message in error_line(err), err
         assert snapshot(done_run) == before, args
-    status, err = cli(capsys, "--resume", done_run, "--updates", "3", "--ppo.lr", "1e-4")
-    assert status == 0, err[-3000:]  # the optimizer's hyperparameters may change
+    more = ["--updates", "3", "--ppo.lr", "1e-4", "--eval_episodes", "2"]
+    status, err = cli(capsys, "--resume", done_run, *more)
+    assert status == 0, err[-3000:]  # the optimizer's hyperparameters (and the end-of-run check) may change
     assert load_checkpoint(done_run / "checkpoint.pt")["progress"]["update"] == 3
+    assert len(read_events(done_run / "events.jsonl", "heldout_check")) == 1
 
 
 def test_damaged_or_foreign_checkpoints_are_refused_in_one_line(done_run, capsys):
@@ -309,3 +311,13 @@ def test_a_crash_between_logging_and_checkpoint_counts_no_episode_twice(tmp_path
 
     md = write_report(tmp_path / "r").read_text()
     assert "3 PPO updates, 6 episodes" in md
+
+
+def test_ctrl_c_before_training_began_is_one_line_too(tmp_path, capsys, monkeypatch):
+    def slow_data(self, *args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C while the data loads
+
+    monkeypatch.setattr(run_mod.Run, "__init__", slow_data)
+    status, err = cli(capsys, *TINY, "--run_dir", tmp_path, "--name", "r")
+    assert status == 130 and "interrupted before training began" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()

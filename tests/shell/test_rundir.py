@@ -66,3 +66,12 @@ def test_a_signal_during_a_checkpoint_write_waits_for_the_write():
                 time.sleep(0.05)
                 raise ValueError("disk full")
     assert done == ["written"]
+
+
+def test_a_stopping_run_can_drop_a_second_signal():
+    with StopSignals() as signals:
+        with signals.deferred(drop=True):
+            with signals.deferred():  # the checkpoint write inside the stop
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+        time.sleep(0.05)  # nothing raised: the second Ctrl-C was dropped
