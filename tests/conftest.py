@@ -8,6 +8,7 @@ Inductor-compiled numerical checks are marked ``@pytest.mark.inductor``.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,11 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# The CLI tests run ``python -m esper.shell...`` in subprocesses from temporary directories: they must
+# import this checkout's esper, not the one an editable install elsewhere points at.
+_ROOT = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def _assert_tree_close(a, b, *, rtol: float, atol: float, path: str = "out") -> None:

@@ -88,6 +88,9 @@ def grad_health(
         if not isinstance(g, torch.Tensor):
             raise TypeError(f"{where}: grads[{i}] must be a tensor, got {type(g).__name__}")
         check_kind(g, f"grads[{i}]", kind="float", where=where)
+    devices = {g.device for g in grads}
+    if len(devices) > 1:
+        raise ValueError(f"{where}: all gradients must be on one device, got {sorted(map(str, devices))}")
     if n_groups < 1:
         raise ValueError(f"{where}: n_groups must be >= 1, got {n_groups}")
     if groups is None:
@@ -102,17 +105,17 @@ def grad_health(
     device = grads[0].device if grads else torch.device("cpu")
     dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
     if grads:
-        param_norms = torch.stack([n.to(device) for n in torch._foreach_norm(grads, dtype=dtype)])
+        param_norms = torch.stack(torch._foreach_norm(grads, dtype=dtype))
         # Non-finite element counts without a per-tensor loop: g * 0 is NaN exactly where g is NaN or
         # +-Inf and 0 elsewhere; clamping first turns +-Inf into finite values, so only NaN stays NaN.
         # ord=0 "norms" count the non-zero (here: NaN) elements. One temporary the size of the grads.
         tmp = torch._foreach_mul(grads, 0.0)
-        nonfinite = torch.stack([n.to(device) for n in torch._foreach_norm(tmp, ord=0, dtype=dtype)])
+        nonfinite = torch.stack(torch._foreach_norm(tmp, ord=0, dtype=dtype))
         torch._foreach_copy_(tmp, grads)
         torch._foreach_clamp_min_(tmp, -1.0)
         torch._foreach_clamp_max_(tmp, 1.0)
         torch._foreach_mul_(tmp, 0.0)
-        nan = torch.stack([n.to(device) for n in torch._foreach_norm(tmp, ord=0, dtype=dtype)])
+        nan = torch.stack(torch._foreach_norm(tmp, ord=0, dtype=dtype))
         nan_count = nan.sum().to(torch.int64)
         inf_count = nonfinite.sum().to(torch.int64) - nan_count
     else:

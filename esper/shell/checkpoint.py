@@ -1,19 +1,30 @@
-"""Checkpoints: versioned, written atomically, loaded without unpickling code (finding P7).
+"""Checkpoints: versioned, written atomically, verified on load, loaded without unpickling code
+(finding P7).
 
-A checkpoint is one ``torch.save`` file holding ``{"version": CHECKPOINT_VERSION, **payload}``. The
-payload may contain only what ``torch.load(weights_only=True)`` accepts: tensors, ``str``/``bytes``,
+A checkpoint file is one header line, ``ESPER-CHECKPOINT 2 sha256=HEX``, followed by the ``torch.save``
+serialization of the payload; ``HEX`` is the SHA-256 of those bytes. Loading checks the header and the
+hash before it unpickles anything, so a flipped byte anywhere in the file is refused with one line
+instead of training on damaged weights. Files of version 1 (a plain ``torch.save`` of ``{"version": 1,
+**payload}``, no hash) still load, unverified, with a warning.
+
+The payload may contain only what ``torch.load(weights_only=True)`` accepts: tensors, ``str``/``bytes``,
 ``int``/``float``/``bool``/``complex``/``None``, ``torch.Size``/``dtype``/``device``, and ``dict``/
 ``OrderedDict``/``list``/``tuple``/``set`` of those: state dicts of modules and optimizers, TensorDicts as
 ``to_dict()``, configs as plain dicts, RNG states from :func:`rng_state`. :func:`save_checkpoint`
 checks this before writing (naming the offending entry) so a run never writes a checkpoint it cannot
-resume from; :func:`load_checkpoint` refuses anything else without executing it.
+resume from, and it refuses a floating tensor holding NaN or Inf (a run resumed from it could only
+fail); :func:`load_checkpoint` refuses anything else without executing it.
 
-Writing goes to a temporary file in the target's directory, is fsynced, then ``os.replace``d over the
-target: a crash or an error mid-write leaves the previous checkpoint intact.
+Writing serializes in memory, writes a temporary file in the target's directory, fsyncs it, then
+``os.replace``s it over the target: a crash (``kill -9`` included) or an error mid-write (a full disk
+raises ``OSError`` ``ENOSPC``) leaves the previous checkpoint intact. A temporary file a killed process
+left behind is removed by :func:`remove_stale_temporaries`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import pickle
 import random
@@ -22,37 +33,49 @@ import tempfile
 import warnings
 import zipfile
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-#: Bump when the layout of the payload changes; loading another version fails with a clear error.
-CHECKPOINT_VERSION = 1
+#: Bump when the layout of the file changes; loading an unknown version fails with a clear error.
+CHECKPOINT_VERSION = 2
+#: The layout before the integrity hash: a plain ``torch.save`` of ``{"version": 1, **payload}``.
+_UNHASHED_VERSION = 1
+_MAGIC = b"ESPER-CHECKPOINT "
+_HEADER = re.compile(rb"ESPER-CHECKPOINT (\d{1,6}) sha256=([0-9a-f]{64})\n")
 
 _LEAF_TYPES = (str, bytes, int, float, bool, complex, type(None), torch.Size, torch.dtype, torch.device)
 _CONTAINERS = (dict, OrderedDict, list, tuple, set)
 
 
 def save_checkpoint(path: str | os.PathLike, payload: Mapping[str, Any]) -> Path:
-    """Write ``{"version": CHECKPOINT_VERSION, **payload}`` to ``path`` atomically; returns the path.
+    """Write ``payload`` to ``path`` atomically, behind a header with its version and SHA-256;
+    returns the path.
 
     Raises:
         TypeError: ``payload`` holds something ``weights_only`` loading would refuse (path named).
+        FloatingPointError: a floating tensor of ``payload`` holds NaN or Inf (path named).
         ValueError: ``payload`` has its own ``"version"`` key.
+        OSError: the file could not be written (e.g. ``ENOSPC``); the previous file is intact.
     """
     path = Path(path)
     if "version" in payload:
         raise ValueError("save_checkpoint: 'version' is reserved (written by save_checkpoint)")
     _check_loadable(payload, "payload")
-    obj = {"version": CHECKPOINT_VERSION, **payload}
+    _check_finite(payload)
+    body = io.BytesIO()
+    torch.save(dict(payload), body)
+    data = body.getbuffer()
+    header = _MAGIC + f"{CHECKPOINT_VERSION} sha256={hashlib.sha256(data).hexdigest()}\n".encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            _write_all(f, header)
+            _write_all(f, data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -66,24 +89,86 @@ def save_checkpoint(path: str | os.PathLike, payload: Mapping[str, Any]) -> Path
     return path
 
 
+def _write_all(f: Any, data: bytes | memoryview) -> None:
+    """Write ``data`` to the open file ``f`` (its own function so tests can fill the disk)."""
+    f.write(data)
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files an interrupted :func:`save_checkpoint` of ``path`` left behind (a
+    process killed between creating and renaming one); returns them. Call it only while no other
+    process writes ``path`` (under the run directory's lock)."""
+    path = Path(path)
+    stale = sorted(path.parent.glob(f".{path.name}.*.tmp"))
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any]:
-    """The payload saved at ``path`` (without its ``"version"`` key), loaded with
+    """The payload saved at ``path``, verified against its SHA-256, then loaded with
     ``torch.load(weights_only=True)``.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: the file is not a checkpoint, holds objects ``weights_only`` refuses (e.g. a
-            pickled custom class: nothing is executed), or has a missing or different version.
+        ValueError: the file is not a checkpoint, is damaged (hash mismatch, truncated), holds objects
+            ``weights_only`` refuses (e.g. a pickled custom class: nothing is executed), or has a
+            missing or unknown version.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if not zipfile.is_zipfile(path):
+    raw = path.read_bytes()
+    if not raw.startswith(_MAGIC):
+        return _load_unhashed(path, raw, map_location)
+    header = _HEADER.match(raw, 0, 128)
+    if header is None:
+        raise ValueError(f"checkpoint {path} is damaged: its header line is unreadable")
+    version, digest = int(header.group(1)), header.group(2).decode()
+    if version != CHECKPOINT_VERSION:
+        _refuse_version(path, version)
+    body = memoryview(raw)[header.end() :]
+    if hashlib.sha256(body).hexdigest() != digest:
         raise ValueError(
-            f"checkpoint {path} is not a torch checkpoint (not a zip archive; truncated or foreign?)"
+            f"checkpoint {path} is damaged (truncated or altered): its content does not match the sha256 "
+            "in its header; refused"
         )
+    payload = _load(io.BytesIO(body), path, map_location)
+    if not isinstance(payload, dict):
+        raise ValueError(f"checkpoint {path} holds a {type(payload).__name__}, expected a dict")
+    return payload
+
+
+def _load_unhashed(path: Path, raw: bytes, map_location: Any) -> dict[str, Any]:
+    """A version-1 file: a plain ``torch.save`` of ``{"version": 1, **payload}``."""
+    if not raw.startswith(b"PK"):
+        raise ValueError(
+            f"checkpoint {path} is not a torch checkpoint (no esper header, not a zip archive; truncated "
+            "or foreign?)"
+        )
+    obj = _load(io.BytesIO(raw), path, map_location)
+    if not isinstance(obj, dict):
+        raise ValueError(f"checkpoint {path} holds a {type(obj).__name__}, expected a dict")
+    if "version" not in obj:
+        raise ValueError(f"checkpoint {path} has no 'version' field; it was not written by save_checkpoint")
+    version = obj.pop("version")
+    if version != _UNHASHED_VERSION:
+        _refuse_version(path, version)
+    warnings.warn(f"checkpoint {path} has version 1 (no integrity hash); loaded unverified", stacklevel=3)
+    return obj
+
+
+def _refuse_version(path: Path, version: Any) -> None:
+    which = "newer" if isinstance(version, int) and version > CHECKPOINT_VERSION else "older or unknown"
+    raise ValueError(
+        f"checkpoint {path} has version {version!r} ({which}); this esper reads versions "
+        f"{_UNHASHED_VERSION} and {CHECKPOINT_VERSION}"
+    )
+
+
+def _load(source: Any, path: Path, map_location: Any) -> Any:
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"WeightsUnpickler error: (.*?)(?:\. Please|\n|$)", str(e))
         reason = found.group(1) if found else type(e).__name__
@@ -91,20 +176,35 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
             f"checkpoint {path} holds objects that torch.load(weights_only=True) refuses ({reason}); only "
             "tensors and plain containers are allowed, and arbitrary pickles are never executed"
         ) from None
-    except (RuntimeError, EOFError) as e:
-        raise ValueError(f"checkpoint {path} is corrupt or truncated: {e}") from e
-    if not isinstance(obj, dict):
-        raise ValueError(f"checkpoint {path} holds a {type(obj).__name__}, expected a dict")
-    if "version" not in obj:
-        raise ValueError(f"checkpoint {path} has no 'version' field; it was not written by save_checkpoint")
-    version = obj.pop("version")
-    if version != CHECKPOINT_VERSION:
-        which = "newer" if isinstance(version, int) and version > CHECKPOINT_VERSION else "older or unknown"
-        raise ValueError(
-            f"checkpoint {path} has version {version!r} ({which}); this esper reads version "
-            f"{CHECKPOINT_VERSION} only"
+    except (RuntimeError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+        raise ValueError(f"checkpoint {path} is corrupt or truncated: {' '.join(str(e).split())}") from None
+
+
+def _tensors(obj: Any, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(obj, torch.Tensor):
+        yield where, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _tensors(v, f"{where}[{k!r}]")
+    elif isinstance(obj, (list, tuple, set)):
+        for i, v in enumerate(obj):
+            yield from _tensors(v, f"{where}[{i}]")
+
+
+def _check_finite(payload: Mapping[str, Any]) -> None:
+    """Raise ``FloatingPointError`` naming the first floating tensor with a NaN or Inf (a host read per
+    tensor: checkpoints are rare)."""
+    tensors = _tensors(dict(payload), "payload")
+    floats = [(w, t) for w, t in tensors if t.is_floating_point() or t.is_complex()]
+    if not floats:
+        return
+    flags = torch.cat([torch.isfinite(t.detach()).all().reshape(1).cpu() for _, t in floats])
+    if not bool(flags.all()):
+        where = floats[int((~flags).nonzero()[0])][0]
+        raise FloatingPointError(
+            f"save_checkpoint: {where} holds NaN or Inf; refusing to write a checkpoint that cannot be "
+            "resumed"
         )
-    return obj
 
 
 def _check_loadable(obj: Any, where: str) -> None:
@@ -194,4 +294,11 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
             )
 
 
-__all__ = ["CHECKPOINT_VERSION", "load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "load_checkpoint",
+    "remove_stale_temporaries",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+]

@@ -9,37 +9,66 @@ disagree.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig
-from esper.shell.configtools import doc, with_overrides
+from esper.shell.configtools import check_fields, doc, with_overrides
 from esper.shell.env import EnvConfig
 from esper.shell.governor import GovernorConfig
 from esper.shell.telemetry import AnomalyConfig
 from esper.shell.trainer import PPOConfig
 
 POLICIES = ("ppo", "heuristic")
+#: A run name is one directory name: at most this many characters ...
+NAME_MAX = 100
+#: ... of letters, digits and these (no path separator, no leading dot: nothing outside --run_dir).
+NAME_PUNCTUATION = "._-+=@,"
+_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9{re.escape(NAME_PUNCTUATION)}]*")
+
+
+def check_run_name(name: str) -> None:
+    """Refuse (one line) a run name that is not a single, portable directory name: ``../../x`` or
+    ``a/b`` would write outside ``--run_dir``, and 300 characters exceed what file systems take."""
+    if name == "":
+        return
+    if len(name) > NAME_MAX:
+        raise ValueError(f"name must be at most {NAME_MAX} characters, got {len(name)}")
+    if not _NAME.fullmatch(name):
+        raise ValueError(
+            f"name {name!r}: use letters, digits and {NAME_PUNCTUATION!r}, starting with a letter or digit "
+            "(no path separators or '..': the run directory is --run_dir/NAME)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    updates: int = doc(8, "PPO updates to run; each is one batch of n_envs episodes")
-    seed: int = doc(42, "seed of every random number generator of the run")
+    updates: int = doc(8, "PPO updates to run; each is one batch of n_envs episodes", ge=1)
+    seed: int = doc(42, "seed of every random number generator of the run", ge=0)
     policy: str = doc("ppo", "controller: ppo (learns) | heuristic (the reference's rules, no learning)")
     compile: bool = doc(False, "torch.compile the core loss and GAE with fullgraph=True (eager always works)")
     run_dir: str = doc("runs", "parent folder of run directories")
-    name: str = doc("", "run directory name (empty: <preset>-<timestamp>)")
-    checkpoint_every: int = doc(1, "write the checkpoint every N updates (also at the end and on Ctrl-C)")
+    name: str = doc(
+        "", f"run directory name: letters, digits and {NAME_PUNCTUATION}, at most {NAME_MAX} characters "
+        "(empty: <preset>-<timestamp>)"
+    )
+    checkpoint_every: int = doc(
+        1, "write the checkpoint every N updates (also at the end and on Ctrl-C / SIGTERM)", ge=1
+    )
     report: bool = doc(True, "write plots and report.md into the run directory at the end")
     eval_episodes: int = doc(
-        8, "at the end: the controller and the static host on this many fresh hosts, test accuracy (0: skip)"
+        8, "at the end: the controller and the static host on this many fresh hosts, test accuracy (0: skip)",
+        ge=0,
     )
     progress: bool = doc(True, "show a progress bar on stderr")
-    threads: int = doc(0, "torch intra-op threads of the process (0: the cores / env.workers, at least 1)")
+    threads: int = doc(
+        0, "torch intra-op threads of the process (0: the cores / env.workers, at least 1)", ge=0
+    )
     env: EnvConfig = field(default_factory=EnvConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
@@ -57,16 +86,17 @@ class RunConfig:
         return max(1, cores // (max(processes_on_machine, 1) * self.env.workers))
 
     def __post_init__(self) -> None:
-        if self.updates < 1:
-            raise ValueError(f"updates must be >= 1, got {self.updates}")
+        check_fields(self)
+        for f in dataclasses.fields(self):  # the core sections too (they cannot import this checker)
+            if dataclasses.is_dataclass(section := getattr(self, f.name)):
+                check_fields(section, f.name)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.eval_episodes < 0 or self.eval_episodes == 1:
+        if self.eval_episodes == 1:
             raise ValueError(f"eval_episodes must be 0 or >= 2, got {self.eval_episodes}")
-        if self.threads < 0:
-            raise ValueError(f"threads must be >= 0, got {self.threads}")
-        if self.checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if not self.run_dir.strip():
+            raise ValueError("run_dir must not be empty")
+        check_run_name(self.name)
         if self.env.n_envs % self.ppo.n_minibatches:
             raise ValueError(
                 f"ppo.n_minibatches={self.ppo.n_minibatches} must divide env.n_envs={self.env.n_envs} "
@@ -175,4 +205,4 @@ def preset(name: str, overrides: dict[str, Any] | None = None) -> RunConfig:
     return with_overrides(RunConfig(), {**_flat(PRESETS[name]()), **(overrides or {})})
 
 
-__all__ = ["POLICIES", "PRESETS", "RunConfig", "preset"]
+__all__ = ["NAME_MAX", "POLICIES", "PRESETS", "RunConfig", "check_run_name", "preset"]

@@ -1,23 +1,79 @@
 """Generic helpers for frozen, slotted config dataclasses: documented fields, strict conversion to and
 from plain dicts (unknown keys rejected), and typed parsing of ``section.field=value`` overrides.
 
-Field docs live in ``field(metadata={"doc": ...})`` (use :func:`doc`); they become the CLI's help.
+Field docs live in ``field(metadata={"doc": ...})`` (use :func:`doc`); they become the CLI's help. A
+field's bounds live there too (``doc(0.9, "...", ge=0, lt=1)``), and :func:`check_fields` validates every
+field of a config against them in one place: every float must be finite (NaN and ±Inf are never a
+meaningful setting; ``None`` is how an optional field says "off"), every number inside its bounds, and
+tuples element by element. Each config's ``__post_init__`` calls it, so a bad value fails at parse time
+with one line naming the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 import typing
 from typing import Any
 
+#: Bound keywords of :func:`doc`, with the comparison each one demands of a value.
+BOUNDS = {"ge": (">=", float.__ge__), "gt": (">", float.__gt__), "le": ("<=", float.__le__),
+          "lt": ("<", float.__lt__)}  # fmt: skip
 
-def doc(default: Any, text: str) -> Any:
-    """A dataclass field with a default and a one-line doc."""
+
+def doc(
+    default: Any,
+    text: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> Any:
+    """A dataclass field with a default, a one-line doc and optional bounds (checked by
+    :func:`check_fields` on every number of the field: the value, or each element of a tuple)."""
     if isinstance(default, (list, dict, set)):
         raise TypeError("use an immutable default (tuple) for config fields")
-    return dataclasses.field(default=default, metadata={"doc": text})
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
+    return dataclasses.field(default=default, metadata={"doc": text, **bounds})
+
+
+def check_fields(cfg: Any, section: str = "") -> None:
+    """Validate every field of the config dataclass ``cfg`` (not its nested sections): floats finite,
+    numbers inside the bounds of their :func:`doc`, tuples element by element, ``None`` allowed.
+
+    Raises:
+        ValueError: one line naming the first bad field, ``"{section}.{name} must be ..., got ..."``.
+    """
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        name = _join(section, f.name)
+        for v in value if isinstance(value, tuple) else (value,):
+            _check_number(v, name, f.metadata)
+
+
+def _check_number(v: Any, name: str, meta: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    failed = [key for key, (_, ok) in BOUNDS.items() if key in meta and not ok(float(v), float(meta[key]))]
+    if failed:
+        raise ValueError(f"{name} must be {_describe(meta)}, got {v}")
+
+
+def _describe(meta: Any) -> str:
+    """``"in [0, 1)"`` for a two-sided bound, ``"> 0"`` for a one-sided one."""
+    low = next((k for k in ("ge", "gt") if k in meta), None)
+    high = next((k for k in ("le", "lt") if k in meta), None)
+    num = lambda x: f"{x:g}" if isinstance(x, float) else str(x)
+    if low and high:
+        left, right = "[" if low == "ge" else "(", "]" if high == "le" else ")"
+        return f"in {left}{num(meta[low])}, {num(meta[high])}{right}"
+    key = low or high
+    return f"{BOUNDS[key][0]} {num(meta[key])}"
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -532,6 +532,15 @@ def cifar10_task(
 def _text_task(name: str, splits: tuple[torch.Tensor, ...], *, ctx: int, batch_size: int,
                max_batches: int | None, val_max_batches: int | None, d_model: int, n_layers: int,
                n_heads: int, dropout: float, slot_every: int) -> Task:  # fmt: skip
+    # Every split must hold a window (plus its target byte); training starts at a random offset in
+    # [0, ctx), so it needs ctx more. Refused here, when the task is built, not an episode later.
+    needs = {"training": 2 * ctx, "validation": ctx + 1, "test": ctx + 1}
+    short = [f"{what} {len(t)} (needs {n})" for (what, n), t in zip(needs.items(), splits) if len(t) < n]
+    if short:
+        raise ValueError(
+            f"{name}: the text is too short for windows of ctx {ctx} bytes: {', '.join(short)} bytes; "
+            "use a longer file"
+        )
     data = _PerDevice(tuple(splits))
     return Task(
         name, "transformer", (ctx,), 256,

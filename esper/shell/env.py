@@ -32,7 +32,7 @@ from tensordict import TensorDict
 from esper.core.lifecycle import EVENT_KINDS as LIFECYCLE_EVENT_KINDS
 from esper.core.lifecycle import LifecycleConfig, clear_seeds, init_slots
 from esper.core.spec import ActionSpec, Stage
-from esper.shell.configtools import doc
+from esper.shell.configtools import check_fields, doc
 from esper.shell.data import Task, make_task
 from esper.shell.env_model import EnvModel
 from esper.shell.governor import Governor, GovernorConfig
@@ -51,24 +51,24 @@ class EnvConfig:
     data_path: str | None = doc(
         None, "local data path (cifar10: the binary batches' folder; tinystories: a .txt)"
     )
-    n_envs: int = doc(4, "hosts trained side by side; one PPO batch is one episode of each")
-    batch_size: int = doc(0, "host training batch size (0: the task's default)")
-    train_batches: int = doc(0, "training batches per epoch per env (0: the task's default)")
-    val_batches: int = doc(0, "validation batches per epoch (0: the task's default)")
-    image_size: int = doc(16, "digits: side the 8x8 images are resized to")
+    n_envs: int = doc(4, "hosts trained side by side; one PPO batch is one episode of each", ge=1)
+    batch_size: int = doc(0, "host training batch size (0: the task's default)", ge=0)
+    train_batches: int = doc(0, "training batches per epoch per env (0: the task's default)", ge=0)
+    val_batches: int = doc(0, "validation batches per epoch (0: the task's default)", ge=0)
+    image_size: int = doc(16, "digits: side the 8x8 images are resized to", ge=8)
     channels: tuple[int, ...] = doc((), "CNN hosts: channels of the three blocks (empty: the task's default)")
-    host_lr: float = doc(0.01, "host SGD learning rate")
-    seed_lr: float = doc(0.01, "seed SGD learning rate")
-    momentum: float = doc(0.9, "SGD momentum (host and seeds)")
-    weight_decay: float = doc(5e-4, "host weight decay")
-    slots: tuple[int, ...] = doc((), "enabled slot indices (empty: all of the host's slots)")
+    host_lr: float = doc(0.01, "host SGD learning rate", gt=0)
+    seed_lr: float = doc(0.01, "seed SGD learning rate", gt=0)
+    momentum: float = doc(0.9, "SGD momentum (host and seeds)", ge=0, lt=1)
+    weight_decay: float = doc(5e-4, "host weight decay", ge=0)
+    slots: tuple[int, ...] = doc((), "enabled slot indices (empty: all of the host's slots)", ge=0)
     device: str = doc("cpu", "device of the policy (and of the hosts unless devices is set)")
     devices: tuple[str, ...] = doc((), "devices for the hosts, assigned round-robin (empty: device)")
     amp: bool = doc(
         False, "mixed precision for host training: fp16 + a GradScaler per env on CUDA, bf16 on CPU"
     )
     workers: int = doc(
-        1, "CPU: envs trained concurrently by this many threads (1: one after the other)"
+        1, "CPU: envs trained concurrently by this many threads (1: one after the other)", ge=1
     )
     lr_schedule: str = doc(
         "constant", "host and seed learning rates over an episode: constant | cosine (1 -> 0 over the epochs)"
@@ -77,15 +77,9 @@ class EnvConfig:
     def __post_init__(self) -> None:
         if self.task not in TASKS:  # first: the checks below depend on the task
             raise ValueError(f"env.task must be one of {TASKS}, got {self.task!r}")
-        if self.n_envs < 1:
-            raise ValueError(f"env.n_envs must be >= 1, got {self.n_envs}")
-        if self.workers < 1:
-            raise ValueError(f"env.workers must be >= 1, got {self.workers}")
-        for name in ("batch_size", "train_batches", "val_batches"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
-        if self.image_size < 8:
-            raise ValueError(f"env.image_size must be >= 8, got {self.image_size}")
+        check_fields(self, "env")
+        for name, value in (("env.device", self.device), *(("env.devices", d) for d in self.devices)):
+            parse_device(value, name)
         bad_channels = self.task not in CNN_TASKS or len(self.channels) != 3 or min(self.channels) < 1
         if self.channels and bad_channels:
             raise ValueError(f"env.channels: three widths >= 1, for {CNN_TASKS} only; got {self.channels}")
@@ -111,6 +105,35 @@ class EnvConfig:
         if self.task in LOCAL_TASKS:
             kwargs["path"] = self.data_path
         return make_task(self.task, **kwargs)
+
+
+def parse_device(value: str, name: str = "device") -> torch.device:
+    """``value`` as a :class:`torch.device`, or a one-line ``ValueError`` naming the option."""
+    try:
+        return torch.device(value)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"{name}: {value!r} is not a device (e.g. cpu, cuda, cuda:1, mps)") from None
+
+
+def check_devices(cfg: EnvConfig) -> None:
+    """Refuse, in one line, a device this machine does not have (``cuda`` on a CPU-only machine or
+    build, ``cuda:3`` with two GPUs, ``mps`` off Apple silicon). Config parsing cannot do this: a
+    config is valid on the GPU machine it was written for."""
+    for name, value in (("env.device", cfg.device), *(("env.devices", d) for d in cfg.devices)):
+        dev = parse_device(value, name)
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    f"{name} {value!r}: CUDA is not available on this machine (no GPU, or a CPU-only torch "
+                    "build); use --env.device cpu"
+                )
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                n = torch.cuda.device_count()
+                raise ValueError(f"{name} {value!r}: this machine has {n} CUDA device(s)")
+        elif dev.type == "mps" and not torch.backends.mps.is_available():
+            raise ValueError(f"{name} {value!r}: MPS is not available on this machine; use --env.device cpu")
+        elif dev.type not in ("cpu", "cuda", "mps"):
+            raise ValueError(f"{name} {value!r}: esper runs on cpu, cuda or mps devices")
 
 
 def _uses_dropout(module: torch.nn.Module) -> bool:
@@ -188,6 +211,7 @@ class VecEnv:
         task: Task | None = None,
         first_env: int = 0,
     ) -> None:
+        check_devices(cfg)
         self.cfg, self.lifecycle = cfg, lifecycle
         #: Global index of this VecEnv's first env (several processes may each run a slice).
         self.first_env = first_env

@@ -27,7 +27,6 @@ training nor the controller ever reads) and the parameters the controller added.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -44,6 +43,7 @@ from esper.core.rewards import RewardConfig
 from esper.shell.agent import PPOController, build_learner
 from esper.shell.baselines import GROW_ALL_BLUEPRINT, GrowAllController, RandomController, StaticController
 from esper.shell.checkpoint import load_checkpoint
+from esper.shell.cli import OneLineParser, report
 from esper.shell.config import RunConfig
 from esper.shell.configtools import from_dict
 from esper.shell.data import Task
@@ -53,6 +53,7 @@ from esper.shell.rollout import EpisodeRunner
 from esper.shell.stats import mean_ci95, spearman
 from esper.shell.telemetry import progress
 
+PROG = "python -m esper.shell.evaluate"
 CONTROLLERS = ("ppo", "static", "random", "heuristic", "grow_all")
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
 EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
@@ -183,6 +184,8 @@ def evaluate(run_dir: str | Path, *, episodes: int = 20, seed: int = 0,
         if not ckpt.is_file():
             raise FileNotFoundError(f"{ckpt} not found: evaluate a run that finished an update")
         checkpoint = load_checkpoint(ckpt, map_location=cfg.env.device)
+        if "trainer" not in checkpoint:
+            raise ValueError(f"{ckpt} has no 'trainer' entry: not a checkpoint of python -m esper.shell.run")
     results = evaluate_config(cfg, controllers, episodes=episodes, seed=seed, checkpoint=checkpoint,
                               sample=sample, show_progress=show_progress)  # fmt: skip
     results["meta"]["run_dir"] = str(run_dir)
@@ -332,8 +335,8 @@ def report_markdown(results: dict, plots: Sequence[Path]) -> str:
 
 # ---------------------------------------------------------------------------------------------- CLI
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m esper.shell.evaluate",
+    p = OneLineParser(
+        prog=PROG,
         allow_abbrev=False,
         description="Evaluate a trained controller against baselines on fresh hosts.",
     )
@@ -351,8 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = evaluate(args.run_dir, episodes=args.episodes, seed=args.seed, controllers=names,
                            sample=args.sample, show_progress=not args.no_progress)  # fmt: skip
     except (OSError, ValueError) as e:
-        print(f"esper.evaluate: error: {e}", file=sys.stderr)
-        return 2
+        return report(PROG, e)
     for name, s in results["controllers"].items():
         lo, hi = s["test_acc_ci95"]
         print(f"{name:>10}: test acc {s['test_acc_mean']:5.1f} % [{lo:5.1f}, {hi:5.1f}]  "

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from esper.shell.configtools import doc
+from esper.shell.configtools import check_fields, doc
 
 #: Reasons :meth:`Governor.check` may return.
 PANIC_REASONS = ("nonfinite", "lobotomy", "spike")
@@ -43,36 +43,27 @@ PANIC_REASONS = ("nonfinite", "lobotomy", "spike")
 @dataclass(frozen=True, slots=True)
 class GovernorConfig:
     enabled: bool = doc(True, "watch validation losses and roll back a host that blew up")
-    history: int = doc(20, "validation losses kept per env for the spike statistics")
-    min_history: int = doc(10, "losses needed before a statistical spike can be declared")
-    lobotomy_fraction: float = doc(0.6, "'had learned' means history mean below this x the random-guess loss")
+    history: int = doc(20, "validation losses kept per env for the spike statistics", ge=1)
+    min_history: int = doc(10, "losses needed before a statistical spike can be declared", ge=1)
+    lobotomy_fraction: float = doc(
+        0.6, "'had learned' means history mean below this x the random-guess loss", gt=0, le=1
+    )
     lobotomy_tolerance: float = doc(
-        0.065, "'back to random guessing' means within this relative distance of the random-guess loss"
+        0.065, "'back to random guessing' means within this relative distance of the random-guess loss", ge=0
     )
     panic_loss: float = doc(12.0, "a spike must exceed this absolute loss")
-    sigma: float = doc(6.0, "a spike must exceed mean + sigma x std of the history")
-    mean_factor: float = doc(3.0, "a spike must exceed this x the history mean")
-    consecutive: int = doc(3, "consecutive spiking epochs before a panic")
-    snapshot_every: int = doc(5, "snapshot the host every this many epochs (and at epoch 0)")
-    penalty: float = doc(10.0, "reward penalty (magnitude) for the env at the step of a rollback")
+    sigma: float = doc(6.0, "a spike must exceed mean + sigma x std of the history", ge=0)
+    mean_factor: float = doc(3.0, "a spike must exceed this x the history mean", ge=1)
+    consecutive: int = doc(3, "consecutive spiking epochs before a panic", ge=1)
+    snapshot_every: int = doc(5, "snapshot the host every this many epochs (and at epoch 0)", ge=1)
+    penalty: float = doc(10.0, "reward penalty (magnitude) for the env at the step of a rollback", ge=0)
 
     def __post_init__(self) -> None:
-        for name in ("history", "min_history", "consecutive", "snapshot_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"governor.{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self, "governor")
         if self.min_history > self.history:
             raise ValueError(
                 f"governor.min_history ({self.min_history}) must be <= governor.history ({self.history})"
             )
-        if not 0.0 < self.lobotomy_fraction <= 1.0:
-            raise ValueError(f"governor.lobotomy_fraction must be in (0, 1], got {self.lobotomy_fraction}")
-        for name in ("lobotomy_tolerance", "sigma", "penalty"):
-            if not getattr(self, name) >= 0.0:
-                raise ValueError(f"governor.{name} must be >= 0, got {getattr(self, name)}")
-        if not self.mean_factor >= 1.0:
-            raise ValueError(f"governor.mean_factor must be >= 1, got {self.mean_factor}")
-        if not math.isfinite(self.panic_loss):
-            raise ValueError(f"governor.panic_loss must be finite, got {self.panic_loss}")
 
 
 class _EnvWatch:

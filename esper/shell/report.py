@@ -17,7 +17,6 @@ matplotlib's object API on the Agg canvas: no pyplot, no global backend state.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections import Counter, defaultdict
@@ -28,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from esper.core.spec import Stage
-from esper.shell.telemetry import read_events
+from esper.shell.cli import OneLineParser, describe
+from esper.shell.telemetry import scan_events
 
 STAGE_COLORS = {
     "DORMANT": "#e6e6e6",
@@ -80,14 +80,19 @@ CONFIG_HIGHLIGHTS = (
 class Run:
     """The events of one log, grouped by kind."""
 
-    def __init__(self, events: list[dict[str, Any]]) -> None:
+    def __init__(self, events: list[dict[str, Any]], torn: str | None = None) -> None:
         by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for e in events:
             by_kind[e["event"]].append(e)
         self.start = by_kind["run_start"][-1] if by_kind["run_start"] else None
         self.end = by_kind["run_end"][-1] if by_kind["run_end"] else None
-        self.episodes = by_kind["episode"]
-        self.ppo = sorted(by_kind["ppo_update"], key=lambda e: e["update"])
+        # An update logged twice (a log written before resumes rewound it) counts once: its last copy.
+        self.episodes = _last_of(by_kind["episode"], ("update", "env"))
+        self.ppo = sorted(_last_of(by_kind["ppo_update"], ("update",)), key=lambda e: e["update"])
+        logged = len(by_kind["episode"]) + len(by_kind["ppo_update"])
+        self.duplicates = logged - len(self.episodes) - len(self.ppo)
+        self.rewound = sum(int(e.get("discarded", 0)) for e in by_kind["log_rewound"])
+        self.torn = torn
         self.epochs = by_kind["epoch"]
         self.lifecycle = by_kind["lifecycle"]
         self.anomalies = by_kind["anomaly"]
@@ -106,6 +111,12 @@ class Run:
     def updates(self) -> list[int]:
         seen = {e["update"] for e in self.episodes} | {e["update"] for e in self.ppo}
         return sorted(seen)
+
+
+def _last_of(events: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``events`` with one event per value of ``keys`` (the last one), in the order of those."""
+    last = {tuple(e.get(k) for k in keys): e for e in events}
+    return list(last.values())
 
 
 def _num(v: Any) -> bool:
@@ -369,6 +380,13 @@ def summary_markdown(run: Run, run_dir: Path, plots: Sequence[Path]) -> str:
         )
     if run.checkpoints:
         lines.append(f"- last checkpoint: `{_fmt(run.checkpoints[-1].get('path'))}`")
+    if run.rewound:
+        lines.append(f"- {run.rewound} event line(s) of updates lost in a crash were moved to "
+                     "`events.discarded.jsonl` on resume (logged again by the resumed run)")  # fmt: skip
+    if run.duplicates:
+        lines.append(f"- {run.duplicates} duplicate episode / PPO-update event(s) counted once")
+    if run.torn is not None:
+        lines.append(f"- the log ends with a torn line ({len(run.torn)} characters, skipped)")
     lines += ["", f"## Anomalies ({len(run.anomalies)})", ""]
     if run.anomalies:
         lines += ["| update | kind | value | threshold | detail |", "|---|---|---|---|---|"]
@@ -398,7 +416,7 @@ def write_report(run_dir: str | Path) -> Path:
     log = run_dir / "events.jsonl"
     if not log.is_file():
         raise FileNotFoundError(f"{log} does not exist (is {run_dir} a run directory?)")
-    run = Run(read_events(log))
+    run = Run(*scan_events(log))
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
     written = [p for name, fn in PLOTS if (p := fn(run, plot_dir / name)) is not None]
@@ -408,15 +426,15 @@ def write_report(run_dir: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m esper.shell.report", description="Plots and a markdown summary of an esper run."
     )
     parser.add_argument("run_dir", type=Path, help="run directory holding events.jsonl")
     args = parser.parse_args(argv)
     try:
         out = write_report(args.run_dir)
-    except FileNotFoundError as e:
-        parser.error(str(e))
+    except (OSError, ValueError) as e:  # a missing directory or log, a malformed log line, ...
+        parser.error(describe(e))
     print(f"wrote {out} and {out.parent / 'plots'}", file=sys.stderr)
     return 0
 

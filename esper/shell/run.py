@@ -1,6 +1,6 @@
 """``python -m esper.shell.run``: train Tamiyo (or run the heuristic) and leave a run directory.
 
-    python -m esper.shell.run                         # the embedded default (digits, CPU, minutes)
+    python -m esper.shell.run                         # the embedded default (MNIST-1D, CPU, minutes)
     python -m esper.shell.run --preset stdlib_text    # byte-level LM on the stdlib's source
     python -m esper.shell.run --preset cifar10 --env.data_path /data/cifar-10-batches-bin
     python -m esper.shell.run --policy heuristic      # the reference's rules as a baseline
@@ -8,11 +8,31 @@
     python -m esper.shell.run --resume runs/default-20261122-101500 --updates 12
 
 Every config field is an option (``--section.field VALUE``; see ``--help``); unknown options and bad
-values are refused with a message. The run directory holds ``config.json``, ``provenance.json``
-(versions, git revision, machine), ``events.jsonl`` (every epoch, episode, lifecycle event, PPO update
-and anomaly), ``checkpoint.pt`` (policy, optimizer, normalizer statistics, RNG states, config, progress;
-written atomically and loaded with ``weights_only=True``), ``summary.txt``, ``report.md`` and
-``plots/``. Ctrl-C writes a checkpoint before exiting; ``--resume`` continues from it.
+values are refused with one line (:mod:`esper.shell.cli`). The run directory holds ``config.json``,
+``provenance.json`` (versions, git revision, machine), ``events.jsonl`` (every epoch, episode, lifecycle
+event, PPO update and anomaly), ``checkpoint.pt`` (policy, optimizer, normalizer statistics, RNG
+states, config, progress; written atomically with a content hash, loaded with ``weights_only=True``),
+``summary.txt``, ``report.md`` and ``plots/``.
+
+What holds whatever happens:
+
+* **Nothing is touched before the request is known to be good.** Config values are validated when
+  parsed; the device must exist; a ``--resume`` loads and verifies the checkpoint, checks it against
+  the config (only the fields in :data:`RESUMABLE` may change) and refuses fewer ``--updates`` than
+  done, all before a file of the run directory is written.
+* **One process per run directory** (:class:`~esper.shell.rundir.RunDirLock`): a second run of the
+  same ``--name``, or a ``--resume`` of a running run, is refused; a crashed run leaves no stale lock.
+* **A checkpoint is always the state at an update boundary.** The state after each update (RNG states
+  included) is kept in memory; the checkpoint is written from it every ``checkpoint_every`` updates,
+  and on Ctrl-C or SIGTERM (handled alike) the last finished update's state is written, never a
+  half-done rollout or PPO update. Ctrl-C during a checkpoint write waits for the write.
+* **A non-finite update never reaches a checkpoint**: the trainer rolls it back, the checkpoint writer
+  refuses NaN/Inf, and a run that cannot continue (``ppo.max_bad_updates`` rolled-back updates in a
+  row, or a non-finite rollout) stops with one line, its last checkpoint intact and resumable with
+  saner options.
+* **The log matches the checkpoint.** A resume first moves the events of updates its checkpoint does
+  not hold (a crash between logging an episode and its checkpoint) and any torn last line to
+  ``events.discarded.jsonl``, and logs how many (``log_rewound``), so no episode is counted twice.
 """
 
 from __future__ import annotations
@@ -29,22 +49,43 @@ from pathlib import Path
 import torch
 
 from esper.shell.agent import PPOController, build_learner
-from esper.shell.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from esper.shell.checkpoint import (
+    load_checkpoint,
+    remove_stale_temporaries,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from esper.shell.cli import STOPPED, CliError, OneLineParser, describe, report
 from esper.shell.config import PRESETS, RunConfig, preset
 from esper.shell.configtools import fields_flat, from_dict, to_dict, with_overrides
-from esper.shell.env import VecEnv
+from esper.shell.env import VecEnv, check_devices
 from esper.shell.heuristic import HeuristicController
 from esper.shell.rollout import EpisodeRunner
+from esper.shell.rundir import RunDirBusy, RunDirLock, StopSignals, Terminated
 from esper.shell.stats import mean_ci95
-from esper.shell.telemetry import AnomalyDetector, EventLog, progress, summary_table
+from esper.shell.telemetry import AnomalyDetector, EventLog, progress, rewind_events, summary_table
 
+PROG = "python -m esper.shell.run"
 CHECKPOINT = "checkpoint.pt"
+EVENTS = "events.jsonl"
+#: What a checkpoint of this module holds (a file without one of them is refused when resuming).
+PAYLOAD_KEYS = ("trainer", "policy_generator", "detector", "rng", "config", "progress")
+#: Config fields a ``--resume`` may change (a dotted prefix ending in "." covers a section): how long
+#: and how the run goes on, where it runs, the PPO hyperparameters other than the network's shape,
+#: the anomaly thresholds. Anything else (task, host, lifecycle, reward, governor, seed, policy) defines
+#: the problem the saved controller learns; changing it is a new run.
+RESUMABLE = ("updates", "progress", "report", "eval_episodes", "threads", "checkpoint_every", "compile",
+             "run_dir", "name", "env.workers", "env.device", "env.devices", "env.amp", "env.data_path",
+             "ppo.", "anomaly.")  # fmt: skip
+#: ... except these, which fix the shapes of the saved tensors.
+SHAPE_FIELDS = ("ppo.hidden", "ppo.head_hidden")
 
 
 # ------------------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m esper.shell.run",
+    p = OneLineParser(
+        prog=PROG,
         description="Train Tamiyo, the morphogenetic-growth controller, with recurrent PPO.",
         allow_abbrev=False,  # a misspelled or partial option is an error, never a silent prefix match
     )
@@ -73,18 +114,50 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def resolve_config(args: argparse.Namespace) -> RunConfig:
+def resolve_config(args: argparse.Namespace, checkpoint: dict | None = None) -> RunConfig:
+    """The run's config: a resumed run's checkpoint config, else ``--config`` or the preset, with the
+    options applied and validated.
+
+    Raises:
+        ValueError, TypeError: a bad option or value, or an unreadable ``--config`` (one line).
+    """
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg:") and v is not None}
-    if args.resume:
-        path = Path(args.resume) / "config.json"
-        if not path.is_file():
-            raise SystemExit(f"--resume: {path} not found (is {args.resume} a run directory?)")
-        base = from_dict(RunConfig, json.loads(path.read_text()))
+    if checkpoint is not None:
+        base = from_dict(RunConfig, checkpoint["config"])
     elif args.config:
-        base = from_dict(RunConfig, json.loads(Path(args.config).read_text()))
+        try:
+            data = json.loads(Path(args.config).read_text())
+        except OSError as e:
+            raise ValueError(f"--config {args.config}: {e.strerror}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"--config {args.config} is not JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"--config {args.config} must hold a JSON object (the config sections)")
+        base = from_dict(RunConfig, data)
     else:  # the preset and the options are validated together (cifar10 needs --env.data_path)
         return preset(args.preset, overrides)
     return with_overrides(base, overrides)
+
+
+def check_resume(saved: dict, cfg: RunConfig, done: int) -> None:
+    """Refuse (``ValueError``, one line) a resumed config that changes a field outside
+    :data:`RESUMABLE` (or a shape field), or that asks for fewer updates than ``done``."""
+    old = _flat_values(to_dict(from_dict(RunConfig, saved)))  # defaults filled in, like cfg's
+    new = _flat_values(to_dict(cfg))
+    fixed = lambda k: k in SHAPE_FIELDS or not any(k == r or (r.endswith(".") and k.startswith(r))
+                                                   for r in RESUMABLE)  # fmt: skip
+    changed = [k for k in sorted(set(old) | set(new)) if fixed(k) and old.get(k) != new.get(k)]
+    if changed:
+        diff = ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+        raise ValueError(
+            f"the checkpoint does not match this config: {diff}; a resumed run keeps these fields "
+            "(start a new run to change them)"
+        )
+    if cfg.updates < done:
+        raise ValueError(
+            f"--updates {cfg.updates} is fewer than the {done} update(s) this run has done; pass "
+            f"--updates N with N >= {done}"
+        )
 
 
 # ---------------------------------------------------------------------------------------- provenance
@@ -116,9 +189,10 @@ def provenance(cfg: RunConfig) -> dict:
 
 # --------------------------------------------------------------------------------------------- run
 class Run:
-    """Everything one run holds; :meth:`train` is the loop."""
+    """Everything one run holds; :meth:`train` is the loop. ``checkpoint`` (a loaded payload) restores
+    a resumed run; nothing is written until :meth:`open_log`."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, *, resume: bool) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, checkpoint: dict | None = None) -> None:
         self.cfg, self.dir = cfg, run_dir
         torch.manual_seed(cfg.seed)
         self.env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed)
@@ -134,34 +208,77 @@ class Run:
         self.detector = AnomalyDetector(cfg.anomaly, target_kl=cfg.ppo.target_kl)
         self.start = 0
         self.rows: list[dict] = []
-        if resume:
-            self._load()
-        self.log = EventLog(self.dir / "events.jsonl", append=resume)
+        #: The update of the newest checkpoint on disk (None: none yet).
+        self.saved: int | None = None
+        self.log: EventLog | None = None
+        self.signals = StopSignals()  # inactive unless main() enters it
+        if checkpoint is not None:
+            self._load(checkpoint)
 
-    def _load(self) -> None:
-        ckpt = load_checkpoint(self.dir / CHECKPOINT, map_location=self.cfg.env.device)
-        self.trainer.load_state_dict(ckpt["trainer"])
-        self.generator.set_state(ckpt["policy_generator"].to(self.generator.device))
-        self.detector.load_state_dict(ckpt["detector"])
-        set_rng_state(ckpt["rng"])
-        self.start = int(ckpt["progress"]["update"])
-        self.rows = list(ckpt["progress"]["rows"])
+    def _load(self, ckpt: dict) -> None:
+        missing = [k for k in PAYLOAD_KEYS if k not in ckpt]
+        if missing:
+            raise ValueError(
+                f"checkpoint {self.dir / CHECKPOINT} has no {', '.join(map(repr, missing))} entry: it was "
+                "not written by python -m esper.shell.run"
+            )
+        try:
+            self.trainer.load_state_dict(ckpt["trainer"])
+            self.generator.set_state(ckpt["policy_generator"].to(self.generator.device))
+            self.detector.load_state_dict(ckpt["detector"])
+            set_rng_state(ckpt["rng"])
+            self.start = int(ckpt["progress"]["update"])
+            self.rows = list(ckpt["progress"]["rows"])
+        except (KeyError, RuntimeError, TypeError, ValueError, AttributeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"checkpoint {self.dir / CHECKPOINT} does not fit this run: {first}") from None
+        self.saved = self.start
 
-    def save(self, update: int) -> Path:
+    def open_log(self, *, resume: bool) -> None:
+        """Open ``events.jsonl`` (a resumed run first rewinds it to its checkpoint, see the module
+        docstring) and log ``run_start``."""
+        path = self.dir / EVENTS
+        moved = rewind_events(path, self.start) if resume else 0
+        self.log = EventLog(path, append=resume)
+        prov = provenance(self.cfg)
+        self.log.write("run_start", config=to_dict(self.cfg), provenance=prov, resumed_from=self.start)
+        if moved:
+            self.log.write("log_rewound", update=self.start, discarded=moved, path="events.discarded.jsonl")
+            print(f"esper: {moved} event line(s) of updates after the checkpoint (update {self.start}) moved "
+                  f"to {path.with_name('events.discarded.jsonl')}", file=sys.stderr)  # fmt: skip
+
+    def boundary(self, update: int) -> dict:
+        """The checkpoint payload of the state right now, which must be an update boundary (``update``
+        updates done), copied to the CPU so the run can go on changing its own state."""
         payload = {
             "trainer": self.trainer.state_dict(),
             "policy_generator": self.generator.get_state(),
             "detector": self.detector.state_dict(),
             "rng": rng_state(),
             "config": to_dict(self.cfg),
-            "progress": {"update": update, "rows": self.rows},
+            "progress": {"update": update, "rows": list(self.rows)},
         }
-        path = save_checkpoint(self.dir / CHECKPOINT, payload)
-        self.log.write("checkpoint", update=update, path=str(path))
+        return _cpu_copy(payload)
+
+    def save(self, payload: dict) -> Path:
+        """Write ``payload`` (from :meth:`boundary`) as the checkpoint; Ctrl-C / SIGTERM wait for it."""
+        update = payload["progress"]["update"]
+        with self.signals.deferred():
+            path = save_checkpoint(self.dir / CHECKPOINT, payload)
+        self.saved = update
+        self._event("checkpoint", update=update, path=str(path))
         return path
 
+    def _event(self, event: str, /, **fields) -> None:
+        if self.log is None:
+            self.open_log(resume=False)
+        self.log.write(event, **fields)  # type: ignore[union-attr]
+
     def train(self) -> int:
+        """Run the remaining updates; returns the exit status (0, or see :mod:`esper.shell.cli`)."""
         cfg = self.cfg
+        if self.log is None:
+            self.open_log(resume=False)
         T = cfg.lifecycle.max_epochs
         bar = progress(
             (cfg.updates - self.start) * T, desc=f"{cfg.policy} {cfg.env.task}", enabled=cfg.progress
@@ -170,6 +287,7 @@ class Run:
             self.env, self.controller, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma,
             on_epoch=lambda ev: bar.update(1),
         )  # fmt: skip
+        last = self.boundary(self.start)  # the state a stop falls back to
         update = self.start
         try:
             for update in range(self.start, cfg.updates):
@@ -179,38 +297,78 @@ class Run:
                 row = {"update": update + 1, **_episode_means(result.episodes)}
                 if self.controller.learns:
                     metrics = self.trainer.update(result.rollout)
-                    self.log.write("ppo_update", update=update + 1, **metrics)
+                    self._event("ppo_update", update=update + 1, **metrics)
                     for anomaly in self.detector.check(metrics):
-                        self.log.write("anomaly", update=update + 1, **anomaly.as_dict())
+                        self._event("anomaly", update=update + 1, **anomaly.as_dict())
                         bar.write(f"anomaly at update {update + 1}: {anomaly}")
+                    if self.trainer.bad_streak >= cfg.ppo.max_bad_updates:
+                        n = self.trainer.bad_streak
+                        raise FloatingPointError(
+                            f"the last {n} PPO update(s) were rolled back (a non-finite loss or gradient "
+                            "each time)"
+                        )
                     row.update(kl=metrics.get("kl_approx"), entropy=metrics.get("entropy"),
                                ev=metrics.get("explained_variance"))  # fmt: skip
                 row["seconds"] = time.perf_counter() - t0
                 self.rows.append(row)
                 bar.set_postfix(test=f"{row['test_acc']:.1f}", ret=f"{row['return']:.2f}")
+                last = self.boundary(update + 1)
                 if (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates:
-                    self.save(update + 1)
-        except KeyboardInterrupt:
+                    self.save(last)
             bar.close()
-            path = self.save(update)
-            print(f"\ninterrupted: checkpoint of the last finished update in {path}; resume with "
-                  f"--resume {self.dir}", file=sys.stderr)  # fmt: skip
-            self.log.write("run_end", interrupted=True, updates=update)
-            self.log.close()
-            return 130
-        bar.close()
+            return self._finish()
+        except KeyboardInterrupt as e:
+            bar.close()
+            if isinstance(e, Terminated):
+                return self._stop(last, 143, "stopped by SIGTERM", "")
+            return self._stop(last, 130, "interrupted", "")
+        except FloatingPointError as e:  # a non-finite rollout, or updates rolled back again and again
+            bar.close()
+            why = f"stopped during update {update + 1}: {e}"
+            return self._stop(last, STOPPED, why, " and saner options (e.g. a lower --ppo.lr)")
+        except OSError as e:  # disk full, ...
+            bar.close()
+            return self._stop(last, STOPPED, f"stopped during update {update + 1}: {describe(e)}", "")
+
+    def _stop(self, last: dict, status: int, why: str, hint: str) -> int:
+        """End a run that cannot go on: write ``last`` (the newest update boundary) if it is newer
+        than the checkpoint on disk, and say in one line what happened and how to go on."""
+        done = last["progress"]["update"]
+        try:
+            with self.signals.deferred(drop=True):  # a second Ctrl-C does not cut this write short
+                if self.saved is None or done > self.saved:
+                    self.save(last)
+        except (FloatingPointError, OSError) as e:
+            why += f"; the checkpoint of update {done} could not be written ({describe(e)})"
+        if self.saved is None:
+            state = "no checkpoint was written; start the run again"
+        else:
+            where = self.dir / CHECKPOINT
+            state = f"the checkpoint of update {self.saved} ({where}) is intact: resume with "
+            state += f"--resume {self.dir}"
+        line = f"{why}; {state}{hint}"
+        print(f"{PROG}: error: {line}" if status == STOPPED else f"\nesper: {line}", file=sys.stderr)
+        try:
+            self._event("run_end", interrupted=True, updates=done, status=status, reason=why)
+            self.log.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        return status
+
+    def _finish(self) -> int:
+        cfg = self.cfg
         table = summary_table(self.rows, [c for c in SUMMARY_COLUMNS if any(c in r for r in self.rows)])
         print(table)
         check = self.heldout_check() if cfg.eval_episodes else None
         if check is not None:
             print(check["text"])
             table += "\n\n" + check["text"]
-            self.log.write("heldout_check", **{k: v for k, v in check.items() if k != "text"})
+            self._event("heldout_check", **{k: v for k, v in check.items() if k != "text"})
         (self.dir / "summary.txt").write_text(table + "\n")
-        self.log.write(
+        self._event(
             "run_end", interrupted=False, updates=cfg.updates, summary=self.rows[-1] if self.rows else {}
         )
-        self.log.close()
+        self.log.close()  # type: ignore[union-attr]
         if cfg.report:
             from esper.shell.report import write_report
 
@@ -248,14 +406,25 @@ class Run:
 
     def _log_episodes(self, update: int, result) -> None:
         for ev in result.epochs:
-            self.log.write("epoch", update=update + 1, **ev)
+            self._event("epoch", update=update + 1, **ev)
         for ev in result.lifecycle:
-            self.log.write("lifecycle", update=update + 1, **ev)
+            self._event("lifecycle", update=update + 1, **ev)
         for ev in result.governor:
-            self.log.write("governor", update=update + 1, **ev)
+            self._event("governor", update=update + 1, **ev)
         for ep in result.episodes:
-            self.log.write("episode", update=update + 1, **ep)
-        self.log.write("timings", update=update + 1, **result.timings)
+            self._event("episode", update=update + 1, **ep)
+        self._event("timings", update=update + 1, **result.timings)
+
+
+def _cpu_copy(obj):
+    """A deep copy of a payload with every tensor cloned to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return type(obj)((k, _cpu_copy(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
 
 
 SUMMARY_COLUMNS = ("update", "return", "test_acc", "val_acc", "params", "fossilized", "pruned", "kl",
@@ -278,38 +447,116 @@ def _episode_means(episodes: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The CLI; returns the exit status (usage errors exit through ``SystemExit(2)``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        cfg = resolve_config(args)
+        if args.print_config:
+            checkpoint = _read_checkpoint(parser, Path(args.resume)) if args.resume else None
+            print(json.dumps(to_dict(_config(parser, args, checkpoint)), indent=2))
+            return 0
+        with StopSignals() as signals:
+            return _start(parser, args, signals)
+    except CliError as e:
+        return report(PROG, e)
+    except KeyboardInterrupt as e:  # before the first update began (after it, Run.train handles it)
+        print(f"\nesper: {'stopped by SIGTERM' if isinstance(e, Terminated) else 'interrupted'} before "
+              "training began; no checkpoint was written", file=sys.stderr)  # fmt: skip
+        return 143 if isinstance(e, Terminated) else 130
+
+
+def _config(parser: argparse.ArgumentParser, args: argparse.Namespace, checkpoint: dict | None) -> RunConfig:
+    try:
+        return resolve_config(args, checkpoint)
     except (ValueError, TypeError) as e:
         parser.error(str(e))
-    if args.print_config:
-        print(json.dumps(to_dict(cfg), indent=2))
-        return 0
+
+
+def _read_checkpoint(parser: argparse.ArgumentParser, run_dir: Path) -> dict:
+    if not run_dir.is_dir():
+        parser.error(f"--resume: {run_dir} not found (is it a run directory?)")
+    path = run_dir / CHECKPOINT
+    if not path.is_file():
+        raise CliError(
+            f"--resume: {path} not found: the run in {run_dir} stopped before its first checkpoint (start it "
+            "again as a new run)"
+        )
+    try:
+        checkpoint = load_checkpoint(path, map_location="cpu")
+    except (OSError, ValueError) as e:
+        raise CliError(f"--resume: {describe(e)}") from None
+    if not isinstance(checkpoint.get("config"), dict) or not isinstance(checkpoint.get("progress"), dict):
+        raise CliError(f"--resume: {path} has no config or progress: it was not written by {PROG}")
+    return checkpoint
+
+
+def _start(parser: argparse.ArgumentParser, args: argparse.Namespace, signals: StopSignals) -> int:
+    """Check, lock, build, then (only then) write: see "Nothing is touched" in the module docstring."""
+    run = None
     if args.resume:
         run_dir = Path(args.resume)
-    else:
-        name = cfg.name or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(cfg.run_dir) / name
-        if (run_dir / CHECKPOINT).exists():
-            parser.error(f"{run_dir} already holds a run; use --resume {run_dir} or another --name")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-    if args.resume:
-        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-    (run_dir / "provenance.json").write_text(json.dumps(provenance(cfg), indent=2))
-    torch.set_num_threads(cfg.torch_threads())
+        if not run_dir.is_dir():
+            parser.error(f"--resume: {run_dir} not found (is it a run directory?)")
+    else:  # a new run: everything that can be checked without the directory is, before it exists
+        cfg = _config(parser, args, None)
+        run_dir = Path(cfg.run_dir) / (cfg.name or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+        _refuse_existing(run_dir)
+        _check(check_devices, cfg.env)
+        torch.set_num_threads(cfg.torch_threads())
+        run = _build(cfg, run_dir, None)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CliError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
     try:
-        run = Run(cfg, run_dir, resume=bool(args.resume))
-    except (OSError, ValueError) as e:  # bad data path, unreadable checkpoint, ...: one clear line
-        print(f"esper: error: {e}", file=sys.stderr)
-        return 2
-    run.log.write("run_start", config=to_dict(cfg), provenance=provenance(cfg), resumed_from=run.start)
-    shape = f"{cfg.env.n_envs} envs x {cfg.lifecycle.max_epochs} epochs"
-    todo = f"{cfg.updates - run.start} update(s)"
-    print(f"esper: {cfg.policy} on {cfg.env.task}, {shape}, {todo} -> {run_dir}", file=sys.stderr)
-    return run.train()
+        lock = RunDirLock(run_dir).acquire()
+    except RunDirBusy as e:
+        raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"cannot use the run directory {run_dir}: {e.strerror}") from None
+    with lock:
+        if run is None:
+            checkpoint = _read_checkpoint(parser, run_dir)
+            cfg = _config(parser, args, checkpoint)
+            _check(check_resume, checkpoint["config"], cfg, int(checkpoint["progress"]["update"]))
+            _check(check_devices, cfg.env)
+            torch.set_num_threads(cfg.torch_threads())
+            run = _build(cfg, run_dir, checkpoint)
+        else:
+            _refuse_existing(run_dir)  # again, under the lock: another run may have just written one
+        try:
+            remove_stale_temporaries(run_dir / CHECKPOINT)
+            # Only now, with the request known to be good, is anything of the run directory written.
+            (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+            (run_dir / "provenance.json").write_text(json.dumps(provenance(cfg), indent=2))
+            run.open_log(resume=bool(args.resume))
+        except OSError as e:  # a read-only directory, disk full, ...
+            raise CliError(describe(e)) from None
+        run.signals = signals
+        shape = f"{cfg.env.n_envs} envs x {cfg.lifecycle.max_epochs} epochs"
+        todo = f"{cfg.updates - run.start} update(s)"
+        print(f"esper: {cfg.policy} on {cfg.env.task}, {shape}, {todo} -> {run_dir}", file=sys.stderr)
+        return run.train()
+
+
+def _refuse_existing(run_dir: Path) -> None:
+    if (run_dir / CHECKPOINT).exists():
+        raise CliError(f"{run_dir} already holds a run; use --resume {run_dir} or another --name")
+
+
+def _build(cfg: RunConfig, run_dir: Path, checkpoint: dict | None) -> Run:
+    try:
+        return Run(cfg, run_dir, checkpoint)
+    except (OSError, ValueError) as e:  # missing or too little data, a checkpoint that does not fit, ...
+        raise CliError(describe(e)) from None
+
+
+def _check(fn, *args) -> None:
+    """Call a validator; its ``ValueError`` becomes the run's one-line error."""
+    try:
+        fn(*args)
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 **Event log.** :class:`EventLog` writes one JSON object per line, ``{"event": kind, "t": seconds
 since the log opened, **fields}``, flushed line by line (a crash loses at most the line being
-written; :func:`read_events` skips a truncated last line). Values are made JSON-safe by
-:func:`jsonable`: tensors and numpy values become numbers or lists, NaN/±Inf become ``null``, enums
-their name, dataclasses dicts.
+written; :func:`read_events` skips a truncated last line and says so, and appending after one first
+moves it aside). Values are made JSON-safe by :func:`jsonable`: tensors and numpy values become
+numbers or lists, NaN/±Inf become ``null``, enums their name, dataclasses dicts.
 
 **Schema** (what the trainer emits and :mod:`esper.shell.report` reads; lists marked [env] have one
 entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
@@ -28,7 +28,9 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
 ``ppo_update``
     ``update``, ``loss_objective``, ``loss_critic``, ``loss_entropy``, ``entropy``, ``kl_approx``,
     ``clip_fraction``, ``value_clip_fraction``, ``explained_variance``, ``max_ratio``, ``min_ratio``,
-    ``entropy_coef``, ``lr``, ``epochs_run``, ``early_stopped``, ``grad_norm``, ``seconds``; per-head
+    ``entropy_coef``, ``lr``, ``epochs_run``, ``minibatch_steps``, ``early_stopped``,
+    ``nonfinite_steps`` and ``rolled_back`` (a non-finite step ended the update and undid it),
+    ``grad_norm``, ``seconds``; per-head
     dicts ``head_entropy`` (normalized, in [0, 1]), ``head_kl``, ``head_clip_fraction``,
     ``head_weight`` (fraction of steps where the head mattered), ``head_grad_norm`` (by parameter
     group: trunk, each head, value).
@@ -39,15 +41,20 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``update``, ``epoch``, ``env``, ``reason`` (nonfinite, lobotomy, spike).
 ``checkpoint``
     ``update``, ``path``.
+``log_rewound``
+    ``update`` (the checkpoint a resumed run starts from), ``discarded`` (event lines of later updates
+    and torn lines moved to ``events.discarded.jsonl``), ``path``.
 ``run_end``
-    ``summary`` (dict).
+    ``interrupted``, ``updates``; ``summary`` (dict) after a finished run, ``status`` (exit status)
+    and ``reason`` after an interrupted or stopped one.
 
 Other kinds (``timings``, ``heuristic``, ...) may be written; readers ignore kinds they do not know.
 
 **Anomalies.** :class:`AnomalyDetector` checks the metrics of one ``ppo_update`` against
 :class:`AnomalyConfig` (every threshold configurable, finding M21): ratio explosion / collapse,
 entropy collapse of a head that mattered (H1), KL spikes against a running EMA or the KL target (H2),
-value collapse (explained variance), and NaN/Inf anywhere.
+value collapse (explained variance), NaN/Inf anywhere, and an update the trainer rolled back
+(``rolled_back``: a non-finite loss, gradient or parameter).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +76,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from esper.shell.configtools import doc
+from esper.shell.configtools import check_fields, doc
 
 #: The event kinds of the schema above, in the order a run emits them.
 EVENT_KINDS = (
@@ -122,12 +130,15 @@ class EventLog:
 
     Args:
         path: the file; parent directories are created.
-        append: keep existing events (a resumed run) instead of truncating the file.
+        append: keep existing events (a resumed run) instead of truncating the file. A torn last line
+            (the process died mid-write: no final newline) is first moved to :func:`discarded_path`,
+            so the first new event starts on a fresh line; :attr:`repaired` holds what was moved.
     """
 
     def __init__(self, path: str | os.PathLike, *, append: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.repaired: str | None = _cut_torn_tail(self.path) if append else None
         self._file: IO[str] | None = open(self.path, "a" if append else "w", encoding="utf-8")
         self._t0 = time.monotonic()
 
@@ -162,54 +173,131 @@ class EventLog:
         self.close()
 
 
-def read_events(path: str | os.PathLike, kind: str | None = None) -> list[dict[str, Any]]:
-    """The events of a JSONL log (only those of ``kind`` if given). A truncated last line (a crash
-    while writing) is skipped; a malformed line elsewhere raises ``ValueError`` with its number."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    events = []
+def discarded_path(path: str | os.PathLike) -> Path:
+    """Where lines taken out of the log ``path`` go: ``events.jsonl`` -> ``events.discarded.jsonl``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.discarded{path.suffix}")
+
+
+def _cut_torn_tail(path: Path) -> str | None:
+    """Move an unterminated last line of ``path`` to :func:`discarded_path`; returns it (or None)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return None
+        keep, pos = 0, size
+        while pos > 0:  # the start of the last line, reading backwards in 64 KiB chunks
+            start = max(0, pos - (1 << 16))
+            f.seek(start)
+            newline = f.read(pos - start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            pos = start
+        f.seek(keep)
+        tail = f.read()
+        _append_lines(discarded_path(path), [tail])
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return tail.decode("utf-8", errors="replace")
+
+
+def _append_lines(path: Path, lines: Sequence[bytes]) -> None:
+    with open(path, "ab") as f:
+        for line in lines:
+            f.write(line if line.endswith(b"\n") else line + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def rewind_events(path: str | os.PathLike, update: int) -> int:
+    """Make the log ``path`` end at the checkpoint of ``update`` before a resumed run appends to it.
+
+    Moves to :func:`discarded_path` every event of a later update (logged by a run that died before
+    that update's checkpoint: the resumed run logs the update again) and every unreadable line (a torn
+    tail), keeping the order of the rest; the log is rewritten atomically. Returns the number of lines
+    moved (0: the file is left untouched)."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    keep, moved = [], []
+    for line in path.read_bytes().splitlines(keepends=True):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+            ok = isinstance(event, dict) and "event" in event
+            ok = ok and not (isinstance(event.get("update"), int) and event["update"] > update)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            ok = False
+        (keep if ok else moved).append(line)
+    if not moved:
+        return 0
+    _append_lines(discarded_path(path), moved)
+    tmp = path.with_name(f".{path.name}.rewind.tmp")
+    with open(tmp, "wb") as f:
+        f.writelines(line if line.endswith(b"\n") else line + b"\n" for line in keep)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(moved)
+
+
+def scan_events(path: str | os.PathLike, kind: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """The events of a JSONL log (only those of ``kind`` if given) and its torn last line, if any (a
+    crash while writing: it is skipped). A malformed line elsewhere raises ``ValueError`` with its
+    number."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    events, torn = [], None
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             event = json.loads(line)
         except json.JSONDecodeError as e:
-            if i == len(lines) - 1:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                torn = line
                 break
             raise ValueError(f"{path}:{i + 1}: malformed event line: {e}") from None
         if not isinstance(event, dict) or "event" not in event:
             raise ValueError(f"{path}:{i + 1}: not an event object")
         if kind is None or event["event"] == kind:
             events.append(event)
+    return events, torn
+
+
+def read_events(path: str | os.PathLike, kind: str | None = None) -> list[dict[str, Any]]:
+    """The events of :func:`scan_events`; a torn last line is skipped with a warning that says so."""
+    events, torn = scan_events(path, kind)
+    if torn is not None:
+        warnings.warn(f"{path}: skipped a torn last line ({len(torn)} characters)", stacklevel=2)
     return events
 
 
 # ---------------------------------------------------------------------------------------- anomalies
 @dataclass(frozen=True, slots=True)
 class AnomalyConfig:
-    ratio_explosion: float = doc(5.0, "flag max_ratio above this")
-    ratio_collapse: float = doc(0.1, "flag min_ratio below this")
-    entropy_collapse: float = doc(0.1, "flag a head's normalized entropy below this (heads with weight > 0)")
-    kl_spike_factor: float = doc(3.0, "flag kl_approx above this x its running EMA (after the warm-up)")
-    kl_spike_ema: float = doc(0.9, "decay of the KL running EMA")
-    kl_spike_warmup: int = doc(3, "updates seen before the EMA test applies")
-    kl_spike_target_factor: float = doc(4.0, "flag kl_approx above this x target_kl (when a target is set)")
-    kl_spike_floor: float = doc(1e-4, "a KL below this is never a spike (EMA near 0)")
-    value_collapse: float = doc(-0.5, "flag explained_variance below this")
+    ratio_explosion: float = doc(5.0, "flag max_ratio above this", gt=1)
+    ratio_collapse: float = doc(0.1, "flag min_ratio below this", ge=0, lt=1)
+    entropy_collapse: float = doc(
+        0.1, "flag a head's normalized entropy below this (heads with weight > 0)", ge=0, le=1
+    )
+    kl_spike_factor: float = doc(3.0, "flag kl_approx above this x its running EMA (after the warm-up)", gt=1)
+    kl_spike_ema: float = doc(0.9, "decay of the KL running EMA", ge=0, lt=1)
+    kl_spike_warmup: int = doc(3, "updates seen before the EMA test applies", ge=0)
+    kl_spike_target_factor: float = doc(
+        4.0, "flag kl_approx above this x target_kl (when a target is set)", gt=1
+    )
+    kl_spike_floor: float = doc(1e-4, "a KL below this is never a spike (EMA near 0)", ge=0)
+    value_collapse: float = doc(-0.5, "flag explained_variance below this", le=1)
 
     def __post_init__(self) -> None:
-        if not self.ratio_explosion > 1.0:
-            raise ValueError(f"anomaly.ratio_explosion must be > 1, got {self.ratio_explosion}")
-        if not 0.0 <= self.ratio_collapse < 1.0:
-            raise ValueError(f"anomaly.ratio_collapse must be in [0, 1), got {self.ratio_collapse}")
-        if not 0.0 <= self.entropy_collapse <= 1.0:
-            raise ValueError(f"anomaly.entropy_collapse must be in [0, 1], got {self.entropy_collapse}")
-        if not 0.0 <= self.kl_spike_ema < 1.0:
-            raise ValueError(f"anomaly.kl_spike_ema must be in [0, 1), got {self.kl_spike_ema}")
-        for name in ("kl_spike_factor", "kl_spike_target_factor"):
-            if not getattr(self, name) > 1.0:
-                raise ValueError(f"anomaly.{name} must be > 1, got {getattr(self, name)}")
-        if self.kl_spike_warmup < 0 or self.kl_spike_floor < 0:
-            raise ValueError("anomaly.kl_spike_warmup and anomaly.kl_spike_floor must be >= 0")
+        check_fields(self, "anomaly")
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +329,14 @@ class AnomalyDetector:
     def check(self, metrics: Mapping[str, Any]) -> list[Anomaly]:
         cfg = self.cfg
         out = [Anomaly("nonfinite", None, None, f"{name} is {v}") for name, v in _nonfinite(metrics)]
+        if metrics.get("rolled_back"):
+            out.append(
+                Anomaly(
+                    "rolled_back", metrics.get("nonfinite_steps"), None,
+                    "a PPO step had a non-finite loss or gradient, or the parameters ended non-finite: "
+                    "the update was rolled back",
+                )
+            )  # fmt: skip
         if _finite(metrics, "max_ratio") and metrics["max_ratio"] > cfg.ratio_explosion:
             out.append(Anomaly("ratio_explosion", metrics["max_ratio"], cfg.ratio_explosion, "max_ratio"))
         if _finite(metrics, "min_ratio") and metrics["min_ratio"] < cfg.ratio_collapse:
@@ -364,8 +460,11 @@ __all__ = [
     "AnomalyConfig",
     "AnomalyDetector",
     "EventLog",
+    "discarded_path",
     "jsonable",
     "progress",
     "read_events",
+    "rewind_events",
+    "scan_events",
     "summary_table",
 ]

@@ -12,13 +12,18 @@ every episode truncated at T) and, in this order:
 5. normalizes advantages over the batch;
 6. for ``n_epochs``: shuffles *envs* into minibatches of whole sequences (finding C3), re-scores each
    from its stored initial hidden state, computes :func:`esper.core.ppo_loss`, stops on the KL flag
-   (checked before the step), clips gradients, steps AdamW (weight decay on the critic only).
+   (checked before the step), clips gradients, steps AdamW (weight decay on the critic only);
+7. rolls the policy and optimizer back to their state at step 6's start if a loss or gradient was
+   not finite (that step is never taken) or the parameters ended non-finite: a non-finite update is
+   never applied, so it can never reach a checkpoint.
 
-Metrics stay on the device until the end, then one :func:`read_scalars` call brings them back.
+Metrics stay on the device until the end, then one :func:`read_scalars` call brings them back; the
+only other host reads are one per minibatch step (the KL flag and the finiteness flag together).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -33,7 +38,7 @@ from esper.core.loss import ppo_loss
 from esper.core.minibatch import env_minibatches
 from esper.core.normalize import normalize, running_stats, scale, update_running_stats
 from esper.core.spec import HEADS
-from esper.shell.configtools import doc
+from esper.shell.configtools import check_fields, doc
 from esper.shell.policy import FactoredRecurrentActorCritic
 from esper.shell.readout import read_scalars
 
@@ -43,54 +48,58 @@ GRAD_GROUPS = ("trunk", *HEADS, "value")
 
 @dataclass(frozen=True, slots=True)
 class PPOConfig:
-    gamma: float = doc(0.995, "discount; also the potential-based shaping gamma (one value, finding C1)")
-    gae_lambda: float = doc(0.97, "GAE lambda")
-    clip_epsilon: float = doc(0.2, "surrogate ratio clip")
-    value_clip: float | None = doc(10.0, "bound on |V_new - V_anchor| in the value loss (none: off)")
-    value_coef: float = doc(0.5, "weight of the value loss (applied to 0.5 * squared error)")
-    entropy_coef: float = doc(0.05, "entropy bonus coefficient at the first update")
-    entropy_coef_end: float | None = doc(None, "entropy coefficient after annealing (none: no annealing)")
+    gamma: float = doc(
+        0.995, "discount; also the potential-based shaping gamma (one value, finding C1)", ge=0, le=1
+    )
+    gae_lambda: float = doc(0.97, "GAE lambda", ge=0, le=1)
+    clip_epsilon: float = doc(0.2, "surrogate ratio clip", gt=0)
+    value_clip: float | None = doc(10.0, "bound on |V_new - V_anchor| in the value loss (none: off)", gt=0)
+    value_coef: float = doc(0.5, "weight of the value loss (applied to 0.5 * squared error)", ge=0)
+    entropy_coef: float = doc(0.05, "entropy bonus coefficient at the first update", ge=0)
+    entropy_coef_end: float | None = doc(
+        None, "entropy coefficient after annealing (none: no annealing)", ge=0
+    )
     entropy_anneal_updates: int = doc(
-        0, "updates over which the entropy coefficient moves linearly to its end"
+        0, "updates over which the entropy coefficient moves linearly to its end", ge=0
     )
     head_entropy_weights: tuple[float, ...] = doc(
-        (), "per-head entropy weights in HEADS order (empty: all 1)"
+        (), "per-head entropy weights in HEADS order (empty: all 1)", ge=0
     )
-    lr: float = doc(3e-4, "AdamW learning rate")
-    adam_eps: float = doc(1e-5, "AdamW epsilon")
-    critic_weight_decay: float = doc(0.0, "weight decay on the value head only")
-    max_grad_norm: float = doc(0.5, "global gradient-norm clip")
-    n_epochs: int = doc(4, "passes over each batch")
-    n_minibatches: int = doc(2, "minibatches per pass; each holds whole env sequences (must divide n_envs)")
-    target_kl: float | None = doc(0.015, "stop the update when kl_approx > 1.5 * target_kl (none: never)")
+    lr: float = doc(3e-4, "AdamW learning rate", gt=0)
+    adam_eps: float = doc(1e-5, "AdamW epsilon", gt=0)
+    critic_weight_decay: float = doc(0.0, "weight decay on the value head only", ge=0)
+    max_grad_norm: float = doc(0.5, "global gradient-norm clip", gt=0)
+    n_epochs: int = doc(4, "passes over each batch", ge=1)
+    n_minibatches: int = doc(
+        2, "minibatches per pass; each holds whole env sequences (must divide n_envs)", ge=1
+    )
+    target_kl: float | None = doc(
+        0.015, "stop the update when kl_approx > 1.5 * target_kl (none: never)", gt=0
+    )
     normalize_advantage: bool = doc(True, "normalize advantages over the batch")
-    obs_clip: float = doc(10.0, "clip of normalized observations")
-    reward_clip: float = doc(10.0, "clip of scaled rewards")
-    obs_momentum: float | None = doc(None, "EMA momentum of observation statistics (none: exact Welford)")
-    hidden: int = doc(128, "LSTM / trunk width")
-    head_hidden: int = doc(64, "hidden width of each head")
+    obs_clip: float = doc(10.0, "clip of normalized observations", gt=0)
+    reward_clip: float = doc(10.0, "clip of scaled rewards", gt=0)
+    obs_momentum: float | None = doc(
+        None, "EMA momentum of observation statistics (none: exact Welford)", ge=0, le=1
+    )
+    hidden: int = doc(128, "LSTM / trunk width", ge=1)
+    head_hidden: int = doc(64, "hidden width of each head", ge=1)
     wait_bias: float = doc(0.0, "initial logit of WAIT above the other ops (0: uniform over the legal ops)")
     grad_explode_factor: float = doc(
-        10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'"
+        10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'", gt=0
+    )
+    max_bad_updates: int = doc(
+        3, "stop the run after this many consecutive updates rolled back for a non-finite loss or gradient",
+        ge=1,
     )
 
     def __post_init__(self) -> None:
-        for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"ppo.{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("clip_epsilon", "lr", "adam_eps", "max_grad_norm", "obs_clip", "reward_clip"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"ppo.{name} must be > 0, got {getattr(self, name)}")
-        for name in ("n_epochs", "n_minibatches", "hidden", "head_hidden"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ppo.{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self, "ppo")
         if self.head_entropy_weights and len(self.head_entropy_weights) != len(HEADS):
             raise ValueError(
                 f"ppo.head_entropy_weights needs {len(HEADS)} values ({', '.join(HEADS)}), "
                 f"got {len(self.head_entropy_weights)}"
             )
-        if self.entropy_anneal_updates < 0:
-            raise ValueError("ppo.entropy_anneal_updates must be >= 0")
 
     def entropy_coef_at(self, update: int) -> float:
         if self.entropy_coef_end is None or self.entropy_anneal_updates == 0:
@@ -137,6 +146,8 @@ class PPOTrainer:
             reward_stats=running_stats((), device=device),
         )
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
+        #: Consecutive updates rolled back for a non-finite loss, gradient or parameter.
+        self.bad_streak = 0
         self.health_cfg = GradHealthConfig.for_clipped_ppo(cfg.max_grad_norm, factor=cfg.grad_explode_factor)
         self.params = [p for p in policy.parameters()]
         self.groups = _group_index(policy)
@@ -205,7 +216,19 @@ class PPOTrainer:
         return batch
 
     def update(self, batch: TensorDictBase) -> dict[str, float | list[float]]:
-        """One PPO update on a rollout ``[n_envs, T]``. Returns host-side metrics (one sync)."""
+        """One PPO update on a rollout ``[n_envs, T]``. Returns host-side metrics (one sync per
+        minibatch step, for the KL flag and the finiteness flag together, and one for the report).
+
+        A step whose loss or gradient is not finite is not taken: it ends the update, and the policy
+        and optimizer go back to their state at the update's start (``rolled_back``), as they do when
+        the parameters are not finite at the end. The optimizer steps of an update are not
+        independent (the later ones start where the earlier ones left the weights), so a step that
+        blew up condemns the steps before it too. :attr:`bad_streak` counts consecutive rolled-back
+        updates; the run stops when it reaches ``ppo.max_bad_updates``.
+
+        Raises:
+            FloatingPointError: the rollout holds non-finite values (nothing is changed).
+        """
         t0 = time.perf_counter()
         cfg = self.cfg
         n_envs = batch.batch_size[0]
@@ -213,17 +236,15 @@ class PPOTrainer:
             raise ValueError(f"ppo.n_minibatches={cfg.n_minibatches} must divide n_envs={n_envs}")
         batch = self.prepare(batch)
         coef = self.cfg.entropy_coef_at(self.state.updates)
+        start = self._learner_state()
         steps: list[TensorDict] = []
-        stopped = False
+        stopped = nonfinite = False
         epochs_run = 0
         for _ in range(cfg.n_epochs):
             for idx in env_minibatches(n_envs, cfg.n_minibatches, generator=self.generator):
                 mb = batch[idx.to(batch.device)]
                 mb["current"] = self._evaluate(mb)
                 losses = self.loss_fn(mb)
-                if bool(losses["early_stop"]):  # sync point: the KL flag, checked before the step
-                    stopped = True
-                    break
                 total = losses["loss_objective"] + losses["loss_critic"] + coef * losses["loss_entropy"]
                 self.optimizer.zero_grad(set_to_none=True)
                 total.backward()
@@ -231,24 +252,48 @@ class PPOTrainer:
                 health = grad_health(
                     grads, groups=self.groups, n_groups=len(GRAD_GROUPS), cfg=self.health_cfg
                 )
+                finite = torch.isfinite(total) & health["finite"]
+                # sync point: the KL flag (checked before the step) and the finiteness flag, one read
+                stopped, ok = torch.stack([losses["early_stop"], finite]).tolist()
+                if stopped or not ok:
+                    nonfinite = not stopped
+                    break
                 torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
                 self.optimizer.step()
                 steps.append(_step_metrics(losses, health, coef))
-            if stopped:
+            if stopped or nonfinite:
                 break
             epochs_run += 1
+        self.optimizer.zero_grad(set_to_none=True)
         self.state.updates += 1
-        metrics = read_scalars(torch.stack(steps).mean(0)) if steps else {}  # sync point: one read
+        report = torch.stack(steps).mean(0) if steps else TensorDict({}, batch_size=[])
+        report["params_finite"] = torch.stack([torch.isfinite(p).all() for p in self.params]).all()
+        metrics = read_scalars(report)  # sync point: one read
+        rolled_back = nonfinite or not metrics.pop("params_finite")
+        if rolled_back:
+            self._restore_learner(start)
+        self.bad_streak = self.bad_streak + 1 if rolled_back else 0
         out = _flatten_update_metrics(metrics)
         out.update(
             entropy_coef=coef,
             lr=cfg.lr,
             epochs_run=epochs_run,
             minibatch_steps=len(steps),
-            early_stopped=stopped,
+            early_stopped=bool(stopped),
+            nonfinite_steps=int(nonfinite),
+            rolled_back=rolled_back,
             seconds=time.perf_counter() - t0,
         )
         return out
+
+    def _learner_state(self) -> tuple[dict, dict]:
+        """Copies of the policy's and the optimizer's state (to roll an update back)."""
+        policy = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+        return policy, copy.deepcopy(self.optimizer.state_dict())
+
+    def _restore_learner(self, state: tuple[dict, dict]) -> None:
+        self.policy.load_state_dict(state[0])
+        self.optimizer.load_state_dict(state[1])
 
     def _evaluate(self, td: TensorDictBase) -> TensorDict:
         h0 = td["recurrent_state", "h"][:, 0].unsqueeze(0).contiguous()
@@ -270,6 +315,10 @@ class PPOTrainer:
     def load_state_dict(self, sd: dict) -> None:
         self.policy.load_state_dict(sd["policy"])
         self.optimizer.load_state_dict(sd["optimizer"])
+        # The saved moments carry over; the hyperparameters are this config's (a resume with another
+        # --ppo.lr must use it: load_state_dict would bring back the saved one).
+        for group, decay in zip(self.optimizer.param_groups, (0.0, self.cfg.critic_weight_decay)):
+            group.update(lr=self.cfg.lr, eps=self.cfg.adam_eps, weight_decay=decay)
         device = next(self.policy.parameters()).device
         self.state.obs_stats = TensorDict(sd["obs_stats"], batch_size=[]).to(device)
         self.state.reward_stats = TensorDict(sd["reward_stats"], batch_size=[]).to(device)

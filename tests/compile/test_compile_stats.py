@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import operator
+from collections import Counter
+
 import pytest
 import torch
 
@@ -51,6 +54,38 @@ def test_C6_grad_health_of_real_grads_compiles_fullgraph(compile_check):
     out = compile_check(fn, *grads)
     assert out["finite"] and out["param_norms"].shape == (4,)
     torch.testing.assert_close(out["global_norm"], torch.nn.utils.get_total_norm(grads))
+
+
+def _captured_ops(n_tensors: int) -> Counter:
+    """The calls in the graph dynamo captures for grad_health over ``n_tensors`` gradients (list
+    element reads excluded), with scalar outputs captured as graph nodes rather than breaks."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    grads = [torch.randn(3, 2 + i % 3) for i in range(n_tensors)]
+    grads[0][0, 0] = float("nan")
+    groups = [i % 2 for i in range(n_tensors)]
+    fn = lambda *g: grad_health(g, groups=groups, n_groups=2, cfg=GradHealthConfig())
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        torch.compile(fn, backend=backend, fullgraph=True)(*grads)
+    assert len(graphs) == 1
+    calls = [n for n in graphs[0].graph.nodes if n.op in ("call_function", "call_method")]
+    return Counter(str(n.target) for n in calls if n.target is not operator.getitem)
+
+
+def test_C6_grad_health_graph_has_no_scalar_read_and_does_not_grow_with_the_tensors():
+    """Vectorized means: no ``.item()`` (captured as ``item`` / ``_local_scalar_dense``) and the same
+    ops for 3 gradients as for 24. A per-tensor loop (issue 10: it survived the fullgraph test when it
+    used no ``.item()``) unrolls into ops per tensor."""
+    small, large = _captured_ops(3), _captured_ops(24)
+    scalar_reads = [k for k in large if "item" in k or "_local_scalar_dense" in k]
+    assert not scalar_reads
+    grown = {k: (small[k], large[k]) for k in small.keys() | large.keys() if small[k] != large[k]}
+    assert not grown, grown
 
 
 def test_lstm_health_compiles_fullgraph(compile_check):

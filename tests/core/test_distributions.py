@@ -68,6 +68,39 @@ def test_sample_never_picks_an_illegal_choice(data):
     torch.testing.assert_close(masked.gather(-1, a.unsqueeze(-1)).squeeze(-1), masked.amax(-1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("extreme", ["min", "-max/2", "-1e4"])
+def test_sample_never_picks_an_illegal_choice_when_legal_logits_are_extreme(dtype, extreme):
+    """Legal logits at (or near) the dtype's most negative finite value tie with the masked ones
+    after the log-softmax: only the final mask keeps the draw legal (issue 10: removing it survived)."""
+    info = torch.finfo(dtype)
+    value = {"min": info.min, "-max/2": -info.max / 2, "-1e4": -1e4}[extreme]
+    logits = torch.full((500, 5), value, dtype=dtype)
+    mask = torch.zeros(500, 5, dtype=torch.bool)
+    mask[:, 3] = True
+    mask[::2, 1] = True
+    g = torch.Generator().manual_seed(0)
+    for deterministic in (False, True):
+        a = D.sample(logits, mask, generator=g, deterministic=deterministic)
+        assert mask.gather(-1, a.unsqueeze(-1)).all(), deterministic
+
+
+def test_sample_never_picks_an_illegal_choice_when_a_race_value_is_extreme(monkeypatch):
+    """An exponential race value of exactly 0 (or one that underflows) gives ``-log race = +inf``;
+    on a masked choice that must not win."""
+    logits = torch.zeros(4, 3)
+    mask = torch.tensor([[True, False, True]] * 4)
+
+    def zero_race_on_the_masked_choice(self, *args, **kwargs):
+        self.fill_(1.0)
+        self[:, 1] = 0.0
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "exponential_", zero_race_on_the_masked_choice)
+    a = D.sample(logits, mask, generator=torch.Generator().manual_seed(0))
+    assert mask.gather(-1, a.unsqueeze(-1)).all()
+
+
 def test_sample_follows_the_masked_distribution():
     logits = torch.tensor([0.0, 1.0, 2.0, 5.0])
     mask = torch.tensor([True, True, True, False])

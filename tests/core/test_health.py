@@ -210,3 +210,9 @@ def test_lstm_health_thresholds_and_errors():
         lstm_health(h, c.long())
     with pytest.raises(ValueError, match=r"h must have shape \[\.\.\., H\]"):
         lstm_health(torch.tensor(1.0), c)
+
+
+def test_grad_health_refuses_gradients_on_several_devices():
+    cfg = GradHealthConfig()
+    with pytest.raises(ValueError, match="one device"):
+        grad_health([torch.ones(2), torch.ones(2, device="meta")], cfg=cfg)

@@ -18,6 +18,7 @@ from esper.core.lifecycle import (
     LifecycleConfig,
     alpha_at,
     clear_seeds,
+    gate_readiness,
     init_slots,
     is_live,
     lifecycle_step,
@@ -330,6 +331,55 @@ def test_g5_needs_contribution_and_the_policy_fossilizes_never_automatically():
     run = _play(plan, T=11, contribution=0.9)
     assert fired(run[10][2]) == {"fossilize_failed"}
     assert int(run[10][1]["stage"][0, 0]) == Stage.HOLDING
+
+
+@pytest.mark.parametrize("tempo", [Tempo.STANDARD, Tempo.SLOW])
+def test_g3_waits_for_the_blend_ramp_to_finish(tempo):
+    """G3 = g3_min_epochs in BLENDING *and* the blend-in ramp finished. At tempo FAST the ramp (3
+    epochs) ends when the epoch count is reached, so only a slower tempo tells a gate that forgot the
+    ramp apart (issue 10: that mutation survived the suite)."""
+    L = TEMPO_EPOCHS[tempo]
+    done = 6 + L  # BLENDING at step 6 (its ramp moves that step too): settled in the state step 6 + L reads
+    plan = {1: (Op.GERMINATE, 0, {"tempo": tempo, "alpha_target": 2}), 6: (Op.ADVANCE, 0, {})}
+    plan.update({t: (Op.ADVANCE, 0, {}) for t in range(10, done + 1)})  # 3 epochs in BLENDING from step 10
+    run = _play(plan, T=done)
+    cfg = LifecycleConfig()
+    for t in range(10, done):
+        pre, new, ev = run[t - 1]
+        assert int(pre["epochs_in_stage"][0, 0]) >= cfg.g3_min_epochs, t
+        assert int(pre["ramp_pos"][0, 0]) < int(pre["ramp_len"][0, 0]) == L, t  # still ramping
+        assert "advanced" not in fired(ev) and int(new["stage"][0, 0]) == Stage.BLENDING, t
+        signals = make_signals(1, 3, val_acc=40.0)
+        assert not bool(gate_readiness(pre, signals["val_acc"], cfg)["g3"][0, 0]), t
+    pre, new, ev = run[done - 1]
+    assert float(pre["alpha"][0, 0]) == 1.0 and fired(ev) == {"advanced"}
+    assert int(new["stage"][0, 0]) == Stage.HOLDING
+
+
+def test_g5_refuses_a_seed_at_alpha_zero_whatever_its_contribution():
+    """G5 needs alpha > 0 (the counterfactual was measured on a blended seed): a HOLDING seed at alpha 0
+    is not fossilized by FOSSILIZE, offered by the gate mask, or kept at the HOLDING timeout."""
+    plan = {1: (Op.GERMINATE, 0, {"tempo": Tempo.FAST, "alpha_target": 2}), 6: (Op.ADVANCE, 0, {}),
+            10: (Op.ADVANCE, 0, {})}  # fmt: skip
+    holding = _play(plan, T=10, contribution=5.0)[-1][1]
+    assert int(holding["stage"][0, 0]) == Stage.HOLDING and float(holding["alpha"][0, 0]) == 1.0
+    at_zero = holding.clone()
+    for k in ("alpha", "ramp_from", "ramp_to", "alpha_target"):
+        at_zero[k][0, 0] = 0.0
+    signals = make_signals(1, 3, epoch=11, val_acc=41.0, contribution=5.0, grad_ratio=0.5)
+    cfg = LifecycleConfig()
+    _, new, ev = step(holding, make_action(1, Op.FOSSILIZE, 0), signals, cfg)
+    assert fired(ev) == {"fossilized"}  # the control: blended, the same contribution passes
+    pre, new, ev = step(at_zero, make_action(1, Op.FOSSILIZE, 0), signals, cfg)
+    assert float(pre["contribution"][0, 0]) == 5.0
+    assert "fossilized" not in fired(ev) and int(new["stage"][0, 0]) == Stage.HOLDING
+    gates = gate_readiness(pre, signals["val_acc"], cfg)
+    assert not bool(gates["g5"][0, 0])
+    assert not bool(op_slot_legality(pre, gates=gates)[0, int(Op.FOSSILIZE), 0]), "the gate mask hides it"
+    timeout = LifecycleConfig(timeout_fossilizes=True)
+    at_zero["epochs_in_stage"][0, 0] = timeout.holding_timeout - 1
+    _, new, ev = step(at_zero, make_action(1, Op.WAIT, 0), signals, timeout)
+    assert "timeout_fossilized" not in fired(ev) and "timeout_pruned" in fired(ev)
 
 
 def test_holding_timeout_prunes_then_embargo_then_dormant():

@@ -149,6 +149,28 @@ def test_C2_ratio_penalty_zero_threshold_is_finite(c, ti, op):
     assert -bound * (1 + 1e-6) <= one(out, "ratio_penalty") <= 0.0
 
 
+@pytest.mark.parametrize(("threshold", "c"), [(0.0, 3.0), (0.5, 6.0), (2.0, 12.0)])
+def test_C2_ratio_penalty_at_exactly_the_safe_threshold_takes_the_low_improvement_form(threshold, c):
+    """``ti > improvement_safe_threshold``: the ratio form; ``ti == threshold``: the low-improvement
+    form. The two differ for these contributions, so the boundary is pinned (issue 10: ``>=`` in place
+    of ``>`` survived the suite); every ti and threshold here is exact in float32."""
+    cfg = RewardConfig(mode=SHAPED, improvement_safe_threshold=threshold)
+    low = -cfg.ratio_low_weight * min(1.0, c / cfg.ratio_low_scale)
+
+    def high(ti: float) -> float:
+        ratio = c / max(ti, threshold, 1e-6)
+        penalty = cfg.ratio_penalty_slope * (ratio / cfg.hacking_ratio - 1)
+        return -min(cfg.ratio_penalty_max, max(0.0, penalty))
+
+    assert abs(high(threshold) - low) > 0.02  # the branches really differ at the boundary
+    val_acc = 50.0
+    for ti, expected in ((threshold, low), (threshold + 0.25, high(threshold + 0.25))):
+        slots = seeded(Stage.HOLDING, contribution=c, acc_germ=val_acc - ti, S=1)
+        out, _, _ = reward(slots, Op.WAIT, val_acc=val_acc, cfg=cfg)
+        assert bool(out["hacking"][0]), ti
+        assert one(out, "ratio_penalty") == pytest.approx(expected, rel=1e-5), ti
+
+
 # -------------------------------------------------------------------------------------------- H8
 _state = st.tuples(st.sampled_from([int(s) for s in Stage]), st.integers(0, 30))
 

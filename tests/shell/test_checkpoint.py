@@ -166,3 +166,78 @@ def test_rng_state_is_accepted_by_weights_only(tmp_path):
     ckpt._check_loadable(state, "rng")  # plain data only
     path = save_checkpoint(tmp_path / "r.pt", {"rng": state})
     _assert_equal(state, load_checkpoint(path)["rng"])
+
+
+# ------------------------------------------------------------------------------- integrity (issue 10)
+def test_a_flipped_byte_anywhere_is_refused_in_one_line(tmp_path):
+    """The header holds the SHA-256 of the serialized payload: a flipped byte anywhere (header, zip
+    structure, pickle, tensor storage) is refused, never loaded as damaged weights."""
+    model, opt = _trained()
+    path = save_checkpoint(tmp_path / "c.pt", {"policy": model.state_dict(), "optimizer": opt.state_dict()})
+    raw = path.read_bytes()
+    assert raw.startswith(b"ESPER-CHECKPOINT 2 sha256=")
+    rng = random.Random(0)
+    positions = sorted({0, 20, len(raw) // 2, len(raw) - 1, *(rng.randrange(len(raw)) for _ in range(60))})
+    bad = tmp_path / "bad.pt"
+    for i in positions:
+        flipped = bytearray(raw)
+        flipped[i] ^= 1 << rng.randrange(8)
+        bad.write_bytes(bytes(flipped))
+        with pytest.raises(ValueError, match="bad.pt") as err:
+            load_checkpoint(bad)
+        assert "\n" not in str(err.value), i
+    many = bytearray(raw)  # the issue's case: 400 bytes flipped across the file
+    for i in rng.sample(range(len(raw)), 400):
+        many[i] ^= 0xFF
+    bad.write_bytes(bytes(many))
+    with pytest.raises(ValueError, match="bad.pt"):
+        load_checkpoint(bad)
+    assert load_checkpoint(path).keys() == {"policy", "optimizer"}  # the intact file still loads
+
+
+def test_version_1_checkpoints_still_load_unverified(tmp_path):
+    p = tmp_path / "v1.pt"
+    torch.save({"version": 1, "w": torch.ones(2)}, p)
+    with pytest.warns(UserWarning, match="no integrity hash"):
+        assert torch.equal(load_checkpoint(p)["w"], torch.ones(2))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_checkpoint_is_never_written_with_nonfinite_tensors(tmp_path, bad):
+    path = save_checkpoint(tmp_path / "c.pt", {"w": torch.ones(3)})
+    before = path.read_bytes()
+    w = torch.ones(2, 3)
+    w[1, 2] = bad
+    with pytest.raises(FloatingPointError, match=r"payload\['trainer'\]\['policy'\]\['w'\] holds NaN or Inf"):
+        save_checkpoint(path, {"trainer": {"policy": {"w": w, "b": torch.zeros(2)}}, "n": torch.tensor(3)})
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
+
+
+def test_disk_full_mid_write_leaves_the_previous_checkpoint_and_no_temporary(tmp_path, monkeypatch):
+    """A full disk fails the write with OSError(ENOSPC) part-way through the file (the old format
+    failed inside torch.save with a RuntimeError from inline_container.cc)."""
+    import errno
+
+    path = save_checkpoint(tmp_path / "c.pt", {"w": torch.ones(3)})
+    before = path.read_bytes()
+
+    def full(f, data):
+        f.write(bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "_write_all", full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(path, {"w": torch.zeros(3)})
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
+
+
+def test_stale_temporaries_of_a_killed_writer_are_removed(tmp_path):
+    path = save_checkpoint(tmp_path / "checkpoint.pt", {"w": torch.ones(3)})
+    stale = tmp_path / ".checkpoint.pt.abc123.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    other = tmp_path / ".other.pt.x.tmp"
+    other.write_bytes(b"not ours")
+    assert ckpt.remove_stale_temporaries(path) == [stale]
+    assert not stale.exists() and other.exists() and path.exists()

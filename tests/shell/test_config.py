@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -183,6 +184,88 @@ def test_bad_values_are_refused_naming_the_field(overrides, named):
     with pytest.raises(ValueError) as exc:
         with_overrides(preset("default"), overrides)
     assert named in str(exc.value)
+
+
+# --------------------------------------------------------------------- parse-time validation (issue 10)
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [  # every value the issue found accepted, each refused in one line naming the field
+        ("ppo.lr", "inf", "ppo.lr must be finite, got inf"),
+        ("ppo.clip_epsilon", "inf", "ppo.clip_epsilon must be finite"),
+        ("ppo.entropy_coef", "nan", "ppo.entropy_coef must be finite, got nan"),
+        ("ppo.value_coef", "-5", "ppo.value_coef must be >= 0, got -5.0"),
+        ("env.host_lr", "nan", "env.host_lr must be finite"),
+        ("env.host_lr", "-1", "env.host_lr must be > 0, got -1.0"),
+        ("env.seed_lr", "inf", "env.seed_lr must be finite"),
+        ("env.momentum", "5", "env.momentum must be in [0, 1), got 5.0"),
+        ("governor.penalty", "inf", "governor.penalty must be finite"),
+        ("ppo.obs_momentum", "2", "ppo.obs_momentum must be in [0, 1], got 2.0"),
+        ("seed", "-1", "seed must be >= 0, got -1"),
+        ("ppo.value_clip", "-1", "ppo.value_clip must be > 0, got -1.0"),  # was: after a whole rollout
+        ("ppo.target_kl", "0", "ppo.target_kl must be > 0"),
+        ("ppo.head_entropy_weights", "1,1,1,1,1,1,1,-1", "ppo.head_entropy_weights must be >= 0, got -1.0"),
+        ("env.slots", "0,-1", "env.slots must be >= 0, got -1"),
+        ("anomaly.kl_spike_floor", "inf", "anomaly.kl_spike_floor must be finite"),
+        ("env.device", "bogus", "env.device: 'bogus' is not a device"),
+        ("env.devices", "cpu,gpu0", "env.devices: 'gpu0' is not a device"),
+        ("name", "../../x", "no path separators or '..'"),
+        ("name", "a/b", "no path separators"),
+        ("name", ".hidden", "starting with a letter or digit"),
+        ("name", "x" * 300, "name must be at most 100 characters, got 300"),
+        ("run_dir", " ", "run_dir must not be empty"),
+    ],
+)
+def test_every_bad_value_is_refused_at_parse_time_in_one_line(field, value, message):
+    with pytest.raises(ValueError) as exc:
+        preset("smoke", {field: value})
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def _float_fields() -> list[str]:
+    out = []
+    for name, tp, _ in fields_flat(RunConfig):
+        text = str(tp)
+        if tp is float or "float" in text:  # float, float | None, tuple[float, ...]
+            out.append(name)
+    return out
+
+
+@pytest.mark.parametrize("field", _float_fields())
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_no_float_field_of_any_section_accepts_nan_or_inf(field, value):
+    """One generic check (configtools.check_fields, run on every section, core ones included) instead
+    of a check per field that a new field could miss."""
+    cfg = preset("smoke")
+    current = getattr(getattr(cfg, field.split(".")[0]), field.split(".")[1]) if "." in field else None
+    if isinstance(current, tuple):
+        n = len(current) or 8  # an empty default (head_entropy_weights) takes one per head
+        value = ",".join([value] + ["1"] * (n - 1))
+    with pytest.raises(ValueError) as exc:
+        preset("smoke", {field: value})
+    assert field.split(".")[-1] in str(exc.value)
+
+
+def test_doc_bounds_are_checked_for_every_number_of_a_field():
+    from esper.shell.configtools import check_fields
+
+    @dataclasses.dataclass(frozen=True)
+    class Toy:
+        rate: float = doc(0.5, "a rate", gt=0, le=1)
+        count: int = doc(1, "a count", ge=1)
+        widths: tuple[int, ...] = doc((), "widths", ge=2)
+        free: float | None = doc(None, "anything finite")
+
+    check_fields(Toy(), "toy")
+    check_fields(Toy(rate=1.0, count=5, widths=(2, 3), free=-1e30), "toy")
+    for kwargs, message in [
+        ({"rate": 0.0}, "toy.rate must be in (0, 1], got 0.0"),
+        ({"rate": 1.5}, "toy.rate must be in (0, 1], got 1.5"),
+        ({"count": 0}, "toy.count must be >= 1, got 0"),
+        ({"widths": (2, 1)}, "toy.widths must be >= 2, got 1"),
+        ({"free": float("nan")}, "toy.free must be finite, got nan"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            check_fields(Toy(**kwargs), "toy")
 
 
 # ------------------------------------------------------------------------------------- dict round-trip

@@ -133,10 +133,32 @@ def test_report_on_a_heuristic_run_skips_ppo_plots(tmp_path):
     assert "git: `abc1234`" in md and "torch 2.13.0" in md and "germinated 1" in md
 
 
+def test_report_counts_each_episode_once_and_notes_a_torn_line(tmp_path):
+    """A log written before resumes rewound it (or by hand) may hold an update twice: the report
+    counts the last copy once; a torn last line is skipped and noted."""
+    _write_run(tmp_path, n_updates=2)
+    lines = (tmp_path / "events.jsonl").read_text().splitlines(keepends=True)
+    again = [ln for ln in lines if '"update":1' in ln and ('"episode"' in ln or '"ppo_update"' in ln)]
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.writelines(again)
+        f.write('{"event":"episode","update":2,"en')
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "updates: 2 (2 PPO updates, 4 episodes)" in md
+    assert f"{len(again)} duplicate episode / PPO-update event(s) counted once" in md
+    assert "torn line" in md
+
+
 def test_report_errors_clearly_on_missing_inputs(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         main([str(tmp_path / "nope")])
     assert err.value.code == 2 and "nope does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([str(tmp_path)])
-    assert "events.jsonl does not exist" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "events.jsonl does not exist" in err and err.count("\n") == 1 and "--help" in err
+    (tmp_path / "events.jsonl").write_text('{"event":"run_start"}\n{"event":\n{"event":"run_end"}\n')
+    with pytest.raises(SystemExit) as err:
+        main([str(tmp_path)])
+    out = capsys.readouterr().err
+    assert err.value.code == 2 and ":2: malformed event line" in out and out.count("\n") == 1

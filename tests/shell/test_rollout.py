@@ -206,7 +206,7 @@ def test_C1_one_gamma_for_pbrs_and_ppo_through_the_run(monkeypatch, tmp_path):
     )  # fmt: skip
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    assert Run(cfg, run_dir, resume=False).train() == 0
+    assert Run(cfg, run_dir).train() == 0
     assert reward_gammas == [0.7] * T
     assert gae_gammas == [0.7]
 

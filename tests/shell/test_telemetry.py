@@ -13,9 +13,12 @@ from esper.shell.telemetry import (
     AnomalyConfig,
     AnomalyDetector,
     EventLog,
+    discarded_path,
     jsonable,
     progress,
     read_events,
+    rewind_events,
+    scan_events,
     summary_table,
 )
 
@@ -106,11 +109,57 @@ def test_read_events_tolerates_a_truncated_last_line_only(tmp_path):
             log.write("episode", update=i, env=0)
     full = path.read_text()
     path.write_text(full[:-7])  # crash mid-line
-    assert [e["update"] for e in read_events(path)] == [0, 1]
+    with pytest.warns(UserWarning, match="torn last line"):  # skipped, and said so
+        assert [e["update"] for e in read_events(path)] == [0, 1]
+    events, torn = scan_events(path)
+    assert [e["update"] for e in events] == [0, 1] and torn == full.splitlines()[2][:-6]
     lines = full.splitlines()
     path.write_text("\n".join([lines[0], lines[1][:5], lines[2]]) + "\n")
     with pytest.raises(ValueError, match=":2:"):
         read_events(path)
+
+
+def test_appending_after_a_torn_tail_starts_on_a_fresh_line(tmp_path):
+    """Issue 10: a resume appended onto the torn line, and the log became unreadable."""
+    path = tmp_path / "events.jsonl"
+    with EventLog(path) as log:
+        log.write("episode", update=1, env=0)
+    with open(path, "a") as f:
+        f.write('{"event":"episode","upd')  # power loss mid-line
+    with EventLog(path, append=True) as log:
+        assert log.repaired == '{"event":"episode","upd'
+        log.write("run_start", resumed_from=1)
+    assert [e["event"] for e in read_events(path)] == ["episode", "run_start"]  # no warning, no error
+    assert discarded_path(path).read_text() == '{"event":"episode","upd\n'
+    with EventLog(path, append=True) as log:  # an intact log is left alone
+        assert log.repaired is None
+    assert len(read_events(path)) == 2
+
+
+def test_rewind_moves_the_events_after_the_checkpoint_out_of_the_log(tmp_path):
+    """A run died after logging update 3's episodes but before update 3's checkpoint: the resumed
+    run logs update 3 again, so the first copy goes to the side file (and a torn tail with it)."""
+    path = tmp_path / "events.jsonl"
+    with EventLog(path) as log:
+        log.write("run_start", resumed_from=0)
+        for u in (1, 2, 3):
+            log.write("episode", update=u, env=0)
+            if u < 3:
+                log.write("checkpoint", update=u, path="c")
+        log.write("anomaly", update=3, kind="x")
+    with open(path, "a") as f:
+        f.write('{"event":"epi')
+    assert rewind_events(path, 2) == 3
+    kept = read_events(path)
+    assert [(e["event"], e.get("update")) for e in kept] == [
+        ("run_start", None), ("episode", 1), ("checkpoint", 1), ("episode", 2), ("checkpoint", 2),
+    ]  # fmt: skip
+    side = discarded_path(path).read_text().splitlines()
+    assert len(side) == 3 and '"update":3' in side[0] and side[2] == '{"event":"epi'
+    before = path.stat()
+    assert rewind_events(path, 2) == 0  # nothing to move: the file is not rewritten
+    assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_ino == before.st_ino
+    assert rewind_events(tmp_path / "missing.jsonl", 0) == 0
 
 
 def test_jsonable_handles_dataclasses_and_unknown_objects():
@@ -194,6 +243,13 @@ def test_nonfinite_and_value_collapse_are_flagged():
     assert det.kl_ema is not None and det.check(_metrics(kl_approx=float("nan")))  # nonfinite, EMA kept
     ev = found[-1].as_dict()
     assert ev["kind"] == "value_collapse" and ev["threshold"] == -0.5
+
+
+def test_a_rolled_back_update_is_flagged():
+    det = AnomalyDetector()
+    assert "rolled_back" not in _kinds(det.check(_metrics(rolled_back=False, nonfinite_steps=0)))
+    found = [a for a in det.check(_metrics(rolled_back=True, nonfinite_steps=1)) if a.kind == "rolled_back"]
+    assert len(found) == 1 and found[0].value == 1 and "rolled back" in found[0].detail
 
 
 # ----------------------------------------------------------------------------------- console output

@@ -4,7 +4,9 @@ anchored on the update-start recomputation, several epochs), C5 (statistics befo
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -27,10 +29,11 @@ def _slots(E: int, g: torch.Generator) -> TensorDict:
     return td
 
 
-def make_rollout(policy, trainer, E=4, T=5, seed=0) -> TensorDict:
-    """What EpisodeRunner + PPOController store, with random observations and slot states."""
+def make_rollout(policy, trainer, E=4, T=5, seed=0, state=None) -> TensorDict:
+    """What EpisodeRunner + PPOController store, with random observations and slot states; ``state``:
+    the recurrent state before the first step (default: the policy's initial, zero state)."""
     g = torch.Generator().manual_seed(seed)
-    state = policy.initial_state(E)
+    state = policy.initial_state(E) if state is None else state
     steps = []
     for _ in range(T):
         raw = torch.randn(E, RAW, generator=g) * 3 + 1
@@ -169,6 +172,36 @@ def test_H5_every_epoch_rescores_whole_sequences_with_the_current_weights(monkey
     assert any(not torch.allclose(v[0], v[-1]) for v in by_env.values()), "later epochs see updated weights"
 
 
+def test_H5_rescoring_starts_from_the_stored_initial_state_not_from_zeros(monkeypatch):
+    """Each minibatch is re-scored from the recurrent state stored at its first step. With a zero
+    stored state (every test rollout above) a trainer that started from zeros would pass unnoticed
+    (issue 10), so this rollout starts mid-stream, from a non-zero state."""
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None)
+    policy, trainer = _make(cfg)
+    g = torch.Generator().manual_seed(7)
+    h0, c0 = (torch.randn(1, 4, cfg.hidden, generator=g) for _ in range(2))
+    rollout = make_rollout(policy, trainer, state=(h0, c0))
+    torch.testing.assert_close(rollout["recurrent_state", "h"][:, 0], h0[0])
+    real_loss, checked = trainer.loss_fn, []
+
+    def spy(td):
+        with torch.no_grad():
+            first = td["recurrent_state"][:, 0]
+            stored = (first["h"].unsqueeze(0), first["c"].unsqueeze(0))
+            fresh = policy.evaluate(td["observation"], stored, td["op", "action"])
+            zero = policy.initial_state(td.shape[0])
+            zeros = policy.evaluate(td["observation"], zero, td["op", "action"])
+        torch.testing.assert_close(td["current", "op", "logits"], fresh["op", "logits"])
+        torch.testing.assert_close(td["current", "state_value"], fresh["state_value"])
+        assert not torch.allclose(fresh["op", "logits"], zeros["op", "logits"]), "must tell them apart"
+        checked.append(1)
+        return real_loss(td)
+
+    monkeypatch.setattr(trainer, "loss_fn", spy)
+    trainer.update(rollout)
+    assert len(checked) == 4
+
+
 def test_C5_S2_statistics_updated_before_the_update_and_observations_untouched(monkeypatch):
     policy, trainer = _make()
     rollout = make_rollout(policy, trainer)
@@ -253,3 +286,138 @@ def test_checkpoint_state_round_trip():
         assert torch.equal(a, b)
     assert trainer2.state.updates == 1
     torch.testing.assert_close(trainer2.state.obs_stats["mean"], trainer.state.obs_stats["mean"])
+
+
+# ------------------------------------------------------------------------- non-finite updates (issue 10)
+def _learner_state(policy, trainer):
+    return ({k: v.clone() for k, v in policy.state_dict().items()},
+            copy.deepcopy(trainer.optimizer.state_dict()))  # fmt: skip
+
+
+def _assert_same_learner(policy, trainer, state):
+    params, opt = state
+    for k, v in policy.state_dict().items():
+        assert torch.equal(v, params[k]), k
+    now = trainer.optimizer.state_dict()
+    assert now["state"].keys() == opt["state"].keys()
+    for i, st in opt["state"].items():
+        for name, t in st.items():
+            assert torch.equal(now["state"][i][name], t), (i, name)
+
+
+def _trained_once():
+    """A trainer after one healthy update (so the optimizer has moments to roll back to)."""
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None)
+    policy, trainer = _make(cfg)
+    trainer.update(make_rollout(policy, trainer, seed=1))
+    return policy, trainer
+
+
+def test_a_nonfinite_loss_is_never_applied_the_update_rolls_back(monkeypatch):
+    policy, trainer = _trained_once()
+    rollout = make_rollout(policy, trainer, seed=2)
+    start = _learner_state(policy, trainer)
+    real_loss, calls = trainer.loss_fn, []
+
+    def second_step_nan(td):
+        out = real_loss(td)
+        calls.append(1)
+        if len(calls) == 2:
+            out["loss_objective"] = out["loss_objective"] * float("nan")
+        return out
+
+    monkeypatch.setattr(trainer, "loss_fn", second_step_nan)
+    metrics = trainer.update(rollout)
+    assert metrics["rolled_back"] is True and metrics["nonfinite_steps"] == 1
+    assert metrics["minibatch_steps"] == 1 and len(calls) == 2, "the update ends at the bad step"
+    _assert_same_learner(policy, trainer, start)  # the good first step is undone too
+    assert trainer.bad_streak == 1
+    assert all(math.isfinite(v) for v in (metrics["loss_objective"], metrics["grad_norm"]))
+    monkeypatch.setattr(trainer, "loss_fn", real_loss)
+    healthy = trainer.update(make_rollout(policy, trainer, seed=3))
+    assert healthy["rolled_back"] is False and trainer.bad_streak == 0
+
+
+def test_a_nonfinite_gradient_with_a_finite_loss_rolls_back():
+    policy, trainer = _trained_once()
+    start = _learner_state(policy, trainer)
+    weight = policy.value_head[0].weight if isinstance(policy.value_head, torch.nn.Sequential) else next(
+        policy.value_head.parameters()
+    )
+    handle = weight.register_hook(lambda g: g * float("inf"))
+    metrics = trainer.update(make_rollout(policy, trainer, seed=2))
+    handle.remove()
+    assert metrics["rolled_back"] is True and metrics["nonfinite_steps"] == 1
+    assert metrics["minibatch_steps"] == 0
+    _assert_same_learner(policy, trainer, start)
+
+
+def test_nonfinite_parameters_after_a_step_roll_back(monkeypatch):
+    """A step whose loss and gradient were finite but whose result is not (an overflowing update) is
+    caught by the end-of-update check."""
+    policy, trainer = _trained_once()
+    start = _learner_state(policy, trainer)
+    real_step = trainer.optimizer.step
+
+    def overflowing_step(*args, **kwargs):
+        out = real_step(*args, **kwargs)
+        with torch.no_grad():
+            next(policy.parameters())[0] = float("inf")
+        return out
+
+    monkeypatch.setattr(trainer.optimizer, "step", overflowing_step)
+    metrics = trainer.update(make_rollout(policy, trainer, seed=2))
+    assert metrics["nonfinite_steps"] == 1, "the next step's loss is no longer finite"
+    assert metrics["rolled_back"] is True
+    _assert_same_learner(policy, trainer, start)
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=1, n_minibatches=1, target_kl=None)
+    policy, trainer = _make(cfg)  # a single step: only the end-of-update check sees it
+    start = _learner_state(policy, trainer)
+    real_step = trainer.optimizer.step
+    monkeypatch.setattr(trainer.optimizer, "step", overflowing_step)
+    metrics = trainer.update(make_rollout(policy, trainer))
+    assert metrics["minibatch_steps"] == 1 and metrics["nonfinite_steps"] == 0
+    assert metrics["rolled_back"] is True
+    _assert_same_learner(policy, trainer, start)
+
+
+def test_the_issue_lr_1e20_never_leaves_nonfinite_or_exploded_weights():
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None, lr=1e20)
+    policy, trainer = _make(cfg)
+    start = _learner_state(policy, trainer)
+    for seed in range(3):
+        metrics = trainer.update(make_rollout(policy, trainer, seed=seed))
+        assert metrics["rolled_back"] is True
+    assert trainer.bad_streak == 3
+    _assert_same_learner(policy, trainer, start)
+
+
+def test_a_resumed_trainer_uses_its_own_config_lr_not_the_saved_one():
+    """A run that blew up with --ppo.lr 1e20 must be resumable with --ppo.lr 1e-3 (the optimizer's
+    load_state_dict alone would restore the saved lr)."""
+    _, trainer = _make(PPOConfig(hidden=16, head_hidden=8, n_epochs=1, n_minibatches=2, lr=1e20))
+    sd = trainer.state_dict()
+    sane = PPOConfig(hidden=16, head_hidden=8, n_epochs=1, n_minibatches=2, lr=1e-3, critic_weight_decay=0.1)
+    _, trainer2 = _make(sane, seed=3)
+    trainer2.load_state_dict(sd)
+    assert [g["lr"] for g in trainer2.optimizer.param_groups] == [1e-3, 1e-3]
+    assert [g["weight_decay"] for g in trainer2.optimizer.param_groups] == [0.0, 0.1]
+
+
+def test_the_finiteness_check_adds_no_host_sync_per_step(monkeypatch):
+    """One read per minibatch step (the KL flag and the finiteness flag together) and one for the
+    report: the same count as before the check existed."""
+    policy, trainer = _make()
+    rollout = make_rollout(policy, trainer)
+    trainer.prepare(rollout.clone())  # warm the statistics path outside the count
+    reads = []
+    real = torch.Tensor.tolist
+
+    def counting(self):
+        reads.append(self.numel())
+        return real(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting)
+    metrics = trainer.update(rollout)
+    step_reads = [n for n in reads if n == 2]
+    assert len(step_reads) == metrics["minibatch_steps"] == 4
