@@ -30,7 +30,9 @@ class RunConfig:
     updates: int = doc(8, "PPO updates to run; each is one batch of n_envs episodes")
     seed: int = doc(42, "seed of every random number generator of the run")
     policy: str = doc("ppo", "controller: ppo (learns) | heuristic (the reference's rules, no learning)")
-    compile: bool = doc(False, "torch.compile the core loss and GAE with fullgraph=True (eager always works)")
+    compile: bool = doc(
+        False, "torch.compile each PPO minibatch step (LSTM, loss, backward, clip, AdamW) and GAE as graphs"
+    )
     run_dir: str = doc("runs", "parent folder of run directories")
     name: str = doc("", "run directory name (empty: <preset>-<timestamp>)")
     checkpoint_every: int = doc(1, "write the checkpoint every N updates (also at the end and on Ctrl-C)")
