@@ -140,8 +140,9 @@ def make_esper_step(actor_net, critic_net, optimizer, args: Args, *, compiled: b
     return compile_step(step)
 
 
-def make_torchrl_step(actor, critic, optimizer, args: Args):
-    """The same step with TorchRL's ``ClipPPOLoss`` (which runs the actor and critic itself)."""
+def make_torchrl_step(actor, critic, optimizer, args: Args, *, compile_loss: bool = False):
+    """The same step with TorchRL's ``ClipPPOLoss`` (which runs the actor and critic itself);
+    ``compile_loss``: the loss module under ``torch.compile`` (backward and Adam stay eager)."""
     from torchrl.objectives import ClipPPOLoss
 
     loss_module = ClipPPOLoss(
@@ -153,9 +154,10 @@ def make_torchrl_step(actor, critic, optimizer, args: Args):
         loss_critic_type="l2",
     )
     params = list(loss_module.parameters())
+    loss_fn = torch.compile(loss_module) if compile_loss else loss_module
 
     def step(mb: TensorDictBase) -> TensorDict:
-        out = loss_module(mb)
+        out = loss_fn(mb)
         (out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]).backward()
         torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
         optimizer.step()

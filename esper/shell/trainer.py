@@ -235,14 +235,15 @@ class PPOTrainer:
         epochs_run = 0
         for _ in range(cfg.n_epochs):
             for idx in env_minibatches(n_envs, cfg.n_minibatches, generator=self.generator):
-                mb = batch[idx.to(batch.device)]
+                idx = idx.to(batch.device)
                 if self.train_step is not None:
-                    step_metrics, stop = self.train_step(mb, coef_t)
+                    step_metrics, stop = self.train_step(batch, idx, coef_t)
                     if bool(stop):  # sync point: the KL flag (the step was not applied)
                         stopped = True
                         break
                     steps.append(step_metrics)
                     continue
+                mb = batch[idx]
                 mb["current"] = self._evaluate(mb)
                 losses = self.loss_fn(mb)
                 if bool(losses["early_stop"]):  # sync point: the KL flag, checked before the step
@@ -274,11 +275,13 @@ class PPOTrainer:
         )
         return out
 
-    def _train_step(self, mb: TensorDictBase, coef: torch.Tensor) -> tuple[TensorDict, torch.Tensor]:
-        """One minibatch step, the body of the compiled graph: re-score, loss, backward, gradient
-        health, clip, AdamW (not applied where the KL flag is set). Returns the step's metrics and the
-        flag. Every ``.grad`` is None on entry and on exit."""
-        td = mb.copy()
+    def _train_step(
+        self, batch: TensorDictBase, idx: torch.Tensor, coef: torch.Tensor
+    ) -> tuple[TensorDict, torch.Tensor]:
+        """One minibatch step, the body of the compiled graph: gather the envs ``idx`` of ``batch``,
+        re-score, loss, backward, gradient health, clip, AdamW (not applied where the KL flag is set).
+        Returns the step's metrics and the flag. Every ``.grad`` is None on entry and on exit."""
+        td = batch[idx]
         td["current"] = self._evaluate(td)
         losses = self.loss_fn(td)
         _total_loss(losses, coef).backward()
