@@ -27,6 +27,7 @@ compiled on its own; the rest of ``prepare`` stays eager. Eager (the default) is
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -125,7 +126,7 @@ class PPOTrainer:
         *,
         raw_obs_dim: int,
         compile: bool = False,
-        compile_backend: str = "inductor",
+        compile_backend: str | Callable = "inductor",
         generator: torch.Generator | None = None,
     ) -> None:
         self.policy, self.cfg = policy, cfg
@@ -180,7 +181,6 @@ class PPOTrainer:
         #: the whole minibatch step as one graph (None: eager)
         self.train_step = None
         if compile:
-            init_adam_state(self.optimizer)
             self.train_step = compile_step(self._train_step, backend=compile_backend)
 
     # ------------------------------------------------------------------------------------ observation
@@ -230,6 +230,8 @@ class PPOTrainer:
         coef = self.cfg.entropy_coef_at(self.state.updates)
         coef_t = torch.tensor(coef, device=batch.device)  # a tensor: a new value never recompiles
         self.optimizer.zero_grad(set_to_none=True)
+        if self.train_step is not None:
+            init_adam_state(self.optimizer)  # a no-op unless a loaded state_dict had none yet
         steps: list[TensorDict] = []
         stopped = False
         epochs_run = 0
