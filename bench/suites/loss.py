@@ -29,7 +29,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 import esper.core as core
-from bench.harness import Context, Row, SuiteResult, Target, suite
+from bench.harness import Context, Row, SuiteResult, Target, round_ratio, suite
 from esper.core import distributions as D
 from esper.core.spec import HEADS, ActionSpec, Op
 
@@ -217,8 +217,9 @@ def run(ctx: Context) -> SuiteResult:
     torch._dynamo.reset()
     _whole_step_case(ctx, res, *((16, 25) if ctx.quick else (64, 25)))
     res.notes.append(
-        "speed-up column: factored rows vs esper eager of the same case; single-head rows vs ClipPPOLoss "
-        "eager. Single-head targets compare like with like (eager with eager, compiled with compiled)."
+        "speed-up column: the median over rounds of the per-round ratio; factored rows vs esper eager of "
+        "the same case, single-head rows vs ClipPPOLoss eager. Single-head targets compare like with like "
+        "(eager with eager, compiled with compiled)."
     )
     return res
 
@@ -236,11 +237,11 @@ def _factored_case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
     else:
         fns["esper compiled (inductor)"] = compiled
     stats = ctx.compare(fns)
-    eager = stats["esper eager"].median_ms
+    eager = stats["esper eager"]
     for name, s in stats.items():
-        res.rows.append(Row(case, name, s, eager / s.median_ms, note if "compiled" in name else ""))
+        res.rows.append(Row(case, name, s, round_ratio(eager, s), note if "compiled" in name else ""))
     if "esper compiled (inductor)" in stats:
-        ratio = eager / stats["esper compiled (inductor)"].median_ms
+        ratio = round_ratio(eager, stats["esper compiled (inductor)"])
         res.targets.append(Target(f"{case}: compiled / eager speed-up", ratio, ">= 1.5", ratio >= 1.5))
 
 
@@ -257,20 +258,20 @@ def _single_head_case(ctx: Context, res: SuiteResult, E: int, T: int, *, network
         else:
             fns[f"{name} compiled"] = call
     stats = ctx.compare(fns)
-    base = stats["torchrl ClipPPOLoss eager"].median_ms
+    base = stats["torchrl ClipPPOLoss eager"]
     for name, s in stats.items():
         note = notes.get(name, "")
         if name.startswith("networks only"):
             note = "reference: actor + critic forward and backward, no loss (included in every row above)"
             if networks == "pass":
                 note = "reference: the pass-through outputs and their backward, no loss"
-        res.rows.append(Row(case, name, s, base / s.median_ms, note))
+        res.rows.append(Row(case, name, s, round_ratio(base, s), note))
     for mode in ("eager", "compiled"):
         theirs, ours = stats.get(f"torchrl ClipPPOLoss {mode}"), stats.get(f"esper ppo_loss {mode}")
         if theirs is None or ours is None:
             res.targets.append(Target(f"{case}: ClipPPOLoss / esper ppo_loss, {mode}", None, ">= 2", None))
             continue
-        ratio = theirs.median_ms / ours.median_ms
+        ratio = round_ratio(theirs, ours)
         res.targets.append(Target(f"{case}: ClipPPOLoss / esper ppo_loss, {mode}", ratio, ">= 2", ratio >= 2))
         net = stats.get(f"networks only {mode}")
         if networks == "mlp" and net is not None and ours.median_ms > net.median_ms:
@@ -319,7 +320,7 @@ def _whole_step_case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
     stats = ctx.compare(fns)
     base = stats.get("torchrl ClipPPOLoss eager")
     for name, s in stats.items():
-        res.rows.append(Row(case, name, s, base and base.median_ms / s.median_ms, notes[name]))
+        res.rows.append(Row(case, name, s, base and round_ratio(base, s), notes[name]))
     ours_compiled = "esper whole step compiled (one graph)"
     pairs = (
         ("eager", "torchrl ClipPPOLoss eager", "esper ppo_loss eager"),
@@ -327,6 +328,6 @@ def _whole_step_case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
         ("esper compiled vs torchrl eager", "torchrl ClipPPOLoss eager", ours_compiled),
     )
     for label, theirs, ours in pairs:
-        value = stats[theirs].median_ms / stats[ours].median_ms if theirs in stats and ours in stats else None
+        value = round_ratio(stats[theirs], stats[ours]) if theirs in stats and ours in stats else None
         met = None if value is None else value >= 2
         res.targets.append(Target(f"whole step {E}x{T}: ClipPPOLoss / esper, {label}", value, ">= 2", met))

@@ -15,7 +15,7 @@ update then starts from the same state, restored untimed: the behaviour policy t
 the AdamW moments after the warm-up (as in every update after a run's first), the observation/reward
 statistics and the minibatch generator of before the first update, so every sample does the same work
 (the same target-KL early stop). Samples alternate eager / compiled (the order flips each round).
-Ratio: eager median / row median.
+Ratio: the median over rounds of eager / row, both timed in the same round.
 
 Split: a few more updates per trainer with the pieces wrapped by timers (their own rows, not the timed
 samples): ``prepare`` (finite check, statistics, reward scaling, GAE, the anchor V re-scoring, advantage
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 import esper.shell.trainer as trainer_mod
-from bench.harness import Context, Row, Stats, SuiteResult, Target, suite
+from bench.harness import Context, Row, Stats, SuiteResult, Target, round_ratio, suite
 from bench.suites.episode import build_run, default_config
 
 CASE = "default 4x25"
@@ -109,12 +109,12 @@ def run(ctx: Context) -> SuiteResult:
             steps[name].add(int(metrics["minibatch_steps"]))
     recompiles = _graphs() - graphs_before
     stats = {k: Stats.of(v, 1) for k, v in times.items()}
-    base = stats["eager"].median_ms if "eager" in stats else None
+    base = stats.get("eager")
     for name, s in stats.items():
         note = f"minibatch steps {sorted(steps[name])}; {first[name]}"
-        res.rows.append(Row(CASE, f"whole update, {name}", s, base and base / s.median_ms, note))
+        res.rows.append(Row(CASE, f"whole update, {name}", s, base and round_ratio(base, s), note))
     if base and "compiled (--compile)" in stats:
-        ratio = base / stats["compiled (--compile)"].median_ms
+        ratio = round_ratio(base, stats["compiled (--compile)"])
         res.targets.append(Target(f"{CASE}: whole update, eager / compiled", ratio, ">= 2", ratio >= 2))
         res.targets.append(
             Target(f"graphs compiled during the {rounds} timed rounds (recompiles)", recompiles, "== 0",
