@@ -37,11 +37,22 @@ class Stats:
     p90_ms: float
     samples: int
     inner: int
+    #: the samples in the order taken (round by round), for per-round ratios
+    rounds_ms: list[float] = field(default_factory=list)
 
     @classmethod
     def of(cls, per_call_s: list[float], inner: int) -> Stats:
-        ms = sorted(x * 1e3 for x in per_call_s)
-        return cls(statistics.median(ms), _quantile(ms, 0.1), _quantile(ms, 0.9), len(ms), inner)
+        in_order = [x * 1e3 for x in per_call_s]
+        ms = sorted(in_order)
+        return cls(statistics.median(ms), _quantile(ms, 0.1), _quantile(ms, 0.9), len(ms), inner, in_order)
+
+
+def round_ratio(base: Stats, other: Stats) -> float:
+    """Median over rounds of ``base / other``, each ratio taken within one round of the same
+    :meth:`Context.compare` call (steadier than a ratio of medians when the machine's speed drifts)."""
+    if len(base.rounds_ms) != len(other.rounds_ms) or not base.rounds_ms:
+        raise ValueError("round_ratio needs two Stats from the same compare() call")
+    return statistics.median(b / o for b, o in zip(base.rounds_ms, other.rounds_ms))
 
 
 @dataclass(slots=True)
@@ -118,9 +129,12 @@ class Context:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def compare(self, fns: dict[str, Callable[[], object]]) -> dict[str, Stats]:
-        """Warm up every callable, size its inner loop, then take the samples in interleaved rounds
-        (A B C A B C ...), so slow drifts of a shared machine hit every implementation alike."""
+    def compare(self, fns: dict[str, Callable[[], object]], *, rounds: int | None = None) -> dict[str, Stats]:
+        """Warm up every callable, size its inner loop (a block of calls lasting ``min_sample_s``),
+        then take the samples in interleaved rounds, one block per callable per round (A B C, C B A,
+        A B C, ...: the order flips each round, so no callable always follows the same one), so slow
+        drifts of a shared machine hit every implementation alike. ``rounds`` fixes the round count
+        (else ``samples``, fewer when a round would overrun ``budget_s``)."""
         inner: dict[str, int] = {}
         per_call: dict[str, float] = {}
         for name, fn in fns.items():
@@ -132,11 +146,13 @@ class Context:
                 n *= 2 if elapsed * 4 > self.min_sample_s else 8
                 elapsed = self._time(fn, n)
             inner[name], per_call[name] = n, elapsed / n
-        rounds = max(5, min(self.samples, *(int(self.budget_s / (per_call[k] * inner[k])) for k in fns)))
+        if rounds is None:
+            rounds = max(5, min(self.samples, *(int(self.budget_s / (per_call[k] * inner[k])) for k in fns)))
         times: dict[str, list[float]] = {k: [] for k in fns}
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                times[name].append(self._time(fn, inner[name]) / inner[name])
+        names = list(fns)
+        for r in range(rounds):
+            for name in names if r % 2 == 0 else names[::-1]:
+                times[name].append(self._time(fns[name], inner[name]) / inner[name])
         return {k: Stats.of(v, inner[k]) for k, v in times.items()}
 
     def time_once(self, fn: Callable[[], object]) -> float:
@@ -231,7 +247,8 @@ def markdown(info: dict[str, object], results: dict[str, SuiteResult], command: 
         f"# Esper benchmarks: {info['date_utc']} UTC, {info['device_name']}",
         "",
         f"Command: `{command}` (whole run {wall_s:.0f} s). Times are per call, in ms: median (p10-p90)",
-        "over interleaved samples after warm-up; ratios compare medians measured in the same rounds.",
+        "over interleaved samples after warm-up; ratios compare timings taken in the same rounds (medians,",
+        "or where a suite says so the median of per-round ratios).",
         "",
         "| machine | |",
         "|---|---|",

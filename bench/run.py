@@ -8,12 +8,12 @@
 Options: ``--device cuda`` (default: cuda when available, else cpu; the ``update`` and ``episode`` suites
 always run the embedded default, on CPU), ``--threads N`` (torch intra-op threads; default: torch's),
 ``--episodes N`` (measured episodes of the ``episode`` suite), ``--out DIR`` (default ``bench/results``),
-``--no-write``.
+``--tag NAME``, ``--no-write``.
 
-Writes ``bench/results/<YYYY-MM-DD>-<host>-<device>[-quick][-t<threads>].md`` (tables, targets, machine) and a
-``.json`` beside it with the raw numbers. Every time is the median (and p10/p90) of interleaved samples
-taken after warm-up; every ratio compares medians from the same run. Add a suite in ``bench/suites/``
-(see :mod:`bench.harness`).
+Writes ``bench/results/<YYYY-MM-DD>-<host>-<device>[-quick][-t<threads>][-<tag>].md`` (tables, targets,
+machine) and a ``.json`` beside it with the raw numbers. Every time is the median (and p10/p90) of
+interleaved samples taken after warm-up; every ratio compares timings from the same run. Add a suite
+in ``bench/suites/`` (see :mod:`bench.harness`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--episodes", type=int, default=0, help="measured episodes of the episode suite (0: 5, --quick: 2)"
     )
+    parser.add_argument("--tag", default="", help="appended to the results file name (e.g. a re-run)")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     args = parser.parse_args(argv)
@@ -77,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     print(console(results))
     if not args.no_write:
         tag = "-".join(
-            t for t in ("quick" if args.quick else "", f"t{args.threads}" if args.threads else "") if t
+            t
+            for t in ("quick" if args.quick else "", f"t{args.threads}" if args.threads else "", args.tag)
+            if t
         )
         path = write(args.out, info, results, markdown(info, results, command.strip(), wall), tag)
         print(f"\nwrote {path} (+ .json)")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import types
 from pathlib import Path
 
 import pytest
@@ -34,23 +33,19 @@ def core_snippet() -> str:
     return found[0]
 
 
-def torchrl_batch(n_envs: int, T: int, obs_dim: int, n_actions: int, *, trailing_one: bool):
+def torchrl_batch(n_envs: int, T: int, obs_dim: int, n_actions: int, *, trailing_one: bool, one_hot=False):
     """What a TorchRL collector hands over (TorchRL keys, ``[n_envs, T]``, per-step scalars with the
-    trailing 1 TorchRL uses) and an actor-critic returning logits and a value."""
+    trailing 1 TorchRL uses, no values), and an actor and a critic sharing one linear layer."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     net = torch.nn.Linear(obs_dim, n_actions + 1)
+    actor = lambda obs: net(obs)[..., :n_actions]
+    critic = lambda obs: net(obs)[..., n_actions:] if trailing_one else net(obs)[..., n_actions]
 
-    def actor_critic(obs):
-        out = net(obs)
-        value = out[..., n_actions:] if trailing_one else out[..., n_actions]
-        return types.SimpleNamespace(logits=out[..., :n_actions], value=value)
-
-    obs = torch.randn(n_envs, T, obs_dim, generator=g)
+    obs = torch.randn(n_envs, T + 1, obs_dim, generator=g)  # T steps and the observation after the last
     with torch.no_grad():
-        behaviour = actor_critic(obs)
         shift = 0.3 * torch.randn(n_actions, generator=g)  # behaviour != current policy: ratios != 1
-        dist = torch.distributions.Categorical(logits=behaviour.logits + shift)
+        dist = torch.distributions.Categorical(logits=actor(obs[:, :T]) + shift)
         action = dist.sample()
         log_prob = dist.log_prob(action)
     scalar = (n_envs, T, 1) if trailing_one else (n_envs, T)
@@ -60,30 +55,28 @@ def torchrl_batch(n_envs: int, T: int, obs_dim: int, n_actions: int, *, trailing
     terminated[0, 2] = done[0, 2] = True  # one env terminates mid-way
     batch = TensorDict(
         {
-            "observation": obs,
-            "action": action,
+            "observation": obs[:, :T],
+            "action": torch.nn.functional.one_hot(action, n_actions) if one_hot else action,
             "action_log_prob": log_prob,
-            "state_value": behaviour.value,
             "next": {
+                "observation": obs[:, 1:],
                 "reward": torch.randn(scalar, generator=g),
                 "done": done,
                 "terminated": terminated,
                 "truncated": done & ~terminated,
-                "state_value": torch.randn(scalar, generator=g),
             },
         },
         batch_size=[n_envs, T],
     )
-    return batch, actor_critic, net
+    return batch, {"collector_batch": batch, "actor": actor, "critic": critic}, net
 
 
-@pytest.mark.parametrize("trailing_one", [True, False])
-def test_core_api_snippet_runs_on_a_torchrl_batch(trailing_one):
+@pytest.mark.parametrize(("trailing_one", "one_hot"), [(True, False), (False, False), (True, True)])
+def test_core_api_snippet_runs_on_a_torchrl_batch(trailing_one, one_hot):
     code = core_snippet()
     lines = [ln for ln in code.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     assert len(lines) <= 15, "the core-API snippet should stay short (~10 lines)"
-    batch, actor_critic, net = torchrl_batch(4, 6, 5, 3, trailing_one=trailing_one)
-    ns = {"collector_batch": batch, "actor_critic": actor_critic}
+    batch, ns, net = torchrl_batch(4, 6, 5, 3, trailing_one=trailing_one, one_hot=one_hot)
     exec(compile(code, "README.md (core API)", "exec"), ns)
 
     td, losses = ns["td"], ns["losses"]
@@ -103,13 +96,28 @@ def test_core_api_snippet_runs_on_a_torchrl_batch(trailing_one):
 
 
 def test_ppo_loss_returns_the_names_the_readme_lists():
-    batch, actor_critic, _ = torchrl_batch(2, 4, 3, 3, trailing_one=True)
-    ns = {"collector_batch": batch, "actor_critic": actor_critic}
+    _, ns, _ = torchrl_batch(2, 4, 3, 3, trailing_one=True)
     exec(compile(core_snippet(), "README.md (core API)", "exec"), ns)
     listed = section("The core API (`esper.core`)").split("`ppo_loss` returns", 1)[1].split("per-head", 1)[0]
     names = set(re.findall(r"`(\w+)`", listed))
     assert {"loss_objective", "loss_critic", "early_stop", "ESS"} <= names  # the parse found the list
     assert names <= set(ns["losses"].keys()), names - set(ns["losses"].keys())
+
+
+def test_readme_parity_call_names_real_arguments():
+    """The TorchRL-parity lines name ppo_loss's and ClipPPOLoss's real keyword arguments."""
+    import inspect
+
+    from torchrl.objectives import ClipPPOLoss
+
+    from esper.core import ppo_loss
+
+    text = section("The core API (`esper.core`)")
+    theirs = re.search(r"ClipPPOLoss\(actor, critic, (.*?)\)\n", text).group(1)
+    ours = re.search(r"ec\.ppo_loss\(td, (.*?)\)\n", text).group(1)
+    for call, fn in ((theirs, ClipPPOLoss.__init__), (ours, ppo_loss)):
+        names = re.findall(r"(\w+)=", call)
+        assert names and set(names) <= set(inspect.signature(fn).parameters), names
 
 
 def ci_commands() -> list[str]:

@@ -10,10 +10,15 @@ covers the actor forward on both sides (TorchRL's loss runs the actor and critic
   factored=True)``; eager vs ``torch.compile(fullgraph=True)`` (inductor) of the same step function.
 - single head: 8 choices, TorchRL's flat keys; ``esper.core.ppo_loss`` vs ``ClipPPOLoss`` with the
   same actor/critic networks, the same settings (clip 0.2, entropy 0.01, critic 0.5 x squared error,
-  no value clipping, no advantage normalization), eager and compiled. ``ClipPPOLoss`` is compiled as
-  TorchRL users do, ``torch.compile(step)``; fullgraph is tried first and the outcome recorded.
-  Measured twice: with the MLPs (a whole training step, where the networks take a large share) and
-  with pass-through "networks" that return a parameter (the loss's forward and backward alone).
+  no value clipping, no advantage normalization; ``ppo_loss`` gets the arguments that reproduce
+  ``ClipPPOLoss`` exactly), eager and compiled. ``ClipPPOLoss`` is compiled as TorchRL users do,
+  ``torch.compile(step)``; fullgraph is tried first and the outcome recorded. Measured twice: with the
+  MLPs (network forward + loss + backward) and with pass-through "networks" that return a parameter
+  (the loss's forward and backward alone).
+- single head, whole step: the MLPs' forward, the loss, backward, ``clip_grad_norm_`` and Adam, with
+  the CartPole example's step functions (``examples.cartpole_ppo``). Esper eager (``optimizer.step()``)
+  and compiled as one graph (:mod:`esper.shell.wholestep`); TorchRL eager, and with its loss compiled
+  (``torch.compile(loss_module)``, backward and Adam eager: what TorchRL offers for a step).
 """
 
 from __future__ import annotations
@@ -24,12 +29,21 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 import esper.core as core
-from bench.harness import Context, Row, SuiteResult, Target, suite
+from bench.harness import Context, Row, SuiteResult, Target, round_ratio, suite
 from esper.core import distributions as D
 from esper.core.spec import HEADS, ActionSpec, Op
 
 OBS, HIDDEN = 32, 64
 SPEC = ActionSpec(n_slots=3, n_blueprints=6)
+#: ppo_loss arguments that reproduce the ClipPPOLoss below (clip 0.2, entropy 0.01, critic 0.5, l2)
+PARITY = dict(
+    clip_epsilon=0.2,
+    entropy_coef=0.01,
+    value_coef=0.5,
+    critic_loss="l2",
+    value_clip=None,
+    normalize_entropy=False,
+)
 
 
 class Policy(nn.Module):
@@ -147,7 +161,7 @@ def single_head_setup(
         td["current"] = TensorDict(
             {"logits": net(b["observation"]), "state_value": critic(b["observation"])}, b.batch_size
         )
-        return core.total_loss(core.ppo_loss(td, value_clip=None, entropy_coef=0.01, value_coef=0.5))
+        return core.total_loss(core.ppo_loss(td, **PARITY))
 
     def torchrl_step(b: TensorDict) -> torch.Tensor:
         out = loss_mod(b)
@@ -159,7 +173,7 @@ def single_head_setup(
 
     params = [*net.parameters(), *critic.parameters()]
     steps = {"torchrl ClipPPOLoss": torchrl_step, "esper ppo_loss": esper_step, "networks only": network_step}
-    return batch, steps, params
+    return batch, steps, params, (net, critic, actor, value_op)
 
 
 def _train_call(step, batch, params):
@@ -200,9 +214,12 @@ def run(ctx: Context) -> SuiteResult:
     for networks in ("mlp", "pass"):
         torch._dynamo.reset()
         _single_head_case(ctx, res, *((16, 25) if ctx.quick else (64, 25)), networks=networks)
+    torch._dynamo.reset()
+    _whole_step_case(ctx, res, *((16, 25) if ctx.quick else (64, 25)))
     res.notes.append(
-        "speed-up column: factored rows vs esper eager of the same case; single-head rows vs ClipPPOLoss "
-        "eager. Single-head targets compare like with like (eager with eager, compiled with compiled)."
+        "speed-up column: the median over rounds of the per-round ratio; factored rows vs esper eager of "
+        "the same case, single-head rows vs ClipPPOLoss eager. Single-head targets compare like with like "
+        "(eager with eager, compiled with compiled)."
     )
     return res
 
@@ -220,17 +237,17 @@ def _factored_case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
     else:
         fns["esper compiled (inductor)"] = compiled
     stats = ctx.compare(fns)
-    eager = stats["esper eager"].median_ms
+    eager = stats["esper eager"]
     for name, s in stats.items():
-        res.rows.append(Row(case, name, s, eager / s.median_ms, note if "compiled" in name else ""))
+        res.rows.append(Row(case, name, s, round_ratio(eager, s), note if "compiled" in name else ""))
     if "esper compiled (inductor)" in stats:
-        ratio = eager / stats["esper compiled (inductor)"].median_ms
+        ratio = round_ratio(eager, stats["esper compiled (inductor)"])
         res.targets.append(Target(f"{case}: compiled / eager speed-up", ratio, ">= 1.5", ratio >= 1.5))
 
 
 def _single_head_case(ctx: Context, res: SuiteResult, E: int, T: int, *, networks: str) -> None:
     case = f"1 head {E}x{T}" + (", loss alone" if networks == "pass" else ", MLP networks")
-    batch, steps, params = single_head_setup(E, T, ctx.device, networks=networks)
+    batch, steps, params, _ = single_head_setup(E, T, ctx.device, networks=networks)
     fns, notes = {}, {}
     for name, step in steps.items():
         fns[f"{name} eager"] = _train_call(step, batch, params)
@@ -241,20 +258,20 @@ def _single_head_case(ctx: Context, res: SuiteResult, E: int, T: int, *, network
         else:
             fns[f"{name} compiled"] = call
     stats = ctx.compare(fns)
-    base = stats["torchrl ClipPPOLoss eager"].median_ms
+    base = stats["torchrl ClipPPOLoss eager"]
     for name, s in stats.items():
         note = notes.get(name, "")
         if name.startswith("networks only"):
             note = "reference: actor + critic forward and backward, no loss (included in every row above)"
             if networks == "pass":
                 note = "reference: the pass-through outputs and their backward, no loss"
-        res.rows.append(Row(case, name, s, base / s.median_ms, note))
+        res.rows.append(Row(case, name, s, round_ratio(base, s), note))
     for mode in ("eager", "compiled"):
         theirs, ours = stats.get(f"torchrl ClipPPOLoss {mode}"), stats.get(f"esper ppo_loss {mode}")
         if theirs is None or ours is None:
             res.targets.append(Target(f"{case}: ClipPPOLoss / esper ppo_loss, {mode}", None, ">= 2", None))
             continue
-        ratio = theirs.median_ms / ours.median_ms
+        ratio = round_ratio(theirs, ours)
         res.targets.append(Target(f"{case}: ClipPPOLoss / esper ppo_loss, {mode}", ratio, ">= 2", ratio >= 2))
         net = stats.get(f"networks only {mode}")
         if networks == "mlp" and net is not None and ours.median_ms > net.median_ms:
@@ -263,3 +280,54 @@ def _single_head_case(ctx: Context, res: SuiteResult, E: int, T: int, *, network
                 f"{case} {mode}: without the networks' share ({net.median_ms:.3f} ms), the losses alone "
                 f"compare {loss_only:.2f}x (ClipPPOLoss / esper)"
             )
+
+
+def _whole_step_case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
+    """Forward + loss + backward + clip + Adam, per implementation on its own copy of the networks (the
+    same seed), each stepping its own Adam."""
+    from examples.cartpole_ppo import Args, make_esper_step, make_torchrl_step
+
+    case = f"1 head {E}x{T}, whole step"
+    args = Args(clip_epsilon=0.2, entropy_coef=0.01, critic_coef=0.5)
+
+    def fresh():
+        batch, _, params, (net, critic, actor, value_op) = single_head_setup(E, T, ctx.device)
+        return batch, net, critic, actor, value_op, torch.optim.Adam(params, lr=1e-4, eps=1e-5)
+
+    builders = {
+        "torchrl ClipPPOLoss eager": lambda b, n, c, a, v, o: make_torchrl_step(a, v, o, args),
+        "torchrl ClipPPOLoss compiled loss": lambda b, n, c, a, v, o: make_torchrl_step(
+            a, v, o, args, compile_loss=True
+        ),
+        "esper ppo_loss eager": lambda b, n, c, a, v, o: make_esper_step(n, c, o, args),
+        "esper whole step compiled (one graph)": lambda b, n, c, a, v, o: make_esper_step(
+            n, c, o, args, compiled=True
+        ),
+    }
+    fns, notes = {}, {}
+    for name, build in builders.items():
+        batch, *nets, opt = fresh()
+        step = build(batch, *nets, opt)
+        call = lambda step=step, batch=batch: step(batch)
+        try:
+            seconds = ctx.time_once(call)
+        except Exception as exc:  # record, never hide
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:150]}"
+            res.rows.append(Row(case, name, note=f"failed: {reason}"))
+            continue
+        notes[name] = f"first call {seconds:.1f} s" + (" (compile)" if "compiled" in name else "")
+        fns[name] = call
+    stats = ctx.compare(fns)
+    base = stats.get("torchrl ClipPPOLoss eager")
+    for name, s in stats.items():
+        res.rows.append(Row(case, name, s, base and round_ratio(base, s), notes[name]))
+    ours_compiled = "esper whole step compiled (one graph)"
+    pairs = (
+        ("eager", "torchrl ClipPPOLoss eager", "esper ppo_loss eager"),
+        ("compiled", "torchrl ClipPPOLoss compiled loss", ours_compiled),
+        ("esper compiled vs torchrl eager", "torchrl ClipPPOLoss eager", ours_compiled),
+    )
+    for label, theirs, ours in pairs:
+        value = round_ratio(stats[theirs], stats[ours]) if theirs in stats and ours in stats else None
+        met = None if value is None else value >= 2
+        res.targets.append(Target(f"whole step {E}x{T}: ClipPPOLoss / esper, {label}", value, ">= 2", met))

@@ -6,20 +6,23 @@ of ``python -m esper.shell.run`` with no arguments) with host training and valid
 each (``env.train_batches=1``, ``env.val_batches=1``): the rollout's shape, keys, legality masks and the
 untrained policy's actions are those of the run's first update; only the hosts were cheaper to train.
 
-Trainers: the run's eager one and ``PPOTrainer(compile=True)`` (what ``--compile`` builds: the core
-loss and GAE under ``torch.compile(fullgraph=True, dynamic=False)``; the policy's LSTM re-scoring stays
-eager) on a copy of the same policy. Each runs one warm-up update (the compiled one compiles there: its
-time is in the note, with inductor's caches as found). Every timed update then starts from the same
-state, restored untimed: the behaviour policy the rollout came from, the AdamW moments after the warm-up
-(as in every update after a run's first), the observation/reward statistics and the minibatch generator
-of before the first update, so every sample does the same work (the same target-KL early stop).
-Samples alternate eager / compiled. Ratio: eager median / row median.
+Trainers: the run's eager one and ``PPOTrainer(compile=True)`` (what ``--compile`` builds: each
+minibatch step - the LSTM re-scoring, the factored loss, backward, gradient health, clip and AdamW - as
+one graph, and GAE, under ``torch.compile(fullgraph=True, dynamic=False)``) on a copy of the same
+policy. Each runs one warm-up update (the compiled one compiles there: its time is in the note, with
+inductor's caches as found); graphs compiled after it are counted (recompiles: target 0). Every timed
+update then starts from the same state, restored untimed: the behaviour policy the rollout came from,
+the AdamW moments after the warm-up (as in every update after a run's first), the observation/reward
+statistics and the minibatch generator of before the first update, so every sample does the same work
+(the same target-KL early stop). Samples alternate eager / compiled (the order flips each round).
+Ratio: the median over rounds of eager / row, both timed in the same round.
 
 Split: a few more updates per trainer with the pieces wrapped by timers (their own rows, not the timed
 samples): ``prepare`` (finite check, statistics, reward scaling, GAE, the anchor V re-scoring, advantage
 normalization), per minibatch the LSTM re-scoring (``_evaluate``), the loss, zero_grad + backward, the
-gradient-health statistics, ``clip_grad_norm_``, the AdamW step; ``other`` is the rest of the update
-(minibatch indexing, the KL-flag sync, metric stacking and the one readout).
+gradient-health statistics, ``clip_grad_norm_``, the AdamW step (eager), or the compiled step as a
+whole (compiled: its pieces are one graph); ``other`` is the rest of the update (minibatch indexing,
+the KL-flag sync, metric stacking and the one readout).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pathlib import Path
 import torch
 
 import esper.shell.trainer as trainer_mod
-from bench.harness import Context, Row, Stats, SuiteResult, suite
+from bench.harness import Context, Row, Stats, SuiteResult, Target, round_ratio, suite
 from bench.suites.episode import build_run, default_config
 
 CASE = "default 4x25"
@@ -46,6 +49,11 @@ SPLIT = (
     ("gradient health", "grad_health"),
     ("clip_grad_norm_", "clip"),
     ("AdamW step", "step"),
+    ("other (indexing, KL flag, metrics, readout)", "other"),
+)
+SPLIT_COMPILED = (
+    ("prepare (checks, stats, GAE, anchor V, adv. norm)", "prepare"),
+    ("compiled minibatch steps (one graph each)", "train_step"),
     ("other (indexing, KL flag, metrics, readout)", "other"),
 )
 
@@ -90,19 +98,28 @@ def run(ctx: Context) -> SuiteResult:
     rounds = ctx.samples
     times: dict[str, list[float]] = {k: [] for k in trainers}
     steps: dict[str, set] = {k: set() for k in trainers}
-    for _ in range(rounds):
-        for name, tr in trainers.items():
+    graphs_before = _graphs()
+    for r in range(rounds):
+        for name, tr in trainers.items() if r % 2 == 0 else reversed(trainers.items()):
             restore(tr)
             batch = rollout.clone()
             t0 = time.perf_counter()
             metrics = tr.update(batch)
             times[name].append(time.perf_counter() - t0)
             steps[name].add(int(metrics["minibatch_steps"]))
+    recompiles = _graphs() - graphs_before
     stats = {k: Stats.of(v, 1) for k, v in times.items()}
-    base = stats["eager"].median_ms if "eager" in stats else None
+    base = stats.get("eager")
     for name, s in stats.items():
         note = f"minibatch steps {sorted(steps[name])}; {first[name]}"
-        res.rows.append(Row(CASE, f"whole update, {name}", s, base and base / s.median_ms, note))
+        res.rows.append(Row(CASE, f"whole update, {name}", s, base and round_ratio(base, s), note))
+    if base and "compiled (--compile)" in stats:
+        ratio = round_ratio(base, stats["compiled (--compile)"])
+        res.targets.append(Target(f"{CASE}: whole update, eager / compiled", ratio, ">= 2", ratio >= 2))
+        res.targets.append(
+            Target(f"graphs compiled during the {rounds} timed rounds (recompiles)", recompiles, "== 0",
+                   recompiles == 0)
+        )  # fmt: skip
     n_split = 3 if ctx.quick else 9
     for name, tr in trainers.items():
         _split(res, name, tr, rollout, restore, n_split)
@@ -120,8 +137,13 @@ def run(ctx: Context) -> SuiteResult:
     return res
 
 
+def _graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 def _split(res: SuiteResult, name: str, tr, rollout, restore, n: int) -> None:
     samples: list[Counter] = []
+    split = SPLIT if tr.train_step is None else SPLIT_COMPILED
     with _instrumented(tr) as acc:
         for _ in range(n):
             restore(tr)
@@ -135,7 +157,7 @@ def _split(res: SuiteResult, name: str, tr, rollout, restore, n: int) -> None:
             samples.append(Counter(acc))
     whole_ms = Stats.of([s["whole"] for s in samples], 1)
     case = f"{CASE} split, {name}"
-    for label, key in SPLIT:
+    for label, key in split:
         s = Stats.of([x[key] for x in samples], 1)
         res.rows.append(Row(case, label, s, note=f"{100 * s.median_ms / whole_ms.median_ms:.1f}%"))
     res.rows.append(Row(case, "whole update (instrumented)", whole_ms, note="100%"))
@@ -192,6 +214,14 @@ def _instrumented(tr):
         return wrapper
 
     with ExitStack() as stack:
+        if tr.train_step is not None:  # compiled: the step is one graph, timed as a whole
+            for obj, attr, fn in [
+                (tr, "prepare", prepare(tr.prepare)),
+                (tr, "train_step", timed(tr.train_step, "train_step")),
+            ]:
+                stack.enter_context(_patched(obj, attr, fn))
+            yield acc
+            return
         patches = [
             (tr, "prepare", prepare(tr.prepare)),
             (tr, "_evaluate", timed(tr._evaluate, "evaluate", skip_in_prepare=True)),

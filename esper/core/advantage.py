@@ -12,14 +12,20 @@ with the post-action masks and hidden state (finding H4). Envs never mix: every 
 elementwise over the batch dims.
 
 Finding R1 (no per-step allocation, no Python loop in the compiled hot path): ``delta`` and the
-per-step trace coefficient are computed vectorized and moved once to time-major contiguous buffers.
-Eager runs the reverse recurrence in place in the ``delta`` buffer with ``addcmul_`` on row views, so it
-allocates the same handful of buffers whatever ``T`` is. Under ``torch.compile`` the (static-length)
-loop is unrolled at trace time into a chain of per-step values stacked once, which inductor fuses into
-a single pass (in-place row updates would be functionalized into a whole-buffer copy per step).
+per-step trace coefficient are computed vectorized. Eager moves them once to time-major contiguous
+buffers and runs the reverse recurrence in place in the ``delta`` buffer with ``addcmul_`` on row views,
+so it allocates the same handful of buffers whatever ``T`` is. Under ``torch.compile`` the data stays
+time-last (TorchRL's layout: no transposes) and the scan is blocked: time is cut into ``n_blocks`` blocks
+of ``K ~ sqrt(T)`` steps, each block scanned on its own (the ``K`` steps of all blocks at once), the
+blocks' results chained in a second ``n_blocks``-step scan, and the two combined pointwise. The graph
+holds ``O(sqrt T)`` steps instead of ``T`` (in-place row updates would be functionalized into a copy of
+the whole buffer per step; a ``T``-step chain becomes ``T`` buffers and ``T`` strided copies in
+inductor's CPU code), and inductor fuses it into one kernel of a few loops.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from tensordict import TensorDictBase
@@ -58,12 +64,13 @@ def gae_tensors(
     out_dtype = gae_out_dtype(reward, value, next_value)
     dtype = compute_dtype(out_dtype)
     r, v, nv = reward.to(dtype), value.to(dtype), next_value.to(dtype)
-    # [*B, T] -> time-major [T, *B], one contiguous buffer each; the recurrence runs in `adv` in place.
-    not_term = (~terminated).to(dtype)
-    delta = torch.addcmul(r - v, not_term, nv, value=gamma).movedim(-1, 0).contiguous()
-    coef = ((~done).to(dtype) * (gamma * lmbda)).movedim(-1, 0).contiguous()
-    scan = _reverse_scan_traced if torch.compiler.is_compiling() else _reverse_scan_in_place
-    advantage = scan(delta, coef).movedim(0, -1).contiguous()  # back to the inputs' [*B, T] layout
+    delta = torch.addcmul(r - v, (~terminated).to(dtype), nv, value=gamma)  # [*B, T]
+    coef = (~done).to(dtype) * (gamma * lmbda)
+    if torch.compiler.is_compiling():
+        advantage = _reverse_scan_blocked(delta, coef)
+    else:  # time-major [T, *B] buffers; the recurrence runs in `delta`'s buffer in place
+        time_major = _reverse_scan_in_place(*(x.movedim(-1, 0).contiguous() for x in (delta, coef)))
+        advantage = time_major.movedim(0, -1).contiguous()  # back to the inputs' [*B, T] layout
     value_target = advantage + v
     return advantage.to(out_dtype), value_target.to(out_dtype)
 
@@ -81,19 +88,51 @@ def _reverse_scan_in_place(delta: torch.Tensor, coef: torch.Tensor) -> torch.Ten
     return delta
 
 
-def _reverse_scan_traced(delta: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-    """Compiled: the same recurrence as a chain of per-step values stacked once.
+def _reverse_scan_blocked(delta: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """Traced: ``A_t = delta_t + coef_t * A_{t+1}`` (``A_T = 0``) over the last dim of ``[*B, T]``, as a
+    blocked scan of ``O(sqrt T)`` steps (module docstring). With ``K`` steps per block, in block ``b``:
 
-    In a traced graph the in-place row updates above are functionalized into a copy of the whole
-    ``[T, *B]`` buffer per step (O(T^2) work). As a chain, inductor fuses the ``T`` steps into one
-    pass that reads each input once and writes the result once (the loop is unrolled at trace time).
+        local_j   = delta_j + coef_j * local_{j+1}       (local_K = 0: the block alone)
+        through_j = coef_j * through_{j+1}               (through_K = 1: what reaches step j from b+1)
+        A_j       = local_j + through_j * A_first(b + 1)
+
+    and ``A_first(b) = local_0(b) + through_0(b) * A_first(b + 1)`` chains the blocks (``A_first`` of
+    the block after the last is 0). A ragged ``T`` is padded at the end with inert steps (delta 0).
     """
-    a = delta[-1]
-    steps = [a]
-    for t in range(delta.shape[0] - 2, -1, -1):
-        a = torch.addcmul(delta[t], coef[t], a)
-        steps.append(a)
-    return torch.stack(steps[::-1])
+    *batch, T = delta.shape
+    K, n_blocks = _scan_blocks(T)
+    pad = K * n_blocks - T
+    if pad:  # inert steps after the last: they add 0 and pass nothing back
+        delta = torch.nn.functional.pad(delta, (0, pad))
+        coef = torch.nn.functional.pad(coef, (0, pad))
+    d = delta.reshape(*batch, n_blocks, K)
+    c = coef.reshape(*batch, n_blocks, K)
+    local, through = d[..., K - 1], c[..., K - 1]
+    locals_, throughs = [local], [through]
+    for j in range(K - 2, -1, -1):
+        local = torch.addcmul(d[..., j], c[..., j], local)
+        through = c[..., j] * through
+        locals_.append(local)
+        throughs.append(through)
+    local = torch.stack(locals_[::-1], -1)  # [*B, n_blocks, K]
+    through = torch.stack(throughs[::-1], -1)
+    first = torch.zeros_like(local[..., 0, 0])  # A_first of the block after the last
+    carries = []  # carries[b] = A_first(b + 1)
+    for b in range(n_blocks - 1, -1, -1):
+        carries.append(first)
+        first = torch.addcmul(local[..., b, 0], through[..., b, 0], first)
+    carry = torch.stack(carries[::-1], -1).unsqueeze(-1)  # [*B, n_blocks, 1]
+    advantage = torch.addcmul(local, through, carry).reshape(*batch, n_blocks * K)
+    return advantage[..., :T] if pad else advantage
+
+
+def _scan_blocks(T: int) -> tuple[int, int]:
+    """``(K, n_blocks)`` for a blocked scan of ``T`` steps: the divisor of ``T`` nearest ``sqrt(T)`` when
+    one lies within a factor 2 of it, else ``K = ceil(sqrt(T))`` (the last block padded)."""
+    root = math.sqrt(T)
+    divisors = [k for k in range(1, T + 1) if T % k == 0 and root / 2 <= k <= 2 * root]
+    K = min(divisors, key=lambda k: abs(k - root)) if divisors else math.ceil(root)
+    return K, math.ceil(T / K)
 
 
 def gae(td: TensorDictBase, *, gamma: float, lmbda: float, keys: Keys = KEYS) -> TensorDictBase:

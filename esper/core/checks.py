@@ -28,7 +28,7 @@ def per_step(
     td: TensorDictBase, key: NestedKey, *, where: str, kind: str, batch_shape: torch.Size | None = None
 ) -> torch.Tensor:
     """A per-step scalar of shape ``batch_shape`` or ``[*batch_shape, 1]`` (TorchRL's trailing 1),
-    returned as ``batch_shape``. ``kind``: "float", "bool" or "int" (checked)."""
+    returned as ``batch_shape``. ``kind``: "float", "bool", "int" or "one_hot" (checked)."""
     x = require(td, key, where=where)
     shape = td.batch_size if batch_shape is None else batch_shape
     if x.shape == (*shape, 1):
@@ -42,14 +42,23 @@ def per_step(
     return x
 
 
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
 def check_kind(x: torch.Tensor, key: NestedKey, *, kind: str, where: str) -> None:
     ok = {
         "float": x.is_floating_point(),
         "bool": x.dtype == torch.bool,
-        "int": x.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8),
+        "int": x.dtype in _INT_DTYPES,
+        "one_hot": x.dtype in _INT_DTYPES or x.dtype == torch.bool,
     }[kind]
     if not ok:
-        wanted = {"float": "a floating dtype", "bool": "torch.bool", "int": "an integer dtype"}[kind]
+        wanted = {
+            "float": "a floating dtype",
+            "bool": "torch.bool",
+            "int": "an integer dtype",
+            "one_hot": "an integer dtype or torch.bool (one-hot)",
+        }[kind]
         raise TypeError(f"{where}: {key_str(key)} must be {wanted}, got {x.dtype}")
 
 

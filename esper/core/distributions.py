@@ -57,6 +57,15 @@ def normalized_entropy(logits: torch.Tensor, mask: torch.Tensor | None = None) -
     return normalized_entropy_from_log_probs(log_softmax(logits, mask), mask)
 
 
+def legal_log_count(mask: torch.Tensor | None, n: int, like: torch.Tensor) -> torch.Tensor | float:
+    """``log(#legal choices)`` per row (``like``'s shape and dtype; a Python float without a mask): the
+    factor that turns a normalized entropy back into nats. Rows with at most one legal choice get
+    ``log 2`` (their normalized entropy is 0, so the product stays 0)."""
+    if mask is None:
+        return math.log(n) if n > 1 else 0.0
+    return torch.log(mask.sum(-1).clamp(min=2).to(like.dtype))
+
+
 def k3_kl(log_ratio: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(old || new) from ``log_ratio = new_log_prob - old_log_prob`` of
     the taken action: ``(r - 1) - log r``. Non-negative, unbiased for the action's distribution.
@@ -106,6 +115,7 @@ def _gather(lsm: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "compute_dtype",
     "k3_kl",
+    "legal_log_count",
     "log_prob",
     "log_softmax",
     "masked_categorical",

@@ -12,8 +12,9 @@ Input (batch size ``[*B]``, usually ``[n_envs, T]``; per-step scalars may carry 
                                               hidden reconstruction (finding C4), not the rollout's
 ``(current, state_value)``                    float ``[*B]``: the current critic's estimate (grad);
                                               optional — without it there is no critic loss
-single head: ``action``, ``action_log_prob``  int64 ``[*B]``, float ``[*B]`` (old policy);
-(or ``sample_log_prob``), ``action_mask``     optional bool ``[*B, n]``;
+single head: ``action``, ``action_log_prob``  int ``[*B]`` (an index; or one-hot ``[*B, n]``, int or
+(or ``sample_log_prob``), ``action_mask``     bool, TorchRL's ``OneHot`` spec), float ``[*B]`` (old
+                                              policy); optional bool ``[*B, n]``;
 ``(current, logits)``                         float ``[*B, n]``: the current policy (grad)
 factored: the same per head under           ``(head, action)``, ``(head, action_log_prob)``,
 ``(head, ...)`` and ``(current, head, ...)``  ``(head, action_mask)``, ``(current, head, logits)``
@@ -38,7 +39,18 @@ Output: a TensorDict with TorchRL's names — ``loss_objective``, ``loss_critic`
 ``clip_fraction``, ``value_clip_fraction``, ``explained_variance``, ``ESS``, ``max_ratio``,
 ``mean_ratio`` — plus ``min_ratio`` of the joint ratio, ``early_stop`` (bool: ``kl_approx > 1.5 *
 target_kl``), and per head (factored mode) ``(head, loss_objective | entropy | kl | clip_fraction |
-weight)``. ``total_loss(out)`` sums the three ``loss_*`` terms.
+weight)``. ``total_loss(out)`` sums the three ``loss_*`` terms. ``explained_variance`` is one scalar
+(shape ``[]``) over all valid steps, 0 when the target is constant; TorchRL's is ``torch.var(..., dim=0)``,
+shape ``[1]`` on a flat ``[B, 1]`` batch (equal to ours there up to its ``eps``), one value per time step
+on an ``[N, T, 1]`` batch.
+
+TorchRL parity (single head, no ``action_mask`` or one with >= 2 legal choices on every step).
+``ClipPPOLoss(actor, critic, clip_epsilon=e, entropy_coeff=c, critic_coeff=k, loss_critic_type=L,
+clip_value=v)`` with ``normalize_advantage=False`` gives the same ``loss_objective``, ``loss_critic``,
+``loss_entropy`` and ``entropy`` (values and gradients) as ``ppo_loss(td, clip_epsilon=e, entropy_coef=c,
+value_coef=k, critic_loss=L, value_clip=v, normalize_entropy=False)``; TorchRL's defaults are ``k=1``,
+``L="smooth_l1"``, ``v=None``, ``c=0.01``. Esper's own defaults differ (``critic_loss="half_l2"``,
+``value_coef=0.5``, ``value_clip=10``, normalized entropy): the shell's trainer relies on them.
 """
 
 from __future__ import annotations
@@ -49,9 +61,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from esper.core.checks import check_kind, key_str, per_step, require
-from esper.core.distributions import compute_dtype, masked_categorical
+from esper.core.distributions import compute_dtype, legal_log_count, masked_categorical
 from esper.core.masks import head_relevance
-from esper.core.spec import HEAD_INDEX, HEADS, KEYS, Keys
+from esper.core.spec import HEAD_INDEX, HEADS, KEYS, Keys, NestedKey
 
 _WHERE = "ppo_loss"
 
@@ -63,7 +75,9 @@ def ppo_loss(
     clip_epsilon: float = 0.2,
     value_clip: float | None = 10.0,
     value_coef: float = 0.5,
+    critic_loss: str = "half_l2",
     entropy_coef: float | Mapping[str, float] = 0.01,
+    normalize_entropy: bool = True,
     target_kl: float | None = None,
     keys: Keys = KEYS,
     categorical: Callable = masked_categorical,
@@ -74,9 +88,16 @@ def ppo_loss(
         factored: read Esper's eight heads (``esper.core.spec.HEADS``) and mask each by relevance;
             False reads one head under TorchRL's flat keys.
         clip_epsilon: ratio clip of the surrogate, ``[1 - eps, 1 + eps]``.
-        value_clip: bound on ``|V_new - V_anchor|`` in the clipped value loss; None: no clipping.
-        value_coef: ``loss_critic = value_coef * 0.5 * mean(max(unclipped^2, clipped^2))``.
+        value_clip: bound on ``|V_new - V_anchor|`` in the clipped value loss; None: no clipping
+            (TorchRL's ``clip_value``, off by default there).
+        value_coef: ``loss_critic = value_coef * mean(max(d(V_new, target), d(V_clipped, target)))``
+            (TorchRL's ``critic_coeff``).
+        critic_loss: the distance ``d``: ``"half_l2"`` ``0.5 * (V - target)^2`` (Esper's default, as in
+            CleanRL), ``"l2"`` ``(V - target)^2`` and ``"smooth_l1"`` (Huber, delta 1), TorchRL's
+            ``loss_critic_type`` values of the same names.
         entropy_coef: coefficient of the entropy bonus, one float or one per head (exactly the heads).
+        normalize_entropy: True: each head's entropy divided by ``log(#legal choices)`` (in ``[0, 1]``,
+            so one coefficient fits heads of any size); False: entropy in nats, as TorchRL reports it.
         target_kl: sets ``early_stop`` when ``kl_approx > 1.5 * target_kl``; None: never.
         categorical: the per-head ``(log_prob, entropy, kl)`` function; the default is the core's
             :func:`~esper.core.distributions.masked_categorical`, and
@@ -84,6 +105,7 @@ def ppo_loss(
     """
     heads = HEADS if factored else (None,)
     coefs = _entropy_coefs(entropy_coef, heads)
+    distance = _critic_distance(critic_loss)
     if not clip_epsilon > 0:
         raise ValueError(f"{_WHERE}: clip_epsilon must be > 0, got {clip_epsilon}")
     if value_clip is not None and not value_clip > 0:
@@ -113,6 +135,8 @@ def ppo_loss(
     for head in heads:
         logits, action, old_lp, mask = _head_inputs(td, head, keys, adv.shape)
         lp, ent, kl = categorical(logits, action, mask, old_lp)
+        if not normalize_entropy:  # back to nats: the normalized entropy times log(#legal)
+            ent = ent * legal_log_count(mask, logits.shape[-1], ent)
         old_lp = old_lp.to(lp.dtype)
         w = _head_weight(valid, mask, logits.shape[-1], relevance, head, adv)
         w_sum = n_steps if w is None else w.sum()
@@ -156,7 +180,11 @@ def ppo_loss(
         if target_kl is not None
         else torch.zeros_like(kl_approx, dtype=torch.bool),
     )
-    out.update(_critic_terms(td, keys, valid, n_valid, dtype, value_clip=value_clip, value_coef=value_coef))
+    out.update(
+        _critic_terms(
+            td, keys, valid, n_valid, dtype, value_clip=value_clip, value_coef=value_coef, distance=distance
+        )
+    )
     return TensorDict(out, batch_size=[])
 
 
@@ -238,13 +266,14 @@ def _critic_terms(
     *,
     value_clip: float | None,
     value_coef: float,
+    distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> dict[str, torch.Tensor]:
     new_key = keys.current_key(keys.state_value)
     if new_key not in td.keys(include_nested=True):
         return {}
     value = per_step(td, new_key, where=_WHERE, kind="float").to(dtype)
     target = per_step(td, keys.value_target, where=_WHERE, kind="float").to(dtype)
-    unclipped = (value - target).square()
+    unclipped = distance(value, target)
     if value_clip is None:
         per_step_loss = unclipped
         clipped_frac = value.new_zeros(())
@@ -252,14 +281,27 @@ def _critic_terms(
         anchor = per_step(td, keys.state_value, where=_WHERE, kind="float").to(dtype)
         moved = value - anchor
         clipped_value = anchor + moved.clamp(-value_clip, value_clip)
-        per_step_loss = torch.maximum(unclipped, (clipped_value - target).square())
+        per_step_loss = torch.maximum(unclipped, distance(clipped_value, target))
         clipped_frac = _msum((moved.abs() > value_clip).to(dtype), valid).detach() / n_valid
-    loss_critic = value_coef * 0.5 * _msum(per_step_loss, valid) / n_valid
+    loss_critic = value_coef * _msum(per_step_loss, valid) / n_valid
     return {
         "loss_critic": loss_critic,
         "value_clip_fraction": clipped_frac,
         "explained_variance": _explained_variance(value.detach(), target, valid, n_valid),
     }
+
+
+_CRITIC_DISTANCES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "half_l2": lambda v, t: 0.5 * (v - t).square(),
+    "l2": lambda v, t: (v - t).square(),
+    "smooth_l1": lambda v, t: torch.nn.functional.smooth_l1_loss(v, t, reduction="none"),
+}
+
+
+def _critic_distance(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if name not in _CRITIC_DISTANCES:
+        raise ValueError(f"{_WHERE}: critic_loss must be one of {list(_CRITIC_DISTANCES)}, got {name!r}")
+    return _CRITIC_DISTANCES[name]
 
 
 def _explained_variance(
@@ -287,7 +329,7 @@ def _head_inputs(
         raise ValueError(
             f"{_WHERE}: {key_str(logits_key)} must have shape {[*shape, 'n']}, got {list(logits.shape)}"
         )
-    action = per_step(td, at(keys.action), where=_WHERE, kind="int", batch_shape=shape).long()
+    action = _action_index(td, at(keys.action), logits.shape)
     present = td.keys(include_nested=True)
     lp_key = at(keys.log_prob)
     if lp_key not in present and at(keys.legacy_log_prob) in present:
@@ -303,6 +345,24 @@ def _head_inputs(
                 f"{list(logits.shape)}, got {list(mask.shape)}"
             )
     return logits, action, old_lp, mask
+
+
+def _action_index(td: TensorDictBase, key: NestedKey, logits_shape: torch.Size) -> torch.Tensor:
+    """The action as an int64 index ``[*B]``: stored as an index (``[*B]`` or ``[*B, 1]``) or one-hot
+    with the logits' shape ``[*B, n]`` (TorchRL's ``OneHot`` spec, e.g. ``GymEnv``'s discrete actions;
+    read as its argmax, so exactly one entry per row must be set)."""
+    action = require(td, key, where=_WHERE)
+    shape, n = logits_shape[:-1], logits_shape[-1]
+    if n > 1 and action.shape == logits_shape:
+        check_kind(action, key, kind="one_hot", where=_WHERE)
+        return action.to(torch.uint8 if action.dtype == torch.bool else action.dtype).argmax(-1)
+    if action.shape not in (shape, (*shape, 1)):
+        raise ValueError(
+            f"{_WHERE}: {key_str(key)} must be an index of shape {list(shape)} or {[*shape, 1]}, or "
+            f"one-hot with the logits' shape {list(logits_shape)}; got {list(action.shape)}. For other "
+            f"layouts store the index under another key and pass keys=Keys(action=...)"
+        )
+    return per_step(td, key, where=_WHERE, kind="int", batch_shape=shape).long()
 
 
 def _check_head_sets(td: TensorDictBase, keys: Keys) -> None:

@@ -51,7 +51,9 @@ class RunConfig:
     updates: int = doc(8, "PPO updates to run; each is one batch of n_envs episodes", ge=1)
     seed: int = doc(42, "seed of every random number generator of the run", ge=0)
     policy: str = doc("ppo", "controller: ppo (learns) | heuristic (the reference's rules, no learning)")
-    compile: bool = doc(False, "torch.compile the core loss and GAE with fullgraph=True (eager always works)")
+    compile: bool = doc(
+        False, "torch.compile each PPO minibatch step (LSTM, loss, backward, clip, AdamW) and GAE as graphs"
+    )
     run_dir: str = doc("runs", "parent folder of run directories")
     name: str = doc(
         "", f"run directory name: letters, digits and {NAME_PUNCTUATION}, at most {NAME_MAX} characters "

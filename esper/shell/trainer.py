@@ -19,12 +19,21 @@ every episode truncated at T) and, in this order:
 
 Metrics stay on the device until the end, then one :func:`read_scalars` call brings them back; the
 only other host reads are one per minibatch step (the KL flag and the finiteness flag together).
+
+With ``compile=True`` each minibatch step of 6. is one graph (:mod:`esper.shell.wholestep`): the LSTM
+re-scoring, the loss, backward, the gradient-health statistics, the clip and the AdamW step, compiled
+with ``fullgraph=True`` and reused by every minibatch and update (no recompiles: the entropy coefficient
+goes in as a tensor). The KL and finiteness flags are data there: the step is applied only where the
+KL flag is False and the loss and gradients are finite; the loop then reads both flags (the same one
+sync as eager), so both paths skip the same step. GAE is compiled on its own; the rest of ``prepare``
+stays eager. Eager (the default) is unchanged.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +50,7 @@ from esper.core.spec import HEADS
 from esper.shell.configtools import check_fields, doc
 from esper.shell.policy import FactoredRecurrentActorCritic
 from esper.shell.readout import read_scalars
+from esper.shell.wholestep import adam_step, compile_step, init_adam_state
 
 #: Parameter groups whose gradient norms are reported separately.
 GRAD_GROUPS = ("trunk", *HEADS, "value")
@@ -126,6 +136,7 @@ class PPOTrainer:
         *,
         raw_obs_dim: int,
         compile: bool = False,
+        compile_backend: str | Callable = "inductor",
         generator: torch.Generator | None = None,
     ) -> None:
         self.policy, self.cfg = policy, cfg
@@ -176,8 +187,13 @@ class PPOTrainer:
         def gae_fn(td: TensorDictBase) -> TensorDictBase:
             return gae_impl(td, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
 
-        self.loss_fn = torch.compile(loss_fn, fullgraph=True, dynamic=False) if compile else loss_fn
-        self.gae_fn = torch.compile(gae_fn, fullgraph=True, dynamic=False) if compile else gae_fn
+        self.loss_fn = loss_fn
+        compiled = lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, backend=compile_backend)
+        self.gae_fn = compiled(gae_fn) if compile else gae_fn
+        #: the whole minibatch step as one graph (None: eager)
+        self.train_step = None
+        if compile:
+            self.train_step = compile_step(self._train_step, backend=compile_backend)
 
     # ------------------------------------------------------------------------------------ observation
     def normalize_obs(self, raw: torch.Tensor) -> torch.Tensor:
@@ -236,16 +252,30 @@ class PPOTrainer:
             raise ValueError(f"ppo.n_minibatches={cfg.n_minibatches} must divide n_envs={n_envs}")
         batch = self.prepare(batch)
         coef = self.cfg.entropy_coef_at(self.state.updates)
+        coef_t = torch.tensor(coef, device=batch.device)  # a tensor: a new value never recompiles
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.train_step is not None:
+            init_adam_state(self.optimizer)  # a no-op unless a loaded state_dict had none yet
         start = self._learner_state()
         steps: list[TensorDict] = []
         stopped = nonfinite = False
         epochs_run = 0
         for _ in range(cfg.n_epochs):
             for idx in env_minibatches(n_envs, cfg.n_minibatches, generator=self.generator):
-                mb = batch[idx.to(batch.device)]
+                idx = idx.to(batch.device)
+                if self.train_step is not None:
+                    step_metrics, flags = self.train_step(batch, idx, coef_t)
+                    # sync point: the KL and finiteness flags (where either fails, no step was applied)
+                    stopped, ok = flags.tolist()
+                    if stopped or not ok:
+                        nonfinite = not stopped
+                        break
+                    steps.append(step_metrics)
+                    continue
+                mb = batch[idx]
                 mb["current"] = self._evaluate(mb)
                 losses = self.loss_fn(mb)
-                total = losses["loss_objective"] + losses["loss_critic"] + coef * losses["loss_entropy"]
+                total = _total_loss(losses, coef)
                 self.optimizer.zero_grad(set_to_none=True)
                 total.backward()
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
@@ -294,6 +324,28 @@ class PPOTrainer:
     def _restore_learner(self, state: tuple[dict, dict]) -> None:
         self.policy.load_state_dict(state[0])
         self.optimizer.load_state_dict(state[1])
+
+    def _train_step(
+        self, batch: TensorDictBase, idx: torch.Tensor, coef: torch.Tensor
+    ) -> tuple[TensorDict, torch.Tensor]:
+        """One minibatch step, the body of the compiled graph: gather the envs ``idx`` of ``batch``,
+        re-score, loss, backward, gradient health, clip, AdamW (not applied where the KL flag is set or
+        the loss or a gradient is not finite). Returns the step's metrics and the flags
+        ``[early_stop, finite]``. Every ``.grad`` is None on entry and on exit."""
+        td = batch[idx]
+        td["current"] = self._evaluate(td)
+        losses = self.loss_fn(td)
+        total = _total_loss(losses, coef)
+        total.backward()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        health = grad_health(grads, groups=self.groups, n_groups=len(GRAD_GROUPS), cfg=self.health_cfg)
+        finite = torch.isfinite(total) & health["finite"]
+        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        stop = losses["early_stop"]
+        adam_step(self.optimizer, skip=stop | ~finite)
+        for p in self.params:
+            p.grad = None
+        return _step_metrics(losses, health, coef), torch.stack([stop, finite])
 
     def _evaluate(self, td: TensorDictBase) -> TensorDict:
         h0 = td["recurrent_state", "h"][:, 0].unsqueeze(0).contiguous()
@@ -345,7 +397,12 @@ def _group_index(policy: FactoredRecurrentActorCritic) -> list[int]:
     return [index.get(id(p), GRAD_GROUPS.index("trunk")) for p in policy.parameters()]
 
 
-def _step_metrics(losses: TensorDict, health: TensorDict, coef: float) -> TensorDict:
+def _total_loss(losses: TensorDict, coef: float | torch.Tensor) -> torch.Tensor:
+    """What the update minimizes: the per-head-weighted entropy term scaled by the annealed coefficient."""
+    return losses["loss_objective"] + losses["loss_critic"] + coef * losses["loss_entropy"]
+
+
+def _step_metrics(losses: TensorDict, health: TensorDict, coef: float | torch.Tensor) -> TensorDict:
     keep = [
         "loss_objective",
         "loss_critic",

@@ -47,3 +47,15 @@ def test_factored_loss_inductor_matches_eager():
     compiled = torch.autograd.grad(compiled_fn(td), leaves)
     for a, b in zip(eager, compiled):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_torchrl_parity_arguments_and_one_hot_actions_compile_fullgraph(compile_check):
+    net, _, critic, td = _torchrl_setup((4, 6))
+    td["action"] = torch.nn.functional.one_hot(td["action"], 4).bool()
+    current = {"logits": net(td["observation"]).detach(), "state_value": critic(td.clone())["state_value"]}
+    td["current"] = TensorDict(current, [4, 6]).detach()
+    for critic_loss in ("smooth_l1", "l2"):
+        fn = lambda td, c=critic_loss: ppo_loss(
+            td, critic_loss=c, value_coef=1.0, value_clip=None, normalize_entropy=False
+        )
+        compile_check(fn, td)

@@ -364,3 +364,21 @@ def test_gae_out_dtype_is_the_dtype_gae_tensors_returns(dtypes, expected):
     assert gae_out_dtype(r, v, nv) == expected
     adv, target = gae_tensors(r, v, nv, done, done, gamma=0.9, lmbda=0.8)
     assert adv.dtype == target.dtype == expected
+
+
+@given(st.integers(1, 70), st.integers(0, 2**31 - 1))
+def test_R1_blocked_scan_matches_a_python_loop(T, seed):
+    """The traced path's blocked scan (run eagerly here) is the plain reverse recurrence, for every T
+    (divisible into blocks or padded)."""
+    from esper.core.advantage import _reverse_scan_blocked
+
+    g = torch.Generator().manual_seed(seed)
+    delta = torch.randn(3, T, generator=g, dtype=torch.float64)
+    coef = torch.rand(3, T, generator=g, dtype=torch.float64) * (torch.rand(3, T, generator=g) > 0.2)
+    expected = torch.zeros_like(delta)
+    for e in range(3):
+        a = 0.0
+        for t in range(T - 1, -1, -1):
+            a = float(delta[e, t]) + float(coef[e, t]) * a
+            expected[e, t] = a
+    torch.testing.assert_close(_reverse_scan_blocked(delta, coef), expected)

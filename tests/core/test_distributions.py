@@ -167,3 +167,15 @@ def test_masked_categorical_is_the_three_functions():
     torch.testing.assert_close(lp, D.log_prob(logits, action, mask))
     torch.testing.assert_close(ent, D.normalized_entropy(logits, mask))
     torch.testing.assert_close(kl, D.k3_kl(lp - old))
+
+
+@given(masked_rows())
+def test_normalized_entropy_times_legal_log_count_is_the_entropy_in_nats(data):
+    logits, mask = data
+    for m in (mask, None):
+        nats = D.normalized_entropy(logits, m) * D.legal_log_count(m, logits.shape[-1], logits)
+        for row in range(logits.shape[0]):
+            legal_mask = [True] * logits.shape[-1] if m is None else m[row].tolist()
+            lp, _ = _ref_row(logits[row].tolist(), legal_mask)
+            ref = -sum(math.exp(x) * x for x in lp if x > -math.inf)
+            assert float(nats[row]) == pytest.approx(ref, abs=1e-4)

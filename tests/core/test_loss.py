@@ -50,7 +50,25 @@ def factored_batch(
     return td
 
 
-def reference_factored(td: TensorDict, *, eps=0.2, value_clip=10.0, value_coef=0.5, ent_coef=0.01) -> dict:
+def _ref_distance(v: float, t: float, kind: str) -> float:
+    d = v - t
+    if kind == "half_l2":
+        return 0.5 * d * d
+    if kind == "l2":
+        return d * d
+    return 0.5 * d * d if abs(d) < 1.0 else abs(d) - 0.5  # smooth_l1, delta 1
+
+
+def reference_factored(
+    td: TensorDict,
+    *,
+    eps=0.2,
+    value_clip=10.0,
+    value_coef=0.5,
+    ent_coef=0.01,
+    critic_loss="half_l2",
+    normalize_entropy=True,
+) -> dict:
     """Per step, per head, in plain Python floats."""
     E, T = td.batch_size
     adv = td["advantage"].squeeze(-1).tolist()
@@ -76,7 +94,7 @@ def reference_factored(td: TensorDict, *, eps=0.2, value_clip=10.0, value_coef=0
                 A = adv[e][t]
                 per_head[head]["surr"].append(-min(r * A, min(max(r, 1 - eps), 1 + eps) * A))
                 ent = -sum(math.exp(logits[i] - lse) * (logits[i] - lse) for i in legal)
-                per_head[head]["ent"].append(ent / math.log(len(legal)))
+                per_head[head]["ent"].append(ent / math.log(len(legal)) if normalize_entropy else ent)
                 k3 = (r - 1) - math.log(r)
                 per_head[head]["kl"].append(k3)
                 per_head[head]["clip"].append(float(abs(r - 1) > eps))
@@ -92,14 +110,15 @@ def reference_factored(td: TensorDict, *, eps=0.2, value_clip=10.0, value_coef=0
         for t in range(T):
             if valid[e][t]:
                 clipped = v_old[e][t] + min(max(v[e][t] - v_old[e][t], -value_clip), value_clip)
-                vl.append(max((v[e][t] - tgt[e][t]) ** 2, (clipped - tgt[e][t]) ** 2))
+                dist = [_ref_distance(x, tgt[e][t], critic_loss) for x in (v[e][t], clipped)]
+                vl.append(max(dist))
     return {
         "heads": out,
         "loss_objective": sum(out[h]["surr"] for h in HEADS),
         "entropy": sum(out[h]["ent"] for h in HEADS),
         "loss_entropy": -ent_coef * sum(out[h]["ent"] for h in HEADS),
         "kl_approx": mean(joint_kl),
-        "loss_critic": value_coef * 0.5 * mean(vl),
+        "loss_critic": value_coef * mean(vl),
     }
 
 
@@ -112,14 +131,20 @@ def reference_factored(td: TensorDict, *, eps=0.2, value_clip=10.0, value_coef=0
     n_bp=st.integers(1, 6),
     value_clip=st.sampled_from([0.05, 0.5, 10.0]),
     with_valid=st.booleans(),
+    critic_loss=st.sampled_from(["half_l2", "l2", "smooth_l1"]),
+    normalize_entropy=st.booleans(),
 )
-def test_factored_loss_matches_reference(seed, E, T, n_slots, n_bp, value_clip, with_valid):
+def test_factored_loss_matches_reference(
+    seed, E, T, n_slots, n_bp, value_clip, with_valid, critic_loss, normalize_entropy
+):
     td = factored_batch(E, T, spec=ActionSpec(n_slots, n_bp), seed=seed)
+    td["value_target"] = td["value_target"] * 2.0  # errors on both sides of smooth_l1's |d| = 1
     if with_valid:
         valid = torch.rand(E, T, generator=torch.Generator().manual_seed(seed)) > 0.3
         td["collector", "mask"] = valid
-    out = ppo_loss(td, factored=True, value_clip=value_clip)
-    ref = reference_factored(td, value_clip=value_clip)
+    kw = dict(value_clip=value_clip, critic_loss=critic_loss, normalize_entropy=normalize_entropy)
+    out = ppo_loss(td, factored=True, **kw)
+    ref = reference_factored(td, **kw)
     for key in ("loss_objective", "entropy", "loss_entropy", "kl_approx", "loss_critic"):
         assert out[key].item() == pytest.approx(ref[key], rel=1e-4, abs=1e-5), key
     for head in HEADS:
@@ -179,6 +204,117 @@ def test_single_head_objective_equals_torchrl_clip_ppo(batch_shape, eps):
     fresh = ClipPPOLoss(actor, critic, clip_epsilon=eps)(td.clone())
     g_theirs = torch.autograd.grad(fresh["loss_objective"].sum(), net.weight)[0]
     torch.testing.assert_close(g_ours, g_theirs)
+
+
+# TorchRL's ClipPPOLoss with its critic and entropy settings, and the esper arguments that reproduce it.
+PARITY = [
+    ({}, {}),  # TorchRL's defaults: critic_coeff 1, smooth_l1, no value clip, entropy 0.01
+    ({"loss_critic_type": "l2"}, {"critic_loss": "l2"}),
+    ({"loss_critic_type": "l2", "critic_coeff": 0.5}, {"critic_loss": "l2", "value_coef": 0.5}),
+    ({"critic_coeff": 0.25, "entropy_coeff": 0.05}, {"value_coef": 0.25, "entropy_coef": 0.05}),
+    ({"loss_critic_type": "l2", "clip_value": 0.3}, {"critic_loss": "l2", "value_clip": 0.3}),
+    ({"clip_value": 0.3, "clip_epsilon": 0.1}, {"value_clip": 0.3, "clip_epsilon": 0.1}),
+]
+
+
+def torchrl_parity_args(theirs: dict) -> dict:
+    """ppo_loss arguments for ClipPPOLoss(**theirs): TorchRL's defaults made explicit."""
+    return {
+        "clip_epsilon": theirs.get("clip_epsilon", 0.2),
+        "entropy_coef": theirs.get("entropy_coeff", 0.01),
+        "value_coef": theirs.get("critic_coeff", 1.0),
+        "critic_loss": theirs.get("loss_critic_type", "smooth_l1"),
+        "value_clip": theirs.get("clip_value"),
+        "normalize_entropy": False,
+    }
+
+
+@pytest.mark.parametrize(("theirs", "extra"), PARITY)
+@pytest.mark.parametrize("batch_shape", [(4, 6), (32,)])
+def test_single_head_losses_equal_torchrl_clip_ppo(theirs, extra, batch_shape):
+    """loss_objective, loss_critic, loss_entropy, entropy (values and gradients) equal ClipPPOLoss's."""
+    from torchrl.objectives import ClipPPOLoss
+
+    net, actor, critic, td = _torchrl_setup(batch_shape)
+    td["value_target"] = td["value_target"] * 2.0  # errors on both sides of smooth_l1's |d| = 1
+    args = torchrl_parity_args(theirs)
+    assert {k: args[k] for k in extra} == extra  # the table above says what the mapping is
+    loss_mod = ClipPPOLoss(actor, critic, **theirs)
+    ours_td = td.clone()
+    ours_td["current"] = TensorDict(
+        {"logits": net(td["observation"]), "state_value": critic(td.clone())["state_value"]}, batch_shape
+    )
+    ours = ppo_loss(ours_td, **args)
+    params = [*net.parameters(), *critic.parameters()]
+    names = ["loss_objective", "loss_critic", "loss_entropy"]
+    fresh = [loss_mod(td.clone()) for _ in names]  # one graph per gradient
+    for name, out in zip(names, fresh):
+        torch.testing.assert_close(ours[name], out[name].reshape(()), msg=name)
+        g_ours = torch.autograd.grad(ours[name], params, retain_graph=True, allow_unused=True)
+        g_theirs = torch.autograd.grad(out[name], params, allow_unused=True)
+        for a, b in zip(g_ours, g_theirs):
+            assert (a is None) == (b is None), name
+            if a is not None:
+                torch.testing.assert_close(a, b, msg=name)
+    torch.testing.assert_close(ours["entropy"], fresh[0]["entropy"].reshape(()))
+    if "clip_value" in theirs:
+        torch.testing.assert_close(ours["value_clip_fraction"], fresh[0]["value_clip_fraction"].reshape(()))
+
+
+def test_explained_variance_equals_torchrl_on_a_flat_batch():
+    """A scalar ``[]`` here; TorchRL's ``[1]`` on a flat batch holds the same number (up to its eps)."""
+    from torchrl.objectives import ClipPPOLoss
+
+    net, actor, critic, td = _torchrl_setup((64,))
+    theirs = ClipPPOLoss(actor, critic)(td.clone())["explained_variance"]
+    td["current"] = TensorDict(
+        {"logits": net(td["observation"]), "state_value": critic(td.clone())["state_value"]}, [64]
+    )
+    ours = ppo_loss(td)["explained_variance"]
+    assert ours.shape == () and theirs.shape == (1,)
+    torch.testing.assert_close(ours, theirs.reshape(()).to(ours.dtype), rtol=1e-5, atol=1e-6)
+
+
+def test_one_hot_actions_equal_index_actions_and_torchrl():
+    """TorchRL's GymEnv stores discrete actions one-hot ([*B, n]); they read as their index."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import OneHotCategorical, ProbabilisticActor
+    from torchrl.objectives import ClipPPOLoss
+
+    net, _, critic, td = _torchrl_setup((2, 32), n=3)
+    actor = ProbabilisticActor(
+        TensorDictModule(net, ["observation"], ["logits"]),
+        in_keys=["logits"],
+        distribution_class=OneHotCategorical,
+        return_log_prob=True,
+    )
+    index_td = td.clone()
+    index_td["current"] = TensorDict({"logits": net(td["observation"])}, [2, 32])
+    by_index = ppo_loss(index_td, **torchrl_parity_args({}))
+    for dtype in (torch.int64, torch.bool, torch.uint8):
+        one_hot = td.clone()
+        one_hot["action"] = torch.nn.functional.one_hot(td["action"], 3).to(dtype)
+        one_hot["current"] = index_td["current"]
+        ours = ppo_loss(one_hot, **torchrl_parity_args({}))
+        torch.testing.assert_close(ours["loss_objective"], by_index["loss_objective"])
+    one_hot["action"] = torch.nn.functional.one_hot(td["action"], 3)
+    theirs = ClipPPOLoss(actor, critic)(one_hot.exclude("current"))
+    torch.testing.assert_close(by_index["loss_objective"], theirs["loss_objective"].reshape(()))
+    torch.testing.assert_close(by_index["loss_entropy"], theirs["loss_entropy"].reshape(()))
+
+
+def test_action_of_a_third_shape_names_both_layouts():
+    net, _, _, td = _torchrl_setup((2, 32), n=3)
+    td["current"] = TensorDict({"logits": net(td["observation"]).detach()}, [2, 32])
+    td["action"] = torch.zeros(2, 32, 2, dtype=torch.int64)
+    layouts = r"index of shape \[2, 32\].*one-hot with the logits' shape \[2, 32, 3\]"
+    with pytest.raises(ValueError, match=layouts):
+        ppo_loss(td)
+    td["action"] = torch.zeros(2, 32, 3)
+    with pytest.raises(TypeError, match="integer dtype or torch.bool"):
+        ppo_loss(td)
+    with pytest.raises(ValueError, match="critic_loss must be one of"):
+        ppo_loss(td, critic_loss="huber")
 
 
 def test_single_head_reads_legacy_sample_log_prob_and_no_critic():
