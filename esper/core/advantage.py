@@ -236,8 +236,9 @@ def normalize_advantage(
             advantage), or None for all steps.
 
     The mean and the (unbiased, like ``torch.std``) variance are masked sums with clamped denominators,
-    so fewer than 2 valid steps give zeros, never NaN. Math in float32 at least; returned in
-    ``advantage``'s dtype.
+    so fewer than 2 valid steps give zeros, never NaN. A non-finite entry comes back as it was
+    (non-finite) and is left out of the mean and variance, so it does not spread to the other steps.
+    Math in float32 at least; returned in ``advantage``'s dtype.
     """
     where = "normalize_advantage"
     check_kind(advantage, "advantage", kind="float", where=where)
@@ -256,11 +257,18 @@ def normalize_advantage(
                 f"{where}: valid must broadcast to advantage's shape {list(a.shape)}, got {list(valid.shape)}"
             )
         w = valid.to(dtype).expand_as(a)
+    # A non-finite advantage stays non-finite in the output (it is a bug upstream, not to be hidden)
+    # but takes no part in the statistics, so one NaN does not turn every other step into NaN.
+    finite = torch.isfinite(a)
+    bad = ~finite & (w > 0)  # non-finite valid steps; invalid ones come back as 0 whatever they hold
+    w = torch.where(finite, w, 0.0)
+    a = torch.where(finite, a, 0.0)
     n = w.sum()
     mean = (a * w).sum() / n.clamp(min=1.0)
     centered = (a - mean) * w
     var = centered.square().sum() / (n - 1.0).clamp(min=1.0)
-    return (centered / (var.sqrt() + eps)).to(advantage.dtype)
+    out = torch.where(bad, advantage.to(dtype), centered / (var.sqrt() + eps))
+    return out.to(advantage.dtype)
 
 
 def check_gae_coefs(gamma: float, lmbda: float, where: str = _WHERE) -> None:

@@ -21,12 +21,19 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def legal_mask(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The choices that can be taken, bool ``[..., n]``: ``mask`` (every choice if None) without those
+    whose logit is ``-inf`` (a ``-inf`` logit is a masked choice, as in TorchRL's masked distributions).
+    The one definition every function below uses, so ``-inf`` logits never turn into NaN."""
+    finite = logits != -torch.inf
+    return finite if mask is None else mask & finite
+
+
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Logits in :func:`compute_dtype`, illegal choices set to the most negative finite value."""
+    """Logits in :func:`compute_dtype`, illegal choices (:func:`legal_mask`) set to the most negative
+    finite value."""
     x = logits.to(compute_dtype(logits.dtype))
-    if mask is None:
-        return x
-    return torch.where(mask, x, torch.finfo(x.dtype).min)
+    return torch.where(legal_mask(logits, mask), x, torch.finfo(x.dtype).min)
 
 
 def log_softmax(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -54,6 +61,7 @@ def normalized_entropy_from_log_probs(lsm: torch.Tensor, mask: torch.Tensor | No
 
 def normalized_entropy(logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Normalized entropy of the masked distribution, ``[...]`` in ``[0, 1]``."""
+    mask = legal_mask(logits, mask)
     return normalized_entropy_from_log_probs(log_softmax(logits, mask), mask)
 
 
@@ -83,6 +91,7 @@ def masked_categorical(
 
     This is the reference of the fused kernel in :mod:`esper.kernels`.
     """
+    mask = legal_mask(logits, mask)
     lsm = log_softmax(logits, mask)
     lp = _gather(lsm, action)
     ent = normalized_entropy_from_log_probs(lsm, mask)
@@ -99,12 +108,12 @@ def sample(
 ) -> torch.Tensor:
     """Draw one choice per row without a host sync (exponential-race / Gumbel-max), never an illegal
     one while the row has a legal choice. ``deterministic`` takes the most likely legal choice."""
+    mask = legal_mask(logits, mask)
     scores = log_softmax(logits, mask)
     if not deterministic:
         race = torch.empty_like(scores).exponential_(generator=generator)
         scores = scores - race.log()
-    if mask is not None:
-        scores = torch.where(mask, scores, -torch.inf)
+    scores = torch.where(mask, scores, -torch.inf)
     return scores.argmax(-1)
 
 
@@ -116,6 +125,7 @@ __all__ = [
     "compute_dtype",
     "k3_kl",
     "legal_log_count",
+    "legal_mask",
     "log_prob",
     "log_softmax",
     "masked_categorical",

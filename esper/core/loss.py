@@ -55,13 +55,14 @@ value_coef=k, critic_loss=L, value_clip=v, normalize_entropy=False)``; TorchRL's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from esper.core.checks import check_kind, key_str, per_step, require
-from esper.core.distributions import compute_dtype, legal_log_count, masked_categorical
+from esper.core.distributions import compute_dtype, legal_log_count, legal_mask, masked_categorical
 from esper.core.masks import head_relevance
 from esper.core.spec import HEAD_INDEX, HEADS, KEYS, Keys, NestedKey
 
@@ -106,12 +107,18 @@ def ppo_loss(
     heads = HEADS if factored else (None,)
     coefs = _entropy_coefs(entropy_coef, heads)
     distance = _critic_distance(critic_loss)
-    if not clip_epsilon > 0:
-        raise ValueError(f"{_WHERE}: clip_epsilon must be > 0, got {clip_epsilon}")
-    if value_clip is not None and not value_clip > 0:
-        raise ValueError(f"{_WHERE}: value_clip must be > 0 or None, got {value_clip}")
-    if target_kl is not None and not target_kl > 0:
-        raise ValueError(f"{_WHERE}: target_kl must be > 0 or None, got {target_kl}")
+    # Every coefficient is checked alike: a finite Python number in range (NaN and inf refused).
+    _check_coef("clip_epsilon", clip_epsilon, positive=True)
+    _check_coef("value_coef", value_coef, positive=False)
+    if isinstance(entropy_coef, Mapping):
+        for head, c in coefs.items():
+            _check_coef(f"entropy_coef[{head!r}]", c, positive=False)
+    else:
+        _check_coef("entropy_coef", entropy_coef, positive=False)
+    if value_clip is not None:
+        _check_coef("value_clip", value_clip, positive=True, none_ok=True)
+    if target_kl is not None:
+        _check_coef("target_kl", target_kl, positive=True, none_ok=True)
     if td.batch_dims < 1:
         raise ValueError(f"{_WHERE}: the TensorDict needs at least one batch dim, got batch size []")
     if factored:
@@ -344,7 +351,9 @@ def _head_inputs(
                 f"{_WHERE}: {key_str(at(keys.action_mask))} must have the logits' shape "
                 f"{list(logits.shape)}, got {list(mask.shape)}"
             )
-    return logits, action, old_lp, mask
+    # A -inf logit is an illegal choice (TorchRL's masked distributions write them): part of the mask,
+    # so the entropy's 0 * -inf and log_softmax's -inf never reach the loss or its gradient.
+    return logits, action, old_lp, legal_mask(logits, mask)
 
 
 def _action_index(td: TensorDictBase, key: NestedKey, logits_shape: torch.Size) -> torch.Tensor:
@@ -378,6 +387,15 @@ def _check_head_sets(td: TensorDictBase, keys: Keys) -> None:
             f"{_WHERE}: mismatched head sets: the factored loss needs exactly the heads {list(HEADS)} "
             f"under (head, ...) and ({keys.current!r}, head, ...); missing {missing}, unexpected {extra}"
         )
+
+
+def _check_coef(name: str, x: float, *, positive: bool, none_ok: bool = False) -> None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{_WHERE}: {name} must be a Python float, got {type(x).__name__}")
+    ok = math.isfinite(x) and (x > 0 if positive else x >= 0)
+    if not ok:
+        rng = "> 0" if positive else ">= 0"
+        raise ValueError(f"{_WHERE}: {name} must be finite and {rng}{' or None' if none_ok else ''}, got {x}")
 
 
 def _entropy_coefs(entropy_coef: float | Mapping[str, float], heads: tuple) -> dict:

@@ -382,3 +382,24 @@ def test_R1_blocked_scan_matches_a_python_loop(T, seed):
             a = float(delta[e, t]) + float(coef[e, t]) * a
             expected[e, t] = a
     torch.testing.assert_close(_reverse_scan_blocked(delta, coef), expected)
+
+
+def test_normalize_advantage_keeps_one_nan_to_itself():
+    """Issue 10, item 9: one NaN used to make every step NaN. It stays NaN; the others are normalized
+    over the finite steps; an invalid step comes back as 0 whatever it holds."""
+    g = torch.Generator().manual_seed(0)
+    adv = torch.randn(3, 8, generator=g)
+    valid = torch.rand(3, 8, generator=g) > 0.2
+    bad = adv.clone()
+    bad[0, 1] = math.nan
+    valid[0, 1] = True
+    bad[2, 5] = math.inf
+    valid[2, 5] = False  # non-finite but invalid: 0
+    out = normalize_advantage(bad, valid)
+    assert math.isnan(out[0, 1]) and out[2, 5] == 0
+    keep = valid.clone()
+    keep[0, 1] = False
+    expected = normalize_advantage(adv, keep)
+    mask = torch.ones_like(valid)
+    mask[0, 1] = False
+    torch.testing.assert_close(out[mask], expected[mask])

@@ -454,3 +454,61 @@ def test_bad_inputs_raise_clear_errors():
         ppo_loss(bad, factored=True)
     with pytest.raises(ValueError, match="clip_epsilon"):
         ppo_loss(td, factored=True, clip_epsilon=0.0)
+
+
+# --------------------------------------------------------------------- issue 10, item 9: library edges
+def test_minus_inf_logit_without_a_mask_is_a_masked_choice():
+    """A -inf logit (how TorchRL's masked distributions write an illegal choice) and no action_mask:
+    the loss and its gradient are finite and equal to the same batch with an explicit mask
+    (the old behaviour gave NaN through the entropy's 0 * -inf)."""
+    net, _, _, td = _torchrl_setup((3, 4))
+    logits = net(td["observation"]).detach()
+    logits[..., 3] = -torch.inf
+    td["action"] = td["action"] % 3  # taken actions are legal
+    a_logits = logits.clone().requires_grad_(True)
+    td_inf = td.clone()
+    td_inf["current"] = TensorDict({"logits": a_logits}, [3, 4])
+    out = ppo_loss(td_inf)
+    total_loss(out).backward()
+    assert all(torch.isfinite(v).all() for v in out.values())
+    assert torch.isfinite(a_logits.grad).all()
+
+    b_logits = logits.clone()
+    b_logits[..., 3] = 0.0
+    b_logits.requires_grad_(True)
+    td_mask = td.clone()
+    td_mask["current"] = TensorDict({"logits": b_logits}, [3, 4])
+    td_mask["action_mask"] = torch.tensor([True, True, True, False]).expand(3, 4, 4).clone()
+    ref = ppo_loss(td_mask)
+    total_loss(ref).backward()
+    for k in ("loss_objective", "loss_entropy", "entropy", "kl_approx"):
+        torch.testing.assert_close(out[k], ref[k])
+    torch.testing.assert_close(a_logits.grad[..., :3], b_logits.grad[..., :3])
+    # the distributions agree: the -inf choice is never sampled and its entropy share is 0
+    assert (D.sample(logits, generator=torch.Generator().manual_seed(0)) != 3).all()
+    torch.testing.assert_close(D.normalized_entropy(logits), D.normalized_entropy(b_logits, td_mask["action_mask"]))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"clip_epsilon": math.nan},
+        {"clip_epsilon": math.inf},
+        {"value_coef": math.nan},
+        {"value_coef": -1.0},
+        {"value_coef": math.inf},
+        {"entropy_coef": math.nan},
+        {"entropy_coef": -0.1},
+        {"value_clip": math.nan},
+        {"value_clip": math.inf},
+        {"target_kl": math.nan},
+    ],
+)
+def test_every_coefficient_is_checked_alike(kw):
+    """value_coef=nan and entropy_coef=nan used to be accepted while clip_epsilon=nan was refused."""
+    td = factored_batch(2, 4, seed=3, grad=False)
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=rf"ppo_loss: {name} must be finite"):
+        ppo_loss(td, factored=True, **kw)
+    with pytest.raises(ValueError, match=r"entropy_coef\['op'\] must be finite"):
+        ppo_loss(td, factored=True, entropy_coef={h: (math.nan if h == "op" else 0.01) for h in HEADS})
