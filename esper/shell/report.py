@@ -98,6 +98,7 @@ class Run:
         self.anomalies = by_kind["anomaly"]
         self.governor = by_kind["governor"]
         self.checkpoints = by_kind["checkpoint"]
+        self.heldout = by_kind["heldout_check"][-1] if by_kind["heldout_check"] else None
 
     def per_update(self, field: str) -> dict[int, list[float]]:
         """``{update: [field of each episode]}`` (finite values only), updates in order."""
@@ -176,12 +177,15 @@ def plot_returns(run: Run, path: Path) -> Path | None:
 
 
 def plot_accuracy(run: Run, path: Path) -> Path | None:
+    """Accuracy of the final hosts per update (validation, best validation, test) and, beside it, the
+    parameters the controller added to them: what growth bought, and at what cost."""
     final, best = run.per_update("final_val_acc"), run.per_update("best_val_acc")
-    if not final and not best:
+    test, added = run.per_update("final_test_acc"), run.per_update("params_added")
+    if not final and not best and not test:
         return None
-    fig, ax = _figure()
-    ax = ax[0, 0]
-    for data, label in ((final, "final val acc"), (best, "best val acc")):
+    fig, axes = _figure(1, 2 if added else 1, size=(11.0, 4.0) if added else (7.0, 4.0))
+    ax = axes[0, 0]
+    for data, label in ((final, "final val acc"), (best, "best val acc"), (test, "final test acc")):
         if data:
             ax.plot(
                 list(data),
@@ -189,8 +193,16 @@ def plot_accuracy(run: Run, path: Path) -> Path | None:
                 marker="o" if len(data) < 30 else None,
                 label=label,
             )
-    ax.set(xlabel="update", ylabel="validation accuracy (mean over envs)", title="Accuracy")
+    ax.set(xlabel="update", ylabel="accuracy % (mean over envs)", title="Accuracy of the final hosts")
     ax.legend(loc="best")
+    if added:
+        ax = axes[0, 1]
+        x = list(added)
+        ax.fill_between(x, [min(v) for v in added.values()], [max(v) for v in added.values()], alpha=0.25,
+                        label="min-max over envs")  # fmt: skip
+        ax.plot(x, [np.mean(v) for v in added.values()], marker="o" if len(x) < 30 else None, label="mean")
+        ax.set(xlabel="update", ylabel="parameters added", title="Parameters the seeds added")
+        ax.legend(loc="best")
     return _save(fig, path)
 
 
@@ -356,6 +368,23 @@ def summary_markdown(run: Run, run_dir: Path, plots: Sequence[Path]) -> str:
         lines.append(f"- final val accuracy (update {u}, mean over {len(v)} envs): {_fmt(float(np.mean(v)))}")
     if best:
         lines.append(f"- best val accuracy (any episode): {_fmt(max(max(v) for v in best.values()))}")
+    test, added = run.per_update("final_test_acc"), run.per_update("params_added")
+    if test:
+        u, v = list(test.items())[-1]
+        pa = added.get(u)
+        lines.append(
+            f"- final test accuracy (update {u}, mean over {len(v)} envs): {_fmt(float(np.mean(v)))}"
+            + (f", {_fmt(float(np.mean(pa)))} parameters added" if pa else "")
+        )
+    if run.heldout is not None:
+        h = run.heldout
+        lines.append(
+            f"- held-out check ({_fmt(h.get('episodes'))} fresh hosts): {_fmt(h.get('controller'))} "
+            f"{_fmt(h.get('test_acc'))} % test accuracy with {_fmt(h.get('params_added'))} parameters "
+            f"added vs the static host {_fmt(h.get('static_test_acc'))} %; gain {_fmt(h.get('gain'))} "
+            f"points (95 % CI {_fmt((h.get('gain_ci95') or [None])[0])} to "
+            f"{_fmt((h.get('gain_ci95') or [None, None])[-1])})"
+        )
     returns = run.per_update("return")
     if returns:
         means = np.array([np.mean(v) for v in returns.values()])

@@ -18,7 +18,11 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``slot``, ``blueprint`` (names of the action taken); [env][slot]: ``stage`` (Stage names),
     ``alpha``; ``slot_names`` (list of str); ``timings`` (dict of seconds by phase).
 ``episode``
-    ``update``, ``env``, ``return``, ``final_val_acc``, ``best_val_acc``, ``n_fossilized``,
+    ``update``, ``env``, ``host_seed`` (the seed the env's host was built from), ``return``,
+    ``final_val_acc``, ``best_val_acc``, ``final_test_acc`` and ``final_test_loss`` (the final host on
+    the test split, read only here, never by the controller), ``host_params`` (the final host's
+    parameters, fossilized seeds included), ``params_added`` (minus the static host's), ``objective``
+    (the OBJECTIVE reward's value of the final host on validation data), ``n_fossilized``,
     ``n_pruned``, ``reward_components`` (dict name → episode sum), ``op_counts`` (dict op → count).
 ``lifecycle``
     ``update``, ``epoch``, ``env``, ``slot`` (index or name), ``kind`` (what happened, e.g.
@@ -44,6 +48,10 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
 ``log_rewound``
     ``update`` (the checkpoint a resumed run starts from), ``discarded`` (event lines of later updates
     and torn lines moved to ``events.discarded.jsonl``), ``path``.
+``heldout_check``
+    after the last update when ``eval_episodes`` > 0: ``episodes``, ``controller``, ``test_acc`` and
+    ``static_test_acc`` (mean final test accuracy on the same fresh hosts), ``params_added``,
+    ``gain`` and ``gain_ci95`` (paired difference, points).
 ``run_end``
     ``interrupted``, ``updates``; ``summary`` (dict) after a finished run, ``status`` (exit status)
     and ``reason`` after an interrupted or stopped one.

@@ -70,6 +70,8 @@ def _write_run(
                     **{"return": 1.0 + u + env},
                     final_val_acc=0.60 + 0.1 * u,
                     best_val_acc=0.65 + 0.1 * u,
+                    final_test_acc=50.0 + 10 * u,
+                    params_added=100 * (env + 1),
                     n_fossilized=1,
                     n_pruned=0,
                     reward_components={"accuracy": 1.0},
@@ -95,6 +97,10 @@ def _write_run(
             "anomaly", update=1, kind="kl_spike", value=0.08, threshold=0.03, detail="kl_approx > 3 x EMA"
         )
         log.write("governor", update=2, epoch=4, env=1, reason="spike")
+        log.write(
+            "heldout_check", episodes=4, controller="ppo", test_acc=71.5, static_test_acc=45.25,
+            params_added=400.0, gain=26.25, gain_ci95=[20.0, 32.5],
+        )  # fmt: skip
         log.write("run_end", summary={"best_val_acc": 0.85})
 
 
@@ -112,6 +118,9 @@ def test_report_writes_plots_and_summary(tmp_path):
     assert "updates: 3 (3 PPO updates, 6 episodes)" in md
     assert "final val accuracy (update 2, mean over 2 envs): 0.8" in md
     assert "best val accuracy (any episode): 0.85" in md
+    assert "final test accuracy (update 2, mean over 2 envs): 70, 150 parameters added" in md
+    assert "held-out check (4 fresh hosts): ppo 71.5 % test accuracy with 400 parameters added vs the " \
+        "static host 45.25 %; gain 26.25 points (95 % CI 20 to 32.5)" in md  # fmt: skip
     assert "mean return: 1.5 (update 0) → 3.5 (update 2); slope 1 per update" in md
     assert "fossilize 6" in md and "germinate 6" in md
     assert "governor rollbacks: 1 (spike 1)" in md
