@@ -117,6 +117,8 @@ class EpisodeRunner:
         by_objective = self.reward_cfg.mode is RewardMode.OBJECTIVE
         env.reset(update, host_seeds=host_seeds)
         ctl.begin(E)
+        if hasattr(ctl, "seed_envs"):  # a controller that samples per env seeds from the host seeds
+            ctl.seed_envs(env.host_seeds)
         history = init_history(E, device=env.device)
         result = EpisodeResult(rollout=None)
         timings: Counter = Counter()
@@ -136,7 +138,7 @@ class EpisodeRunner:
             for i, reason in enumerate(reasons):
                 if reason is None:
                     continue
-                result.governor.append({"epoch": t + 1, "env": i, "reason": reason})
+                result.governor.append({"epoch": t + 1, "env": env.first_env + i, "reason": reason})
                 if rewards:  # charge the transition that led into the panic
                     rewards[-1][i] -= env.governor.cfg.penalty
                 else:  # a panic on the first epoch: charge this step
@@ -178,7 +180,7 @@ class EpisodeRunner:
             for i, evs in enumerate(happened):
                 removed[i] += sum(e["kind"] == "removed" for e in evs)
                 for e in evs:
-                    result.lifecycle.append({"epoch": t + 1, "env": i, **e})
+                    result.lifecycle.append({"epoch": t + 1, "env": env.first_env + i, **e})
             for i, op in enumerate(result.epochs[-1]["op"]):
                 op_counts[i][op] += 1
             best_acc = [max(b, a) for b, a in zip(best_acc, result.epochs[-1]["val_acc"])]
@@ -279,7 +281,7 @@ class EpisodeRunner:
         }  # sync point: the episode's final numbers, once
         return [
             {
-                "env": i,
+                "env": self.env.first_env + i,  # the global index (a process may run a slice)
                 "host_seed": self.env.host_seeds[i],
                 "return": returns[i],
                 "final_val_acc": final["val_acc"][i],

@@ -43,11 +43,19 @@ from esper import kernels
 from esper.core.advantage import gae, gae_tensors, normalize_advantage
 from esper.core.distributions import masked_categorical
 from esper.core.health import GradHealthConfig, grad_health
-from esper.core.loss import ppo_loss
+from esper.core.loss import loss_counts, ppo_loss
 from esper.core.minibatch import env_minibatches
-from esper.core.normalize import normalize, running_stats, scale, update_running_stats
-from esper.core.spec import HEADS
+from esper.core.normalize import (
+    batch_stats,
+    merge_running_stats,
+    normalize,
+    running_stats,
+    scale,
+    update_running_stats,
+)
+from esper.core.spec import HEADS, KEYS
 from esper.shell.configtools import check_fields, doc
+from esper.shell.distributed import SINGLE, Dist
 from esper.shell.policy import FactoredRecurrentActorCritic
 from esper.shell.readout import read_scalars
 from esper.shell.wholestep import adam_step, compile_step, init_adam_state
@@ -138,8 +146,11 @@ class PPOTrainer:
         compile: bool = False,
         compile_backend: str | Callable = "inductor",
         generator: torch.Generator | None = None,
+        dist: Dist = SINGLE,
     ) -> None:
-        self.policy, self.cfg = policy, cfg
+        if dist.active and compile:
+            raise ValueError("compile is not supported with several processes yet; run without --compile")
+        self.policy, self.cfg, self.dist = policy, cfg, dist
         device = next(policy.parameters()).device
         critic = list(policy.value_head.parameters())
         critic_ids = {id(p) for p in critic}
@@ -170,7 +181,7 @@ class PPOTrainer:
         categorical = kernels.masked_categorical if use_kernels else masked_categorical
         gae_impl = kernels.gae if use_kernels else gae
 
-        def loss_fn(td: TensorDictBase) -> TensorDict:
+        def loss_fn(td: TensorDictBase, counts: TensorDict | None = None) -> TensorDict:
             # entropy_coef is a per-head weight here; the annealed scalar multiplies loss_entropy
             # outside, so a changing coefficient never recompiles the loss.
             return ppo_loss(
@@ -182,6 +193,7 @@ class PPOTrainer:
                 entropy_coef=head_weights,
                 target_kl=cfg.target_kl,
                 categorical=categorical,
+                counts=counts,
             )
 
         def gae_fn(td: TensorDictBase) -> TensorDictBase:
@@ -204,11 +216,11 @@ class PPOTrainer:
     def prepare(self, batch: TensorDictBase) -> TensorDictBase:
         """Steps 1-5 of the module docstring; returns the batch ready for the epochs."""
         cfg = self.cfg
-        check_finite(batch)
+        self._check_finite(batch)
         st = self.state
         # C5: statistics include this batch before the update (the stored observations are not
         # re-normalized: they are what the policy saw, S2).
-        st.obs_stats = update_running_stats(st.obs_stats, batch["raw_observation"], momentum=cfg.obs_momentum)
+        st.obs_stats = self._update_stats(st.obs_stats, batch["raw_observation"], momentum=cfg.obs_momentum)
         # Rewards are divided by the spread of discounted returns (what the critic must predict), not
         # of single rewards: a sparse terminal bonus would otherwise dominate the scale.
         raw = batch["next", "raw_reward"]
@@ -221,15 +233,42 @@ class PPOTrainer:
             gamma=cfg.gamma,
             lmbda=1.0,
         )
-        st.reward_stats = update_running_stats(st.reward_stats, returns)
+        st.reward_stats = self._update_stats(st.reward_stats, returns)
         batch["next", "reward"] = scale(st.reward_stats, raw, clip=cfg.reward_clip)
         with torch.no_grad():
             self.gae_fn(batch)
             # C4: the value-clip anchor is V under the same hidden reconstruction the update uses.
             batch["state_value"] = self._evaluate(batch)["state_value"]
             if cfg.normalize_advantage:
-                batch["advantage"] = normalize_advantage(batch["advantage"])
+                reduce = self.dist.all_reduce_sum if self.dist.active else None
+                batch["advantage"] = normalize_advantage(batch["advantage"], reduce=reduce)
         return batch
+
+    def _check_finite(self, batch: TensorDictBase) -> None:
+        """:func:`check_finite`, and with several processes every one raises if one's rollout is bad."""
+        try:
+            check_finite(batch)
+        except FloatingPointError:
+            if self.dist.active:
+                self.dist.all_reduce_sum(torch.ones(1, device=batch.device))
+            raise
+        if self.dist.active and self.dist.all_reduce_sum(torch.zeros(1, device=batch.device)).item():
+            raise FloatingPointError("non-finite values in another process's rollout; refusing to update")
+
+    def _update_stats(self, stats: TensorDict, x: torch.Tensor, momentum: float | None = None) -> TensorDict:
+        """``stats`` updated with the batch ``x``; with several processes, with the whole batch (every
+        process's part, merged exactly in rank order), so every process holds the same statistics."""
+        if not self.dist.active:
+            return update_running_stats(stats, x, momentum=momentum)
+        part = batch_stats(x, stats["mean"].dim())
+        flat = torch.cat([part["count"].reshape(1), part["mean"].reshape(-1), part["var"].reshape(-1)])
+        whole = None
+        for row in self.dist.gather_tensors(flat):
+            n, rest = row[0], row[1:]
+            mean, var = rest.chunk(2)
+            p = TensorDict({"mean": mean.view_as(part["mean"]), "var": var.view_as(part["var"]), "count": n})
+            whole = p if whole is None else merge_running_stats(whole, p)
+        return merge_running_stats(stats, whole, momentum=momentum)
 
     def update(self, batch: TensorDictBase) -> dict[str, float | list[float]]:
         """One PPO update on a rollout ``[n_envs, T]``. Returns host-side metrics (one sync per
@@ -247,7 +286,7 @@ class PPOTrainer:
         """
         t0 = time.perf_counter()
         cfg = self.cfg
-        n_envs = batch.batch_size[0]
+        n_envs = batch.batch_size[0] * self.dist.world  # the whole batch's (this process holds a slice)
         if n_envs % cfg.n_minibatches:
             raise ValueError(f"ppo.n_minibatches={cfg.n_minibatches} must divide n_envs={n_envs}")
         batch = self.prepare(batch)
@@ -263,6 +302,13 @@ class PPOTrainer:
         for _ in range(cfg.n_epochs):
             for idx in env_minibatches(n_envs, cfg.n_minibatches, generator=self.generator):
                 idx = idx.to(batch.device)
+                if self.dist.active:
+                    stopped, ok, step_metrics = self._shared_step(batch, idx, coef)
+                    if stopped or not ok:
+                        nonfinite = not stopped
+                        break
+                    steps.append(step_metrics)
+                    continue
                 if self.train_step is not None:
                     step_metrics, flags = self.train_step(batch, idx, coef_t)
                     # sync point: the KL and finiteness flags (where either fails, no step was applied)
@@ -296,7 +342,7 @@ class PPOTrainer:
             epochs_run += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.state.updates += 1
-        report = torch.stack(steps).mean(0) if steps else TensorDict({}, batch_size=[])
+        report = self._reduce_report(torch.stack(steps).mean(0)) if steps else TensorDict({}, batch_size=[])
         report["params_finite"] = torch.stack([torch.isfinite(p).all() for p in self.params]).all()
         metrics = read_scalars(report)  # sync point: one read
         rolled_back = nonfinite or not metrics.pop("params_finite")
@@ -315,6 +361,73 @@ class PPOTrainer:
             seconds=time.perf_counter() - t0,
         )
         return out
+
+    def _shared_step(
+        self, batch: TensorDictBase, idx: torch.Tensor, coef: float
+    ) -> tuple[bool, bool, TensorDict]:
+        """One minibatch step with several processes: ``idx`` are global env indices (the same on every
+        process); this one re-scores those in its slice, with the loss denominators summed over every
+        process (:func:`esper.core.loss.loss_counts`), so the sum of the processes' gradients is the
+        whole minibatch's gradient. One all-reduce carries the gradients, the KL and the finiteness
+        flag; every process then takes the same decision and the same step. Returns ``(early_stop,
+        finite, metrics)`` (metrics of this process's part; :meth:`_reduce_report` combines them)."""
+        n_local = batch.batch_size[0]
+        first = self.dist.rank * n_local
+        local = idx[(idx >= first) & (idx < first + n_local)] - first  # sync point: the slice's envs
+        if local.numel():
+            mb = batch[local]
+        else:  # none of this minibatch is here: a masked-out stand-in adds nothing but joins the sums
+            mb = batch[:1].clone()
+            mb.set(KEYS.valid, torch.zeros(mb.batch_size, dtype=torch.bool, device=batch.device))
+        mb["current"] = self._evaluate(mb)
+        counts = loss_counts(mb, factored=True)
+        names = sorted(counts.keys())
+        summed = self.dist.all_reduce_sum(torch.stack([counts[k].float() for k in names]))
+        losses = self.loss_fn(mb, TensorDict(dict(zip(names, summed.unbind())), batch_size=[]))
+        total = _total_loss(losses, coef)
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        has = [p.grad is not None for p in self.params]
+        flat = torch.cat(
+            [(p.grad if h else torch.zeros_like(p)).reshape(-1) for p, h in zip(self.params, has)]
+            + [losses["kl_approx"].detach().float().reshape(1), (~torch.isfinite(total)).float().reshape(1)]
+        )
+        flat = self.dist.all_reduce_sum(flat)
+        grads, offset = [], 0
+        for p, h in zip(self.params, has):
+            g = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+            grads.append(g)
+            if h:
+                p.grad = g.clone()
+        kl, bad = flat[-2], flat[-1]
+        target = self.cfg.target_kl
+        stop = kl > 1.5 * target if target is not None else torch.zeros((), dtype=torch.bool)
+        health = grad_health(grads, groups=self.groups, n_groups=len(GRAD_GROUPS), cfg=self.health_cfg)
+        finite = (bad == 0) & health["finite"]
+        stopped, ok = torch.stack([stop.to(finite.device), finite]).tolist()  # sync point: the shared flags
+        if not stopped and ok:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+            self.optimizer.step()
+        return bool(stopped), bool(ok), _step_metrics(losses, health, coef)
+
+    def _reduce_report(self, report: TensorDict) -> TensorDict:
+        """The mean step metrics of the whole batch from every process's: sums of the shares (loss
+        terms, KL, entropy, clip fractions, ``mean_ratio``), max / min of the ratio extremes, the mean
+        over processes of ``explained_variance`` and ``ESS`` (an average of the parts', not the
+        whole's); gradient statistics and head weights are already the same everywhere."""
+        if not self.dist.active:
+            return report
+        for key in report.keys(True, True):
+            path = key if isinstance(key, tuple) else (key,)
+            if path[0] == "grad" or path[-1] == "weight":
+                continue
+            op = {"max_ratio": "max", "min_ratio": "min"}.get(path[-1], "sum")
+            value = self.dist.all_reduce(report[key].clone(), op)
+            if path[-1] in ("explained_variance", "ESS"):
+                value = value / self.dist.world
+            report[key] = value
+        return report
 
     def _learner_state(self) -> tuple[dict, dict]:
         """Copies of the policy's and the optimizer's state (to roll an update back)."""
