@@ -14,6 +14,7 @@ from tensordict import TensorDict
 
 from esper.core.observation import obs_dim
 from esper.core.spec import ActionSpec, Op
+from esper.shell.distributed import SINGLE, Dist
 from esper.shell.env import derive_seed
 from esper.shell.policy import FactoredRecurrentActorCritic
 from esper.shell.rollout import StepInput
@@ -25,7 +26,8 @@ def policy_input_dim(raw_obs_dim: int) -> int:
 
 
 def build_learner(
-    ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str, seed: int, compile: bool = False
+    ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str, seed: int, compile: bool = False,
+    dist: Dist = SINGLE,
 ) -> tuple[FactoredRecurrentActorCritic, PPOTrainer]:
     """Tamiyo's network for an action space and its PPO trainer (statistics, optimizer), freshly
     initialized from ``seed``'s generators; load a checkpoint's ``trainer`` entry to restore one."""
@@ -35,7 +37,8 @@ def build_learner(
         wait_bias=ppo.wait_bias,
     ).to(device)  # fmt: skip
     trainer = PPOTrainer(
-        policy, ppo, raw_obs_dim=raw_dim, compile=compile, generator=torch.Generator().manual_seed(seed + 1)
+        policy, ppo, raw_obs_dim=raw_dim, compile=compile, generator=torch.Generator().manual_seed(seed + 1),
+        dist=dist,
     )
     return policy, trainer
 

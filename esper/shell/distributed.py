@@ -113,13 +113,12 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init(device: str, *, timeout: float = DEFAULT_TIMEOUT) -> Dist:
-    """Join the process group torchrun set up (or :data:`SINGLE` outside torchrun). ``device`` is the
-    run's ``env.device``: a CUDA one selects NCCL and ``cuda:LOCAL_RANK``, anything else gloo.
+def init(*, timeout: float = DEFAULT_TIMEOUT) -> Dist:
+    """Join the process group torchrun set up (or :data:`SINGLE` outside torchrun): gloo for CPU
+    tensors, and NCCL for CUDA ones where CUDA is available (each process on ``cuda:LOCAL_RANK``).
 
     Raises:
-        ValueError: a bad ``timeout`` or torchrun variables, or a CUDA run with fewer GPUs than local
-            ranks (one line).
+        ValueError: a bad ``timeout`` or torchrun variables (one line).
         PeerLost: the rendezvous failed.
     """
     if not under_torchrun():
@@ -134,13 +133,8 @@ def init(device: str, *, timeout: float = DEFAULT_TIMEOUT) -> Dist:
         raise ValueError("RANK, WORLD_SIZE, LOCAL_RANK must be integers (set by torchrun)") from None
     if world == 1:
         return Dist(rank=0, world=1, local_rank=local_rank, local_world=local_world)
-    cuda = torch.device(device).type == "cuda"
-    if cuda and torch.cuda.device_count() < local_world:
-        raise ValueError(
-            f"{local_world} processes on this machine need {local_world} CUDA devices, it has "
-            f"{torch.cuda.device_count()}"
-        )
-    backend = "nccl" if cuda else "gloo"
+    cuda = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(local_rank)
     try:
@@ -151,10 +145,19 @@ def init(device: str, *, timeout: float = DEFAULT_TIMEOUT) -> Dist:
 
 
 def rank_device(device: str, dist: Dist) -> str:
-    """The device of this rank: ``cuda:LOCAL_RANK`` for a CUDA run under torchrun, else ``device``."""
-    if dist.active and torch.device(device).type == "cuda":
-        return f"cuda:{dist.local_rank}"
-    return device
+    """The device of this rank: ``cuda:LOCAL_RANK`` for a CUDA run under torchrun, else ``device``.
+
+    Raises:
+        ValueError: a CUDA run with fewer GPUs on this machine than processes (one line).
+    """
+    if not (dist.active and torch.device(device).type == "cuda"):
+        return device
+    if torch.cuda.device_count() <= dist.local_rank:
+        raise ValueError(
+            f"{dist.local_world} processes on this machine need {dist.local_world} CUDA devices, it has "
+            f"{torch.cuda.device_count()}"
+        )
+    return f"cuda:{dist.local_rank}"
 
 
 def _collective(fn, *args, **kwargs) -> None:

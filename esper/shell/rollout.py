@@ -76,6 +76,37 @@ class EpisodeResult:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, whole batch
 
 
+#: Fields of an ``epoch`` event that hold one value per env, in env order.
+PER_ENV_FIELDS = ("val_acc", "val_loss", "train_loss", "reward", "op", "slot", "blueprint", "stage", "alpha",
+                  "reasons")  # fmt: skip
+
+
+def merge_results(parts: list[EpisodeResult]) -> EpisodeResult:
+    """One result of the whole batch from those of processes that each ran a slice of the envs, in
+    global env order (``parts`` in rank order; the per-env events already carry global env indices):
+    every ``epoch`` event's per-env lists are joined, episode, lifecycle and governor events are
+    concatenated, and each phase's time is the slowest process's. ``rollout`` is the first part's."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    epochs = []
+    for events in zip(*(p.epochs for p in parts)):
+        merged = dict(events[0])
+        for key in PER_ENV_FIELDS:
+            if key in merged:
+                merged[key] = [v for ev in events for v in ev[key]]
+        epochs.append(merged)
+    timings = {k: max(p.timings.get(k, 0.0) for p in parts) for k in first.timings}
+    return EpisodeResult(
+        rollout=first.rollout,
+        episodes=[e for p in parts for e in p.episodes],
+        epochs=epochs,
+        lifecycle=[e for p in parts for e in p.lifecycle],
+        governor=[e for p in parts for e in p.governor],
+        timings=timings,
+    )
+
+
 class EpisodeRunner:
     def __init__(
         self,
@@ -300,4 +331,4 @@ class EpisodeRunner:
         ]
 
 
-__all__ = ["Controller", "EpisodeResult", "EpisodeRunner", "StepInput"]
+__all__ = ["PER_ENV_FIELDS", "Controller", "EpisodeResult", "EpisodeRunner", "StepInput", "merge_results"]

@@ -373,17 +373,22 @@ class PPOTrainer:
         finite, metrics)`` (metrics of this process's part; :meth:`_reduce_report` combines them)."""
         n_local = batch.batch_size[0]
         first = self.dist.rank * n_local
-        local = idx[(idx >= first) & (idx < first + n_local)] - first  # sync point: the slice's envs
-        if local.numel():
-            mb = batch[local]
+        mine = idx[(idx >= first) & (idx < first + n_local)] - first  # sync point: the slice's envs
+        if mine.numel():
+            mb = batch[mine]
         else:  # none of this minibatch is here: a masked-out stand-in adds nothing but joins the sums
             mb = batch[:1].clone()
             mb.set(KEYS.valid, torch.zeros(mb.batch_size, dtype=torch.bool, device=batch.device))
         mb["current"] = self._evaluate(mb)
         counts = loss_counts(mb, factored=True)
         names = sorted(counts.keys())
-        summed = self.dist.all_reduce_sum(torch.stack([counts[k].float() for k in names]))
-        losses = self.loss_fn(mb, TensorDict(dict(zip(names, summed.unbind())), batch_size=[]))
+        # one all-reduce: the loss denominators and the sums behind the whole minibatch's explained variance
+        local = torch.cat([torch.stack([counts[k].double() for k in names]), _ev_sums(mb)])
+        summed = self.dist.all_reduce_sum(local)
+        denominators = summed[: len(names)].float().unbind()
+        losses = self.loss_fn(mb, TensorDict(dict(zip(names, denominators)), batch_size=[]))
+        ev = _ev_from_sums(summed[len(names) :])
+        losses["explained_variance"] = ev.to(losses["explained_variance"].dtype)
         total = _total_loss(losses, coef)
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
@@ -414,17 +419,17 @@ class PPOTrainer:
     def _reduce_report(self, report: TensorDict) -> TensorDict:
         """The mean step metrics of the whole batch from every process's: sums of the shares (loss
         terms, KL, entropy, clip fractions, ``mean_ratio``), max / min of the ratio extremes, the mean
-        over processes of ``explained_variance`` and ``ESS`` (an average of the parts', not the
-        whole's); gradient statistics and head weights are already the same everywhere."""
+        over processes of ``ESS`` (an average of the parts', not the whole's); gradient statistics,
+        head weights and the explained variance are already the whole minibatch's everywhere."""
         if not self.dist.active:
             return report
         for key in report.keys(True, True):
             path = key if isinstance(key, tuple) else (key,)
-            if path[0] == "grad" or path[-1] == "weight":
+            if path[0] == "grad" or path[-1] in ("weight", "explained_variance"):
                 continue
             op = {"max_ratio": "max", "min_ratio": "min"}.get(path[-1], "sum")
             value = self.dist.all_reduce(report[key].clone(), op)
-            if path[-1] in ("explained_variance", "ESS"):
+            if path[-1] == "ESS":
                 value = value / self.dist.world
             report[key] = value
         return report
@@ -500,6 +505,28 @@ def check_finite(td: TensorDictBase) -> None:
     if not bool(flags.all()):  # sync point
         bad = [k for k, ok in zip(keys, flags.tolist()) if not ok]
         raise FloatingPointError(f"non-finite values in the rollout under {bad}; refusing to update")
+
+
+def _ev_sums(td: TensorDictBase) -> torch.Tensor:
+    """``[n, sum t, sum t^2, sum r, sum r^2]`` (float64) over the valid steps of ``td``, ``t`` the value
+    target and ``r`` the critic's residual: summed over processes, :func:`_ev_from_sums` gives the
+    explained variance of their whole minibatch."""
+    pred = td["current", "state_value"].detach().double()
+    target = td["value_target"].double().reshape(pred.shape)
+    w = td.get(KEYS.valid, torch.ones_like(pred, dtype=torch.bool)).reshape(pred.shape).double()
+    res = target - pred
+    return torch.stack([w.sum(), (w * target).sum(), (w * target.square()).sum(), (w * res).sum(),
+                        (w * res.square()).sum()])  # fmt: skip
+
+
+def _ev_from_sums(sums: torch.Tensor) -> torch.Tensor:
+    """``1 - Var(r) / Var(t)`` from :func:`_ev_sums`'s sums; 0 when the target has no variance (as
+    :func:`esper.core.loss.ppo_loss` reports it)."""
+    n, st, st2, sr, sr2 = sums.unbind()
+    n = n.clamp(min=1.0)
+    var_t, var_r = (st2 - st.square() / n) / n, (sr2 - sr.square() / n) / n
+    ok = var_t > 1e-12
+    return torch.where(ok, 1.0 - var_r / torch.where(ok, var_t, 1.0), 0.0)
 
 
 def _group_index(policy: FactoredRecurrentActorCritic) -> list[int]:
