@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,8 +169,10 @@ def _collective(fn, *args, **kwargs) -> None:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
+    """The first line of ``e``'s message without the backend's source location, at most 160 characters."""
+    text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", str(e).strip())
+    line = text.splitlines()[0] if text else type(e).__name__
+    return line if len(line) <= 160 else line[:157] + "..."
 
 
 __all__ = ["DEFAULT_TIMEOUT", "SINGLE", "Dist", "PeerLost", "init", "rank_device", "under_torchrun"]

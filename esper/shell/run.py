@@ -30,6 +30,11 @@ What holds whatever happens:
   refuses NaN/Inf, and a run that cannot continue (``ppo.max_bad_updates`` rolled-back updates in a
   row, or a non-finite rollout) stops with one line, its last checkpoint intact and resumable with
   saner options.
+* **Many processes, one run** (``torchrun ... -m esper.shell.run``, :mod:`esper.shell.distributed`):
+  each process runs its slice of the envs; every step of the start-up is agreed (a request refused on
+  one process is refused on all, rank 0 saying why), rank 0 alone locks and writes the run directory
+  and reads a resumed run's checkpoint for all, and a process that loses another stops with one line
+  within ``--dist_timeout`` seconds (rank 0 writing the last update boundary's checkpoint first).
 * **The log matches the checkpoint.** A resume first moves the events of updates its checkpoint does
   not hold (a crash between logging an episode and its checkpoint) and any torn last line to
   ``events.discarded.jsonl``, and logs how many (``log_rewound``), so no episode is counted twice.
@@ -366,9 +371,9 @@ class Run:
         than the checkpoint on disk, and say in one line what happened and how to go on. A process
         other than rank 0 only says why it stopped (rank 0 writes and reports)."""
         done = last["progress"]["update"]
-        if not self.dist.is_main:
-            print(f"{PROG}: error: process {self.dist.rank}: {why}" if status == STOPPED
-                  else f"\nesper: process {self.dist.rank}: {why}", file=sys.stderr)  # fmt: skip
+        if not self.dist.is_main:  # rank 0 writes the checkpoint (if it still can)
+            line = f"process {self.dist.rank}: {why}; resume the last checkpoint with --resume {self.dir}"
+            print(f"{PROG}: error: {line}" if status == STOPPED else f"\nesper: {line}", file=sys.stderr)
             return status
         try:
             with self.signals.deferred(drop=True):  # a second Ctrl-C does not cut this write short

@@ -17,6 +17,14 @@ every episode truncated at T) and, in this order:
    not finite (that step is never taken) or the parameters ended non-finite: a non-finite update is
    never applied, so it can never reach a checkpoint.
 
+With several processes (``dist``, each holding the rollout of its slice of the envs) the update is
+the same update of the whole batch: 2. merges the statistics of every process's part exactly
+(:func:`esper.core.normalize.merge_running_stats`), 5. normalizes with the whole batch's mean and
+spread, and 6. draws the same global env minibatches everywhere; each process re-scores the envs of a
+minibatch it holds, divides its loss terms by the whole minibatch's counts
+(:func:`esper.core.loss.loss_counts`) and one all-reduce sums the gradients, the KL and the
+finiteness flag, so every process takes the same decisions and the same optimizer steps.
+
 Metrics stay on the device until the end, then one :func:`read_scalars` call brings them back; the
 only other host reads are one per minibatch step (the KL flag and the finiteness flag together).
 
