@@ -116,7 +116,8 @@ def under_torchrun() -> bool:
 
 def init(*, timeout: float = DEFAULT_TIMEOUT) -> Dist:
     """Join the process group torchrun set up (or :data:`SINGLE` outside torchrun): gloo for CPU
-    tensors, and NCCL for CUDA ones where CUDA is available (each process on ``cuda:LOCAL_RANK``).
+    tensors, and NCCL for CUDA ones where the machine has a GPU for each of its processes (each on
+    ``cuda:LOCAL_RANK``).
 
     Raises:
         ValueError: a bad ``timeout`` or torchrun variables (one line).
@@ -134,7 +135,8 @@ def init(*, timeout: float = DEFAULT_TIMEOUT) -> Dist:
         raise ValueError("RANK, WORLD_SIZE, LOCAL_RANK must be integers (set by torchrun)") from None
     if world == 1:
         return Dist(rank=0, world=1, local_rank=local_rank, local_world=local_world)
-    cuda = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
+    # the same choice on every process of a machine: NCCL only where each process can have its own GPU
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(local_rank)
