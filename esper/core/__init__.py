@@ -20,10 +20,17 @@ from esper.core.lifecycle import (
     lifecycle_step,
     record_signals,
 )
-from esper.core.loss import ppo_loss, total_loss
+from esper.core.loss import loss_counts, ppo_loss, total_loss
 from esper.core.masks import action_masks, head_relevance, legal_masks, op_slot_legality
 from esper.core.minibatch import env_minibatches
-from esper.core.normalize import normalize, running_stats, scale, update_running_stats
+from esper.core.normalize import (
+    batch_stats,
+    merge_running_stats,
+    normalize,
+    running_stats,
+    scale,
+    update_running_stats,
+)
 from esper.core.observation import init_history, obs_dim, observe, update_history
 from esper.core.rewards import (
     RewardConfig,
@@ -49,6 +56,7 @@ __all__ = [
     "Stage",
     "action_masks",
     "alpha_at",
+    "batch_stats",
     "clear_seeds",
     "compute_reward",
     "env_minibatches",
@@ -63,8 +71,10 @@ __all__ = [
     "legal_masks",
     "lifecycle_step",
     "log_prob",
+    "loss_counts",
     "lstm_health",
     "masked_categorical",
+    "merge_running_stats",
     "normalize",
     "normalize_advantage",
     "normalized_entropy",

@@ -26,6 +26,7 @@ inductor's CPU code), and inductor fuses it into one kernel of a few loops.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from tensordict import TensorDictBase
@@ -226,7 +227,11 @@ def check_gae_tensors(
 
 
 def normalize_advantage(
-    advantage: torch.Tensor, valid: torch.Tensor | None = None, *, eps: float = 1e-8
+    advantage: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    *,
+    eps: float = 1e-8,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``(A - mean) / (std + eps)`` over the valid steps; invalid steps come back as 0.
 
@@ -239,8 +244,14 @@ def normalize_advantage(
     so fewer than 2 valid steps give zeros, never NaN. A non-finite entry comes back as it was
     (non-finite) and is left out of the mean and variance, so it does not spread to the other steps.
     Math in float32 at least; returned in ``advantage``'s dtype.
+
+    ``reduce``: applied to the sums behind the statistics (a ``[2]`` tensor ``[count, sum]``, then
+    the sum of squared deviations) before they are used; data-parallel training passes a sum over
+    processes, so every process normalizes its part of one batch with the whole batch's statistics.
+    None: this batch's own.
     """
     where = "normalize_advantage"
+    reduce = reduce if reduce is not None else (lambda t: t)
     check_kind(advantage, "advantage", kind="float", where=where)
     if not eps >= 0:
         raise ValueError(f"{where}: eps must be >= 0, got {eps}")
@@ -263,10 +274,10 @@ def normalize_advantage(
     bad = ~finite & (w > 0)  # non-finite valid steps; invalid ones come back as 0 whatever they hold
     w = torch.where(finite, w, 0.0)
     a = torch.where(finite, a, 0.0)
-    n = w.sum()
-    mean = (a * w).sum() / n.clamp(min=1.0)
+    n, total = reduce(torch.stack([w.sum(), (a * w).sum()])).unbind()
+    mean = total / n.clamp(min=1.0)
     centered = (a - mean) * w
-    var = centered.square().sum() / (n - 1.0).clamp(min=1.0)
+    var = reduce(centered.square().sum()) / (n - 1.0).clamp(min=1.0)
     out = torch.where(bad, advantage.to(dtype), centered / (var.sqrt() + eps))
     return out.to(advantage.dtype)
 

@@ -105,13 +105,22 @@ def sample(
     *,
     generator: torch.Generator | None = None,
     deterministic: bool = False,
+    race: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Draw one choice per row without a host sync (exponential-race / Gumbel-max), never an illegal
-    one while the row has a legal choice. ``deterministic`` takes the most likely legal choice."""
+    one while the row has a legal choice. ``deterministic`` takes the most likely legal choice.
+    ``race``: the Exp(1) draws to use (``logits``' shape; e.g. each row drawn from its own generator,
+    so a row's choice does not depend on which other rows share the batch); None draws them from
+    ``generator``."""
     mask = legal_mask(logits, mask)
     scores = log_softmax(logits, mask)
     if not deterministic:
-        race = torch.empty_like(scores).exponential_(generator=generator)
+        if race is None:
+            race = torch.empty_like(scores).exponential_(generator=generator)
+        elif race.shape != scores.shape:
+            raise ValueError(
+                f"sample: race must have the logits' shape {list(scores.shape)}, got {list(race.shape)}"
+            )
         scores = scores - race.log()
     scores = torch.where(mask, scores, -torch.inf)
     return scores.argmax(-1)

@@ -82,6 +82,7 @@ def ppo_loss(
     target_kl: float | None = None,
     keys: Keys = KEYS,
     categorical: Callable = masked_categorical,
+    counts: TensorDictBase | None = None,
 ) -> TensorDict:
     """PPO loss terms and diagnostics for one (mini)batch. See the module docstring for the contract.
 
@@ -103,6 +104,13 @@ def ppo_loss(
         categorical: the per-head ``(log_prob, entropy, kl)`` function; the default is the core's
             :func:`~esper.core.distributions.masked_categorical`, and
             :func:`esper.kernels.masked_categorical` (the fused kernel) is a drop-in for it.
+        counts: the denominators of the masked means (:func:`loss_counts`), None: this batch's own.
+            Data-parallel training passes the counts summed over every process's part of one
+            minibatch: each process's terms are then its share of the whole minibatch's mean, and the
+            sum over processes of the loss terms (and of their gradients), of ``kl_approx``,
+            ``clip_fraction``, ``value_clip_fraction``, ``mean_ratio`` and the per-head terms is
+            exactly the whole minibatch's. ``explained_variance``, ``ESS`` and the ratio extremes
+            stay this batch's own.
     """
     heads = HEADS if factored else (None,)
     coefs = _entropy_coefs(entropy_coef, heads)
@@ -129,7 +137,8 @@ def ppo_loss(
     adv = adv.to(dtype)
     valid = _valid(td, keys, dtype)  # None: every step is valid (no multiplies by ones)
     n_steps = torch.full((), float(adv.numel()), dtype=dtype, device=adv.device)
-    n_valid = (n_steps if valid is None else valid.sum()).clamp(min=1.0)
+    own_valid = (n_steps if valid is None else valid.sum()).clamp(min=1.0)
+    n_valid = own_valid if counts is None else counts["steps"].to(dtype).clamp(min=1.0)
 
     relevance = None
     if factored:
@@ -146,7 +155,7 @@ def ppo_loss(
             ent = ent * legal_log_count(mask, logits.shape[-1], ent)
         old_lp = old_lp.to(lp.dtype)
         w = _head_weight(valid, mask, logits.shape[-1], relevance, head, adv)
-        w_sum = n_steps if w is None else w.sum()
+        w_sum = (n_steps if w is None else w.sum()) if counts is None else counts[_count_key(head)].to(dtype)
 
         log_ratio = lp - old_lp
         ratio = log_ratio.exp()
@@ -182,17 +191,45 @@ def ppo_loss(
         mean_ratio=_msum(joint_ratio, valid) / n_valid,
         max_ratio=_masked_extreme(joint_ratio, valid, largest=True),
         min_ratio=_masked_extreme(joint_ratio, valid, largest=False),
-        ESS=_ess(joint_ratio, valid, n_valid),
+        ESS=_ess(joint_ratio, valid, own_valid),
         early_stop=(kl_approx > 1.5 * target_kl)
         if target_kl is not None
         else torch.zeros_like(kl_approx, dtype=torch.bool),
     )
     out.update(
         _critic_terms(
-            td, keys, valid, n_valid, dtype, value_clip=value_clip, value_coef=value_coef, distance=distance
+            td, keys, valid, n_valid, dtype, value_clip=value_clip, value_coef=value_coef, distance=distance,
+            own_valid=own_valid,
         )
     )
     return TensorDict(out, batch_size=[])
+
+
+def loss_counts(td: TensorDictBase, *, factored: bool = False, keys: Keys = KEYS) -> TensorDict:
+    """The denominators of :func:`ppo_loss`'s masked means for ``td`` (the same inputs, ``current``
+    logits included): ``steps`` (valid steps) and, per head (``action`` for a single head), the steps
+    where the head counted; float scalars, not clamped. Sum them over the parts of a minibatch that
+    several processes hold and pass the sums as ``ppo_loss(counts=...)``."""
+    heads = HEADS if factored else (None,)
+    if factored:
+        _check_head_sets(td, keys)
+    adv = per_step(td, keys.advantage, where=_WHERE, kind="float")
+    dtype = compute_dtype(adv.dtype)
+    adv = adv.to(dtype)
+    valid = _valid(td, keys, dtype)
+    n_steps = torch.full((), float(adv.numel()), dtype=dtype, device=adv.device)
+    relevance = head_relevance(per_step(td, keys.head("op", keys.action), where=_WHERE, kind="int").long()) \
+        if factored else None  # fmt: skip
+    out = {"steps": n_steps if valid is None else valid.sum()}
+    for head in heads:
+        logits, _, _, mask = _head_inputs(td, head, keys, adv.shape)
+        w = _head_weight(valid, mask, logits.shape[-1], relevance, head, adv)
+        out[_count_key(head)] = n_steps if w is None else w.sum()
+    return TensorDict(out, batch_size=[])
+
+
+def _count_key(head: str | None) -> str:
+    return "action" if head is None else head
 
 
 def total_loss(losses: TensorDictBase) -> torch.Tensor:
@@ -274,6 +311,7 @@ def _critic_terms(
     value_clip: float | None,
     value_coef: float,
     distance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    own_valid: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     new_key = keys.current_key(keys.state_value)
     if new_key not in td.keys(include_nested=True):
@@ -294,7 +332,7 @@ def _critic_terms(
     return {
         "loss_critic": loss_critic,
         "value_clip_fraction": clipped_frac,
-        "explained_variance": _explained_variance(value.detach(), target, valid, n_valid),
+        "explained_variance": _explained_variance(value.detach(), target, valid, own_valid),
     }
 
 
@@ -412,4 +450,4 @@ def _entropy_coefs(entropy_coef: float | Mapping[str, float], heads: tuple) -> d
     return dict.fromkeys(heads, float(entropy_coef))
 
 
-__all__ = ["ppo_loss", "total_loss"]
+__all__ = ["loss_counts", "ppo_loss", "total_loss"]

@@ -3,7 +3,9 @@
 A stats TensorDict (batch size ``[]``) holds ``mean [*S]``, ``var [*S]`` (population variance) and
 ``count`` (float64 scalar: samples seen). :func:`update_running_stats` merges a batch into it exactly
 (Chan et al.'s parallel Welford merge, in float64) or as an exponential moving average;
-:func:`normalize` and :func:`scale` apply it.
+:func:`normalize` and :func:`scale` apply it. The merge is its own function
+(:func:`merge_running_stats`, of two stats TensorDicts, with :func:`batch_stats` giving a batch's):
+processes that each hold part of a batch merge their parts' statistics with it.
 
 Thread and stream use (finding H13). Every function here is pure: it reads its arguments and returns
 new tensors, with no module state, no caches and no in-place writes to its inputs. Any thread or CUDA
@@ -74,7 +76,7 @@ def update_running_stats(
     on tensor values.
     """
     where = "update_running_stats"
-    mean, var, count = _fields(stats, where)
+    mean = _fields(stats, where)[0]
     check_kind(x, "x", kind="float", where=where)
     n_s = mean.dim()
     if x.dim() < n_s or x.shape[x.dim() - n_s :] != mean.shape:
@@ -82,11 +84,23 @@ def update_running_stats(
             f"{where}: x must have shape [*L, {', '.join(map(str, mean.shape))}] (trailing dims = the "
             f"stats' shape {list(mean.shape)}), got {list(x.shape)}"
         )
-    lead = x.shape[: x.dim() - n_s]
     if momentum is not None and not 0.0 <= momentum <= 1.0:
         raise ValueError(f"{where}: momentum must be None or in [0, 1], got {momentum}")
+    return merge_running_stats(stats, batch_stats(x, n_s, valid=valid, where=where), momentum=momentum)
 
-    xf = x.to(_F64).reshape(math.prod(lead), *mean.shape)  # [N, *S]
+
+def batch_stats(
+    x: torch.Tensor, n_sample_dims: int, *, valid: torch.Tensor | None = None, where: str = "batch_stats"
+) -> TensorDict:
+    """The statistics of the batch ``x`` alone (float64 ``mean``/``var`` of shape ``x.shape[-n:]``,
+    ``count``): what :func:`update_running_stats` merges in, and what processes that each hold a part
+    of one batch exchange before merging the parts with :func:`merge_running_stats` (in float64, the
+    merge of the parts equals the statistics of the whole to rounding). ``valid`` as in
+    :func:`update_running_stats`; with no valid sample, ``count`` is 0 and ``mean``/``var`` are 0."""
+    n_s = n_sample_dims
+    lead = x.shape[: x.dim() - n_s]
+    shape = x.shape[x.dim() - n_s :]
+    xf = x.to(_F64).reshape(math.prod(lead), *shape)  # [N, *S]
     if valid is None:
         w = torch.ones(xf.shape[0], dtype=_F64, device=x.device)
     else:
@@ -98,10 +112,25 @@ def update_running_stats(
         w = valid.reshape(-1).to(_F64)
     w = w.reshape(-1, *([1] * n_s))  # [N, 1, ...] against [N, *S]
     n_b = w.sum()
-    has_b = n_b > 0
     b_mean = (xf * w).sum(0) / n_b.clamp(min=1.0)
     b_var = ((xf - b_mean).square() * w).sum(0) / n_b.clamp(min=1.0)
+    return TensorDict({"mean": b_mean, "var": b_var, "count": n_b}, batch_size=[], device=x.device)
 
+
+def merge_running_stats(
+    stats: TensorDictBase, batch: TensorDictBase, *, momentum: float | None = None
+) -> TensorDict:
+    """``stats`` after merging in ``batch`` (another stats TensorDict, e.g. from :func:`batch_stats`);
+    a NEW TensorDict in ``stats``' dtypes. ``momentum`` as in :func:`update_running_stats` (None:
+    Chan et al.'s exact parallel merge). A ``batch`` with count 0 leaves every field unchanged."""
+    where = "merge_running_stats"
+    mean, var, count = _fields(stats, where)
+    b_mean, b_var, n_b = (t.to(_F64) for t in _fields(batch, where))
+    if b_mean.shape != mean.shape:
+        raise ValueError(f"{where}: the stats have shape {list(mean.shape)}, the batch {list(b_mean.shape)}")
+    if momentum is not None and not 0.0 <= momentum <= 1.0:
+        raise ValueError(f"{where}: momentum must be None or in [0, 1], got {momentum}")
+    has_b = n_b > 0
     old_mean, old_var, old_count = mean.to(_F64), var.to(_F64), count.to(_F64)
     delta = b_mean - old_mean
     total = old_count + n_b
@@ -180,4 +209,11 @@ def _clip(y: torch.Tensor, clip: float | None) -> torch.Tensor:
     return y if clip is None else y.clamp(-clip, clip)
 
 
-__all__ = ["normalize", "running_stats", "scale", "update_running_stats"]
+__all__ = [
+    "batch_stats",
+    "merge_running_stats",
+    "normalize",
+    "running_stats",
+    "scale",
+    "update_running_stats",
+]

@@ -14,6 +14,8 @@ from tensordict import TensorDict
 
 from esper.core.observation import obs_dim
 from esper.core.spec import ActionSpec, Op
+from esper.shell.distributed import SINGLE, Dist
+from esper.shell.env import derive_seed
 from esper.shell.policy import FactoredRecurrentActorCritic
 from esper.shell.rollout import StepInput
 from esper.shell.trainer import PPOConfig, PPOTrainer
@@ -24,7 +26,8 @@ def policy_input_dim(raw_obs_dim: int) -> int:
 
 
 def build_learner(
-    ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str, seed: int, compile: bool = False
+    ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str, seed: int, compile: bool = False,
+    dist: Dist = SINGLE,
 ) -> tuple[FactoredRecurrentActorCritic, PPOTrainer]:
     """Tamiyo's network for an action space and its PPO trainer (statistics, optimizer), freshly
     initialized from ``seed``'s generators; load a checkpoint's ``trainer`` entry to restore one."""
@@ -34,7 +37,8 @@ def build_learner(
         wait_bias=ppo.wait_bias,
     ).to(device)  # fmt: skip
     trainer = PPOTrainer(
-        policy, ppo, raw_obs_dim=raw_dim, compile=compile, generator=torch.Generator().manual_seed(seed + 1)
+        policy, ppo, raw_obs_dim=raw_dim, compile=compile, generator=torch.Generator().manual_seed(seed + 1),
+        dist=dist,
     )
     return policy, trainer
 
@@ -49,16 +53,29 @@ class PPOController:
         generator: torch.Generator | None = None,
         deterministic: bool = False,
         learns: bool = True,
+        per_env: bool = False,
     ) -> None:
         #: False for a frozen controller under evaluation: the runner then keeps no rollout.
         self.learns = learns
         self.policy, self.trainer = policy, trainer
         self.generator, self.deterministic = generator, deterministic
+        #: Sample each env's actions from its own generator, seeded by :meth:`seed_envs` from the env's
+        #: host seed (a function of the run seed, the episode and the GLOBAL env index): an env's
+        #: episode is then the same whichever process runs it and whichever envs share its batch.
+        self.per_env = per_env
+        self.env_generators: list[torch.Generator] = []
         self.device = next(policy.parameters()).device
         self.state = policy.initial_state(1, self.device)
 
     def begin(self, n_envs: int) -> None:
         self.state = self.policy.initial_state(n_envs, self.device)
+
+    def seed_envs(self, host_seeds: list[int]) -> None:
+        """Called by the runner after each reset: one action generator per env (with ``per_env``)."""
+        if self.per_env:
+            self.env_generators = [
+                torch.Generator(device=self.device).manual_seed(derive_seed("act", s)) for s in host_seeds
+            ]
 
     def policy_input(self, step: StepInput) -> torch.Tensor:
         return torch.cat([self.trainer.normalize_obs(step.raw_obs), step.legal["op"].float()], dim=-1)
@@ -67,7 +84,8 @@ class PPOController:
         x = self.policy_input(step)
         h, c = self.state
         out, self.state = self.policy.act(
-            x, self.state, step.legal, generator=self.generator, deterministic=self.deterministic
+            x, self.state, step.legal, generator=self.env_generators if self.per_env else self.generator,
+            deterministic=self.deterministic,
         )
         out["observation"] = x
         out["raw_observation"] = step.raw_obs

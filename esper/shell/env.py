@@ -433,10 +433,11 @@ class VecEnv:
                     model.prune(s)
                     self.seed_params[i][s] = 0
                 if fired["germinated"]:
-                    with self.streams.run(i):
+                    with self.streams.run(i), self._seeded(i, s):
                         self.seed_params[i][s] = model.germinate(s, int(blueprint[i][s]), int(style[i][s]))
                 elif fired["alpha_set"] and model.host.slot(s).style != int(style[i][s]):
-                    model.restyle(s, int(style[i][s]))
+                    with self._seeded(i, s):
+                        model.restyle(s, int(style[i][s]))
                     self.seed_params[i][s] = sum(p.numel() for p in model.host.seed_parameters(s))
                 model.host.set_slot(s, alpha=min(max(alpha[i][s], 0.0), 1.0), stage=int(stage[i][s]))
                 for kind, on in fired.items():
@@ -456,6 +457,20 @@ class VecEnv:
         return happened
 
     # --------------------------------------------------------------------------------------- helpers
+    @contextmanager
+    def _seeded(self, i: int, slot: int) -> Iterator[None]:
+        """The global RNG seeded for a module built into env ``i``'s slot now (a seed, a gate), from the
+        env's host seed, the epoch and the slot, and restored after: what is built does not depend on
+        what the other envs drew before, so an env's episode is the same in any process's slice."""
+        dev = self.env_devices[i]
+        seed = derive_seed("build", self.host_seeds[i], self.epoch, slot)
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.default_generator.manual_seed(seed)
+            if dev.type == "cuda":
+                with torch.cuda.device(dev):
+                    torch.cuda.manual_seed(seed)
+            yield
+
     def _each(self, work: Callable[[int], Any]) -> list[Any]:
         """``[work(i) for i in envs]``, each inside env i's stream; on CPU with ``env.workers > 1``
         the envs run concurrently on a thread pool (PyTorch releases the GIL inside its ops, and the

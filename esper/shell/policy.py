@@ -110,18 +110,20 @@ class FactoredRecurrentActorCritic(nn.Module):
         state: RecurrentState,
         legal: TensorDict,
         *,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
         deterministic: bool = False,
     ) -> tuple[TensorDict, RecurrentState]:
         """One step for every env. ``obs [E, obs_dim]``; ``legal`` from
         :func:`esper.core.masks.legal_masks` (batch ``[E]``). Returns a TensorDict ``[E]`` with
         ``(head, action | action_log_prob | action_mask)`` per head and ``state_value``, and the new
-        recurrent state. Raises if some env has no legal op (a lifecycle bug)."""
+        recurrent state. ``generator``: one for the batch, or one per env (each env's draws from its
+        own, so an env's actions do not depend on which envs share its batch). Raises if some env has
+        no legal op (a lifecycle bug)."""
         check_masks(legal["op"], "op")
         feats, new_state = self.features(obs.unsqueeze(1), state)
         feats = feats.squeeze(1)
         op_logits = self.heads["op"](feats)
-        op = dist.sample(op_logits, legal["op"], generator=generator, deterministic=deterministic)
+        op = _sample(op_logits, legal["op"], generator, deterministic)
         used = action_masks(legal, op)
         check_masks(used["slot"], "slot")
         logits = self.head_logits(feats, op)
@@ -132,7 +134,7 @@ class FactoredRecurrentActorCritic(nn.Module):
             a = (
                 op
                 if head == "op"
-                else dist.sample(logits[head], mask, generator=generator, deterministic=deterministic)
+                else _sample(logits[head], mask, generator, deterministic)
             )
             out[head] = TensorDict(
                 {"action": a, "action_log_prob": dist.log_prob(logits[head], a, mask), "action_mask": mask},
@@ -158,6 +160,18 @@ class FactoredRecurrentActorCritic(nn.Module):
         """V of the post-action observation ``obs [E, obs_dim]`` with the post-action state."""
         feats, _ = self.features(obs.unsqueeze(1), state)
         return self.value(feats.squeeze(1))
+
+
+def _sample(
+    logits: torch.Tensor, mask: torch.Tensor, generator: torch.Generator | list | None, deterministic: bool
+) -> torch.Tensor:
+    if not isinstance(generator, list) or deterministic:
+        return dist.sample(logits, mask, generator=generator, deterministic=deterministic)
+    dtype = dist.compute_dtype(logits.dtype)
+    n = logits.shape[-1]
+    draw = lambda g: torch.empty(n, dtype=dtype, device=logits.device).exponential_(generator=g)
+    race = torch.stack([draw(g) for g in generator])
+    return dist.sample(logits, mask, race=race)
 
 
 def check_masks(mask: torch.Tensor, head: str) -> None:

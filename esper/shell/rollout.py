@@ -76,6 +76,37 @@ class EpisodeResult:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, whole batch
 
 
+#: Fields of an ``epoch`` event that hold one value per env, in env order.
+PER_ENV_FIELDS = ("val_acc", "val_loss", "train_loss", "reward", "op", "slot", "blueprint", "stage", "alpha",
+                  "reasons")  # fmt: skip
+
+
+def merge_results(parts: list[EpisodeResult]) -> EpisodeResult:
+    """One result of the whole batch from those of processes that each ran a slice of the envs, in
+    global env order (``parts`` in rank order; the per-env events already carry global env indices):
+    every ``epoch`` event's per-env lists are joined, episode, lifecycle and governor events are
+    concatenated, and each phase's time is the slowest process's. ``rollout`` is the first part's."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    epochs = []
+    for events in zip(*(p.epochs for p in parts)):
+        merged = dict(events[0])
+        for key in PER_ENV_FIELDS:
+            if key in merged:
+                merged[key] = [v for ev in events for v in ev[key]]
+        epochs.append(merged)
+    timings = {k: max(p.timings.get(k, 0.0) for p in parts) for k in first.timings}
+    return EpisodeResult(
+        rollout=first.rollout,
+        episodes=[e for p in parts for e in p.episodes],
+        epochs=epochs,
+        lifecycle=[e for p in parts for e in p.lifecycle],
+        governor=[e for p in parts for e in p.governor],
+        timings=timings,
+    )
+
+
 class EpisodeRunner:
     def __init__(
         self,
@@ -117,6 +148,8 @@ class EpisodeRunner:
         by_objective = self.reward_cfg.mode is RewardMode.OBJECTIVE
         env.reset(update, host_seeds=host_seeds)
         ctl.begin(E)
+        if hasattr(ctl, "seed_envs"):  # a controller that samples per env seeds from the host seeds
+            ctl.seed_envs(env.host_seeds)
         history = init_history(E, device=env.device)
         result = EpisodeResult(rollout=None)
         timings: Counter = Counter()
@@ -136,7 +169,7 @@ class EpisodeRunner:
             for i, reason in enumerate(reasons):
                 if reason is None:
                     continue
-                result.governor.append({"epoch": t + 1, "env": i, "reason": reason})
+                result.governor.append({"epoch": t + 1, "env": env.first_env + i, "reason": reason})
                 if rewards:  # charge the transition that led into the panic
                     rewards[-1][i] -= env.governor.cfg.penalty
                 else:  # a panic on the first epoch: charge this step
@@ -178,7 +211,7 @@ class EpisodeRunner:
             for i, evs in enumerate(happened):
                 removed[i] += sum(e["kind"] == "removed" for e in evs)
                 for e in evs:
-                    result.lifecycle.append({"epoch": t + 1, "env": i, **e})
+                    result.lifecycle.append({"epoch": t + 1, "env": env.first_env + i, **e})
             for i, op in enumerate(result.epochs[-1]["op"]):
                 op_counts[i][op] += 1
             best_acc = [max(b, a) for b, a in zip(best_acc, result.epochs[-1]["val_acc"])]
@@ -279,7 +312,7 @@ class EpisodeRunner:
         }  # sync point: the episode's final numbers, once
         return [
             {
-                "env": i,
+                "env": self.env.first_env + i,  # the global index (a process may run a slice)
                 "host_seed": self.env.host_seeds[i],
                 "return": returns[i],
                 "final_val_acc": final["val_acc"][i],
@@ -298,4 +331,4 @@ class EpisodeRunner:
         ]
 
 
-__all__ = ["Controller", "EpisodeResult", "EpisodeRunner", "StepInput"]
+__all__ = ["PER_ENV_FIELDS", "Controller", "EpisodeResult", "EpisodeRunner", "StepInput", "merge_results"]

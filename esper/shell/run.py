@@ -30,6 +30,11 @@ What holds whatever happens:
   refuses NaN/Inf, and a run that cannot continue (``ppo.max_bad_updates`` rolled-back updates in a
   row, or a non-finite rollout) stops with one line, its last checkpoint intact and resumable with
   saner options.
+* **Many processes, one run** (``torchrun ... -m esper.shell.run``, :mod:`esper.shell.distributed`):
+  each process runs its slice of the envs; every step of the start-up is agreed (a request refused on
+  one process is refused on all, rank 0 saying why), rank 0 alone locks and writes the run directory
+  and reads a resumed run's checkpoint for all, and a process that loses another stops with one line
+  within ``--dist_timeout`` seconds (rank 0 writing the last update boundary's checkpoint first).
 * **The log matches the checkpoint.** A resume first moves the events of updates its checkpoint does
   not hold (a crash between logging an episode and its checkpoint) and any torn last line to
   ``events.discarded.jsonl``, and logs how many (``log_rewound``), so no episode is counted twice.
@@ -38,6 +43,8 @@ What holds whatever happens:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -59,9 +66,10 @@ from esper.shell.checkpoint import (
 from esper.shell.cli import STOPPED, CliError, OneLineParser, describe, report
 from esper.shell.config import PRESETS, RunConfig, preset
 from esper.shell.configtools import fields_flat, from_dict, to_dict, with_overrides
+from esper.shell.distributed import DEFAULT_TIMEOUT, SINGLE, Dist, PeerLost, init, rank_device
 from esper.shell.env import VecEnv, check_devices
 from esper.shell.heuristic import HeuristicController
-from esper.shell.rollout import EpisodeRunner
+from esper.shell.rollout import EpisodeResult, EpisodeRunner, merge_results
 from esper.shell.rundir import RunDirBusy, RunDirLock, StopSignals, Terminated
 from esper.shell.stats import mean_ci95
 from esper.shell.telemetry import AnomalyDetector, EventLog, progress, rewind_events, summary_table
@@ -70,7 +78,7 @@ PROG = "python -m esper.shell.run"
 CHECKPOINT = "checkpoint.pt"
 EVENTS = "events.jsonl"
 #: What a checkpoint of this module holds (a file without one of them is refused when resuming).
-PAYLOAD_KEYS = ("trainer", "policy_generator", "detector", "rng", "config", "progress")
+PAYLOAD_KEYS = ("trainer", "detector", "rng", "config", "progress")
 #: Config fields a ``--resume`` may change (a dotted prefix ending in "." covers a section): how long
 #: and how the run goes on, where it runs, the PPO hyperparameters other than the network's shape,
 #: the anomaly thresholds. Anything else (task, host, lifecycle, reward, governor, seed, policy) defines
@@ -93,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="JSON", help="a config.json to start from instead of a preset")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--dist_timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help="under torchrun: how long a process waits for the others before the run stops "
+                   "(a dead process is noticed within this) [%(default)s]")  # fmt: skip
     group = p.add_argument_group("config fields (--section.field VALUE; [value in the default preset])")
     defaults = _flat_values(to_dict(preset("default")))
     for name, tp, text in fields_flat(RunConfig):
@@ -161,7 +172,7 @@ def check_resume(saved: dict, cfg: RunConfig, done: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------- provenance
-def provenance(cfg: RunConfig) -> dict:
+def provenance(cfg: RunConfig, dist: Dist = SINGLE) -> dict:
     import tensordict
     import torchrl
 
@@ -183,6 +194,8 @@ def provenance(cfg: RunConfig) -> dict:
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "device": cfg.env.device,
+        "world_size": dist.world,
+        "backend": dist.backend,
         "argv": sys.argv,
     }
 
@@ -190,19 +203,27 @@ def provenance(cfg: RunConfig) -> dict:
 # --------------------------------------------------------------------------------------------- run
 class Run:
     """Everything one run holds; :meth:`train` is the loop. ``checkpoint`` (a loaded payload) restores
-    a resumed run; nothing is written until :meth:`open_log`."""
+    a resumed run; nothing is written until :meth:`open_log`.
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, checkpoint: dict | None = None) -> None:
-        self.cfg, self.dir = cfg, run_dir
+    Under torchrun (``dist``) the process runs its slice of the envs and a replica of the learner;
+    the events of every slice are gathered, and only rank 0 writes the run directory. Nothing of the
+    checkpoint depends on the world size: a run goes on with any number of processes."""
+
+    def __init__(
+        self, cfg: RunConfig, run_dir: Path, checkpoint: dict | None = None, dist: Dist = SINGLE
+    ) -> None:
+        self.cfg, self.dir, self.dist = cfg, run_dir, dist
         torch.manual_seed(cfg.seed)
-        self.env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed)
-        device = torch.device(cfg.env.device)
+        first, n = dist.shard(cfg.env.n_envs)
+        device = rank_device(cfg.env.device, dist)
+        devices = cfg.env.devices if not dist.active else ()
+        env_cfg = dataclasses.replace(cfg.env, n_envs=n, device=device, devices=devices)
+        self.env = VecEnv(env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, first_env=first)
         self.policy, self.trainer = build_learner(
-            cfg.ppo, self.env.spec, device=device, seed=cfg.seed, compile=cfg.compile
+            cfg.ppo, self.env.spec, device=torch.device(device), seed=cfg.seed, compile=cfg.compile, dist=dist
         )
-        self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
-        if cfg.policy == "ppo":
-            self.controller = PPOController(self.policy, self.trainer, generator=self.generator)
+        if cfg.policy == "ppo":  # actions sampled per env, from the global env index: see PPOController
+            self.controller = PPOController(self.policy, self.trainer, per_env=True)
         else:
             self.controller = HeuristicController(self.env.blueprint_names, cfg.lifecycle)
         self.detector = AnomalyDetector(cfg.anomaly, target_kl=cfg.ppo.target_kl)
@@ -224,7 +245,6 @@ class Run:
             )
         try:
             self.trainer.load_state_dict(ckpt["trainer"])
-            self.generator.set_state(ckpt["policy_generator"].to(self.generator.device))
             self.detector.load_state_dict(ckpt["detector"])
             set_rng_state(ckpt["rng"])
             self.start = int(ckpt["progress"]["update"])
@@ -240,7 +260,7 @@ class Run:
         path = self.dir / EVENTS
         moved = rewind_events(path, self.start) if resume else 0
         self.log = EventLog(path, append=resume)
-        prov = provenance(self.cfg)
+        prov = provenance(self.cfg, self.dist)
         self.log.write("run_start", config=to_dict(self.cfg), provenance=prov, resumed_from=self.start)
         if moved:
             self.log.write("log_rewound", update=self.start, discarded=moved, path="events.discarded.jsonl")
@@ -252,7 +272,6 @@ class Run:
         updates done), copied to the CPU so the run can go on changing its own state."""
         payload = {
             "trainer": self.trainer.state_dict(),
-            "policy_generator": self.generator.get_state(),
             "detector": self.detector.state_dict(),
             "rng": rng_state(),
             "config": to_dict(self.cfg),
@@ -270,6 +289,8 @@ class Run:
         return path
 
     def _event(self, event: str, /, **fields) -> None:
+        if not self.dist.is_main:
+            return
         if self.log is None:
             self.open_log(resume=False)
         self.log.write(event, **fields)  # type: ignore[union-attr]
@@ -277,12 +298,13 @@ class Run:
     def train(self) -> int:
         """Run the remaining updates; returns the exit status (0, or see :mod:`esper.shell.cli`)."""
         cfg = self.cfg
-        if self.log is None:
+        if self.log is None and self.dist.is_main:
             self.open_log(resume=False)
         T = cfg.lifecycle.max_epochs
         bar = progress(
-            (cfg.updates - self.start) * T, desc=f"{cfg.policy} {cfg.env.task}", enabled=cfg.progress
-        )
+            (cfg.updates - self.start) * T, desc=f"{cfg.policy} {cfg.env.task}",
+            enabled=cfg.progress and self.dist.is_main,
+        )  # fmt: skip
         runner = EpisodeRunner(
             self.env, self.controller, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma,
             on_epoch=lambda ev: bar.update(1),
@@ -292,7 +314,7 @@ class Run:
         try:
             for update in range(self.start, cfg.updates):
                 t0 = time.perf_counter()
-                result = runner.run(update)
+                result = self._gather(runner.run(update))
                 self._log_episodes(update, result)
                 row = {"update": update + 1, **_episode_means(result.episodes)}
                 if self.controller.learns:
@@ -300,7 +322,8 @@ class Run:
                     self._event("ppo_update", update=update + 1, **metrics)
                     for anomaly in self.detector.check(metrics):
                         self._event("anomaly", update=update + 1, **anomaly.as_dict())
-                        bar.write(f"anomaly at update {update + 1}: {anomaly}")
+                        if self.dist.is_main:
+                            bar.write(f"anomaly at update {update + 1}: {anomaly}")
                     if self.trainer.bad_streak >= cfg.ppo.max_bad_updates:
                         n = self.trainer.bad_streak
                         raise FloatingPointError(
@@ -313,7 +336,8 @@ class Run:
                 self.rows.append(row)
                 bar.set_postfix(test=f"{row['test_acc']:.1f}", ret=f"{row['return']:.2f}")
                 last = self.boundary(update + 1)
-                if (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates:
+                due = (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates
+                if due and self.dist.is_main:
                     self.save(last)
             bar.close()
             return self._finish()
@@ -329,11 +353,28 @@ class Run:
         except OSError as e:  # disk full, ...
             bar.close()
             return self._stop(last, STOPPED, f"stopped during update {update + 1}: {describe(e)}", "")
+        except PeerLost as e:  # another process died: this one must not wait for it forever
+            bar.close()
+            return self._stop(last, STOPPED, f"stopped during update {update + 1}: {e}", "")
+
+    def _gather(self, result: EpisodeResult) -> EpisodeResult:
+        """Every process's events of this batch, in global env order (the rollout stays this one's)."""
+        if not self.dist.active:
+            return result
+        mine = dataclasses.replace(result, rollout=None, final=None)
+        merged = merge_results(self.dist.gather_objects(mine))
+        merged.rollout = result.rollout
+        return merged
 
     def _stop(self, last: dict, status: int, why: str, hint: str) -> int:
         """End a run that cannot go on: write ``last`` (the newest update boundary) if it is newer
-        than the checkpoint on disk, and say in one line what happened and how to go on."""
+        than the checkpoint on disk, and say in one line what happened and how to go on. A process
+        other than rank 0 only says why it stopped (rank 0 writes and reports)."""
         done = last["progress"]["update"]
+        if not self.dist.is_main:  # rank 0 writes the checkpoint (if it still can)
+            line = f"process {self.dist.rank}: {why}; resume the last checkpoint with --resume {self.dir}"
+            print(f"{PROG}: error: {line}" if status == STOPPED else f"\nesper: {line}", file=sys.stderr)
+            return status
         try:
             with self.signals.deferred(drop=True):  # a second Ctrl-C does not cut this write short
                 if self.saved is None or done > self.saved:
@@ -357,6 +398,8 @@ class Run:
 
     def _finish(self) -> int:
         cfg = self.cfg
+        if not self.dist.is_main:
+            return 0
         table = summary_table(self.rows, [c for c in SUMMARY_COLUMNS if any(c in r for r in self.rows)])
         print(table)
         check = self.heldout_check() if cfg.eval_episodes else None
@@ -447,7 +490,8 @@ def _episode_means(episodes: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The CLI; returns the exit status (usage errors exit through ``SystemExit(2)``)."""
+    """The CLI; returns the exit status (usage errors exit through ``SystemExit(2)``). Under torchrun
+    every process runs it (see :mod:`esper.shell.distributed`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -455,14 +499,84 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint = _read_checkpoint(parser, Path(args.resume)) if args.resume else None
             print(json.dumps(to_dict(_config(parser, args, checkpoint)), indent=2))
             return 0
-        with StopSignals() as signals:
-            return _start(parser, args, signals)
+        try:
+            dist = init(timeout=args.dist_timeout)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        except PeerLost as e:
+            raise CliError(str(e), STOPPED) from None
+        try:
+            if not dist.is_main:  # rank 0 reports a refused request; the others exit with its status
+                parser.exit = _quiet_exit  # type: ignore[method-assign]
+            with StopSignals() as signals:
+                return _start(parser, args, signals, dist)
+        except _Refused as e:
+            return e.status
+        except PeerLost as e:  # a collective before training: another process is gone
+            raise CliError(f"process {dist.rank}: {e}", STOPPED) from None
+        finally:
+            dist.close()
     except CliError as e:
         return report(PROG, e)
     except KeyboardInterrupt as e:  # before the first update began (after it, Run.train handles it)
         print(f"\nesper: {'stopped by SIGTERM' if isinstance(e, Terminated) else 'interrupted'} before "
               "training began; no checkpoint was written", file=sys.stderr)  # fmt: skip
         return 143 if isinstance(e, Terminated) else 130
+
+
+class _Refused(Exception):
+    """Another process refused the request (rank 0 says why); exit with ``status``, silently."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _quiet_exit(status: int = 0, message: str | None = None) -> None:
+    raise SystemExit(status)
+
+
+class _Agree:
+    """Steps every process of a run must take together: a step that fails on one process (a refused
+    request: :class:`CliError` or a parser exit) fails on all, rank 0 reporting it, and nobody waits
+    for a process that gave up. With one process, a step is a plain call."""
+
+    def __init__(self, dist: Dist) -> None:
+        self.dist = dist
+
+    def all(self, fn):
+        """``fn()`` on every process."""
+        return self._run(fn, everywhere=True)
+
+    def main(self, fn):
+        """``fn()`` on rank 0 alone (None elsewhere): the run directory is rank 0's."""
+        return self._run(fn, everywhere=False)
+
+    def share(self, fn):
+        """``fn()`` on rank 0, its result handed to every process."""
+        value = self._run(fn, everywhere=False)
+        return value if not self.dist.active else self.dist.gather_objects(value)[0]
+
+    def _run(self, fn, *, everywhere: bool):
+        if not self.dist.active:
+            return fn()
+        value, failure, error = None, None, None
+        if everywhere or self.dist.is_main:
+            try:
+                value = fn()
+            except CliError as e:
+                failure, error = (e.status, str(e)), e
+            except SystemExit as e:  # a parser error, already printed where it was raised
+                failure, error = (int(e.code or 0), None), e
+        failures = [f for f in self.dist.gather_objects(failure) if f is not None]
+        if not failures:
+            return value
+        if error is not None and self.dist.is_main:
+            raise error
+        status, text = failures[0]
+        if self.dist.is_main and text is not None:
+            raise CliError(f"another process refused: {text}", status)
+        raise _Refused(status)
 
 
 def _config(parser: argparse.ArgumentParser, args: argparse.Namespace, checkpoint: dict | None) -> RunConfig:
@@ -490,53 +604,85 @@ def _read_checkpoint(parser: argparse.ArgumentParser, run_dir: Path) -> dict:
     return checkpoint
 
 
-def _start(parser: argparse.ArgumentParser, args: argparse.Namespace, signals: StopSignals) -> int:
-    """Check, lock, build, then (only then) write: see "Nothing is touched" in the module docstring."""
-    run = None
+def _start(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, signals: StopSignals, dist: Dist
+) -> int:
+    """Check, lock, build, then (only then) write: see "Nothing is touched" in the module docstring.
+    Under torchrun rank 0 alone checks, locks and writes the run directory and reads a resumed run's
+    checkpoint (the others receive it); every step is agreed (:class:`_Agree`)."""
+    with contextlib.ExitStack() as held:  # the lock, released however this ends
+        return _start_locked(parser, args, signals, dist, held)
+
+
+def _start_locked(parser, args, signals: StopSignals, dist: Dist, held: contextlib.ExitStack) -> int:
+    step = _Agree(dist)
+    hold = lambda lock: lock if lock is None else held.enter_context(lock)
     if args.resume:
         run_dir = Path(args.resume)
-        if not run_dir.is_dir():
-            parser.error(f"--resume: {run_dir} not found (is it a run directory?)")
+        hold(step.main(lambda: _lock(parser, run_dir)))
+        checkpoint = step.share(lambda: _read_checkpoint(parser, run_dir))
+        cfg = step.all(lambda: _config(parser, args, checkpoint))
+        done = int(checkpoint["progress"]["update"])
+        step.all(lambda: _check(check_resume, checkpoint["config"], cfg, done))
     else:  # a new run: everything that can be checked without the directory is, before it exists
-        cfg = _config(parser, args, None)
-        run_dir = Path(cfg.run_dir) / (cfg.name or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-        _refuse_existing(run_dir)
-        _check(check_devices, cfg.env)
-        torch.set_num_threads(cfg.torch_threads())
-        run = _build(cfg, run_dir, None)
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise CliError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
+        checkpoint = None
+        cfg = step.all(lambda: _config(parser, args, None))
+        run_dir = step.share(
+            lambda: Path(cfg.run_dir) / (cfg.name or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+        )
+        step.main(lambda: _refuse_existing(run_dir))
+    step.all(lambda: _check(check_devices, cfg.env))
+    step.all(lambda: _check(dist.shard, cfg.env.n_envs))
+    torch.set_num_threads(cfg.torch_threads(dist.local_world))
+    run = step.all(lambda: _build(cfg, run_dir, checkpoint, dist))
+    if not args.resume:
+        hold(step.main(lambda: _create(run_dir, parser)))
+    step.main(lambda: _write_start(run, run_dir, cfg, resume=bool(args.resume)))
+    run.signals = signals
+    if dist.is_main:
+        shape = f"{cfg.env.n_envs} envs x {cfg.lifecycle.max_epochs} epochs"
+        if dist.active:
+            shape += f" over {dist.world} processes"
+        todo = f"{cfg.updates - run.start} update(s)"
+        print(f"esper: {cfg.policy} on {cfg.env.task}, {shape}, {todo} -> {run_dir}", file=sys.stderr)
+    return run.train()
+
+
+def _lock(parser: argparse.ArgumentParser, run_dir: Path) -> RunDirLock:
+    if not run_dir.is_dir():
+        parser.error(f"--resume: {run_dir} not found (is it a run directory?)")
     try:
-        lock = RunDirLock(run_dir).acquire()
+        return RunDirLock(run_dir).acquire()
     except RunDirBusy as e:
         raise CliError(str(e)) from None
     except OSError as e:
         raise CliError(f"cannot use the run directory {run_dir}: {e.strerror}") from None
-    with lock:
-        if run is None:
-            checkpoint = _read_checkpoint(parser, run_dir)
-            cfg = _config(parser, args, checkpoint)
-            _check(check_resume, checkpoint["config"], cfg, int(checkpoint["progress"]["update"]))
-            _check(check_devices, cfg.env)
-            torch.set_num_threads(cfg.torch_threads())
-            run = _build(cfg, run_dir, checkpoint)
-        else:
-            _refuse_existing(run_dir)  # again, under the lock: another run may have just written one
-        try:
-            remove_stale_temporaries(run_dir / CHECKPOINT)
-            # Only now, with the request known to be good, is anything of the run directory written.
-            (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-            (run_dir / "provenance.json").write_text(json.dumps(provenance(cfg), indent=2))
-            run.open_log(resume=bool(args.resume))
-        except OSError as e:  # a read-only directory, disk full, ...
-            raise CliError(describe(e)) from None
-        run.signals = signals
-        shape = f"{cfg.env.n_envs} envs x {cfg.lifecycle.max_epochs} epochs"
-        todo = f"{cfg.updates - run.start} update(s)"
-        print(f"esper: {cfg.policy} on {cfg.env.task}, {shape}, {todo} -> {run_dir}", file=sys.stderr)
-        return run.train()
+
+
+def _create(run_dir: Path, parser: argparse.ArgumentParser) -> RunDirLock:
+    """Create and lock a new run's directory (refused if another run just wrote one)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
+    lock = _lock(parser, run_dir)
+    try:
+        _refuse_existing(run_dir)  # again, under the lock: another run may have just written one
+    except CliError:
+        lock.release()
+        raise
+    return lock
+
+
+def _write_start(run: Run, run_dir: Path, cfg: RunConfig, *, resume: bool) -> None:
+    try:
+        remove_stale_temporaries(run_dir / CHECKPOINT)
+        # Only now, with the request known to be good, is anything of the run directory written.
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+        (run_dir / "provenance.json").write_text(json.dumps(provenance(cfg, run.dist), indent=2))
+        run.open_log(resume=resume)
+    except OSError as e:  # a read-only directory, disk full, ...
+        raise CliError(describe(e)) from None
 
 
 def _refuse_existing(run_dir: Path) -> None:
@@ -544,9 +690,9 @@ def _refuse_existing(run_dir: Path) -> None:
         raise CliError(f"{run_dir} already holds a run; use --resume {run_dir} or another --name")
 
 
-def _build(cfg: RunConfig, run_dir: Path, checkpoint: dict | None) -> Run:
+def _build(cfg: RunConfig, run_dir: Path, checkpoint: dict | None, dist: Dist = SINGLE) -> Run:
     try:
-        return Run(cfg, run_dir, checkpoint)
+        return Run(cfg, run_dir, checkpoint, dist)
     except (OSError, ValueError) as e:  # missing or too little data, a checkpoint that does not fit, ...
         raise CliError(describe(e)) from None
 

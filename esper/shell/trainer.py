@@ -17,6 +17,14 @@ every episode truncated at T) and, in this order:
    not finite (that step is never taken) or the parameters ended non-finite: a non-finite update is
    never applied, so it can never reach a checkpoint.
 
+With several processes (``dist``, each holding the rollout of its slice of the envs) the update is
+the same update of the whole batch: 2. merges the statistics of every process's part exactly
+(:func:`esper.core.normalize.merge_running_stats`), 5. normalizes with the whole batch's mean and
+spread, and 6. draws the same global env minibatches everywhere; each process re-scores the envs of a
+minibatch it holds, divides its loss terms by the whole minibatch's counts
+(:func:`esper.core.loss.loss_counts`) and one all-reduce sums the gradients, the KL and the
+finiteness flag, so every process takes the same decisions and the same optimizer steps.
+
 Metrics stay on the device until the end, then one :func:`read_scalars` call brings them back; the
 only other host reads are one per minibatch step (the KL flag and the finiteness flag together).
 
@@ -43,11 +51,19 @@ from esper import kernels
 from esper.core.advantage import gae, gae_tensors, normalize_advantage
 from esper.core.distributions import masked_categorical
 from esper.core.health import GradHealthConfig, grad_health
-from esper.core.loss import ppo_loss
+from esper.core.loss import loss_counts, ppo_loss
 from esper.core.minibatch import env_minibatches
-from esper.core.normalize import normalize, running_stats, scale, update_running_stats
-from esper.core.spec import HEADS
+from esper.core.normalize import (
+    batch_stats,
+    merge_running_stats,
+    normalize,
+    running_stats,
+    scale,
+    update_running_stats,
+)
+from esper.core.spec import HEADS, KEYS
 from esper.shell.configtools import check_fields, doc
+from esper.shell.distributed import SINGLE, Dist
 from esper.shell.policy import FactoredRecurrentActorCritic
 from esper.shell.readout import read_scalars
 from esper.shell.wholestep import adam_step, compile_step, init_adam_state
@@ -138,8 +154,11 @@ class PPOTrainer:
         compile: bool = False,
         compile_backend: str | Callable = "inductor",
         generator: torch.Generator | None = None,
+        dist: Dist = SINGLE,
     ) -> None:
-        self.policy, self.cfg = policy, cfg
+        if dist.active and compile:
+            raise ValueError("compile is not supported with several processes yet; run without --compile")
+        self.policy, self.cfg, self.dist = policy, cfg, dist
         device = next(policy.parameters()).device
         critic = list(policy.value_head.parameters())
         critic_ids = {id(p) for p in critic}
@@ -170,7 +189,7 @@ class PPOTrainer:
         categorical = kernels.masked_categorical if use_kernels else masked_categorical
         gae_impl = kernels.gae if use_kernels else gae
 
-        def loss_fn(td: TensorDictBase) -> TensorDict:
+        def loss_fn(td: TensorDictBase, counts: TensorDict | None = None) -> TensorDict:
             # entropy_coef is a per-head weight here; the annealed scalar multiplies loss_entropy
             # outside, so a changing coefficient never recompiles the loss.
             return ppo_loss(
@@ -182,6 +201,7 @@ class PPOTrainer:
                 entropy_coef=head_weights,
                 target_kl=cfg.target_kl,
                 categorical=categorical,
+                counts=counts,
             )
 
         def gae_fn(td: TensorDictBase) -> TensorDictBase:
@@ -204,11 +224,11 @@ class PPOTrainer:
     def prepare(self, batch: TensorDictBase) -> TensorDictBase:
         """Steps 1-5 of the module docstring; returns the batch ready for the epochs."""
         cfg = self.cfg
-        check_finite(batch)
+        self._check_finite(batch)
         st = self.state
         # C5: statistics include this batch before the update (the stored observations are not
         # re-normalized: they are what the policy saw, S2).
-        st.obs_stats = update_running_stats(st.obs_stats, batch["raw_observation"], momentum=cfg.obs_momentum)
+        st.obs_stats = self._update_stats(st.obs_stats, batch["raw_observation"], momentum=cfg.obs_momentum)
         # Rewards are divided by the spread of discounted returns (what the critic must predict), not
         # of single rewards: a sparse terminal bonus would otherwise dominate the scale.
         raw = batch["next", "raw_reward"]
@@ -221,15 +241,42 @@ class PPOTrainer:
             gamma=cfg.gamma,
             lmbda=1.0,
         )
-        st.reward_stats = update_running_stats(st.reward_stats, returns)
+        st.reward_stats = self._update_stats(st.reward_stats, returns)
         batch["next", "reward"] = scale(st.reward_stats, raw, clip=cfg.reward_clip)
         with torch.no_grad():
             self.gae_fn(batch)
             # C4: the value-clip anchor is V under the same hidden reconstruction the update uses.
             batch["state_value"] = self._evaluate(batch)["state_value"]
             if cfg.normalize_advantage:
-                batch["advantage"] = normalize_advantage(batch["advantage"])
+                reduce = self.dist.all_reduce_sum if self.dist.active else None
+                batch["advantage"] = normalize_advantage(batch["advantage"], reduce=reduce)
         return batch
+
+    def _check_finite(self, batch: TensorDictBase) -> None:
+        """:func:`check_finite`, and with several processes every one raises if one's rollout is bad."""
+        try:
+            check_finite(batch)
+        except FloatingPointError:
+            if self.dist.active:
+                self.dist.all_reduce_sum(torch.ones(1, device=batch.device))
+            raise
+        if self.dist.active and self.dist.all_reduce_sum(torch.zeros(1, device=batch.device)).item():
+            raise FloatingPointError("non-finite values in another process's rollout; refusing to update")
+
+    def _update_stats(self, stats: TensorDict, x: torch.Tensor, momentum: float | None = None) -> TensorDict:
+        """``stats`` updated with the batch ``x``; with several processes, with the whole batch (every
+        process's part, merged exactly in rank order), so every process holds the same statistics."""
+        if not self.dist.active:
+            return update_running_stats(stats, x, momentum=momentum)
+        part = batch_stats(x, stats["mean"].dim())
+        flat = torch.cat([part["count"].reshape(1), part["mean"].reshape(-1), part["var"].reshape(-1)])
+        whole = None
+        for row in self.dist.gather_tensors(flat):
+            n, rest = row[0], row[1:]
+            mean, var = rest.chunk(2)
+            p = TensorDict({"mean": mean.view_as(part["mean"]), "var": var.view_as(part["var"]), "count": n})
+            whole = p if whole is None else merge_running_stats(whole, p)
+        return merge_running_stats(stats, whole, momentum=momentum)
 
     def update(self, batch: TensorDictBase) -> dict[str, float | list[float]]:
         """One PPO update on a rollout ``[n_envs, T]``. Returns host-side metrics (one sync per
@@ -247,7 +294,7 @@ class PPOTrainer:
         """
         t0 = time.perf_counter()
         cfg = self.cfg
-        n_envs = batch.batch_size[0]
+        n_envs = batch.batch_size[0] * self.dist.world  # the whole batch's (this process holds a slice)
         if n_envs % cfg.n_minibatches:
             raise ValueError(f"ppo.n_minibatches={cfg.n_minibatches} must divide n_envs={n_envs}")
         batch = self.prepare(batch)
@@ -263,6 +310,13 @@ class PPOTrainer:
         for _ in range(cfg.n_epochs):
             for idx in env_minibatches(n_envs, cfg.n_minibatches, generator=self.generator):
                 idx = idx.to(batch.device)
+                if self.dist.active:
+                    stopped, ok, step_metrics = self._shared_step(batch, idx, coef)
+                    if stopped or not ok:
+                        nonfinite = not stopped
+                        break
+                    steps.append(step_metrics)
+                    continue
                 if self.train_step is not None:
                     step_metrics, flags = self.train_step(batch, idx, coef_t)
                     # sync point: the KL and finiteness flags (where either fails, no step was applied)
@@ -296,7 +350,7 @@ class PPOTrainer:
             epochs_run += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.state.updates += 1
-        report = torch.stack(steps).mean(0) if steps else TensorDict({}, batch_size=[])
+        report = self._reduce_report(torch.stack(steps).mean(0)) if steps else TensorDict({}, batch_size=[])
         report["params_finite"] = torch.stack([torch.isfinite(p).all() for p in self.params]).all()
         metrics = read_scalars(report)  # sync point: one read
         rolled_back = nonfinite or not metrics.pop("params_finite")
@@ -315,6 +369,78 @@ class PPOTrainer:
             seconds=time.perf_counter() - t0,
         )
         return out
+
+    def _shared_step(
+        self, batch: TensorDictBase, idx: torch.Tensor, coef: float
+    ) -> tuple[bool, bool, TensorDict]:
+        """One minibatch step with several processes: ``idx`` are global env indices (the same on every
+        process); this one re-scores those in its slice, with the loss denominators summed over every
+        process (:func:`esper.core.loss.loss_counts`), so the sum of the processes' gradients is the
+        whole minibatch's gradient. One all-reduce carries the gradients, the KL and the finiteness
+        flag; every process then takes the same decision and the same step. Returns ``(early_stop,
+        finite, metrics)`` (metrics of this process's part; :meth:`_reduce_report` combines them)."""
+        n_local = batch.batch_size[0]
+        first = self.dist.rank * n_local
+        mine = idx[(idx >= first) & (idx < first + n_local)] - first  # sync point: the slice's envs
+        if mine.numel():
+            mb = batch[mine]
+        else:  # none of this minibatch is here: a masked-out stand-in adds nothing but joins the sums
+            mb = batch[:1].clone()
+            mb.set(KEYS.valid, torch.zeros(mb.batch_size, dtype=torch.bool, device=batch.device))
+        mb["current"] = self._evaluate(mb)
+        counts = loss_counts(mb, factored=True)
+        names = sorted(counts.keys())
+        # one all-reduce: the loss denominators and the sums behind the whole minibatch's explained variance
+        local = torch.cat([torch.stack([counts[k].double() for k in names]), _ev_sums(mb)])
+        summed = self.dist.all_reduce_sum(local)
+        denominators = summed[: len(names)].float().unbind()
+        losses = self.loss_fn(mb, TensorDict(dict(zip(names, denominators)), batch_size=[]))
+        ev = _ev_from_sums(summed[len(names) :])
+        losses["explained_variance"] = ev.to(losses["explained_variance"].dtype)
+        total = _total_loss(losses, coef)
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        has = [p.grad is not None for p in self.params]
+        flat = torch.cat(
+            [(p.grad if h else torch.zeros_like(p)).reshape(-1) for p, h in zip(self.params, has)]
+            + [losses["kl_approx"].detach().float().reshape(1), (~torch.isfinite(total)).float().reshape(1)]
+        )
+        flat = self.dist.all_reduce_sum(flat)
+        grads, offset = [], 0
+        for p, h in zip(self.params, has):
+            g = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+            grads.append(g)
+            if h:
+                p.grad = g.clone()
+        kl, bad = flat[-2], flat[-1]
+        target = self.cfg.target_kl
+        stop = kl > 1.5 * target if target is not None else torch.zeros((), dtype=torch.bool)
+        health = grad_health(grads, groups=self.groups, n_groups=len(GRAD_GROUPS), cfg=self.health_cfg)
+        finite = (bad == 0) & health["finite"]
+        stopped, ok = torch.stack([stop.to(finite.device), finite]).tolist()  # sync point: the shared flags
+        if not stopped and ok:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+            self.optimizer.step()
+        return bool(stopped), bool(ok), _step_metrics(losses, health, coef)
+
+    def _reduce_report(self, report: TensorDict) -> TensorDict:
+        """The mean step metrics of the whole batch from every process's: sums of the shares (loss
+        terms, KL, entropy, clip fractions, ``mean_ratio``), max / min of the ratio extremes, the mean
+        over processes of ``ESS`` (an average of the parts', not the whole's); gradient statistics,
+        head weights and the explained variance are already the whole minibatch's everywhere."""
+        if not self.dist.active:
+            return report
+        for key in report.keys(True, True):
+            path = key if isinstance(key, tuple) else (key,)
+            if path[0] == "grad" or path[-1] in ("weight", "explained_variance"):
+                continue
+            op = {"max_ratio": "max", "min_ratio": "min"}.get(path[-1], "sum")
+            value = self.dist.all_reduce(report[key].clone(), op)
+            if path[-1] == "ESS":
+                value = value / self.dist.world
+            report[key] = value
+        return report
 
     def _learner_state(self) -> tuple[dict, dict]:
         """Copies of the policy's and the optimizer's state (to roll an update back)."""
@@ -387,6 +513,28 @@ def check_finite(td: TensorDictBase) -> None:
     if not bool(flags.all()):  # sync point
         bad = [k for k, ok in zip(keys, flags.tolist()) if not ok]
         raise FloatingPointError(f"non-finite values in the rollout under {bad}; refusing to update")
+
+
+def _ev_sums(td: TensorDictBase) -> torch.Tensor:
+    """``[n, sum t, sum t^2, sum r, sum r^2]`` (float64) over the valid steps of ``td``, ``t`` the value
+    target and ``r`` the critic's residual: summed over processes, :func:`_ev_from_sums` gives the
+    explained variance of their whole minibatch."""
+    pred = td["current", "state_value"].detach().double()
+    target = td["value_target"].double().reshape(pred.shape)
+    w = td.get(KEYS.valid, torch.ones_like(pred, dtype=torch.bool)).reshape(pred.shape).double()
+    res = target - pred
+    return torch.stack([w.sum(), (w * target).sum(), (w * target.square()).sum(), (w * res).sum(),
+                        (w * res.square()).sum()])  # fmt: skip
+
+
+def _ev_from_sums(sums: torch.Tensor) -> torch.Tensor:
+    """``1 - Var(r) / Var(t)`` from :func:`_ev_sums`'s sums; 0 when the target has no variance (as
+    :func:`esper.core.loss.ppo_loss` reports it)."""
+    n, st, st2, sr, sr2 = sums.unbind()
+    n = n.clamp(min=1.0)
+    var_t, var_r = (st2 - st.square() / n) / n, (sr2 - sr.square() / n) / n
+    ok = var_t > 1e-12
+    return torch.where(ok, 1.0 - var_r / torch.where(ok, var_t, 1.0), 0.0)
 
 
 def _group_index(policy: FactoredRecurrentActorCritic) -> list[int]:
