@@ -232,48 +232,12 @@ def verdict(c: dict[str, dict]) -> dict[str, Any]:
 def _plots(out: Path, stem: str, learned: dict | None) -> list[str]:
     if not learned:
         return []
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from esper.shell.evaluate import COLORS, finish_figure, new_figure, plot_acc_vs_params
 
-    from esper.shell.evaluate import COLORS
+    title = f"{learned['seeds']} training seeds x {learned['episodes_per_seed']} fresh hosts each"
+    files = [plot_acc_vs_params(learned, out / f"{stem}-acc-vs-params.png", title=title).name]
 
-    files = []
-    fig = Figure(figsize=(7, 4.5), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    for name, s in learned["controllers"].items():
-        eps = s["per_episode"]
-        ax.scatter(
-            [e["params_added"] for e in eps],
-            [e["final_test_acc"] for e in eps],
-            s=10,
-            alpha=0.45,
-            color=COLORS.get(name),
-            label=f"{name} ({s['test_acc_mean']:.1f} %)",
-        )
-        m, (lo, hi) = s["test_acc_mean"], s["test_acc_ci95"]
-        ax.errorbar(
-            [s["params_added_mean"]],
-            [m],
-            yerr=[[m - lo], [hi - m]],
-            color=COLORS.get(name),
-            marker="D",
-            markersize=7,
-            markeredgecolor="black",
-            capsize=4,
-        )
-    ax.set_xlabel("parameters added to the host")
-    ax.set_ylabel("final test accuracy (%)")
-    ax.set_title(f"{learned['seeds']} training seeds x {learned['episodes_per_seed']} fresh hosts each")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path = out / f"{stem}-acc-vs-params.png"
-    fig.savefig(path, bbox_inches="tight")
-    files.append(path.name)
-
-    fig = Figure(figsize=(7, 4), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    fig, ax = new_figure((7.0, 4.0))
     for k, curve in learned["learning_curves"].items():
         ax.plot(curve["update"], curve["test_acc"], alpha=0.8, label=f"seed {k}")
     for name in ("static", "grow_all"):
@@ -283,11 +247,7 @@ def _plots(out: Path, stem: str, learned: dict | None) -> list[str]:
             )
     ax.set_xlabel("PPO update")
     ax.set_ylabel("test accuracy of the update's final hosts (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    path = out / f"{stem}-learning.png"
-    fig.savefig(path, bbox_inches="tight")
-    files.append(path.name)
+    files.append(finish_figure(fig, ax, out / f"{stem}-learning.png", legend_size=7, ncol=2).name)
     return files
 
 

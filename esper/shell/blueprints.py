@@ -46,6 +46,8 @@ seeds are causal: nothing at position t reads positions > t.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -212,37 +214,14 @@ def _gn_relu(c: int) -> list[nn.Module]:
     return [nn.GroupNorm(_groups(c), c), nn.ReLU()]
 
 
-def _build_cnn(name: str, c: int) -> nn.Module:
-    half = max(1, c // 2)
-    if name == "noop":
-        return Zero()
-    if name == "norm":
-        return NormSeed(nn.GroupNorm(_groups(c), c))
-    if name == "attention":
-        return SqueezeExcite(c)
-    if name == "depthwise":
-        return nn.Sequential(_conv(c, c, 3, groups=c), *_gn_relu(c), _near_zero_(_conv(c, c, 1)))
-    if name == "bottleneck":
-        return nn.Sequential(
-            _conv(c, half, 1), *_gn_relu(half), _conv(half, half, 3), *_gn_relu(half),
-            _near_zero_(_conv(half, c, 1)),
-        )  # fmt: skip
-    if name == "conv_small":
-        return nn.Sequential(_conv(c, half, 3), *_gn_relu(half), _near_zero_(_conv(half, c, 1)))
-    if name == "conv_light":
-        return nn.Sequential(_conv(c, c, 3), *_gn_relu(c), _near_zero_(_conv(c, c, 1)))
-    if name == "conv_heavy":
-        return nn.Sequential(_conv(c, c, 3), *_gn_relu(c), _near_zero_(_conv(c, c, 3)))
-    raise AssertionError(name)  # unreachable: names are checked against BLUEPRINTS first
-
-
 def _conv1d(c_in: int, c_out: int, k: int, groups: int = 1) -> nn.Conv1d:
     return nn.Conv1d(c_in, c_out, k, padding=k // 2, groups=groups, bias=False)
 
 
-def _build_cnn1d(name: str, c: int) -> nn.Module:
+def _build_conv_seed(name: str, c: int, conv: Callable[..., nn.Module], depthwise_k: int) -> nn.Module:
+    """The blueprints the 2-D and 1-D CNN families share, built with ``conv`` (:func:`_conv` or
+    :func:`_conv1d`); ``depthwise_k``: the depthwise blueprint's kernel size."""
     half = max(1, c // 2)
-    gn_relu = lambda n: [nn.GroupNorm(_groups(n), n), nn.ReLU()]
     if name == "noop":
         return Zero()
     if name == "norm":
@@ -250,16 +229,30 @@ def _build_cnn1d(name: str, c: int) -> nn.Module:
     if name == "attention":
         return SqueezeExcite(c)
     if name == "depthwise":
-        return nn.Sequential(_conv1d(c, c, 5, groups=c), *gn_relu(c), _near_zero_(_conv1d(c, c, 1)))
+        return nn.Sequential(conv(c, c, depthwise_k, groups=c), *_gn_relu(c), _near_zero_(conv(c, c, 1)))
     if name == "conv_small":
-        return nn.Sequential(_conv1d(c, half, 3), *gn_relu(half), _near_zero_(_conv1d(half, c, 1)))
+        return nn.Sequential(conv(c, half, 3), *_gn_relu(half), _near_zero_(conv(half, c, 1)))
     if name == "conv_light":
-        return nn.Sequential(_conv1d(c, c, 3), *gn_relu(c), _near_zero_(_conv1d(c, c, 1)))
+        return nn.Sequential(conv(c, c, 3), *_gn_relu(c), _near_zero_(conv(c, c, 1)))
+    if name == "conv_heavy":
+        return nn.Sequential(conv(c, c, 3), *_gn_relu(c), _near_zero_(conv(c, c, 3)))
+    raise AssertionError(name)  # unreachable: names are checked against BLUEPRINTS first
+
+
+def _build_cnn(name: str, c: int) -> nn.Module:
+    if name == "bottleneck":
+        half = max(1, c // 2)
+        return nn.Sequential(
+            _conv(c, half, 1), *_gn_relu(half), _conv(half, half, 3), *_gn_relu(half),
+            _near_zero_(_conv(half, c, 1)),
+        )  # fmt: skip
+    return _build_conv_seed(name, c, _conv, depthwise_k=3)
+
+
+def _build_cnn1d(name: str, c: int) -> nn.Module:
     if name == "self_attention":
         return PositionAttention(c)
-    if name == "conv_heavy":
-        return nn.Sequential(_conv1d(c, c, 3), *gn_relu(c), _near_zero_(_conv1d(c, c, 3)))
-    raise AssertionError(name)
+    return _build_conv_seed(name, c, _conv1d, depthwise_k=5)
 
 
 def _mlp(d: int, hidden: int) -> nn.Module:

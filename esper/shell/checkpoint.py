@@ -133,10 +133,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
             f"checkpoint {path} is damaged (truncated or altered): its content does not match the sha256 "
             "in its header; refused"
         )
-    payload = _load(io.BytesIO(body), path, map_location)
-    if not isinstance(payload, dict):
-        raise ValueError(f"checkpoint {path} holds a {type(payload).__name__}, expected a dict")
-    return payload
+    return _load(io.BytesIO(body), path, map_location)
 
 
 def _load_unhashed(path: Path, raw: bytes, map_location: Any) -> dict[str, Any]:
@@ -147,8 +144,6 @@ def _load_unhashed(path: Path, raw: bytes, map_location: Any) -> dict[str, Any]:
             "or foreign?)"
         )
     obj = _load(io.BytesIO(raw), path, map_location)
-    if not isinstance(obj, dict):
-        raise ValueError(f"checkpoint {path} holds a {type(obj).__name__}, expected a dict")
     if "version" not in obj:
         raise ValueError(f"checkpoint {path} has no 'version' field; it was not written by save_checkpoint")
     version = obj.pop("version")
@@ -166,9 +161,10 @@ def _refuse_version(path: Path, version: Any) -> None:
     )
 
 
-def _load(source: Any, path: Path, map_location: Any) -> Any:
+def _load(source: Any, path: Path, map_location: Any) -> dict[str, Any]:
+    """``torch.load(weights_only=True)`` of a checkpoint's body, which must be a dict; one-line errors."""
     try:
-        return torch.load(source, map_location=map_location, weights_only=True)
+        obj = torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"WeightsUnpickler error: (.*?)(?:\. Please|\n|$)", str(e))
         reason = found.group(1) if found else type(e).__name__
@@ -178,6 +174,9 @@ def _load(source: Any, path: Path, map_location: Any) -> Any:
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
         raise ValueError(f"checkpoint {path} is corrupt or truncated: {' '.join(str(e).split())}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"checkpoint {path} holds a {type(obj).__name__}, expected a dict")
+    return obj
 
 
 def _tensors(obj: Any, where: str) -> Iterator[tuple[str, torch.Tensor]]:

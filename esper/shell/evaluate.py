@@ -243,7 +243,7 @@ def write_eval(out: Path, results: dict[str, Any]) -> Path:
     return out
 
 
-def _figure(size=(7.0, 4.5)):
+def new_figure(size=(7.0, 4.5)):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -252,11 +252,22 @@ def _figure(size=(7.0, 4.5)):
     return fig, fig.add_subplot(1, 1, 1)
 
 
-def plot_acc_vs_params(results: dict, path: Path) -> Path | None:
+def finish_figure(fig, ax, path: Path, *, legend_size: int = 8, ncol: int = 1) -> Path:
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size, ncol=ncol)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    return path
+
+
+def plot_acc_vs_params(results: dict, path: Path, title: str | None = None) -> Path | None:
+    """Final test accuracy vs parameters added, one point per episode, a diamond with its 95 % CI per
+    controller. ``results``: ``{"controllers": {name: {"per_episode", "test_acc_mean",
+    "test_acc_ci95", "params_added_mean"}}}`` (:func:`evaluate`'s, or bench.growth's pooled one)."""
     ctl = results["controllers"]
     if not ctl:
         return None
-    fig, ax = _figure()
+    fig, ax = new_figure()
     for name, s in ctl.items():
         eps = s["per_episode"]
         ax.scatter([e["params_added"] for e in eps], [e["final_test_acc"] for e in eps], s=14, alpha=0.6,
@@ -266,19 +277,15 @@ def plot_acc_vs_params(results: dict, path: Path) -> Path | None:
                     marker="D", markersize=7, markeredgecolor="black", capsize=4)  # fmt: skip
     ax.set_xlabel("parameters added to the host")
     ax.set_ylabel("final test accuracy (%)")
-    ax.set_title("held-out accuracy vs growth (one point per episode; diamond: mean, 95 % CI)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, bbox_inches="tight")
-    return path
+    ax.set_title(title or "held-out accuracy vs growth (one point per episode; diamond: mean, 95 % CI)")
+    return finish_figure(fig, ax, path)
 
 
 def plot_acc_over_epochs(results: dict, path: Path) -> Path | None:
     ctl = results["controllers"]
     if not ctl:
         return None
-    fig, ax = _figure()
+    fig, ax = new_figure()
     for name, s in ctl.items():
         curves = np.array([c for c in (s.get("val_acc_curve_mean"),) if c])
         if not curves.size:
@@ -288,11 +295,7 @@ def plot_acc_over_epochs(results: dict, path: Path) -> Path | None:
         ax.scatter([x[-1] + 1], [s["test_acc_mean"]], color=COLORS.get(name), marker="*", s=80)
     ax.set_xlabel("host epoch (the star: final test accuracy)")
     ax.set_ylabel("validation accuracy (%), mean over episodes")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, bbox_inches="tight")
-    return path
+    return finish_figure(fig, ax, path)
 
 
 def _f(x: float, nd: int = 1) -> str:

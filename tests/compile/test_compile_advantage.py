@@ -86,3 +86,10 @@ def test_R1_compiled_gae_graph_has_no_whole_buffer_copy_per_step():
         assert not any("permute" in op or "transpose" in op for op in ops), ops
         sizes[T] = len(ops)
     assert sizes[128] < 5 * sizes[8], sizes
+
+
+def test_normalize_advantage_with_a_reduction_compiles_fullgraph(compile_check):
+    """``reduce=`` (a data-parallel sum in the shell; here doubling, as two equal parts would give)."""
+    adv = torch.randn(4, 9)
+    adv[1, 2] = float("nan")
+    compile_check(lambda a: normalize_advantage(a, reduce=lambda t: 2 * t), adv)

@@ -59,3 +59,22 @@ def test_torchrl_parity_arguments_and_one_hot_actions_compile_fullgraph(compile_
             td, critic_loss=c, value_coef=1.0, value_clip=None, normalize_entropy=False
         )
         compile_check(fn, td)
+
+
+def test_data_parallel_loss_with_summed_counts_compiles_fullgraph(compile_check):
+    """``loss_counts`` and ``ppo_loss(counts=)``: what each process computes on its part of a batch."""
+    from esper.core.loss import loss_counts
+
+    td = factored_batch(4, 5, seed=21, grad=False)
+    compile_check(lambda td: loss_counts(td, factored=True), td)
+    counts = loss_counts(td, factored=True) + loss_counts(td[:2], factored=True)
+    compile_check(lambda td, c: ppo_loss(td, factored=True, counts=c), td[2:], counts)
+
+
+def test_minus_inf_logits_compile_fullgraph(compile_check):
+    net, _, _, td = _torchrl_setup((3, 4))
+    logits = net(td["observation"]).detach()
+    logits[..., -1] = -torch.inf
+    td["action"] = td["action"] % (logits.shape[-1] - 1)
+    td["current"] = TensorDict({"logits": logits}, [3, 4])
+    compile_check(lambda td: ppo_loss(td), td)

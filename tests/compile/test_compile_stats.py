@@ -92,3 +92,13 @@ def test_lstm_health_compiles_fullgraph(compile_check):
     h, c = torch.randn(2, 4, 8), torch.randn(2, 4, 8) * 40
     c[0, 1, 2] = float("nan")
     compile_check(lambda h, c: lstm_health(h, c, low=0.5, high=100.0), h, c)
+
+
+def test_batch_stats_and_their_merge_compile_fullgraph(compile_check):
+    from esper.core.normalize import batch_stats, merge_running_stats
+
+    x = torch.randn(7, 3) * 2 + 1
+    compile_check(lambda x: batch_stats(x, 1), x)
+    prior = update_running_stats(running_stats((3,)), torch.randn(20, 3))
+    compile_check(lambda p, x: merge_running_stats(p, batch_stats(x, 1)), prior, x)
+    compile_check(lambda p, x: merge_running_stats(p, batch_stats(x, 1), momentum=0.9), prior, x)

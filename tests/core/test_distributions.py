@@ -179,3 +179,18 @@ def test_normalized_entropy_times_legal_log_count_is_the_entropy_in_nats(data):
             lp, _ = _ref_row(logits[row].tolist(), legal_mask)
             ref = -sum(math.exp(x) * x for x in lp if x > -math.inf)
             assert float(nats[row]) == pytest.approx(ref, abs=1e-4)
+
+
+def test_sample_with_given_race_draws_equals_the_generator_path_and_compiles(compile_check):
+    """``sample(race=)``: the Exp(1) draws passed in give the choice the generator would have drawn."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 6, generator=g)
+    mask = torch.rand(5, 6, generator=g) > 0.3
+    mask[:, 0] = True
+    race = torch.empty(5, 6).exponential_(generator=torch.Generator().manual_seed(9))
+    drawn = D.sample(logits, mask, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(D.sample(logits, mask, race=race), drawn)
+    assert mask.gather(-1, drawn.unsqueeze(-1)).all()
+    compile_check(lambda lg, m, r: D.sample(lg, m, race=r), logits, mask, race)
+    with pytest.raises(ValueError, match="race must have the logits' shape"):
+        D.sample(logits, mask, race=race[:, :3])
