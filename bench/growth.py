@@ -2,7 +2,7 @@
 
     python -m bench.growth                          # sweep + 5 training seeds + evaluation (see README)
     python -m bench.growth --stage sweep            # static vs grow_all with every blueprint only
-    python -m bench.growth --stage learn --seeds 5 --episodes 10 --jobs 2
+    python -m bench.growth --stage learn --seeds 5 --episodes 10
 
 Two stages, each on the embedded default (``python -m esper.shell.run``'s preset):
 
@@ -321,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=5, help="training seeds (default 5)")
     p.add_argument("--episodes", type=int, default=10, help="evaluation episodes per training seed (10)")
     p.add_argument("--sweep-episodes", type=int, default=10, help="fresh hosts per sweep controller (10)")
-    p.add_argument("--jobs", type=int, default=2, help="training runs at a time (default 2: one per core)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="training runs at a time (default 1: a run keeps both cores busy with its two env "
+                        "threads; two runs of one thread each took ~2x longer in total on the 2-core VM)")
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "growth", help="where the training runs go")
     p.add_argument("--out", type=Path, default=ROOT / "results")
     args = p.parse_args(argv)

@@ -97,8 +97,9 @@ def legal_masks(
     """Legality of every head before the op is sampled, batch ``[*E]`` (``gates``, ``auto_advance``:
     see :func:`op_slot_legality`).
 
-    Returns ``op [*E, N_OPS]``, ``slot_by_op [*E, N_OPS, S]`` and an all-True ``[*E, n]`` mask for
-    every other head. Feed it to :func:`action_masks` once the op is known.
+    Returns ``op [*E, N_OPS]``, ``slot_by_op [*E, N_OPS, S]``, a ``[*E, n]`` mask for every other head
+    (all True but for the blueprint head's ``spec.masked_blueprints``). Feed it to
+    :func:`action_masks` once the op is known.
     """
     if slots.batch_dims < 1 or slots.batch_size[-1] != spec.n_slots:
         raise ValueError(
@@ -112,6 +113,8 @@ def legal_masks(
     for head, n in spec.sizes.items():
         if head not in ("op", "slot"):
             out[head] = torch.ones(*env_shape, n, dtype=torch.bool, device=by_op.device)
+    if spec.masked_blueprints:
+        out["blueprint"][..., list(spec.masked_blueprints)] = False
     return TensorDict(out, batch_size=env_shape)
 
 

@@ -141,17 +141,28 @@ class ActionSpec:
     """Sizes of the factored action space for one host.
 
     The slot and blueprint heads depend on the host (its injection slots, its blueprint family);
-    the other heads are fixed by this module's enums.
+    the other heads are fixed by this module's enums. ``masked_blueprints``: blueprint indices the
+    blueprint head never offers (the shell lists the family's ``noop`` there, as the reference does:
+    germinating nothing is WAIT by another name, and a policy that must stay uncertain about its op
+    can hide in germinate-noop / prune loops that change nothing).
     """
 
     n_slots: int
     n_blueprints: int
+    masked_blueprints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n_slots < 1:
             raise ValueError(f"ActionSpec.n_slots must be >= 1, got {self.n_slots}")
         if self.n_blueprints < 1:
             raise ValueError(f"ActionSpec.n_blueprints must be >= 1, got {self.n_blueprints}")
+        bad = [i for i in self.masked_blueprints if not 0 <= i < self.n_blueprints]
+        if bad:
+            raise ValueError(f"ActionSpec.masked_blueprints {bad} outside 0..{self.n_blueprints - 1}")
+        if len(set(self.masked_blueprints)) >= self.n_blueprints:
+            raise ValueError(
+                "ActionSpec.masked_blueprints masks every blueprint: GERMINATE could not be sampled"
+            )
 
     @property
     def heads(self) -> tuple[str, ...]:

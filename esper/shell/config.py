@@ -125,13 +125,16 @@ def _default() -> dict[str, Any]:
         env={"task": "mnist1d", "n_envs": 8, "batch_size": 128, "host_lr": 0.05, "seed_lr": 0.05,
              "lr_schedule": "cosine", "workers": 2},
         lifecycle={"min_prune_age": 6, "auto_advance": True, "timeout_fossilizes": True},
-        # Why these PPO settings (README, "Why the controller learns"): WAIT starts 2 logits ahead so an
-        # untrained policy does not churn seeds; a larger step (lr, epochs, KL stop) because 8 episodes
-        # an update give ~0.002 KL at the library default; entropy annealed 0.03 -> 0.003 so the
-        # blueprint head explores first and commits by the end of the run.
+        # Why these PPO settings (README, "Why the controller did not learn at first"): WAIT starts 2
+        # logits ahead so an untrained policy does not churn seeds; a larger step (lr, epochs, KL stop)
+        # because 8 episodes an update give ~0.002 KL at the library default; entropy annealed
+        # 0.03 -> 0.003 so the blueprint head explores first and commits by the end of the run; the op
+        # head's entropy weighs 4x, else it settles on WAIT before the blueprint head has found a
+        # blueprint that pays.
+        eval_episodes=6,
         ppo={"hidden": 64, "head_hidden": 32, "lr": 3e-3, "n_epochs": 8, "target_kl": 0.03,
              "wait_bias": 2.0, "entropy_coef": 0.03, "entropy_coef_end": 0.003,
-             "entropy_anneal_updates": 32},
+             "entropy_anneal_updates": 32, "head_entropy_weights": (4.0, 1, 1, 1, 1, 1, 1, 1)},
     )
 
 

@@ -226,7 +226,11 @@ class VecEnv:
         probe = self.task.make_host()
         self.slot_names = probe.slot_names
         self.blueprint_names = probe.blueprint_names
-        self.spec = ActionSpec(n_slots=probe.n_slots, n_blueprints=len(probe.blueprint_names))
+        self.spec = ActionSpec(
+            n_slots=probe.n_slots,
+            n_blueprints=len(probe.blueprint_names),
+            masked_blueprints=tuple(i for i, b in enumerate(probe.blueprint_names) if b == "noop"),
+        )
         bad = [s for s in cfg.slots if not 0 <= s < probe.n_slots]
         if bad:
             raise ValueError(

@@ -11,7 +11,7 @@ from tests.core.test_masks import _slots
 
 def test_masks_compile(compile_check):
     S = Stage
-    spec = ActionSpec(n_slots=3, n_blueprints=4)
+    spec = ActionSpec(n_slots=3, n_blueprints=4, masked_blueprints=(0,))
     slots = _slots([[S.DORMANT, S.TRAINING, S.HOLDING], [S.BLENDING, S.DORMANT, S.PRUNED]])
     op = torch.tensor([int(Op.PRUNE), int(Op.GERMINATE)])
 

@@ -111,3 +111,32 @@ def test_legal_masks_rejects_wrong_slot_count():
         assert "[*E, 2]" in str(e)
     else:
         raise AssertionError("expected a ValueError")
+
+
+def test_noop_blueprint_is_never_offered_when_the_spec_masks_it():
+    """The reference masks NOOP out of the blueprint head. Offering it let a policy kept uncertain about
+    its op (op-head entropy bonus) germinate noop and prune it in a loop: growth-free, cost-free and
+    entropy-rich (a default-task training run, seed 3, settled there by update 13)."""
+    S = Stage
+    spec = ActionSpec(n_slots=3, n_blueprints=5, masked_blueprints=(0,))
+    slots = _slots([[S.DORMANT, S.TRAINING, S.HOLDING], [S.DORMANT, S.DORMANT, S.DORMANT]])
+    legal = masks.legal_masks(slots, spec)
+    assert legal["blueprint"].tolist() == [[False, True, True, True, True]] * 2
+    used = masks.action_masks(legal, torch.tensor([int(Op.GERMINATE)] * 2))
+    assert not used["blueprint"][:, 0].any() and used["blueprint"][:, 1:].all()
+    # nothing else changes, and an unmasked spec offers every blueprint
+    plain = masks.legal_masks(slots, ActionSpec(n_slots=3, n_blueprints=5))
+    assert plain["blueprint"].all()
+    for head in HEADS:
+        if head != "blueprint" and head in plain.keys():
+            assert torch.equal(plain[head], legal[head]), head
+
+
+def test_action_spec_rejects_bad_masked_blueprints():
+    for bad, match in (((5,), "outside"), ((-1,), "outside"), ((0, 1, 2), "every blueprint")):
+        try:
+            ActionSpec(n_slots=2, n_blueprints=3 if match == "every blueprint" else 5, masked_blueprints=bad)
+        except ValueError as e:
+            assert match in str(e), e
+        else:
+            raise AssertionError(f"expected a ValueError for {bad}")

@@ -216,3 +216,15 @@ def test_random_controller_only_takes_legal_actions_and_is_reproducible():
     assert not any(e["kind"] == "illegal" for e in a.lifecycle)
     assert len(set(_legal_ops(a))) >= 3  # it explores several ops
     assert Op.WAIT.name in _legal_ops(a) and Stage.DORMANT.name  # WAIT is always legal
+
+
+def test_env_masks_the_noop_blueprint_and_no_controller_germinates_it():
+    env = _env(3, max_epochs=8)
+    noop = env.blueprint_names.index("noop")
+    assert env.spec.masked_blueprints == (noop,)
+    for seed in (1, 2, 3):
+        runner = EpisodeRunner(env, RandomController(seed=seed), lifecycle=env.lifecycle,
+                               reward=RewardConfig(), gamma=0.99)  # fmt: skip
+        res = runner.run(seed)
+        germinated = [e["blueprint"] for e in res.lifecycle if e["kind"] == "germinated"]
+        assert germinated and "noop" not in germinated, germinated
