@@ -104,7 +104,11 @@ def _train(k: int, run_root: Path, extra: list[str]) -> tuple[Path, float]:
         "false",
         *extra,
     ]
-    if (run_dir / "checkpoint.pt").exists():  # a finished (or interrupted) run: continue it
+    events = run_dir / "events.jsonl"
+    done = [e for e in read_events(events, "run_end") if not e.get("interrupted")] if events.exists() else []
+    if done and (run_dir / "checkpoint.pt").exists():  # finished: keep it (re-run the stage to re-evaluate)
+        return run_dir, float(done[-1]["t"])
+    if (run_dir / "checkpoint.pt").exists():  # an interrupted run: continue it
         cmd = [sys.executable, "-m", "esper.shell.run", "--resume", str(run_dir), "--progress", "false"]
     t0 = time.perf_counter()
     log = run_root / f"seed{k}.log"
@@ -116,6 +120,16 @@ def _train(k: int, run_root: Path, extra: list[str]) -> tuple[Path, float]:
 
 
 def _evaluate(run_dir: Path, k: int, episodes: int, threads: int) -> dict:
+    from esper.shell.evaluate import CONTROLLERS
+
+    saved = run_dir / "eval" / "results.json"
+    if saved.exists():  # already evaluated alike (same episodes, seed and controllers): keep it
+        old = json.loads(saved.read_text())
+        meta = old.get("meta", {})
+        if (meta.get("episodes"), meta.get("eval_seed")) == (episodes, 1000 + k) and set(CONTROLLERS) <= set(
+            old.get("controllers", {})
+        ):
+            return old
     cmd = [
         sys.executable,
         "-m",
@@ -141,9 +155,8 @@ def learn(seeds: int, episodes: int, jobs: int, run_root: Path) -> dict[str, Any
 
     def one(k: int) -> tuple[int, Path, float, dict, float]:
         run_dir, train_s = _train(k, run_root, extra)
-        t1 = time.perf_counter()
-        results = _evaluate(run_dir, k, episodes, threads=1 if jobs > 1 else os.cpu_count() or 1)
-        return k, run_dir, train_s, results, time.perf_counter() - t1
+        results = _evaluate(run_dir, k, episodes, threads=1)  # the run's env workers share the cores
+        return k, run_dir, train_s, results, results["meta"]["seconds"]
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         done = sorted(pool.map(one, range(seeds)))
@@ -181,6 +194,7 @@ def learn(seeds: int, episodes: int, jobs: int, run_root: Path) -> dict[str, Any
         "controllers": controllers,
         "correlations": corr,
         "verdict": verdict(controllers),
+        "verdict_greedy": verdict(controllers, "ppo_greedy") if "ppo_greedy" in controllers else None,
         "learning_curves": curves,
         "train_seconds": [t for _, _, t, _, _ in done],
         "eval_seconds": [t for *_, t in done],
@@ -203,9 +217,9 @@ def _learning_curve(run_dir: Path) -> dict[str, list[float]]:
     }
 
 
-def verdict(c: dict[str, dict]) -> dict[str, Any]:
-    """The issue's targets, checked on the aggregated numbers."""
-    ppo = c["ppo"]
+def verdict(c: dict[str, dict], name: str = "ppo") -> dict[str, Any]:
+    """The issue's targets, checked on the aggregated numbers of controller ``name``."""
+    ppo = c[name]
     out: dict[str, Any] = {}
     for name in ("static", "random", "heuristic"):
         if name in c:
@@ -294,13 +308,17 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
             per = ", ".join(f"{a:.1f}" for a in s["per_seed_test_acc"])
             lines.append(f"| {name} | {_ci(s)} | {_ci(s, 'params_added')} | {per} |")
         corr = learned["correlations"]
+        fmt = lambda v: ", ".join(
+            f"{k} = {val:.2f}" if isinstance(val, float) else f"{k} = {val}" for k, val in v.items()
+        )
+        greedy = learned.get("verdict_greedy")
         lines += [
             "",
-            "Targets: "
-            + ", ".join(
-                f"{k} = {val:.2f}" if isinstance(val, float) else f"{k} = {val}" for k, val in v.items()
-            )
-            + ".",
+            "`ppo` samples its policy, as in training (seeded); `ppo_greedy` takes each head's most likely "
+            "choice. Targets (ppo): "
+            + fmt(v)
+            + "."
+            + (f" Targets (ppo_greedy): {fmt(greedy)}." if greedy else ""),
             "",
             f"Spearman correlation of the episode return with the final test accuracy over all evaluation "
             f"episodes: {corr['return_vs_test_acc']:.3f}; with the held-out objective: "
@@ -308,7 +326,8 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
             "",
             f"Training took {np.median(learned['train_seconds']) / 60:.1f} min per seed (median, "
             f"{learned['jobs']} at a time), evaluation {np.median(learned['eval_seconds']) / 60:.1f} min per "
-            f"seed; the whole stage {learned['seconds'] / 60:.1f} min.",
+            f"seed; {(sum(learned['train_seconds']) + sum(learned['eval_seconds'])) / 60:.1f} min of "
+            "training and evaluation in all.",
             "",
         ]
     lines += [f"![{p}]({p})" for p in plots]
@@ -321,9 +340,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=5, help="training seeds (default 5)")
     p.add_argument("--episodes", type=int, default=10, help="evaluation episodes per training seed (10)")
     p.add_argument("--sweep-episodes", type=int, default=10, help="fresh hosts per sweep controller (10)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="training runs at a time (default 1: a run keeps both cores busy with its two env "
-                        "threads; two runs of one thread each took ~2x longer in total on the 2-core VM)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="training runs at a time (default 1: a run keeps both cores busy with its two env "
+        "threads; two runs of one thread each took ~2x longer in total on the 2-core VM)",
+    )
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "growth", help="where the training runs go")
     p.add_argument("--out", type=Path, default=ROOT / "results")
     args = p.parse_args(argv)

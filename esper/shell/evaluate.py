@@ -4,7 +4,8 @@
     python -m esper.shell.evaluate RUN_DIR --episodes 50 --seed 7 --controllers ppo,static,grow_all
 
 The run's controller is loaded from ``RUN_DIR/checkpoint.pt`` and frozen (no update, observation
-statistics as saved; it acts greedily unless ``--sample``). It and the baselines of
+statistics as saved) and run twice: ``ppo`` samples its policy as in training (seeded), ``ppo_greedy``
+takes each head's most likely choice. They and the baselines of
 :mod:`esper.shell.baselines` — ``static`` (always WAIT), ``random`` (uniform over legal actions),
 ``heuristic`` (the reference's rules), ``grow_all`` (germinate the task's best blueprint everywhere,
 blend and fossilize as fast as the gates allow) — each run the **same** episodes: host seeds derived
@@ -54,17 +55,20 @@ from esper.shell.stats import mean_ci95, spearman
 from esper.shell.telemetry import progress
 
 PROG = "python -m esper.shell.evaluate"
-CONTROLLERS = ("ppo", "static", "random", "heuristic", "grow_all")
+#: ``ppo`` samples its policy, as it did in training (a generator seeded from the evaluation seed);
+#: ``ppo_greedy`` takes every head's most likely choice. A policy that has learned to germinate early
+#: but not at one particular epoch can put most of its mass on WAIT at every single epoch, so its
+#: greedy version never grows: both are reported.
+CONTROLLERS = ("ppo", "ppo_greedy", "static", "random", "heuristic", "grow_all")
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
 EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
                   "n_fossilized", "n_pruned", "host_seed")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- controllers
-def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict | None, sample: bool,
-                    seed: int):  # fmt: skip
-    """A fresh controller ``name`` for ``env`` (the PPO one restored from ``checkpoint`` and frozen)."""
-    if name == "ppo":
+def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict | None, seed: int):
+    """A fresh controller ``name`` for ``env`` (the PPO ones restored from ``checkpoint`` and frozen)."""
+    if name in ("ppo", "ppo_greedy"):
         if checkpoint is None:
             raise ValueError("controller 'ppo' needs the run's checkpoint")
         device = torch.device(cfg.env.device)
@@ -72,7 +76,8 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         trainer.load_state_dict(checkpoint["trainer"])
         policy.eval()
         generator = torch.Generator(device=device).manual_seed(seed)
-        return PPOController(policy, trainer, generator=generator, deterministic=not sample, learns=False)
+        return PPOController(policy, trainer, generator=generator, deterministic=name == "ppo_greedy",
+                             learns=False)  # fmt: skip
     if name == "static":
         return StaticController()
     if name == "random":
@@ -92,7 +97,7 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
 
 # ------------------------------------------------------------------------------------------ running
 def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int], *, eval_seed: int,
-                 checkpoint: dict | None, sample: bool = False, on_epoch=None) -> list[dict]:  # fmt: skip
+                 checkpoint: dict | None, on_epoch=None) -> list[dict]:  # fmt: skip
     """Run controller ``name`` on evaluation episodes ``episodes`` (indices; host seeds from
     ``eval_seed``), ``cfg.env.n_envs`` at a time. Returns one record per episode, in order."""
     records: list[dict] = []
@@ -102,9 +107,7 @@ def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int],
         env_cfg = dataclasses.replace(cfg.env, n_envs=len(chunk))
         env = VecEnv(env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, task=task)
         try:
-            ctl = make_controller(
-                name, cfg, env, checkpoint=checkpoint, sample=sample, seed=eval_seed + start
-            )
+            ctl = make_controller(name, cfg, env, checkpoint=checkpoint, seed=eval_seed + start)
             runner = EpisodeRunner(
                 env, ctl, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma, on_epoch=on_epoch
             )
@@ -164,10 +167,19 @@ def correlations(records: list[dict]) -> dict[str, Any]:
     }
 
 
-def evaluate(run_dir: str | Path, *, episodes: int = 20, seed: int = 0,
-             controllers: Sequence[str] = CONTROLLERS, sample: bool = False,
-             show_progress: bool = True) -> dict[str, Any]:  # fmt: skip
-    """Evaluate (module docstring) and write ``RUN_DIR/eval/``; returns the results dict."""
+def evaluate(
+    run_dir: str | Path,
+    *,
+    episodes: int = 20,
+    seed: int = 0,
+    controllers: Sequence[str] = CONTROLLERS,
+    show_progress: bool = True,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Evaluate (module docstring) and write ``RUN_DIR/eval/``; returns the results dict. ``threads``:
+    torch intra-op threads to set (0: as the run would, the cores over its env workers; None: leave
+    torch's setting alone). The CLI passes 0: two env threads on two cores with two intra-op threads
+    each ran the evaluation ~4x slower per episode than training."""
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.json"
     if not cfg_path.is_file():
@@ -178,8 +190,10 @@ def evaluate(run_dir: str | Path, *, episodes: int = 20, seed: int = 0,
     if unknown or not controllers:
         raise ValueError(f"unknown controller(s) {unknown}; choose from {', '.join(CONTROLLERS)}")
     cfg = from_dict(RunConfig, json.loads(cfg_path.read_text()))
+    if threads is not None:
+        torch.set_num_threads(threads or cfg.torch_threads())
     checkpoint = None
-    if "ppo" in controllers:
+    if "ppo" in controllers or "ppo_greedy" in controllers:
         ckpt = run_dir / "checkpoint.pt"
         if not ckpt.is_file():
             raise FileNotFoundError(f"{ckpt} not found: evaluate a run that finished an update")
@@ -187,14 +201,14 @@ def evaluate(run_dir: str | Path, *, episodes: int = 20, seed: int = 0,
         if "trainer" not in checkpoint:
             raise ValueError(f"{ckpt} has no 'trainer' entry: not a checkpoint of python -m esper.shell.run")
     results = evaluate_config(cfg, controllers, episodes=episodes, seed=seed, checkpoint=checkpoint,
-                              sample=sample, show_progress=show_progress)  # fmt: skip
+                              show_progress=show_progress)  # fmt: skip
     results["meta"]["run_dir"] = str(run_dir)
     write_eval(run_dir / "eval", results)
     return results
 
 
 def evaluate_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int, seed: int,
-                    checkpoint: dict | None = None, sample: bool = False, show_progress: bool = True,
+                    checkpoint: dict | None = None, show_progress: bool = True,
                     task: Task | None = None) -> dict[str, Any]:  # fmt: skip
     """Run ``controllers`` on ``episodes`` evaluation episodes of the task ``cfg`` describes and
     summarize (the ``results.json`` layout, without writing it)."""
@@ -207,7 +221,7 @@ def evaluate_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int
             bar.set_postfix(controller=name)
             on_epoch = lambda ev: bar.update(len(ev["val_acc"]))
             records[name] = run_episodes(cfg, task, name, range(episodes), eval_seed=seed,
-                                         checkpoint=checkpoint, sample=sample, on_epoch=on_epoch)  # fmt: skip
+                                         checkpoint=checkpoint, on_epoch=on_epoch)  # fmt: skip
     return {
         "controllers": {name: summarize(recs) for name, recs in records.items()},
         "correlations": correlations([r for recs in records.values() for r in recs]),
@@ -216,7 +230,7 @@ def evaluate_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int
             "task": cfg.env.task,
             "episodes": episodes,
             "eval_seed": seed,
-            "ppo_acts": "sampled" if sample else "greedily",
+            "ppo_acts": "ppo samples its policy (seeded); ppo_greedy takes each head's most likely choice",
             "grow_all_blueprint": GROW_ALL_BLUEPRINT.get(task.family),
             "param_weight": cfg.reward.param_weight,
             "reward_mode": cfg.reward.mode.name,
@@ -227,8 +241,8 @@ def evaluate_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int
 
 
 # ------------------------------------------------------------------------------------------ writing
-COLORS = {"ppo": "#d62828", "static": "#6c757d", "random": "#f4a261", "heuristic": "#2a9d8f",
-          "grow_all": "#264653"}  # fmt: skip
+COLORS = {"ppo": "#d62828", "ppo_greedy": "#9d0208", "static": "#6c757d", "random": "#f4a261",
+          "heuristic": "#2a9d8f", "grow_all": "#264653"}  # fmt: skip
 
 
 def write_eval(out: Path, results: dict[str, Any]) -> Path:
@@ -309,8 +323,8 @@ def report_markdown(results: dict, plots: Sequence[Path]) -> str:
         f"# Evaluation of `{meta['run_dir']}`",
         "",
         f"{meta['episodes']} episodes per controller on fresh hosts (evaluation seed "
-        f"{meta['eval_seed']}; the same host seeds for every controller), task `{meta['task']}`; the PPO "
-        f"controller acts {meta['ppo_acts']}. Accuracy is the final host's **test** accuracy (held out "
+        f"{meta['eval_seed']}; the same host seeds for every controller), task `{meta['task']}`; "
+        f"{meta['ppo_acts']}. Accuracy is the final host's **test** accuracy (held out "
         "from host training and from the controller); intervals are 95 % Student-t over episodes.",
         "",
         "| controller | test acc % | 95 % CI | gain over static | params added | return | fossilized |",
@@ -349,13 +363,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--controllers", default=",".join(CONTROLLERS),
                    help=f"comma-separated subset of {','.join(CONTROLLERS)}; grow_all:BLUEPRINT grows "
                         "another blueprint than the task's best")  # fmt: skip
-    p.add_argument("--sample", action="store_true", help="the PPO controller samples (default: greedy)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     names = [c.strip() for c in args.controllers.split(",") if c.strip()]
     try:
         results = evaluate(args.run_dir, episodes=args.episodes, seed=args.seed, controllers=names,
-                           sample=args.sample, show_progress=not args.no_progress)  # fmt: skip
+                           show_progress=not args.no_progress, threads=0)  # fmt: skip
     except (OSError, ValueError) as e:
         return report(PROG, e)
     for name, s in results["controllers"].items():

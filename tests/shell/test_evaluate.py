@@ -48,23 +48,48 @@ def test_evaluate_cli_writes_results_report_and_plots(run_dir):
     assert all(v == seeds["static"] for v in seeds.values())  # every controller meets the same hosts
     corr = results["correlations"]
     assert corr["n_episodes"] == 3 * len(CONTROLLERS) and "return_vs_test_acc" in corr
-    assert results["meta"]["ppo_acts"] == "greedily" and results["meta"]["trained_updates"] == 1
+    assert "ppo_greedy" in results["meta"]["ppo_acts"] and results["meta"]["trained_updates"] == 1
     report = (run_dir / "eval" / "report.md").read_text()
     assert "| grow_all |" in report and "Spearman" in report
     for plot in ("acc_vs_params.png", "acc_over_epochs.png"):
         assert (run_dir / "eval" / "plots" / plot).stat().st_size > 1000
 
 
-def test_greedy_evaluation_is_reproducible_and_other_seeds_give_other_hosts(run_dir):
-    a = evaluate(run_dir, episodes=2, seed=9, controllers=["ppo", "random"], show_progress=False)
-    b = evaluate(run_dir, episodes=2, seed=9, controllers=["ppo", "random"], show_progress=False)
+def test_evaluation_is_reproducible_and_other_seeds_give_other_hosts(run_dir):
+    names = ["ppo", "ppo_greedy", "random"]
+    a = evaluate(run_dir, episodes=2, seed=9, controllers=names, show_progress=False)
+    b = evaluate(run_dir, episodes=2, seed=9, controllers=names, show_progress=False)
     c = evaluate(run_dir, episodes=2, seed=10, controllers=["ppo"], show_progress=False)
+
     def eps(r, name):
         per_episode = r["controllers"][name]["per_episode"]
         return [(e["host_seed"], e["final_test_acc"], e["return"]) for e in per_episode]
 
-    assert eps(a, "ppo") == eps(b, "ppo") and eps(a, "random") == eps(b, "random")
+    for name in names:  # the sampled controller too: its generator derives from the evaluation seed
+        assert eps(a, name) == eps(b, name), name
     assert {e[0] for e in eps(a, "ppo")}.isdisjoint({e[0] for e in eps(c, "ppo")})
+
+
+def test_ppo_samples_its_policy_and_ppo_greedy_takes_the_mode(run_dir):
+    """A policy that germinates at some epoch early on, but at no particular one, can keep WAIT as its
+    most likely op at every epoch: greedy, it never grows. ``ppo`` is the policy as trained (sampled);
+    ``ppo_greedy`` is reported next to it (a default-task training run, seed 0, ended training with 352
+    parameters added per sampled episode while its greedy held-out hosts added none)."""
+    from esper.shell.checkpoint import load_checkpoint
+    from esper.shell.config import RunConfig
+    from esper.shell.configtools import from_dict
+    from esper.shell.env import VecEnv
+    from esper.shell.evaluate import make_controller
+
+    cfg = from_dict(RunConfig, json.loads((run_dir / "config.json").read_text()))
+    ckpt = load_checkpoint(run_dir / "checkpoint.pt")
+    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed)
+    try:
+        sampled = make_controller("ppo", cfg, env, checkpoint=ckpt, seed=1)
+        greedy = make_controller("ppo_greedy", cfg, env, checkpoint=ckpt, seed=1)
+    finally:
+        env.close()
+    assert sampled.deterministic is False and greedy.deterministic is True
 
 
 @pytest.mark.parametrize(
