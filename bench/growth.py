@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import subprocess
 import sys
 import time
@@ -53,6 +52,7 @@ def sweep(episodes: int, seed: int) -> dict[str, Any]:
     from esper.shell.evaluate import evaluate_config
 
     cfg = preset("default")
+    torch.set_num_threads(cfg.torch_threads())  # as a run would: two env threads, one intra-op thread each
     family = cfg.env.build_task().family
     names = ["static"] + [f"grow_all:{b}" for b in BLUEPRINTS[family] if b != "noop"]
     t0 = time.perf_counter()
@@ -119,7 +119,7 @@ def _train(k: int, run_root: Path, extra: list[str]) -> tuple[Path, float]:
     return run_dir, time.perf_counter() - t0
 
 
-def _evaluate(run_dir: Path, k: int, episodes: int, threads: int) -> dict:
+def _evaluate(run_dir: Path, k: int, episodes: int) -> dict:
     from esper.shell.evaluate import CONTROLLERS
 
     saved = run_dir / "eval" / "results.json"
@@ -141,8 +141,7 @@ def _evaluate(run_dir: Path, k: int, episodes: int, threads: int) -> dict:
         str(1000 + k),
         "--no-progress",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # it sets the run's threads
     if proc.returncode:
         raise RuntimeError(f"evaluating {run_dir} failed:\n{proc.stderr[-2000:]}")
     return json.loads((run_dir / "eval" / "results.json").read_text())
@@ -155,7 +154,7 @@ def learn(seeds: int, episodes: int, jobs: int, run_root: Path) -> dict[str, Any
 
     def one(k: int) -> tuple[int, Path, float, dict, float]:
         run_dir, train_s = _train(k, run_root, extra)
-        results = _evaluate(run_dir, k, episodes, threads=1)  # the run's env workers share the cores
+        results = _evaluate(run_dir, k, episodes)
         return k, run_dir, train_s, results, results["meta"]["seconds"]
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -221,9 +220,9 @@ def verdict(c: dict[str, dict], name: str = "ppo") -> dict[str, Any]:
     """The issue's targets, checked on the aggregated numbers of controller ``name``."""
     ppo = c[name]
     out: dict[str, Any] = {}
-    for name in ("static", "random", "heuristic"):
-        if name in c:
-            out[f"beats_{name}"] = ppo["test_acc_ci95"][0] > c[name]["test_acc_ci95"][1]
+    for base in ("static", "random", "heuristic"):
+        if base in c:
+            out[f"beats_{base}"] = ppo["test_acc_ci95"][0] > c[base]["test_acc_ci95"][1]
     if "grow_all" in c and "static" in c:
         base = c["static"]["test_acc_mean"]
         gain_ppo, gain_all = ppo["test_acc_mean"] - base, c["grow_all"]["test_acc_mean"] - base

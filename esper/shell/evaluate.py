@@ -59,7 +59,8 @@ PROG = "python -m esper.shell.evaluate"
 #: ``ppo_greedy`` takes every head's most likely choice. A policy that has learned to germinate early
 #: but not at one particular epoch can put most of its mass on WAIT at every single epoch, so its
 #: greedy version never grows: both are reported.
-CONTROLLERS = ("ppo", "ppo_greedy", "static", "random", "heuristic", "grow_all")
+PPO_CONTROLLERS = ("ppo", "ppo_greedy")
+CONTROLLERS = (*PPO_CONTROLLERS, "static", "random", "heuristic", "grow_all")
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
 EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
                   "n_fossilized", "n_pruned", "host_seed")  # fmt: skip
@@ -68,9 +69,9 @@ EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "
 # ------------------------------------------------------------------------------------- controllers
 def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict | None, seed: int):
     """A fresh controller ``name`` for ``env`` (the PPO ones restored from ``checkpoint`` and frozen)."""
-    if name in ("ppo", "ppo_greedy"):
+    if name in PPO_CONTROLLERS:
         if checkpoint is None:
-            raise ValueError("controller 'ppo' needs the run's checkpoint")
+            raise ValueError(f"controller {name!r} needs the run's checkpoint")
         device = torch.device(cfg.env.device)
         policy, trainer = build_learner(cfg.ppo, env.spec, device=device, seed=cfg.seed)
         trainer.load_state_dict(checkpoint["trainer"])
@@ -193,7 +194,7 @@ def evaluate(
     if threads is not None:
         torch.set_num_threads(threads or cfg.torch_threads())
     checkpoint = None
-    if "ppo" in controllers or "ppo_greedy" in controllers:
+    if any(c in PPO_CONTROLLERS for c in controllers):
         ckpt = run_dir / "checkpoint.pt"
         if not ckpt.is_file():
             raise FileNotFoundError(f"{ckpt} not found: evaluate a run that finished an update")
