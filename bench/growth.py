@@ -4,14 +4,18 @@
     python -m bench.growth --stage sweep            # static vs grow_all with every blueprint only
     python -m bench.growth --stage learn --seeds 5 --episodes 10
 
-Two stages, each on the embedded default (``python -m esper.shell.run``'s preset):
+Three stages, each on the embedded default (``python -m esper.shell.run``'s preset):
 
 1. **sweep** — ``static`` and ``grow_all:<blueprint>`` for every blueprint of the host family on
    ``--sweep-episodes`` fresh hosts (evaluation seeds; the same hosts for every controller). Shows the
    default task's headroom (the bar: the best fixed schedule beats the static host by >= 15 points of
    test accuracy) and which blueprint ``grow_all`` should grow (it must be the one
    :data:`esper.shell.baselines.GROW_ALL_BLUEPRINT` names).
-2. **learn** — ``--seeds`` training runs of the default (``--seed k``), ``--jobs`` at a time, each then
+2. **placement** — fixed placements (``grow:b0=conv_heavy+b2=depthwise``: only those slots, each with
+   its blueprint) on the same hosts as the sweep: where growth pays, and the best accuracy a schedule
+   reaches for a given number of added parameters (what a controller that beats ``grow_all`` on
+   accuracy per parameter has to find).
+3. **learn** — ``--seeds`` training runs of the default (``--seed k``), ``--jobs`` at a time, each then
    evaluated with ``python -m esper.shell.evaluate`` on ``--episodes`` fresh hosts of its own (evaluation
    seed ``1000 + k``) against ``static``, ``random``, ``heuristic`` and ``grow_all``. The 95 % intervals
    are over training seeds (Student-t of the per-seed means), so they include the spread between
@@ -49,12 +53,37 @@ BASELINES = ("static", "random", "heuristic", "grow_all")
 
 # --------------------------------------------------------------------------------------------- sweep
 def sweep(episodes: int, seed: int) -> dict[str, Any]:
+    family = preset("default").env.build_task().family
+    out = _fixed_schedules(
+        ["static"] + [f"grow_all:{b}" for b in BLUEPRINTS[family] if b != "noop"], episodes, seed
+    )
+    best = max((r for r in out["rows"] if r["controller"] != "static"), key=lambda r: r["test_acc_mean"])
+    return {**out, "best": best["controller"], "grow_all_blueprint": GROW_ALL_BLUEPRINT[family]}
+
+
+# ----------------------------------------------------------------------------------------- placement
+#: The fixed placements the placement stage measures (cnn1d family): every slot alone with the best
+#: blueprint, the cheaper blueprints in the first slot, and two- and three-seed mixes.
+PLACEMENTS = (
+    "grow:b0=conv_heavy", "grow:b1=conv_heavy", "grow:b2=conv_heavy",
+    "grow:b0=conv_light", "grow:b0=depthwise",
+    "grow:b0=conv_heavy+b1=depthwise", "grow:b0=conv_heavy+b2=depthwise",
+    "grow:b0=conv_heavy+b2=conv_light", "grow:b0=conv_heavy+b1=conv_heavy",
+    "grow:b0=conv_heavy+b2=conv_heavy",
+    "grow:b0=conv_heavy+b1=depthwise+b2=depthwise", "grow_all",
+)  # fmt: skip
+
+
+def placement(episodes: int, seed: int) -> dict[str, Any]:
+    return _fixed_schedules(["static", *PLACEMENTS], episodes, seed)
+
+
+def _fixed_schedules(names: list[str], episodes: int, seed: int) -> dict[str, Any]:
+    """``names`` (``static`` first) on the same ``episodes`` fresh hosts; gains paired with static's."""
     from esper.shell.evaluate import evaluate_config
 
     cfg = preset("default")
     torch.set_num_threads(cfg.torch_threads())  # as a run would: two env threads, one intra-op thread each
-    family = cfg.env.build_task().family
-    names = ["static"] + [f"grow_all:{b}" for b in BLUEPRINTS[family] if b != "noop"]
     t0 = time.perf_counter()
     res = evaluate_config(cfg, names, episodes=episodes, seed=seed, show_progress=True)
     static = res["controllers"]["static"]
@@ -75,16 +104,7 @@ def sweep(episodes: int, seed: int) -> dict[str, Any]:
                 "fossilized_mean": s["n_fossilized_mean"],
             }
         )
-    grown = [r for r in rows if r["controller"] != "static"]
-    best = max(grown, key=lambda r: r["test_acc_mean"])
-    return {
-        "episodes": episodes,
-        "eval_seed": seed,
-        "rows": rows,
-        "best": best["controller"],
-        "grow_all_blueprint": GROW_ALL_BLUEPRINT[family],
-        "seconds": time.perf_counter() - t0,
-    }
+    return {"episodes": episodes, "eval_seed": seed, "rows": rows, "seconds": time.perf_counter() - t0}
 
 
 # --------------------------------------------------------------------------------------------- learn
@@ -269,7 +289,44 @@ def _ci(s: dict, key: str = "test_acc") -> str:
     return f"{s[f'{key}_mean']:.1f} [{lo:.1f}, {hi:.1f}]"
 
 
-def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[str], command: str) -> str:
+def _schedule_table(rows: list[dict]) -> list[str]:
+    out = [
+        "| controller | test acc % [95 % CI] | gain over static [95 % CI] | params added | fossilized |",
+        "|---|---|---|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['controller']} | {_ci(r)} | {_ci(r, 'gain')} | {r['params_added_mean']:.0f} | "
+            f"{r['fossilized_mean']:.1f} |"
+        )
+    return out
+
+
+def _frontier(rows: list[dict]) -> list[str]:
+    """What a schedule must reach to meet the efficiency target, and which measured ones do."""
+    by = {r["controller"]: r for r in rows}
+    if "grow_all" not in by or "static" not in by:
+        return []
+    gain_all, params_all = by["grow_all"]["gain_mean"], by["grow_all"]["params_added_mean"]
+    lines = [
+        "",
+        f"`grow_all` gains {gain_all:.1f} points for {params_all:.0f} parameters. Share of that gain and of "
+        "those parameters for each placement (target: >= 90 % of the gain with <= 60 % of the parameters):",
+        "",
+        "| placement | gain share | params share | meets it |",
+        "|---|---:|---:|---|",
+    ]
+    for r in rows:
+        if r["controller"] in ("static", "grow_all"):
+            continue
+        g, q = r["gain_mean"] / gain_all, r["params_added_mean"] / params_all
+        meets = "yes" if g >= 0.9 and q <= 0.6 else "no"
+        lines.append(f"| {r['controller']} | {g:.2f} | {q:.2f} | {meets} |")
+    return lines
+
+
+def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[str], command: str,
+             placed: dict | None = None) -> str:  # fmt: skip
     lines = [
         f"# Growth results, {info['date']}",
         "",
@@ -281,17 +338,22 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
         lines += [
             f"## Headroom: fixed schedules vs the static host ({swept['episodes']} fresh hosts, paired)",
             "",
-            "| controller | test acc % [95 % CI] | gain over static [95 % CI] | params added | fossilized |",
-            "|---|---|---|---:|---:|",
         ]
-        for r in swept["rows"]:
-            lines.append(
-                f"| {r['controller']} | {_ci(r)} | {_ci(r, 'gain')} | {r['params_added_mean']:.0f} | "
-                f"{r['fossilized_mean']:.1f} |"
-            )
+        lines += _schedule_table(swept["rows"])
         lines += [
             "",
             f"Best schedule: `{swept['best']}`; `grow_all` grows `{swept['grow_all_blueprint']}`.",
+            "",
+        ]
+    if placed:
+        lines += [
+            f"## Where growth pays: fixed placements ({placed['episodes']} fresh hosts, paired)",
+            "",
+            "`grow:b0=conv_heavy+b2=depthwise` grows only those slots, each with its blueprint, as fast as "
+            "the gates allow (slot order, one germination per epoch).",
+            "",
+            *_schedule_table(placed["rows"]),
+            *_frontier(placed["rows"]),
             "",
         ]
     if learned:
@@ -335,7 +397,7 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__.split("\n\n")[0])
-    p.add_argument("--stage", choices=("all", "sweep", "learn"), default="all")
+    p.add_argument("--stage", choices=("all", "sweep", "placement", "learn"), default="all")
     p.add_argument("--seeds", type=int, default=5, help="training seeds (default 5)")
     p.add_argument("--episodes", type=int, default=10, help="evaluation episodes per training seed (10)")
     p.add_argument("--sweep-episodes", type=int, default=10, help="fresh hosts per sweep controller (10)")
@@ -353,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info(torch.device("cpu"))
     info["date"] = dt.date.today().isoformat()
     swept = sweep(args.sweep_episodes, seed=500) if args.stage in ("all", "sweep") else None
+    placed = placement(args.sweep_episodes, seed=500) if args.stage in ("all", "placement") else None
     learned = (
         learn(args.seeds, args.episodes, args.jobs, args.runs) if args.stage in ("all", "learn") else None
     )
@@ -361,9 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         "" if args.stage == "all" else f"-{args.stage}"
     )
     plots = _plots(args.out, stem, learned)
-    (args.out / f"{stem}.md").write_text(markdown(info, swept, learned, plots, command.strip()))
+    (args.out / f"{stem}.md").write_text(markdown(info, swept, learned, plots, command.strip(), placed))
     (args.out / f"{stem}.json").write_text(
-        json.dumps({"machine": info, "sweep": swept, "learn": learned}, indent=1)
+        json.dumps({"machine": info, "sweep": swept, "placement": placed, "learn": learned}, indent=1)
     )
     print((args.out / f"{stem}.md").read_text())
     return 0

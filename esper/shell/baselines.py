@@ -7,7 +7,9 @@
   for the task, :data:`GROW_ALL_BLUEPRINT`) in every empty enabled slot, blend each seed in as soon
   as its gate allows, fossilize it as soon as G5 allows. Each step it does the first that applies,
   on the first slot where it applies: FOSSILIZE a ready HOLDING seed, ADVANCE a seed whose gate
-  (G2 or G3) would pass, GERMINATE into an empty slot; else WAIT.
+  (G2 or G3) would pass, GERMINATE into an empty slot; else WAIT. Given a *plan* (slot -> blueprint,
+  ``grow:b0=conv_heavy+b2=depthwise`` in :mod:`esper.shell.evaluate`) it grows only the planned
+  slots, each with its own blueprint: the fixed placements a learned controller can be held against.
 - ``heuristic``: the reference's rules, :class:`esper.shell.heuristic.HeuristicController`.
 
 All act from the same :class:`~esper.shell.rollout.StepInput` as the policy, legal actions only, and
@@ -15,6 +17,8 @@ are vectorized over envs (no per-env Python loop).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from tensordict import TensorDict
@@ -85,20 +89,44 @@ class RandomController(_NoLearning):
 
 
 class GrowAllController(_NoLearning):
-    """Germinate ``blueprint`` everywhere, blend and fossilize as fast as the gates allow."""
+    """Germinate ``blueprint`` everywhere, blend and fossilize as fast as the gates allow.
+
+    ``blueprint``: one blueprint index for every slot, or a plan ``{slot index: blueprint index}``:
+    only the planned slots are grown, each with its own blueprint (in slot order, one per step)."""
 
     def __init__(
         self,
-        blueprint: int,
+        blueprint: int | Mapping[int, int],
         lifecycle: LifecycleConfig,
         *,
         style: Style = Style.LINEAR_ADD,
         tempo: Tempo = Tempo.FAST,
         alpha_target: float = 1.0,
     ) -> None:
-        self.blueprint, self.lc = blueprint, lifecycle
+        if isinstance(blueprint, Mapping):
+            if not blueprint or min(blueprint) < 0 or min(blueprint.values()) < 0:
+                raise ValueError(f"GrowAllController: a plan maps slot indices to blueprint indices, got "
+                                 f"{dict(blueprint)}")  # fmt: skip
+            self.plan: dict[int, int] | None = dict(blueprint)
+            self.blueprint = next(iter(self.plan.values()))
+        else:
+            self.plan, self.blueprint = None, int(blueprint)
+        self.lc = lifecycle
         self.style, self.tempo = int(style), int(tempo)
         self.alpha_target = ALPHA_TARGETS.index(alpha_target)
+
+    def _planned(self, n_slots: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(allowed [S] bool, blueprint [S] int64)`` of the plan (every slot, one blueprint without)."""
+        if self.plan is None:
+            return (torch.ones(n_slots, dtype=torch.bool, device=device),
+                    torch.full((n_slots,), self.blueprint, dtype=torch.int64, device=device))  # fmt: skip
+        if max(self.plan) >= n_slots:
+            raise ValueError(f"GrowAllController: plan names slot {max(self.plan)}, the host has {n_slots}")
+        allowed = torch.zeros(n_slots, dtype=torch.bool, device=device)
+        bps = torch.zeros(n_slots, dtype=torch.int64, device=device)
+        for slot, bp in self.plan.items():
+            allowed[slot], bps[slot] = True, bp
+        return allowed, bps
 
     def act(self, step: StepInput) -> TensorDict:
         legal = step.legal["slot_by_op"]  # [E, N_OPS, S]
@@ -106,7 +134,8 @@ class GrowAllController(_NoLearning):
         gates = gate_readiness(step.slots, step.signals["val_acc"], self.lc)
         fossilize = gates["g5"] & legal[:, int(Op.FOSSILIZE)]
         advance = (gates["g2"] | gates["g3"]) & legal[:, int(Op.ADVANCE)]
-        germinate = legal[:, int(Op.GERMINATE)]
+        allowed, plan_bp = self._planned(legal.shape[-1], device)
+        germinate = legal[:, int(Op.GERMINATE)] & allowed
         wait = legal[:, int(Op.WAIT)]
         op = torch.full((n,), int(Op.WAIT), dtype=torch.int64, device=device)
         slot = _first(wait)
@@ -119,7 +148,7 @@ class GrowAllController(_NoLearning):
             {
                 "op": op,
                 "slot": slot,
-                "blueprint": full(self.blueprint),
+                "blueprint": plan_bp[slot],
                 "style": full(self.style),
                 "tempo": full(self.tempo),
                 "alpha_target": full(self.alpha_target),

@@ -61,6 +61,10 @@ PROG = "python -m esper.shell.evaluate"
 #: greedy version never grows: both are reported.
 PPO_CONTROLLERS = ("ppo", "ppo_greedy")
 CONTROLLERS = (*PPO_CONTROLLERS, "static", "random", "heuristic", "grow_all")
+#: Fixed placements: ``grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]`` grows only those slots, each with its
+#: blueprint, as fast as the gates allow (:class:`~esper.shell.baselines.GrowAllController` with a plan).
+PLAN_PREFIX = "grow:"
+EXTRA_CONTROLLERS = "grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]"
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
 EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
                   "n_fossilized", "n_pruned", "host_seed")  # fmt: skip
@@ -87,13 +91,41 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         return HeuristicController(env.blueprint_names, cfg.lifecycle)
     if name == "grow_all" or name.startswith("grow_all:"):
         blueprint = name.partition(":")[2] or GROW_ALL_BLUEPRINT[env.task.family]
-        names = env.blueprint_names
-        if blueprint not in names:
-            raise ValueError(f"{name}: no blueprint {blueprint!r}; blueprints: {', '.join(names)}")
-        return GrowAllController(names.index(blueprint), cfg.lifecycle)
+        return GrowAllController(_blueprint_index(name, blueprint, env), cfg.lifecycle)
+    if name.startswith(PLAN_PREFIX):
+        return GrowAllController(parse_plan(name, env), cfg.lifecycle)
     raise ValueError(
-        f"unknown controller {name!r}; controllers: {', '.join(CONTROLLERS)} (or grow_all:BLUEPRINT)"
+        f"unknown controller {name!r}; controllers: {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
     )
+
+
+def _blueprint_index(name: str, blueprint: str, env: VecEnv) -> int:
+    names = env.blueprint_names
+    if blueprint not in names or blueprint == "noop":
+        real = [b for b in names if b != "noop"]
+        raise ValueError(f"{name}: no blueprint {blueprint!r}; blueprints: {', '.join(real)}")
+    return names.index(blueprint)
+
+
+def parse_plan(name: str, env: VecEnv) -> dict[int, int]:
+    """``grow:b0=conv_heavy+b2=depthwise`` -> ``{0: index of conv_heavy, 2: index of depthwise}``:
+    the slots a fixed placement grows, each with its blueprint (one-line errors name what is wrong)."""
+    body = name.removeprefix(PLAN_PREFIX)
+    plan: dict[int, int] = {}
+    for part in body.split("+") if body else []:
+        slot, eq, blueprint = part.partition("=")
+        if not eq or slot not in env.slot_names:
+            slots = ", ".join(env.slot_names)
+            raise ValueError(f"{name}: {part!r} is not SLOT=BLUEPRINT with a slot of {slots}")
+        index = env.slot_names.index(slot)
+        if index in plan:
+            raise ValueError(f"{name}: slot {slot} planned twice")
+        if not env.enabled[index]:
+            raise ValueError(f"{name}: slot {slot} is not enabled (env.slots)")
+        plan[index] = _blueprint_index(name, blueprint, env)
+    if not plan:
+        raise ValueError(f"{name}: an empty plan; write e.g. {PLAN_PREFIX}b0=conv_heavy+b2=depthwise")
+    return plan
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -187,7 +219,8 @@ def evaluate(
         raise FileNotFoundError(f"{cfg_path} not found (is {run_dir} a run directory?)")
     if episodes < 2:
         raise ValueError(f"--episodes must be >= 2 (a confidence interval needs two), got {episodes}")
-    unknown = [c for c in controllers if c not in CONTROLLERS and not c.startswith("grow_all:")]
+    extra = ("grow_all:", PLAN_PREFIX)
+    unknown = [c for c in controllers if c not in CONTROLLERS and not c.startswith(extra)]
     if unknown or not controllers:
         raise ValueError(f"unknown controller(s) {unknown}; choose from {', '.join(CONTROLLERS)}")
     cfg = from_dict(RunConfig, json.loads(cfg_path.read_text()))
@@ -363,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="evaluation seed: host seeds derive from it (0)")
     p.add_argument("--controllers", default=",".join(CONTROLLERS),
                    help=f"comma-separated subset of {','.join(CONTROLLERS)}; grow_all:BLUEPRINT grows "
-                        "another blueprint than the task's best")  # fmt: skip
+                        "another blueprint than the task's best; grow:b0=conv_heavy+b2=depthwise grows only "
+                        "those slots, each with its blueprint")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     names = [c.strip() for c in args.controllers.split(",") if c.strip()]

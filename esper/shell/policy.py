@@ -3,9 +3,12 @@
 Trunk: ``Linear(obs -> hidden) -> LayerNorm -> ReLU -> LSTM(hidden) -> LayerNorm``. One head per
 action head (``Linear -> ReLU -> Linear``) and a value head. ``wait_bias`` sets the initial
 preference for WAIT (a cautious start: random pruning and re-targeting would otherwise destroy most
-seeds before the policy learns what a good one is worth). The op head reads the trunk features; every
-other head also reads a learned embedding of the sampled op, so "which slot" can depend on "to do
-what" (the op is sampled first and the slot mask is conditioned on it, :func:`esper.core.masks.action_masks`).
+seeds before the policy learns what a good one is worth), ``germinate_bias`` that for GERMINATE
+(with both equal, an untrained policy grows early and is cautious with live seeds: seeds germinated
+early have time to pay, so the policy sees what each blueprint and slot is worth from its first
+update). The op head reads the trunk features; every other head also reads a learned embedding of
+the sampled op, so "which slot" can depend on "to do what" (the op is sampled first and the slot mask
+is conditioned on it, :func:`esper.core.masks.action_masks`).
 
 Two entry points, named for what they return:
 
@@ -52,6 +55,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         head_hidden: int = 64,
         op_embed: int = 16,
         wait_bias: float = 0.0,
+        germinate_bias: float = 0.0,
     ) -> None:
         super().__init__()
         if obs_dim < 1 or hidden < 1 or head_hidden < 1:
@@ -77,9 +81,11 @@ class FactoredRecurrentActorCritic(nn.Module):
         )
         self.value_head = _mlp(hidden, head_hidden, 1, 1.0)
         # The op head's last layer starts near zero (gain 0.01), so its bias is the initial preference:
-        # WAIT starts ``wait_bias`` logits above every other op (0: uniform over the legal ops).
+        # WAIT starts ``wait_bias`` logits above the ops that change a live seed (PRUNE,
+        # SET_ALPHA_TARGET, FOSSILIZE, ADVANCE), GERMINATE ``germinate_bias`` (0, 0: uniform).
         with torch.no_grad():
             self.heads["op"][2].bias[int(Op.WAIT)] = float(wait_bias)
+            self.heads["op"][2].bias[int(Op.GERMINATE)] = float(germinate_bias)
 
     # ------------------------------------------------------------------------------------ building blocks
     def initial_state(self, batch: int, device: torch.device | str | None = None) -> RecurrentState:

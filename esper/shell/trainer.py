@@ -111,6 +111,10 @@ class PPOConfig:
     hidden: int = doc(128, "LSTM / trunk width", ge=1)
     head_hidden: int = doc(64, "hidden width of each head", ge=1)
     wait_bias: float = doc(0.0, "initial logit of WAIT above the other ops (0: uniform over the legal ops)")
+    germinate_bias: float = doc(
+        0.0, "initial logit of GERMINATE above the ops other than WAIT (equal to wait_bias: an untrained "
+        "policy germinates as often as it waits where it can, and rarely prunes or re-targets)"
+    )
     grad_explode_factor: float = doc(
         10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'", gt=0
     )

@@ -109,3 +109,34 @@ def test_evaluate_refuses_bad_requests_in_one_line(run_dir, capsys, args, messag
 def test_evaluate_needs_a_run_directory(tmp_path, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     assert "config.json not found" in capsys.readouterr().err
+
+
+def test_plan_controller_grows_only_the_planned_slots_with_their_blueprints():
+    """``grow:b0=conv_heavy+b2=depthwise``: the fixed placement germinates exactly those two seeds (and
+    nothing in b1), each with its own blueprint, in slot order; bad plans are refused in one line."""
+    from esper.shell.config import preset
+    from esper.shell.env import VecEnv
+    from esper.shell.evaluate import make_controller, parse_plan
+    from esper.shell.rollout import EpisodeRunner
+
+    cfg = preset("smoke", {"env.n_envs": 2, "lifecycle.max_epochs": 4})
+    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed)
+    try:
+        bp = env.blueprint_names
+        assert parse_plan("grow:b0=conv_heavy+b2=depthwise", env) == {
+            0: bp.index("conv_heavy"), 2: bp.index("depthwise")
+        }
+        for bad, msg in [("grow:", "empty plan"), ("grow:b7=conv_heavy", "not SLOT=BLUEPRINT"),
+                         ("grow:b0=conv_huge", "no blueprint"), ("grow:b0=noop", "no blueprint"),
+                         ("grow:b0=norm+b0=norm", "planned twice"), ("grow:b0", "not SLOT=BLUEPRINT")]:
+            with pytest.raises(ValueError, match=msg):
+                parse_plan(bad, env)
+        ctl = make_controller("grow:b0=conv_heavy+b2=depthwise", cfg, env, checkpoint=None, seed=0)
+        runner = EpisodeRunner(env, ctl, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma)
+        result = runner.run(0, host_seeds=[11, 12])
+    finally:
+        env.close()
+    germinated = sorted((e["env"], e["epoch"], e["slot"], e["blueprint"]) for e in result.lifecycle
+                        if e["kind"] == "germinated")  # fmt: skip
+    plan = ((1, 0, "conv_heavy"), (2, 2, "depthwise"))  # (epoch, slot, blueprint), in slot order
+    assert germinated == [(i, *step) for i in (0, 1) for step in plan]

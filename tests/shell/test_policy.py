@@ -3,6 +3,8 @@ consistency (the first PPO epoch must see ratio 1)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -126,3 +128,21 @@ def test_wait_bias_sets_the_initial_preference_for_wait(bias):
     torch.testing.assert_close(probs[:, int(Op.WAIT)].mean(), expected, atol=0.02, rtol=0)
     others = torch.cat([probs[:, :int(Op.WAIT)], probs[:, int(Op.WAIT) + 1 :]], -1)
     assert float(others.std()) < 0.02  # the other ops start equal
+
+
+@pytest.mark.parametrize(("wait", "germinate"), [(0.0, 0.0), (2.0, 2.0), (1.0, 3.0)])
+def test_germinate_bias_sets_the_initial_preference_for_germinate(wait, germinate):
+    """WAIT starts ``wait`` logits and GERMINATE ``germinate`` logits above the ops that change a
+    live seed, which start equal among themselves."""
+    torch.manual_seed(0)
+    net = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8, wait_bias=wait,
+                                       germinate_bias=germinate)  # fmt: skip
+    feats, _ = net.features(torch.randn(64, 1, 6), net.initial_state(64))
+    with torch.no_grad():
+        probs = torch.softmax(net.heads["op"](feats.squeeze(1)), -1).mean(0)
+    z = math.exp(wait) + math.exp(germinate) + len(Op) - 2
+    torch.testing.assert_close(probs[int(Op.WAIT)], torch.tensor(math.exp(wait) / z), atol=0.02, rtol=0)
+    p_germinate = torch.tensor(math.exp(germinate) / z)
+    torch.testing.assert_close(probs[int(Op.GERMINATE)], p_germinate, atol=0.02, rtol=0)
+    rest = [int(o) for o in Op if o not in (Op.WAIT, Op.GERMINATE)]
+    torch.testing.assert_close(probs[rest], torch.full((len(rest),), 1 / z), atol=0.02, rtol=0)

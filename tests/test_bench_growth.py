@@ -1,0 +1,30 @@
+"""bench.growth's placement table: which fixed placements meet the efficiency target, as the md says."""
+
+from __future__ import annotations
+
+from bench.growth import PLACEMENTS, _frontier, markdown
+
+
+def _row(name: str, gain: float, params: float) -> dict:
+    return {"controller": name, "test_acc_mean": 44.0 + gain, "test_acc_ci95": [43.0 + gain, 45.0 + gain],
+            "gain_mean": gain, "gain_ci95": [gain - 1, gain + 1], "params_added_mean": params,
+            "fossilized_mean": 1.0}  # fmt: skip
+
+
+def test_frontier_marks_the_placements_that_meet_the_efficiency_target():
+    rows = [_row("static", 0, 0), _row("grow_all", 40, 1200), _row("grow:b0=conv_heavy", 34, 400),
+            _row("grow:b0=conv_heavy+b2=depthwise", 37, 520),
+            _row("grow:b0=conv_heavy+b2=conv_heavy", 38, 800)]  # fmt: skip
+    lines = {line.split(" | ")[0].strip("| "): line for line in _frontier(rows) if line.startswith("| grow")}
+    assert lines["grow:b0=conv_heavy"].endswith("| 0.85 | 0.33 | no |")  # too little of the gain
+    assert lines["grow:b0=conv_heavy+b2=depthwise"].endswith("| 0.93 | 0.43 | yes |")
+    assert lines["grow:b0=conv_heavy+b2=conv_heavy"].endswith("| 0.95 | 0.67 | no |")  # too many parameters
+    assert _frontier(rows[2:]) == []  # no grow_all or static row: nothing to compare with
+
+
+def test_markdown_has_the_placement_section_and_every_placement_is_a_plan_or_grow_all():
+    placed = {"episodes": 3, "rows": [_row("static", 0, 0), _row("grow_all", 40, 1200)]}
+    md = markdown({"date": "2026-11-24"}, None, None, [], "python -m bench.growth --stage placement", placed)
+    assert "## Where growth pays: fixed placements (3 fresh hosts, paired)" in md
+    assert "| grow_all | 84.0 [83.0, 85.0] | 40.0 [39.0, 41.0] | 1200 | 1.0 |" in md
+    assert all(p == "grow_all" or p.startswith("grow:") for p in PLACEMENTS)
