@@ -6,9 +6,13 @@ preference for WAIT (a cautious start: random pruning and re-targeting would oth
 seeds before the policy learns what a good one is worth), ``germinate_bias`` that for GERMINATE
 (with both equal, an untrained policy grows early and is cautious with live seeds: seeds germinated
 early have time to pay, so the policy sees what each blueprint and slot is worth from its first
-update). The op head reads the trunk features; every other head also reads a learned embedding of
-the sampled op, so "which slot" can depend on "to do what" (the op is sampled first and the slot mask
-is conditioned on it, :func:`esper.core.masks.action_masks`).
+update). The heads are sampled in order, each reading what was sampled before it: the op head reads
+the trunk features; the slot head also reads a learned embedding of the sampled op, so "which slot"
+can depend on "to do what" (the op is sampled first and the slot mask is conditioned on it,
+:func:`esper.core.masks.action_masks`); every other head reads embeddings of the sampled op *and*
+slot, so "which blueprint, how fast, how far" can depend on "where" (a slot where a large seed pays
+and one where a small one does are both expressible; with the blueprint independent of the slot they
+are not).
 
 Two entry points, named for what they return:
 
@@ -54,6 +58,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         hidden: int = 128,
         head_hidden: int = 64,
         op_embed: int = 16,
+        slot_embed: int = 8,
         wait_bias: float = 0.0,
         germinate_bias: float = 0.0,
     ) -> None:
@@ -75,10 +80,11 @@ class FactoredRecurrentActorCritic(nn.Module):
                 p.data[hidden : 2 * hidden] = 1.0  # forget-gate bias
         self.post_norm = nn.LayerNorm(hidden)
         self.op_embedding = nn.Embedding(len(Op), op_embed)
+        self.slot_embedding = nn.Embedding(spec.n_slots, slot_embed)
         sizes = spec.sizes
-        self.heads = nn.ModuleDict(
-            {h: _mlp(hidden + (0 if h == "op" else op_embed), head_hidden, sizes[h], 0.01) for h in HEADS}
-        )
+        width = {"op": hidden, "slot": hidden + op_embed}  # the others: + op and slot embeddings
+        later = hidden + op_embed + slot_embed
+        self.heads = nn.ModuleDict({h: _mlp(width.get(h, later), head_hidden, sizes[h], 0.01) for h in HEADS})
         self.value_head = _mlp(hidden, head_hidden, 1, 1.0)
         # The op head's last layer starts near zero (gain 0.01), so its bias is the initial preference:
         # WAIT starts ``wait_bias`` logits above the ops that change a live seed (PRUNE,
@@ -100,10 +106,18 @@ class FactoredRecurrentActorCritic(nn.Module):
         x, new_state = self.lstm(self.encoder(obs), state)
         return self.post_norm(x), new_state
 
-    def head_logits(self, feats: torch.Tensor, op: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Logits of every head; the non-op heads conditioned on ``op`` (``feats.shape[:-1]``)."""
-        cond = torch.cat([feats, self.op_embedding(op)], dim=-1)
-        return {h: self.heads[h](feats if h == "op" else cond) for h in HEADS}
+    def slot_logits(self, feats: torch.Tensor, op: torch.Tensor) -> torch.Tensor:
+        """Logits of the slot head, conditioned on ``op`` (``feats.shape[:-1]``)."""
+        return self.heads["slot"](torch.cat([feats, self.op_embedding(op)], dim=-1))
+
+    def head_logits(
+        self, feats: torch.Tensor, op: torch.Tensor, slot: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Logits of every head: op from ``feats``, slot conditioned on ``op``, the others on ``op``
+        and ``slot`` (indices shaped ``feats.shape[:-1]``)."""
+        cond = torch.cat([feats, self.op_embedding(op), self.slot_embedding(slot)], dim=-1)
+        logits = {h: self.heads[h](cond) for h in HEADS if h not in ("op", "slot")}
+        return {"op": self.heads["op"](feats), "slot": self.slot_logits(feats, op), **logits}
 
     def value(self, feats: torch.Tensor) -> torch.Tensor:
         return self.value_head(feats).squeeze(-1)
@@ -132,16 +146,18 @@ class FactoredRecurrentActorCritic(nn.Module):
         op = _sample(op_logits, legal["op"], generator, deterministic)
         used = action_masks(legal, op)
         check_masks(used["slot"], "slot")
-        logits = self.head_logits(feats, op)
-        logits["op"] = op_logits
+        slot_logits = self.slot_logits(feats, op)
+        slot = _sample(slot_logits, used["slot"], generator, deterministic)
+        cond = torch.cat([feats, self.op_embedding(op), self.slot_embedding(slot)], dim=-1)
+        logits = {"op": op_logits, "slot": slot_logits}
+        sampled = {"op": op, "slot": slot}
         out = TensorDict({}, batch_size=obs.shape[:1], device=obs.device)
         for head in HEADS:
             mask = used[head]
-            a = (
-                op
-                if head == "op"
-                else _sample(logits[head], mask, generator, deterministic)
-            )
+            if head not in sampled:
+                logits[head] = self.heads[head](cond)
+                sampled[head] = _sample(logits[head], mask, generator, deterministic)
+            a = sampled[head]
             out[head] = TensorDict(
                 {"action": a, "action_log_prob": dist.log_prob(logits[head], a, mask), "action_mask": mask},
                 batch_size=obs.shape[:1],
@@ -149,12 +165,14 @@ class FactoredRecurrentActorCritic(nn.Module):
         out["state_value"] = self.value(feats)
         return out, new_state
 
-    def evaluate(self, obs: torch.Tensor, state: RecurrentState, op: torch.Tensor) -> TensorDict:
+    def evaluate(
+        self, obs: torch.Tensor, state: RecurrentState, op: torch.Tensor, slot: torch.Tensor
+    ) -> TensorDict:
         """Re-score stored ``[E, T]`` sequences that start at ``state``: per-head logits ``[E, T, n]``
-        (under ``(head, "logits")``) and ``state_value [E, T]``, with grad. ``op [E, T]`` is the
-        stored op action that the other heads are conditioned on."""
+        (under ``(head, "logits")``) and ``state_value [E, T]``, with grad. ``op`` and ``slot``
+        ``[E, T]`` are the stored actions the later heads are conditioned on."""
         feats, _ = self.features(obs, state)
-        logits = self.head_logits(feats, op)
+        logits = self.head_logits(feats, op, slot)
         out = TensorDict(
             {h: TensorDict({"logits": logits[h]}, batch_size=op.shape) for h in HEADS}, batch_size=op.shape
         )

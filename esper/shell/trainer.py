@@ -480,7 +480,7 @@ class PPOTrainer:
     def _evaluate(self, td: TensorDictBase) -> TensorDict:
         h0 = td["recurrent_state", "h"][:, 0].unsqueeze(0).contiguous()
         c0 = td["recurrent_state", "c"][:, 0].unsqueeze(0).contiguous()
-        out = self.policy.evaluate(td["observation"], (h0, c0), td["op", "action"])
+        out = self.policy.evaluate(td["observation"], (h0, c0), td["op", "action"], td["slot", "action"])
         return out
 
     # ------------------------------------------------------------------------------------- checkpoint

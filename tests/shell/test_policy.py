@@ -60,7 +60,9 @@ def test_act_then_evaluate_gives_the_same_log_probs_and_values():
         obs_seq.append(obs)
         steps.append(out)
     rollout = torch.stack(steps, dim=1)  # [E, T]
-    current = net.evaluate(torch.stack(obs_seq, 1), state0, rollout["op", "action"])
+    current = net.evaluate(
+        torch.stack(obs_seq, 1), state0, rollout["op", "action"], rollout["slot", "action"]
+    )
     for head in HEADS:
         lp = D.log_prob(current[head, "logits"], rollout[head, "action"], rollout[head, "action_mask"])
         torch.testing.assert_close(lp, rollout[head, "action_log_prob"], rtol=1e-5, atol=1e-5)
@@ -71,7 +73,8 @@ def test_evaluate_gives_gradient_to_every_head_and_the_trunk():
     net = FactoredRecurrentActorCritic(5, SPEC, hidden=16, head_hidden=8)
     E, T = 2, 3
     op = torch.tensor([[int(Op.GERMINATE)] * T] * E)
-    out = net.evaluate(torch.randn(E, T, 5), net.initial_state(E), op)
+    slot = torch.tensor([[0, 1, 2]] * E)
+    out = net.evaluate(torch.randn(E, T, 5), net.initial_state(E), op, slot)
     loss = sum(out[h, "logits"].square().sum() for h in HEADS) + out["state_value"].sum()
     loss.backward()
     for name, p in net.named_parameters():
@@ -85,7 +88,7 @@ def test_deterministic_act_takes_the_most_likely_legal_choice():
     obs, state = torch.randn(6, 5), net.initial_state(6)
     out, _ = net.act(obs, state, legal, deterministic=True)
     feats, _ = net.features(obs.unsqueeze(1), state)
-    logits = net.head_logits(feats.squeeze(1), out["op", "action"])
+    logits = net.head_logits(feats.squeeze(1), out["op", "action"], out["slot", "action"])
     for head in HEADS:
         masked = torch.where(out[head, "action_mask"], logits[head], -torch.inf)
         assert torch.equal(out[head, "action"], masked.argmax(-1)), head

@@ -128,7 +128,8 @@ def test_C4_H5_value_clip_anchor_is_the_update_start_recomputation(monkeypatch):
     with torch.no_grad():
         h0 = rollout["recurrent_state", "h"][:, 0].unsqueeze(0)
         c0 = rollout["recurrent_state", "c"][:, 0].unsqueeze(0)
-        expected = policy.evaluate(rollout["observation"], (h0, c0), rollout["op", "action"])["state_value"]
+        actions = rollout["op", "action"], rollout["slot", "action"]
+        expected = policy.evaluate(rollout["observation"], (h0, c0), *actions)["state_value"]
     trainer.update(rollout)
     assert len(anchors) == 6
     first_obs = rollout["raw_observation"][:, 0, 0]
@@ -152,7 +153,7 @@ def test_H5_every_epoch_rescores_whole_sequences_with_the_current_weights(monkey
         with torch.no_grad():
             h0 = td["recurrent_state", "h"][:, 0].unsqueeze(0)
             c0 = td["recurrent_state", "c"][:, 0].unsqueeze(0)
-            fresh = policy.evaluate(td["observation"], (h0, c0), td["op", "action"])
+            fresh = policy.evaluate(td["observation"], (h0, c0), td["op", "action"], td["slot", "action"])
         torch.testing.assert_close(td["current", "op", "logits"], fresh["op", "logits"])
         torch.testing.assert_close(td["current", "state_value"], fresh["state_value"])
         first = rollout["observation"][:, 0]
@@ -188,9 +189,9 @@ def test_H5_rescoring_starts_from_the_stored_initial_state_not_from_zeros(monkey
         with torch.no_grad():
             first = td["recurrent_state"][:, 0]
             stored = (first["h"].unsqueeze(0), first["c"].unsqueeze(0))
-            fresh = policy.evaluate(td["observation"], stored, td["op", "action"])
+            fresh = policy.evaluate(td["observation"], stored, td["op", "action"], td["slot", "action"])
             zero = policy.initial_state(td.shape[0])
-            zeros = policy.evaluate(td["observation"], zero, td["op", "action"])
+            zeros = policy.evaluate(td["observation"], zero, td["op", "action"], td["slot", "action"])
         torch.testing.assert_close(td["current", "op", "logits"], fresh["op", "logits"])
         torch.testing.assert_close(td["current", "state_value"], fresh["state_value"])
         assert not torch.allclose(fresh["op", "logits"], zeros["op", "logits"]), "must tell them apart"
