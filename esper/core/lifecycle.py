@@ -152,8 +152,16 @@ class LifecycleConfig:
     gate_masks: bool = config_field(
         True, "offer ADVANCE / FOSSILIZE only where their gate would pass (a failing one does nothing)"
     )
+    prune_gate: bool = config_field(
+        False, "PRUNE only seeds that do not pay: a blended seed contributing >= g5_min_contribution is kept"
+    )
     grad_ratio_momentum: float = config_field(0.9, "EMA momentum of the gradient ratio")
     grad_ratio_cap: float = config_field(10.0, "cap on the per-epoch gradient ratio before the EMA")
+
+    @property
+    def prune_floor(self) -> float | None:
+        """The ``prune_below`` of :func:`esper.core.masks.op_slot_legality` (None: any seed prunable)."""
+        return self.g5_min_contribution if self.prune_gate else None
 
     def __post_init__(self) -> None:
         where = "LifecycleConfig"
@@ -367,8 +375,9 @@ def lifecycle_step(
     op = action["op"]
     chosen = torch.arange(S, device=dev) == action["slot"].unsqueeze(-1)
     legal = op_slot_legality(
-        slots, max_seeds=cfg.max_seeds, min_prune_age=cfg.min_prune_age, auto_advance=cfg.auto_advance
-    )
+        slots, max_seeds=cfg.max_seeds, min_prune_age=cfg.min_prune_age, auto_advance=cfg.auto_advance,
+        prune_below=cfg.prune_floor,
+    )  # fmt: skip
     op_hot = torch.arange(legal.shape[-2], device=dev) == op.unsqueeze(-1)
     legal_here = (legal & op_hot.unsqueeze(-1)).any(-2)
     act = chosen & legal_here

@@ -34,6 +34,7 @@ def op_slot_legality(
     min_prune_age: int = 0,
     gates: TensorDict | None = None,
     auto_advance: bool = False,
+    prune_below: float | None = None,
 ) -> torch.Tensor:
     """``slots [*E, S] -> [*E, N_OPS, S] bool``: may op ``o`` be applied to slot ``s``.
 
@@ -42,12 +43,16 @@ def op_slot_legality(
     given, ADVANCE and FOSSILIZE are legal only where their gate would pass (G2 on TRAINING, G3 on
     BLENDING, G5), since a failing one changes nothing and only costs a step. With ``auto_advance``
     the lifecycle advances seeds itself (:class:`esper.core.lifecycle.LifecycleConfig`), so ADVANCE is
-    never legal. Rules (without ``gates``, the gates are checked at execution only):
+    never legal. With ``prune_below`` (:attr:`esper.core.lifecycle.LifecycleConfig.prune_floor`), a seed
+    that pays - blended in (alpha > 0) with a counterfactual ``contribution`` of at least
+    ``prune_below`` points - cannot be pruned: PRUNE is for seeds the host does not depend on. Rules
+    (without ``gates``, the gates are checked at execution only):
 
     - WAIT: any enabled slot (the slot head does not matter under WAIT).
     - GERMINATE: enabled, DORMANT, and fewer than ``max_seeds`` live seeds in the env.
     - SET_ALPHA_TARGET: BLENDING or HOLDING, alpha not ramping.
-    - PRUNE: GERMINATED, TRAINING, BLENDING or HOLDING, ``age >= min_prune_age``, not ramping.
+    - PRUNE: GERMINATED, TRAINING, BLENDING or HOLDING, ``age >= min_prune_age``, not ramping (and
+      not paying, with ``prune_below``).
     - FOSSILIZE: HOLDING, not ramping.
     - ADVANCE: TRAINING or BLENDING.
     """
@@ -77,6 +82,10 @@ def op_slot_legality(
     }
     if auto_advance:
         per_op[Op.ADVANCE] = torch.zeros_like(enabled)
+    if prune_below is not None:
+        contribution = torch.nan_to_num(slots["contribution"].float(), nan=0.0)
+        pays = (slots["alpha"] > 0) & (contribution >= prune_below)
+        per_op[Op.PRUNE] = per_op[Op.PRUNE] & ~pays
     if gates is not None:
         per_op[Op.ADVANCE] = per_op[Op.ADVANCE] & (
             (is_(Stage.TRAINING) & gates["g2"]) | (is_(Stage.BLENDING) & gates["g3"])
@@ -93,9 +102,10 @@ def legal_masks(
     min_prune_age: int = 0,
     gates: TensorDict | None = None,
     auto_advance: bool = False,
+    prune_below: float | None = None,
 ) -> TensorDict:
-    """Legality of every head before the op is sampled, batch ``[*E]`` (``gates``, ``auto_advance``:
-    see :func:`op_slot_legality`).
+    """Legality of every head before the op is sampled, batch ``[*E]`` (``gates``, ``auto_advance``,
+    ``prune_below``: see :func:`op_slot_legality`).
 
     Returns ``op [*E, N_OPS]``, ``slot_by_op [*E, N_OPS, S]``, a ``[*E, n]`` mask for every other head
     (all True but for the blueprint head's ``spec.masked_blueprints``). Feed it to
@@ -106,8 +116,9 @@ def legal_masks(
             f"legal_masks: slot state must have batch size [*E, {spec.n_slots}], got {list(slots.batch_size)}"
         )
     by_op = op_slot_legality(
-        slots, max_seeds=max_seeds, min_prune_age=min_prune_age, gates=gates, auto_advance=auto_advance
-    )
+        slots, max_seeds=max_seeds, min_prune_age=min_prune_age, gates=gates, auto_advance=auto_advance,
+        prune_below=prune_below,
+    )  # fmt: skip
     env_shape = slots.batch_size[:-1]
     out = {"op": by_op.any(-1), "slot_by_op": by_op}
     for head, n in spec.sizes.items():

@@ -207,9 +207,9 @@ def observe(
     all_params = host + seed_params.sum(-1)
     n_live = f32(live.sum(-1))
     gates = gate_readiness(slots, signals["val_acc"], cfg)
-    prunable = op_slot_legality(slots, max_seeds=cfg.max_seeds, min_prune_age=cfg.min_prune_age)[
-        ..., int(Op.PRUNE), :
-    ]
+    prunable = op_slot_legality(
+        slots, max_seeds=cfg.max_seeds, min_prune_age=cfg.min_prune_age, prune_below=cfg.prune_floor
+    )[..., int(Op.PRUNE), :]
     ramping = live & (slots["ramp_pos"] < slots["ramp_len"])
     grad = torch.nan_to_num(f32(slots["grad_ratio"]), nan=0.0).clamp(0.0, cfg.grad_ratio_cap)
     grad_ratio = torch.log1p(grad) / math.log1p(cfg.grad_ratio_cap)

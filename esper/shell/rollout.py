@@ -136,7 +136,7 @@ class EpisodeRunner:
         gates = gate_readiness(slots, signals["val_acc"], lc) if lc.gate_masks else None
         legal = legal_masks(
             slots, env.spec, max_seeds=lc.max_seeds, min_prune_age=lc.min_prune_age, gates=gates,
-            auto_advance=lc.auto_advance,
+            auto_advance=lc.auto_advance, prune_below=lc.prune_floor,
         )  # fmt: skip
         return raw_obs, legal
 

@@ -16,7 +16,7 @@ def test_masks_compile(compile_check):
     op = torch.tensor([int(Op.PRUNE), int(Op.GERMINATE)])
 
     def fn(slots, op):
-        legal = masks.legal_masks(slots, spec, max_seeds=2, min_prune_age=1)
+        legal = masks.legal_masks(slots, spec, max_seeds=2, min_prune_age=1, prune_below=1.0)
         return masks.action_masks(legal, op), masks.head_relevance(op)
 
     compile_check(fn, slots, op)

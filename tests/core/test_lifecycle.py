@@ -414,6 +414,21 @@ def test_prune_ramps_alpha_down_then_removes():
     assert fired(run[12][2]) == {"removed"}
 
 
+@pytest.mark.parametrize(("contribution", "pruned"), [(2.0, False), (0.5, True)])
+def test_prune_gate_keeps_a_seed_that_pays(contribution, pruned):
+    """``prune_gate``: PRUNE of a blended seed contributing >= g5_min_contribution is illegal (a no-op
+    with an ``illegal`` event), as the legality masks say; a seed below it is pruned as before."""
+    cfg = LifecycleConfig(prune_gate=True)
+    assert cfg.prune_floor == cfg.g5_min_contribution and LifecycleConfig().prune_floor is None
+    plan = {1: (Op.GERMINATE, 0, {"tempo": Tempo.FAST}), 6: (Op.ADVANCE, 0, {}), 10: (Op.ADVANCE, 0, {})}
+    plan[11] = (Op.PRUNE, 0, {"alpha_speed": AlphaSpeed.FAST})
+    run = _play(plan, T=11, contribution=contribution, cfg=cfg)
+    pre, new, ev = run[10]
+    assert bool(op_slot_legality(pre, prune_below=cfg.prune_floor)[0, Op.PRUNE, 0]) is pruned
+    assert fired(ev) == ({"prune_started"} if pruned else {"illegal"})
+    assert Stage(int(new["stage"][0, 0])) == (Stage.PRUNED if pruned else Stage.HOLDING)
+
+
 @pytest.mark.parametrize("when", ["instant", "alpha_zero"])
 def test_prune_instant_or_at_alpha_zero_removes_this_step(when):
     speed = AlphaSpeed.INSTANT if when == "instant" else AlphaSpeed.SLOW

@@ -86,6 +86,24 @@ def test_legality_respects_age_ramp_enabled_and_seed_budget():
     assert room[0, Op.GERMINATE].tolist() == [False, True]
 
 
+def test_prune_below_keeps_seeds_that_pay():
+    """``prune_below``: a blended seed contributing at least that many points cannot be pruned; one that
+    contributes less, or is not blended in yet (alpha 0, no contribution measured), can. Without it
+    every seed of a prunable stage can (the reference's rule)."""
+    S = Stage
+    slots = _slots([[S.BLENDING, S.HOLDING, S.HOLDING, S.TRAINING]])
+    slots["alpha"] = torch.tensor([[0.5, 1.0, 1.0, 0.0]])
+    slots["contribution"] = torch.tensor([[3.0, 0.4, float("nan"), 0.0]])
+    assert masks.op_slot_legality(slots)[0, Op.PRUNE].tolist() == [True] * 4
+    gated = masks.op_slot_legality(slots, prune_below=1.0)
+    assert gated[0, Op.PRUNE].tolist() == [False, True, True, True]
+    legal = masks.legal_masks(slots, ActionSpec(n_slots=4, n_blueprints=2), prune_below=1.0)
+    assert legal["slot_by_op"][0, Op.PRUNE].tolist() == [False, True, True, True]
+    assert torch.equal(legal["slot_by_op"][0, Op.FOSSILIZE], masks.op_slot_legality(slots)[0, Op.FOSSILIZE])
+    slots["contribution"][0, 0] = 0.99
+    assert masks.op_slot_legality(slots, prune_below=1.0)[0, Op.PRUNE, 0]
+
+
 def test_action_masks_condition_slot_on_sampled_op():
     S = Stage
     spec = ActionSpec(n_slots=3, n_blueprints=4)
