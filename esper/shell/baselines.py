@@ -108,7 +108,7 @@ class GrowAllController(_NoLearning):
                 raise ValueError(f"GrowAllController: a plan maps slot indices to blueprint indices, got "
                                  f"{dict(blueprint)}")  # fmt: skip
             self.plan: dict[int, int] | None = dict(blueprint)
-            self.blueprint = next(iter(self.plan.values()))
+            self.blueprint: int | None = None
         else:
             self.plan, self.blueprint = None, int(blueprint)
         self.lc = lifecycle
@@ -117,9 +117,10 @@ class GrowAllController(_NoLearning):
 
     def _planned(self, n_slots: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(allowed [S] bool, blueprint [S] int64)`` of the plan (every slot, one blueprint without)."""
-        if self.plan is None:
+        if self.blueprint is not None:
             return (torch.ones(n_slots, dtype=torch.bool, device=device),
                     torch.full((n_slots,), self.blueprint, dtype=torch.int64, device=device))  # fmt: skip
+        assert self.plan is not None
         if max(self.plan) >= n_slots:
             raise ValueError(f"GrowAllController: plan names slot {max(self.plan)}, the host has {n_slots}")
         allowed = torch.zeros(n_slots, dtype=torch.bool, device=device)

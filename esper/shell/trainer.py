@@ -91,7 +91,13 @@ class PPOConfig:
     head_entropy_weights: tuple[float, ...] = doc(
         (), "per-head entropy weights in HEADS order (empty: all 1)", ge=0
     )
-    lr: float = doc(3e-4, "AdamW learning rate", gt=0)
+    lr: float = doc(3e-4, "AdamW learning rate (at the first update, when annealed)", gt=0)
+    lr_end: float | None = doc(
+        None, "AdamW learning rate after annealing (none: constant)", ge=0
+    )
+    lr_anneal_updates: int = doc(
+        0, "updates over which the learning rate moves linearly to lr_end", ge=0
+    )
     adam_eps: float = doc(1e-5, "AdamW epsilon", gt=0)
     critic_weight_decay: float = doc(0.0, "weight decay on the value head only", ge=0)
     max_grad_norm: float = doc(0.5, "global gradient-norm clip", gt=0)
@@ -132,10 +138,20 @@ class PPOConfig:
             )
 
     def entropy_coef_at(self, update: int) -> float:
-        if self.entropy_coef_end is None or self.entropy_anneal_updates == 0:
-            return self.entropy_coef
-        frac = min(1.0, update / self.entropy_anneal_updates)
-        return self.entropy_coef + frac * (self.entropy_coef_end - self.entropy_coef)
+        return _anneal(self.entropy_coef, self.entropy_coef_end, self.entropy_anneal_updates, update)
+
+    def lr_at(self, update: int) -> float:
+        """The learning rate of update ``update`` (0-based): ``lr`` moving linearly to ``lr_end`` over
+        ``lr_anneal_updates`` (the late updates of a short run take small steps, so a policy that has
+        found what pays does not drift away from it on the noise of 8 episodes)."""
+        return _anneal(self.lr, self.lr_end, self.lr_anneal_updates, update)
+
+
+def _anneal(start: float, end: float | None, updates: int, update: int) -> float:
+    if end is None or updates == 0:
+        return start
+    frac = min(1.0, update / updates)
+    return (1.0 - frac) * start + frac * end  # exactly ``end`` once annealed
 
 
 @dataclass(slots=True)
@@ -304,6 +320,12 @@ class PPOTrainer:
         batch = self.prepare(batch)
         coef = self.cfg.entropy_coef_at(self.state.updates)
         coef_t = torch.tensor(coef, device=batch.device)  # a tensor: a new value never recompiles
+        lr = self.cfg.lr_at(self.state.updates)
+        if self.train_step is None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        # compiled: the optimizer keeps cfg.lr (a float in the graph) and the step is scaled by a tensor
+        lr_scale = torch.tensor(lr / self.cfg.lr, device=batch.device)
         self.optimizer.zero_grad(set_to_none=True)
         if self.train_step is not None:
             init_adam_state(self.optimizer)  # a no-op unless a loaded state_dict had none yet
@@ -322,7 +344,7 @@ class PPOTrainer:
                     steps.append(step_metrics)
                     continue
                 if self.train_step is not None:
-                    step_metrics, flags = self.train_step(batch, idx, coef_t)
+                    step_metrics, flags = self.train_step(batch, idx, coef_t, lr_scale)
                     # sync point: the KL and finiteness flags (where either fails, no step was applied)
                     stopped, ok = flags.tolist()
                     if stopped or not ok:
@@ -364,7 +386,7 @@ class PPOTrainer:
         out = _flatten_update_metrics(metrics)
         out.update(
             entropy_coef=coef,
-            lr=cfg.lr,
+            lr=lr,
             epochs_run=epochs_run,
             minibatch_steps=len(steps),
             early_stopped=bool(stopped),
@@ -456,11 +478,12 @@ class PPOTrainer:
         self.optimizer.load_state_dict(state[1])
 
     def _train_step(
-        self, batch: TensorDictBase, idx: torch.Tensor, coef: torch.Tensor
+        self, batch: TensorDictBase, idx: torch.Tensor, coef: torch.Tensor, lr_scale: torch.Tensor
     ) -> tuple[TensorDict, torch.Tensor]:
         """One minibatch step, the body of the compiled graph: gather the envs ``idx`` of ``batch``,
-        re-score, loss, backward, gradient health, clip, AdamW (not applied where the KL flag is set or
-        the loss or a gradient is not finite). Returns the step's metrics and the flags
+        re-score, loss, backward, gradient health, clip, AdamW at ``lr_scale`` x the optimizer's
+        learning rate (not applied where the KL flag is set or the loss or a gradient is not finite).
+        Returns the step's metrics and the flags
         ``[early_stop, finite]``. Every ``.grad`` is None on entry and on exit."""
         td = batch[idx]
         td["current"] = self._evaluate(td)
@@ -472,7 +495,7 @@ class PPOTrainer:
         finite = torch.isfinite(total) & health["finite"]
         torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         stop = losses["early_stop"]
-        adam_step(self.optimizer, skip=stop | ~finite)
+        adam_step(self.optimizer, skip=stop | ~finite, scale=lr_scale)
         for p in self.params:
             p.grad = None
         return _step_metrics(losses, health, coef), torch.stack([stop, finite])

@@ -58,10 +58,15 @@ def init_adam_state(optimizer: torch.optim.Adam) -> None:
                 state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def adam_step(optimizer: torch.optim.Adam, *, skip: torch.Tensor | None = None) -> None:
+def adam_step(
+    optimizer: torch.optim.Adam, *, skip: torch.Tensor | None = None, scale: torch.Tensor | None = None
+) -> None:
     """One Adam/AdamW step of ``optimizer`` over the parameters that have a ``.grad``, traceable into
     the caller's graph. Same update as ``optimizer.step()`` (foreach arithmetic; equal up to float
     rounding). ``skip``: bool ``[]``; where True, parameters, moments and step counts keep their values.
+    ``scale``: float ``[]``; the parameters move ``scale`` times as far, which is the step at
+    ``scale x lr`` (Adam's and AdamW's parameter change is linear in the learning rate, decoupled
+    weight decay included): an annealed learning rate as a tensor, so a new value never recompiles.
     Call :func:`init_adam_state` once before the first compiled call."""
     with torch.no_grad():
         for group in optimizer.param_groups:
@@ -75,6 +80,7 @@ def adam_step(optimizer: torch.optim.Adam, *, skip: torch.Tensor | None = None) 
             }
             touched = [*params, *(t for ts in moments.values() for t in ts)]
             before = [t.clone() for t in touched] if skip is not None else None
+            start = [p.clone() for p in params] if scale is not None else None
             beta1, beta2 = group["betas"]
             _functional_adam(
                 params,
@@ -95,6 +101,9 @@ def adam_step(optimizer: torch.optim.Adam, *, skip: torch.Tensor | None = None) 
                 eps=group["eps"],
                 maximize=group["maximize"],
             )
+            if start is not None:
+                for p, old in zip(params, start):
+                    p.copy_(old + scale * (p - old))
             if before is not None:
                 for t, old in zip(touched, before):
                     t.copy_(torch.where(skip, old, t))

@@ -48,13 +48,15 @@ def _assert_same_policy(a, b) -> None:
 
 
 def test_compiled_update_is_one_graph_without_recompiles_and_equals_eager():
-    """Two updates x 2 epochs x 2 minibatches with an annealed entropy coefficient: the step compiles
-    once (plus GAE's own graph), and the policy and metrics match the eager trainer's."""
+    """Two updates x 2 epochs x 2 minibatches with an annealed entropy coefficient and learning rate:
+    the step compiles once (plus GAE's own graph), and the policy and metrics match the eager
+    trainer's (whose optimizer takes the annealed rate; the compiled step scales its step instead)."""
     torch._dynamo.reset()
     backend = CountingBackend()
     cfg = PPOConfig(
         hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None,
         entropy_coef=0.05, entropy_coef_end=0.0, entropy_anneal_updates=2,
+        lr=1e-2, lr_end=1e-3, lr_anneal_updates=1,
     )  # fmt: skip
     (p_eager, eager), (p_comp, comp) = _pair(cfg, backend)
     rollout = make_rollout(p_eager, eager)
@@ -68,6 +70,7 @@ def test_compiled_update_is_one_graph_without_recompiles_and_equals_eager():
         _assert_same_policy(p_eager, p_comp)
     assert graphs_after == [2, 2], "one graph for the step and one for GAE; nothing recompiled"
     assert m_eager["entropy_coef"] != cfg.entropy_coef  # the coefficient did change between updates
+    assert m_eager["lr"] == m_comp["lr"] == 1e-3  # and so did the learning rate
     eager.optimizer.load_state_dict(comp.optimizer.state_dict())  # the state is the usual AdamW's
 
 

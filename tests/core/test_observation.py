@@ -106,6 +106,20 @@ def test_features_land_in_their_columns():
     assert float(o[col("plateau")]) == 0.0
 
 
+def test_prunable_feature_follows_the_prune_gate():
+    """``prunable`` is PRUNE's legality: with ``prune_gate`` a blended seed that pays reads 0."""
+    slots = init_slots(1, [True, True, True])
+    slots["stage"] = torch.tensor([[int(Stage.HOLDING)] * 3])
+    slots["age"] = torch.full((1, 3), 10)
+    slots["alpha"] = torch.tensor([[1.0, 1.0, 0.0]])
+    slots["contribution"] = torch.tensor([[4.0, 0.2, 0.0]])
+    sig = make_signals(1, 3, epoch=10, val_acc=50.0)
+    h = update_history(init_history(1), sig)
+    prunable = lambda cfg: [float(_obs(sig, h, slots, cfg)[0, col(f"slot{k}.prunable")]) for k in range(3)]
+    assert prunable(LifecycleConfig()) == [1.0, 1.0, 1.0]
+    assert prunable(LifecycleConfig(prune_gate=True)) == [0.0, 1.0, 1.0]
+
+
 # ----------------------------------------------------------------------------------------- property
 _f = lambda: st.floats(allow_nan=False, allow_infinity=False, width=32)  # up to float32's max
 

@@ -270,6 +270,21 @@ def test_entropy_coefficient_anneals_linearly():
     assert [round(cfg.entropy_coef_at(u), 6) for u in (0, 5, 10, 20)] == [0.1, 0.05, 0.0, 0.0]
 
 
+def test_learning_rate_anneals_linearly_and_the_update_uses_it():
+    """``lr_at``: ``lr`` to ``lr_end`` over ``lr_anneal_updates`` (constant without them); each update
+    sets the optimizer's rate to its own and reports it; a resumed trainer goes on from its update."""
+    cfg = PPOConfig(hidden=16, head_hidden=8, lr=1e-2, lr_end=0.0, lr_anneal_updates=4, n_epochs=1)
+    assert [round(cfg.lr_at(u), 6) for u in (0, 1, 2, 4, 9)] == [0.01, 0.0075, 0.005, 0.0, 0.0]
+    assert PPOConfig(lr=1e-3).lr_at(50) == 1e-3 and PPOConfig(lr=1e-3, lr_end=0.0).lr_at(50) == 1e-3
+    policy, trainer = _make(cfg)
+    rollout = make_rollout(policy, trainer)
+    assert [trainer.update(rollout.clone())["lr"] for _ in range(2)] == [0.01, 0.0075]
+    assert all(g["lr"] == 0.0075 for g in trainer.optimizer.param_groups)
+    _, trainer2 = _make(cfg, seed=3)
+    trainer2.load_state_dict(trainer.state_dict())
+    assert trainer2.update(rollout.clone())["lr"] == 0.005
+
+
 def test_bad_ppo_config_is_refused():
     with pytest.raises(ValueError, match="ppo.gamma"):
         PPOConfig(gamma=1.5)

@@ -49,6 +49,30 @@ def test_adam_step_is_the_optimizers_step(kind, kw):
     assert float(ref_opt.state[ref[0].weight]["step"]) == 3.0
 
 
+@pytest.mark.parametrize(("kind", "kw"), KINDS[:2])
+def test_scale_is_the_step_at_a_scaled_learning_rate(kind, kw):
+    """``scale=s`` moves the parameters as the optimizer does at ``s x lr`` (every group's, decoupled
+    and L2 weight decay alike), with the same moments; ``skip`` still wins."""
+    net, opt, ref, ref_opt = _net_and_opts(kind, **kw)
+    init_adam_state(opt)
+    for group in ref_opt.param_groups:
+        group["lr"] *= 0.3
+    x = torch.randn(16, 3)
+    for _ in range(3):
+        _loss(net, x).backward()
+        adam_step(opt, scale=torch.tensor(0.3))
+        opt.zero_grad(set_to_none=True)
+        _loss(ref, x).backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+    for a, b in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b)
+    before = [p.clone() for p in net.parameters()]
+    _loss(net, x).backward()
+    adam_step(opt, skip=torch.tensor(True), scale=torch.tensor(0.3))
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), before))
+
+
 def test_skip_leaves_parameters_and_state_untouched():
     net, opt, _, _ = _net_and_opts()
     init_adam_state(opt)
