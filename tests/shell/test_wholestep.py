@@ -27,6 +27,20 @@ def _loss(net, x):
     return net(x).square().mean()
 
 
+def _three_steps_match(net, opt, ref, ref_opt, x, **step_kw):
+    """Three steps of ``adam_step(opt, **step_kw)`` on ``net`` and of ``ref_opt.step()`` on ``ref``
+    leave the same parameters."""
+    for _ in range(3):
+        _loss(net, x).backward()
+        adam_step(opt, **step_kw)
+        opt.zero_grad(set_to_none=True)
+        _loss(ref, x).backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+    for a, b in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b)
+
+
 KINDS = [("adamw", {}), ("adam", {"weight_decay": 0.01}), ("adam", {"amsgrad": True})]
 
 
@@ -35,15 +49,7 @@ def test_adam_step_is_the_optimizers_step(kind, kw):
     net, opt, ref, ref_opt = _net_and_opts(kind, **kw)
     init_adam_state(opt)
     x = torch.randn(16, 3)
-    for _ in range(3):
-        _loss(net, x).backward()
-        adam_step(opt)
-        opt.zero_grad(set_to_none=True)
-        _loss(ref, x).backward()
-        ref_opt.step()
-        ref_opt.zero_grad(set_to_none=True)
-    for a, b in zip(net.parameters(), ref.parameters()):
-        torch.testing.assert_close(a, b)
+    _three_steps_match(net, opt, ref, ref_opt, x)
     # the state is the optimizer's: an eager optimizer loads it and goes on from there
     ref_opt.load_state_dict(opt.state_dict())
     assert float(ref_opt.state[ref[0].weight]["step"]) == 3.0
@@ -58,15 +64,7 @@ def test_scale_is_the_step_at_a_scaled_learning_rate(kind, kw):
     for group in ref_opt.param_groups:
         group["lr"] *= 0.3
     x = torch.randn(16, 3)
-    for _ in range(3):
-        _loss(net, x).backward()
-        adam_step(opt, scale=torch.tensor(0.3))
-        opt.zero_grad(set_to_none=True)
-        _loss(ref, x).backward()
-        ref_opt.step()
-        ref_opt.zero_grad(set_to_none=True)
-    for a, b in zip(net.parameters(), ref.parameters()):
-        torch.testing.assert_close(a, b)
+    _three_steps_match(net, opt, ref, ref_opt, x, scale=torch.tensor(0.3))
     before = [p.clone() for p in net.parameters()]
     _loss(net, x).backward()
     adam_step(opt, skip=torch.tensor(True), scale=torch.tensor(0.3))
