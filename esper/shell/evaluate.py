@@ -33,6 +33,7 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ PLAN_PREFIX = "grow:"
 EXTRA_CONTROLLERS = "grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]"
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
 EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
-                  "n_fossilized", "n_pruned", "host_seed")  # fmt: skip
+                  "n_fossilized", "n_pruned", "host_seed", "grown", "germinated_at")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- controllers
@@ -183,6 +184,12 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         for op, n in r.get("op_counts", {}).items():
             ops[op] = ops.get(op, 0.0) + n / len(records)
     out["op_counts_mean"] = ops
+    # what was grown, where and when: the final hosts' seeds in the placements' notation, most common
+    # first, and the epoch of each episode's first germination (episodes that germinated at all)
+    grown = Counter(r["grown"] for r in records)
+    out["grown_counts"] = dict(sorted(grown.items(), key=lambda kv: (-kv[1], kv[0])))
+    first = [r["germinated_at"][0] for r in records if r["germinated_at"]]
+    out["first_germination_mean"] = float(np.mean(first)) if first else None
     out["val_acc_curve_mean"] = np.mean([r["val_acc_curve"] for r in records], axis=0).tolist()
     out["per_episode"] = [{k: r[k] for k in (*EPISODE_FIELDS, "episode")} for r in records]
     return out
@@ -379,7 +386,20 @@ def report_markdown(results: dict, plots: Sequence[Path]) -> str:
         f"accuracy − {meta['param_weight']} × added / host parameters) "
         f"{_f(corr['return_vs_test_objective'], 3)}.",
         "",
+        "What each controller grew: the seeds blended into its final hosts (`slot=blueprint`, as in the "
+        "`grow:` placements; episodes out of "
+        f"{meta['episodes']}) and the mean epoch of its first germination.",
+        "",
+        "| controller | final hosts' seeds (episodes) | first germination, epoch |",
+        "|---|---|---:|",
     ]
+    for name, s in ctl.items():
+        counts = s.get("grown_counts", {})  # (absent from results written before it was recorded)
+        plans = ", ".join(f"`{k or 'none'}` ({n})" for k, n in list(counts.items())[:3])
+        plans += f", {len(counts) - 3} more" if len(counts) > 3 else ""
+        first = s.get("first_germination_mean")
+        lines.append(f"| {name} | {plans} | {'-' if first is None else _f(first)} |")
+    lines.append("")
     lines += [f"![{p.stem}]({p.as_posix()})" for p in plots]
     return "\n".join(lines) + "\n"
 

@@ -298,7 +298,8 @@ class EpisodeRunner:
         comp_sums = {k: v.float().sum(1).tolist() for k, v in comps.items() if v.is_floating_point()}
         n_fossil = (final_slots["stage"] == int(Stage.FOSSILIZED)).sum(-1).tolist()
         fin = result.final
-        blended = torch.where(fin["slots", "alpha"] > 0, fin["slots", "seed_params"], 0.0)  # the final host's
+        live = fin["slots", "alpha"] > 0  # seeds blended into the final host
+        blended = torch.where(live, fin["slots", "seed_params"], 0.0)
         final = {
             k: v.tolist()
             for k, v in {
@@ -310,6 +311,11 @@ class EpisodeRunner:
                 "objective": objective(fin, self.reward_cfg, final=True),
             }.items()
         }  # sync point: the episode's final numbers, once
+        grown = self._grown(live, final_slots["blueprint"])
+        germinated_at = [[] for _ in range(self.env.n)]
+        for e in result.lifecycle:
+            if e["kind"] == "germinated":
+                germinated_at[e["env"] - self.env.first_env].append(e["epoch"])
         return [
             {
                 "env": self.env.first_env + i,  # the global index (a process may run a slice)
@@ -326,8 +332,19 @@ class EpisodeRunner:
                 "n_pruned": removed[i],
                 "reward_components": {k: v[i] for k, v in comp_sums.items()},
                 "op_counts": dict(op_counts[i]),
+                "grown": grown[i],
+                "germinated_at": germinated_at[i],
             }
             for i in range(self.env.n)
+        ]
+
+    def _grown(self, live: torch.Tensor, blueprint: torch.Tensor) -> list[str]:
+        """Per env, the seeds blended into the final host in the fixed placements' notation
+        (``b0=conv_heavy+b2=depthwise``; ``""``: none), so a controller's hosts compare with a plan."""
+        slots, names = self.env.slot_names, self.env.blueprint_names
+        return [
+            "+".join(f"{slots[s]}={names[int(b)]}" for s, (on, b) in enumerate(zip(lv, bp)) if on)
+            for lv, bp in zip(live.tolist(), blueprint.tolist())
         ]
 
 

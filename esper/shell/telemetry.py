@@ -23,7 +23,9 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     the test split, read only here, never by the controller), ``host_params`` (the final host's
     parameters, fossilized seeds included), ``params_added`` (minus the static host's), ``objective``
     (the OBJECTIVE reward's value of the final host on validation data), ``n_fossilized``,
-    ``n_pruned``, ``reward_components`` (dict name → episode sum), ``op_counts`` (dict op → count).
+    ``n_pruned``, ``reward_components`` (dict name → episode sum), ``op_counts`` (dict op → count),
+    ``grown`` (the seeds blended into the final host, ``b0=conv_heavy+b2=depthwise``; ``""``: none),
+    ``germinated_at`` (the epoch of each germination, in order).
 ``lifecycle``
     ``update``, ``epoch``, ``env``, ``slot`` (index or name), ``kind`` (what happened, e.g.
     germinated, advanced, fossilized, prune_started, removed, timeout_pruned, timeout_fossilized),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from esper.shell.evaluate import CONTROLLERS, evaluate, main
 
@@ -49,8 +50,13 @@ def test_evaluate_cli_writes_results_report_and_plots(run_dir):
     corr = results["correlations"]
     assert corr["n_episodes"] == 3 * len(CONTROLLERS) and "return_vs_test_acc" in corr
     assert "ppo_greedy" in results["meta"]["ppo_acts"] and results["meta"]["trained_updates"] == 1
+    assert static["grown_counts"] == {"": 3} and static["first_germination_mean"] is None
+    for s in results["controllers"].values():  # what was grown: a count per final plan, every episode once
+        assert sum(s["grown_counts"].values()) == 3
+        assert [e["grown"] for e in s["per_episode"]].count("") == s["grown_counts"].get("", 0)
     report = (run_dir / "eval" / "report.md").read_text()
     assert "| grow_all |" in report and "Spearman" in report
+    assert "What each controller grew" in report and "| static | `none` (3) | - |" in report
     for plot in ("acc_vs_params.png", "acc_over_epochs.png"):
         assert (run_dir / "eval" / "plots" / plot).stat().st_size > 1000
 
@@ -140,3 +146,8 @@ def test_plan_controller_grows_only_the_planned_slots_with_their_blueprints():
                         if e["kind"] == "germinated")  # fmt: skip
     plan = ((1, 0, "conv_heavy"), (2, 2, "depthwise"))  # (epoch, slot, blueprint), in slot order
     assert germinated == [(i, *step) for i in (0, 1) for step in plan]
+    # the episode summary says when it germinated, and what its final host holds in the plan's notation
+    assert [ep["germinated_at"] for ep in result.episodes] == [[1, 2], [1, 2]]
+    live = torch.tensor([[True, False, True], [False, False, False]])
+    blueprint = torch.tensor([[bp.index("conv_heavy"), 0, bp.index("depthwise")], [0, 0, 0]])
+    assert runner._grown(live, blueprint) == ["b0=conv_heavy+b2=depthwise", ""]
