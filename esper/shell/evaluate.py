@@ -394,10 +394,10 @@ def report_markdown(results: dict, plots: Sequence[Path]) -> str:
         "|---|---|---:|",
     ]
     for name, s in ctl.items():
-        counts = s.get("grown_counts", {})  # (absent from results written before it was recorded)
+        counts = s["grown_counts"]
         plans = ", ".join(f"`{k or 'none'}` ({n})" for k, n in list(counts.items())[:3])
         plans += f", {len(counts) - 3} more" if len(counts) > 3 else ""
-        first = s.get("first_germination_mean")
+        first = s["first_germination_mean"]
         lines.append(f"| {name} | {plans} | {'-' if first is None else _f(first)} |")
     lines.append("")
     lines += [f"![{p.stem}]({p.as_posix()})" for p in plots]

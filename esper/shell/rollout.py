@@ -309,9 +309,11 @@ class EpisodeRunner:
                 "params_added": blended.sum(-1),
                 "host_params": fin["host_params"],
                 "objective": objective(fin, self.reward_cfg, final=True),
+                "live": live,
+                "blueprint": final_slots["blueprint"],
             }.items()
         }  # sync point: the episode's final numbers, once
-        grown = self._grown(live, final_slots["blueprint"])
+        grown = self._grown(final["live"], final["blueprint"])
         germinated_at = [[] for _ in range(self.env.n)]
         for e in result.lifecycle:
             if e["kind"] == "germinated":
@@ -338,13 +340,14 @@ class EpisodeRunner:
             for i in range(self.env.n)
         ]
 
-    def _grown(self, live: torch.Tensor, blueprint: torch.Tensor) -> list[str]:
-        """Per env, the seeds blended into the final host in the fixed placements' notation
-        (``b0=conv_heavy+b2=depthwise``; ``""``: none), so a controller's hosts compare with a plan."""
+    def _grown(self, live: list[list[bool]], blueprint: list[list[int]]) -> list[str]:
+        """Per env, the seeds blended into the final host ([env][slot] flags and blueprint indices) in
+        the fixed placements' notation (``b0=conv_heavy+b2=depthwise``; ``""``: none), so a
+        controller's hosts compare with a plan."""
         slots, names = self.env.slot_names, self.env.blueprint_names
         return [
             "+".join(f"{slots[s]}={names[int(b)]}" for s, (on, b) in enumerate(zip(lv, bp)) if on)
-            for lv, bp in zip(live.tolist(), blueprint.tolist())
+            for lv, bp in zip(live, blueprint)
         ]
 
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from esper.shell.evaluate import CONTROLLERS, evaluate, main
 
@@ -148,6 +147,6 @@ def test_plan_controller_grows_only_the_planned_slots_with_their_blueprints():
     assert germinated == [(i, *step) for i in (0, 1) for step in plan]
     # the episode summary says when it germinated, and what its final host holds in the plan's notation
     assert [ep["germinated_at"] for ep in result.episodes] == [[1, 2], [1, 2]]
-    live = torch.tensor([[True, False, True], [False, False, False]])
-    blueprint = torch.tensor([[bp.index("conv_heavy"), 0, bp.index("depthwise")], [0, 0, 0]])
+    live = [[True, False, True], [False, False, False]]
+    blueprint = [[bp.index("conv_heavy"), 0, bp.index("depthwise")], [0, 0, 0]]
     assert runner._grown(live, blueprint) == ["b0=conv_heavy+b2=depthwise", ""]
