@@ -3,6 +3,7 @@
     python -m bench.growth                          # sweep + 5 training seeds + evaluation (see README)
     python -m bench.growth --stage sweep            # static vs grow_all with every blueprint only
     python -m bench.growth --stage learn --seeds 5 --episodes 10
+    python -m bench.growth --stage learn --runs bench/runs/variant --train-args "--ppo.lr 1e-3"
 
 Three stages, each on the embedded default (``python -m esper.shell.run``'s preset):
 
@@ -19,7 +20,8 @@ Three stages, each on the embedded default (``python -m esper.shell.run``'s pres
    evaluated with ``python -m esper.shell.evaluate`` on ``--episodes`` fresh hosts of its own (evaluation
    seed ``1000 + k``) against ``static``, ``random``, ``heuristic`` and ``grow_all``. The 95 % intervals
    are over training seeds (Student-t of the per-seed means), so they include the spread between
-   trained controllers, not only between episodes.
+   trained controllers, not only between episodes. ``--train-args`` trains a variant of the default
+   (the run's own flags; give it its own ``--runs`` folder, since finished runs there are kept).
 
 Writes ``bench/results/<date>-<host>-growth.{md,json}`` and ``...-growth-*.png`` (test accuracy vs
 parameters added; test accuracy over the training updates of every seed).
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -167,9 +170,9 @@ def _evaluate(run_dir: Path, k: int, episodes: int) -> dict:
     return json.loads((run_dir / "eval" / "results.json").read_text())
 
 
-def learn(seeds: int, episodes: int, jobs: int, run_root: Path) -> dict[str, Any]:
+def learn(seeds: int, episodes: int, jobs: int, run_root: Path, train_args: str = "") -> dict[str, Any]:
     run_root.mkdir(parents=True, exist_ok=True)
-    extra = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
+    extra = (["--env.workers", "1", "--threads", "1"] if jobs > 1 else []) + shlex.split(train_args)
     t0 = time.perf_counter()
 
     def one(k: int) -> tuple[int, Path, float, dict, float]:
@@ -219,6 +222,7 @@ def learn(seeds: int, episodes: int, jobs: int, run_root: Path) -> dict[str, Any
         "eval_seconds": [t for *_, t in done],
         "seconds": time.perf_counter() - t0,
         "run_root": str(run_root),
+        "train_args": train_args,
     }
 
 
@@ -362,6 +366,11 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
             f"## The learned controller ({learned['seeds']} training seeds x "
             f"{learned['episodes_per_seed']} fresh hosts each; 95 % CI over training seeds)",
             "",
+            *(
+                [f"Trained with `{learned['train_args']}` on top of the default.", ""]
+                if learned.get("train_args")
+                else []
+            ),
             "| controller | test acc % [95 % CI] | params added [95 % CI] | per-seed means |",
             "|---|---|---|---|",
         ]
@@ -408,6 +417,12 @@ def main(argv: list[str] | None = None) -> int:
         help="training runs at a time (default 1: a run keeps both cores busy with its two env "
         "threads; two runs of one thread each took ~2x longer in total on the 2-core VM)",
     )
+    p.add_argument(
+        "--train-args",
+        default="",
+        help='flags for every training run of the learn stage, e.g. "--ppo.lr 1e-3" (default: none, '
+        "the embedded default)",
+    )
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "growth", help="where the training runs go")
     p.add_argument("--out", type=Path, default=ROOT / "results")
     args = p.parse_args(argv)
@@ -417,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     swept = sweep(args.sweep_episodes, seed=500) if args.stage in ("all", "sweep") else None
     placed = placement(args.sweep_episodes, seed=500) if args.stage in ("all", "placement") else None
     learned = (
-        learn(args.seeds, args.episodes, args.jobs, args.runs) if args.stage in ("all", "learn") else None
+        learn(args.seeds, args.episodes, args.jobs, args.runs, args.train_args)
+        if args.stage in ("all", "learn")
+        else None
     )
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{info['date']}-{info.get('host', 'host')}-growth" + (

@@ -28,3 +28,26 @@ def test_markdown_has_the_placement_section_and_every_placement_is_a_plan_or_gro
     assert "## Where growth pays: fixed placements (3 fresh hosts, paired)" in md
     assert "| grow_all | 84.0 [83.0, 85.0] | 40.0 [39.0, 41.0] | 1200 | 1.0 |" in md
     assert all(p == "grow_all" or p.startswith("grow:") for p in PLACEMENTS)
+
+
+def test_learn_passes_train_args_to_every_training_run(tmp_path, monkeypatch):
+    import bench.growth as bg
+
+    seen: list[list[str]] = []
+
+    class _Failed:
+        returncode = 1
+
+    def fake_run(cmd, **kw):  # the training run fails at once: only its command line matters here
+        seen.append(cmd)
+        return _Failed()
+
+    monkeypatch.setattr(bg.subprocess, "run", fake_run)
+    try:
+        bg.learn(2, 1, 1, tmp_path, '--ppo.head_entropy_weights 1,1,3,1,1,1,1,1 --env.slots "b0,b1"')
+    except RuntimeError as e:
+        assert "training seed 0 failed" in str(e)
+    else:
+        raise AssertionError("a failed training run must stop the stage")
+    assert seen and seen[0][-4:] == ["--ppo.head_entropy_weights", "1,1,3,1,1,1,1,1", "--env.slots", "b0,b1"]
+    assert seen[0][seen[0].index("--seed") + 1] == "0"
