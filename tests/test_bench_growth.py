@@ -51,3 +51,17 @@ def test_learn_passes_train_args_to_every_training_run(tmp_path, monkeypatch):
         raise AssertionError("a failed training run must stop the stage")
     assert seen and seen[0][-4:] == ["--ppo.head_entropy_weights", "1,1,3,1,1,1,1,1", "--env.slots", "b0,b1"]
     assert seen[0][seen[0].index("--seed") + 1] == "0"
+
+
+def test_markdown_names_the_variant_a_learn_stage_trained():
+    ctl = {"test_acc_mean": 70.0, "test_acc_ci95": [65.0, 75.0], "params_added_mean": 500.0,
+           "params_added_ci95": [400.0, 600.0], "per_seed_test_acc": [70.0]}  # fmt: skip
+    learned = {"seeds": 1, "episodes_per_seed": 2, "jobs": 1, "controllers": {"ppo": ctl},
+               "verdict": {}, "verdict_greedy": None, "train_seconds": [1.0], "eval_seconds": [1.0],
+               "correlations": {"return_vs_test_acc": 0.5, "return_vs_test_objective": 0.5},
+               "train_args": "--ppo.lr 1e-3"}  # fmt: skip
+    md = markdown({"date": "2026-11-24"}, None, learned, [], "python -m bench.growth --stage learn", None)
+    assert "Trained with `--ppo.lr 1e-3` on top of the default." in md
+    assert "on top of the default" not in markdown(
+        {"date": "2026-11-24"}, None, {**learned, "train_args": ""}, [], "python -m bench.growth", None
+    )

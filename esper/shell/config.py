@@ -132,12 +132,14 @@ def _default() -> dict[str, Any]:
         # (prune_gate: PRUNE is for seeds the host does not depend on); a larger step (lr, epochs, KL
         # stop) because 8 episodes an update give ~0.002 KL at the library default, annealed to a tenth
         # so that a policy that has found what pays does not drift off it late in the run; entropy
-        # annealed 0.03 -> 0.003 so the slot and blueprint heads explore first and commit by the end.
+        # annealed 0.03 -> 0.003 so the slot and blueprint heads explore first and commit by the end,
+        # the blueprint head's weighed 3x: which blueprint is a noisy bandit at 8 episodes an update, and
+        # at 1x runs committed to the first blueprint that paid well enough in b0 (README, growth bench).
         eval_episodes=6,
         ppo={"hidden": 64, "head_hidden": 32, "lr": 3e-3, "lr_end": 3e-4, "lr_anneal_updates": 22,
              "n_epochs": 8, "target_kl": 0.03,
              "wait_bias": 3.0, "germinate_bias": 3.0, "entropy_coef": 0.03, "entropy_coef_end": 0.003,
-             "entropy_anneal_updates": 22},
+             "entropy_anneal_updates": 22, "head_entropy_weights": (1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0)},
     )
 
 
