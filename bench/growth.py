@@ -21,7 +21,8 @@ Three stages, each on the embedded default (``python -m esper.shell.run``'s pres
    seed ``1000 + k``) against ``static``, ``random``, ``heuristic`` and ``grow_all``. The 95 % intervals
    are over training seeds (Student-t of the per-seed means), so they include the spread between
    trained controllers, not only between episodes. ``--train-args`` trains a variant of the default
-   (the run's own flags; give it its own ``--runs`` folder, since finished runs there are kept).
+   (the run's own flags; give it its own ``--runs`` folder: finished runs there are kept, and a folder
+   whose runs were trained with other flags is refused).
 
 Writes ``bench/results/<date>-<host>-growth.{md,json}`` and ``...-growth-*.png`` (test accuracy vs
 parameters added; test accuracy over the training updates of every seed).
@@ -172,6 +173,13 @@ def _evaluate(run_dir: Path, k: int, episodes: int) -> dict:
 
 def learn(seeds: int, episodes: int, jobs: int, run_root: Path, train_args: str = "") -> dict[str, Any]:
     run_root.mkdir(parents=True, exist_ok=True)
+    marker = run_root / "train_args.json"  # finished runs are kept: never mix two variants in one folder
+    if marker.exists() and (was := json.loads(marker.read_text())) != train_args:
+        raise ValueError(
+            f"the runs in {run_root} were trained with --train-args {was!r}, not {train_args!r}: "
+            "give this variant its own --runs folder"
+        )
+    marker.write_text(json.dumps(train_args))
     extra = (["--env.workers", "1", "--threads", "1"] if jobs > 1 else []) + shlex.split(train_args)
     t0 = time.perf_counter()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.growth import PLACEMENTS, _frontier, markdown
 
 
@@ -65,3 +67,18 @@ def test_markdown_names_the_variant_a_learn_stage_trained():
     assert "on top of the default" not in markdown(
         {"date": "2026-11-24"}, None, {**learned, "train_args": ""}, [], "python -m bench.growth", None
     )
+
+
+def test_learn_refuses_a_runs_folder_trained_with_other_flags(tmp_path, monkeypatch):
+    import bench.growth as bg
+
+    class _Failed:
+        returncode = 1
+
+    monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: _Failed())
+    with pytest.raises(RuntimeError, match="training seed 0 failed"):
+        bg.learn(1, 1, 1, tmp_path, "--ppo.lr 1e-3")
+    with pytest.raises(ValueError, match="trained with --train-args '--ppo.lr 1e-3', not ''"):
+        bg.learn(1, 1, 1, tmp_path)  # the default's runs would be mixed with the variant's
+    with pytest.raises(RuntimeError, match="training seed 0 failed"):  # the same flags: it goes on
+        bg.learn(1, 1, 1, tmp_path, "--ppo.lr 1e-3")
