@@ -32,25 +32,19 @@ def test_markdown_has_the_placement_section_and_every_placement_is_a_plan_or_gro
     assert all(p == "grow_all" or p.startswith("grow:") for p in PLACEMENTS)
 
 
+class _FailedRun:
+    """What ``subprocess.run`` returns for a training run that fails at once: only its command matters."""
+
+    returncode = 1
+
+
 def test_learn_passes_train_args_to_every_training_run(tmp_path, monkeypatch):
     import bench.growth as bg
 
     seen: list[list[str]] = []
-
-    class _Failed:
-        returncode = 1
-
-    def fake_run(cmd, **kw):  # the training run fails at once: only its command line matters here
-        seen.append(cmd)
-        return _Failed()
-
-    monkeypatch.setattr(bg.subprocess, "run", fake_run)
-    try:
+    monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or _FailedRun())
+    with pytest.raises(RuntimeError, match="training seed 0 failed"):  # a failed run stops the stage
         bg.learn(2, 1, 1, tmp_path, '--ppo.head_entropy_weights 1,1,3,1,1,1,1,1 --env.slots "b0,b1"')
-    except RuntimeError as e:
-        assert "training seed 0 failed" in str(e)
-    else:
-        raise AssertionError("a failed training run must stop the stage")
     assert seen and seen[0][-4:] == ["--ppo.head_entropy_weights", "1,1,3,1,1,1,1,1", "--env.slots", "b0,b1"]
     assert seen[0][seen[0].index("--seed") + 1] == "0"
 
@@ -72,10 +66,7 @@ def test_markdown_names_the_variant_a_learn_stage_trained():
 def test_learn_refuses_a_runs_folder_trained_with_other_flags(tmp_path, monkeypatch):
     import bench.growth as bg
 
-    class _Failed:
-        returncode = 1
-
-    monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: _Failed())
+    monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: _FailedRun())
     with pytest.raises(RuntimeError, match="training seed 0 failed"):
         bg.learn(1, 1, 1, tmp_path, "--ppo.lr 1e-3")
     with pytest.raises(ValueError, match="trained with --train-args '--ppo.lr 1e-3', not ''"):
