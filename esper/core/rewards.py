@@ -5,6 +5,10 @@ parameter. With the objective of a host state
 
     Phi(s) = val_acc(s) - param_weight * sum_seeds(share * parameters) / (host parameters)   (points)
 
+(with ``param_budget`` set, the parameters above the budget pay ``param_over_weight`` per host-size on
+top: a user who states how large the grown network may be gets the most accurate network within it;
+:func:`parameter_cost`)
+
 (:func:`objective`), step t pays ``r_t = Phi(s_{t+1}) - Phi(s_t)`` (:func:`objective_delta`): the change
 the action and the epoch of training after it made. The sum over an episode telescopes to
 ``Phi(final host) - Phi(after the first epoch)``, so the return *is* the final objective, up to a
@@ -15,7 +19,12 @@ its blend weight (``share = alpha``): an incubating seed (alpha 0) changes nothi
 and a seed being blended in is charged as its effect arrives, so the step that starts a blend is
 paid by what the blend does rather than by its whole price at once. The final host is charged in
 full for every seed it keeps (``share = 1`` wherever alpha > 0), so the sum still telescopes to the
-held-out objective of the final host. ``s_{t+1}`` is measured one epoch after the action, so the
+held-out objective of the final host. That split has a cost the learner sees: the part of a
+half-blended seed's price that waits for the last step is discounted and, at GAE's lambda, reaches
+the germination that caused it only weakly, so a low alpha target looks cheaper than it is.
+``param_share="live"`` charges a seed in full from its first epoch with alpha > 0, exactly as the
+final host is charged, so ``Phi`` is one function of the host state throughout and every alpha target
+pays the same price at the same time. ``s_{t+1}`` is measured one epoch after the action, so the
 shell adds this term when the next measurement arrives (:class:`esper.shell.rollout.EpisodeRunner`);
 in OBJECTIVE mode :func:`compute_reward` itself returns zeros (the component ``objective`` is the
 shell's).
@@ -140,6 +149,10 @@ _PARAMS_MAX = 1e12
 _f = config_field
 
 
+#: OBJECTIVE's ``param_share`` choices (:func:`objective`).
+PARAM_SHARES = ("alpha", "live")
+
+
 @dataclass(frozen=True, slots=True)
 class RewardConfig:
     """Reward mode, family and coefficients (the shaped modes' defaults are the reference's). There is
@@ -152,6 +165,19 @@ class RewardConfig:
     )
     param_weight: float = _f(
         2.0, "OBJECTIVE: accuracy points charged per host-size of live seed parameters"
+    )
+    param_budget: float = _f(
+        0.0,
+        "OBJECTIVE: seed parameters the host may add before param_over_weight is charged as well "
+        "(0: no budget)",
+    )
+    param_over_weight: float = _f(
+        10.0, "OBJECTIVE: points per host-size of seed parameters above param_budget, on top of param_weight"
+    )
+    param_share: str = _f(
+        "alpha",
+        "OBJECTIVE: how much of a blending seed's parameters each measurement charges: alpha (in "
+        "proportion to its alpha; the final host in full) | live (in full once alpha > 0, as the final host)",
     )
     family: RewardFamily = dataclasses.field(
         default=RewardFamily.CONTRIBUTION,
@@ -238,6 +264,8 @@ class RewardConfig:
         where = "RewardConfig"
         if not isinstance(self.mode, RewardMode) or not isinstance(self.family, RewardFamily):
             raise ValueError(f"{where}: mode and family must be RewardMode / RewardFamily members")
+        if self.param_share not in PARAM_SHARES:
+            raise ValueError(f"{where}.param_share must be one of {PARAM_SHARES}, got {self.param_share!r}")
         if self.family is RewardFamily.LOSS and self.mode is not RewardMode.SHAPED:
             raise ValueError(f"{where}: family LOSS requires mode SHAPED, got {self.mode.name}")
         signed = {"ransomware_max_improvement", "prune_bad_threshold", "ransomware_min_contribution"}
@@ -270,15 +298,27 @@ def objective(signals: TensorDictBase, cfg: RewardConfig, *, final: bool = False
     """``Phi`` of the module docstring for every env, ``[*E]`` float32 (accuracy points): reads
     ``val_acc [*E]`` (%), ``host_params [*E]``, and per slot ``("slots", "seed_params" | "alpha")
     [*E, S]`` (the seed's parameter count, 0 where there is none, and the alpha it was measured at).
-    Each seed is charged ``alpha`` times its parameters, or with ``final=True`` (the final host) all of
-    them wherever alpha > 0. Finite for any input: accuracy clamped to [0, 100], alpha to [0, 1], NaN
-    parameter counts and alphas read as 0, the host count as at least 1."""
+    Each seed is charged ``alpha`` times its parameters, or all of them wherever alpha > 0 with
+    ``final=True`` (the final host) or ``cfg.param_share == "live"``. Finite for any input: accuracy
+    clamped to [0, 100], alpha to [0, 1], NaN parameter counts and alphas read as 0, the host count as
+    at least 1."""
     params = torch.nan_to_num(signals["slots", "seed_params"].float(), nan=0.0).clamp(0.0, _PARAMS_MAX)
     alpha = torch.nan_to_num(signals["slots", "alpha"].float(), nan=0.0).clamp(0.0, 1.0)
-    share = (alpha > 0).float() if final else alpha
-    params = share * params
+    share = (alpha > 0).float() if final or cfg.param_share == "live" else alpha
     host = torch.nan_to_num(signals["host_params"].float(), nan=1.0).clamp(1.0, _PARAMS_MAX)
-    return clean_acc(signals["val_acc"]) - cfg.param_weight * params.sum(-1) / host
+    return clean_acc(signals["val_acc"]) - parameter_cost((share * params).sum(-1), host, cfg)
+
+
+def parameter_cost(charged: torch.Tensor, host: torch.Tensor, cfg: RewardConfig) -> torch.Tensor:
+    """The accuracy points OBJECTIVE charges for ``charged`` seed parameters on a host of ``host``
+    parameters (``[*E]`` each, float; host >= 1): ``param_weight`` per host-size, plus
+    ``param_over_weight`` per host-size of what exceeds ``param_budget`` when a budget is set. One home
+    for the price: the reward's ``Phi`` and the held-out objective of :mod:`esper.shell.evaluate` both
+    call it."""
+    cost = cfg.param_weight * charged / host
+    if cfg.param_budget > 0:
+        cost = cost + cfg.param_over_weight * (charged - cfg.param_budget).clamp(min=0.0) / host
+    return cost
 
 
 def objective_delta(

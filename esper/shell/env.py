@@ -31,11 +31,16 @@ from tensordict import TensorDict
 
 from esper.core.lifecycle import EVENT_KINDS as LIFECYCLE_EVENT_KINDS
 from esper.core.lifecycle import LifecycleConfig, clear_seeds, init_slots
-from esper.core.spec import ActionSpec, Stage
+from esper.core.spec import ActionSpec, Stage, Style, Tempo
 from esper.shell.configtools import check_fields, doc
 from esper.shell.data import Task, make_task
 from esper.shell.env_model import EnvModel
 from esper.shell.governor import Governor, GovernorConfig
+
+#: Lifecycle events that record the blend the action chose (style, alpha target; tempo at germination).
+BLEND_SETTING_EVENTS = frozenset({"germinated", "alpha_set"})
+#: The blend settings a germination records (and episode summaries and evaluations count).
+BLEND_SETTINGS = ("style", "tempo", "alpha_target")
 
 TASKS = ("mnist1d", "digits", "stdlib_text", "cifar10", "tinystories")
 #: Tasks whose data is read from --env.data_path (nothing is ever downloaded).
@@ -423,11 +428,11 @@ class VecEnv:
         push alpha and stage. One host sync. Returns per env the lifecycle events that happened."""
         packed = torch.stack(
             [events[k].double() for k in LIFECYCLE_EVENT_KINDS]
-            + [slots[k].double() for k in ("stage", "blueprint", "style", "alpha")]
+            + [slots[k].double() for k in ("stage", "blueprint", "style", "alpha", "tempo", "alpha_target")]
             + [self.slots["blueprint"].double()]
         ).tolist()  # sync point: the shell reads the lifecycle step once
         n_kinds = len(LIFECYCLE_EVENT_KINDS)
-        stage, blueprint, style, alpha, old_blueprint = packed[n_kinds:]
+        stage, blueprint, style, alpha, tempo, alpha_target, old_blueprint = packed[n_kinds:]
         happened: list[list[dict]] = []
         for i, model in enumerate(self.models):
             env_events = []
@@ -446,16 +451,20 @@ class VecEnv:
                 model.host.set_slot(s, alpha=min(max(alpha[i][s], 0.0), 1.0), stage=int(stage[i][s]))
                 for kind, on in fired.items():
                     if on:
-                        env_events.append(
-                            {
-                                "slot": s,
-                                "kind": kind,
-                                "stage": Stage(int(stage[i][s])).name,
-                                "blueprint": self.blueprint_names[
-                                    int(old_blueprint[i][s] if kind != "germinated" else blueprint[i][s])
-                                ],
-                            }
-                        )
+                        event = {
+                            "slot": s,
+                            "kind": kind,
+                            "stage": Stage(int(stage[i][s])).name,
+                            "blueprint": self.blueprint_names[
+                                int(old_blueprint[i][s] if kind != "germinated" else blueprint[i][s])
+                            ],
+                        }
+                        if kind in BLEND_SETTING_EVENTS:  # how the seed will be blended, as chosen
+                            event["style"] = Style(int(style[i][s])).name
+                            event["alpha_target"] = round(alpha_target[i][s], 4)
+                            if kind == "germinated":
+                                event["tempo"] = Tempo(int(tempo[i][s])).name
+                        env_events.append(event)
             happened.append(env_events)
         self.slots = slots
         return happened

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from esper.core.rewards import RewardConfig
+from esper.core.rewards import RewardConfig, parameter_cost
 from esper.shell.agent import PPOController, build_learner
 from esper.shell.baselines import GROW_ALL_BLUEPRINT, GrowAllController, RandomController, StaticController
 from esper.shell.checkpoint import load_checkpoint
@@ -49,7 +49,7 @@ from esper.shell.cli import OneLineParser, report
 from esper.shell.config import RunConfig
 from esper.shell.configtools import from_dict
 from esper.shell.data import Task
-from esper.shell.env import VecEnv, eval_host_seeds
+from esper.shell.env import BLEND_SETTINGS, VecEnv, eval_host_seeds
 from esper.shell.heuristic import HeuristicController
 from esper.shell.rollout import EpisodeRunner
 from esper.shell.stats import mean_ci95, spearman
@@ -68,7 +68,8 @@ PLAN_PREFIX = "grow:"
 EXTRA_CONTROLLERS = "grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]"
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
 EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
-                  "n_fossilized", "n_pruned", "host_seed", "grown", "germinated_at")  # fmt: skip
+                  "n_fossilized", "n_pruned", "host_seed", "grown", "germinated_at",
+                  "germinations")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- controllers
@@ -160,7 +161,9 @@ def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int],
 
 def _objective(acc: float, params_added: float, host_params: float, reward: RewardConfig) -> float:
     """The held-out analogue of the OBJECTIVE reward's Phi: test accuracy minus the parameter cost."""
-    return acc - reward.param_weight * params_added / max(host_params, 1.0)
+    host = torch.tensor(max(float(host_params), 1.0))
+    cost = parameter_cost(torch.tensor(float(params_added)), host, reward)
+    return acc - float(cost)
 
 
 def summarize(records: list[dict]) -> dict[str, Any]:
@@ -190,6 +193,11 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     out["grown_counts"] = dict(sorted(grown.items(), key=lambda kv: (-kv[1], kv[0])))
     first = [r["germinated_at"][0] for r in records if r["germinated_at"]]
     out["first_germination_mean"] = float(np.mean(first)) if first else None
+    # how it blended: the style, tempo and alpha target of every germination, most common first
+    germs = [g for r in records for g in r.get("germinations", [])]
+    out["blend_counts"] = {
+        k: dict(Counter(str(g[k]) for g in germs if k in g).most_common()) for k in BLEND_SETTINGS
+    }
     out["val_acc_curve_mean"] = np.mean([r["val_acc_curve"] for r in records], axis=0).tolist()
     out["per_episode"] = [{k: r[k] for k in (*EPISODE_FIELDS, "episode")} for r in records]
     return out
@@ -274,6 +282,8 @@ def evaluate_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int
             "ppo_acts": "ppo samples its policy (seeded); ppo_greedy takes each head's most likely choice",
             "grow_all_blueprint": GROW_ALL_BLUEPRINT.get(task.family),
             "param_weight": cfg.reward.param_weight,
+            "param_budget": cfg.reward.param_budget,
+            "param_over_weight": cfg.reward.param_over_weight,
             "reward_mode": cfg.reward.mode.name,
             "trained_updates": int(checkpoint["progress"]["update"]) if checkpoint else None,
             "seconds": time.perf_counter() - t0,
@@ -357,6 +367,26 @@ def _f(x: float, nd: int = 1) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
 
+def _price(meta: dict) -> str:
+    """The held-out objective's parameter price in words (``2.0 × added / host parameters``)."""
+    text = f"{meta['param_weight']} × added / host parameters"
+    if meta.get("param_budget", 0) > 0:
+        over = f"(added − {meta['param_budget']:g}, where > 0)"
+        text += f" − {meta['param_over_weight']} × {over} / host parameters"
+    return text
+
+
+def _blend(summary: dict) -> str:
+    """``LINEAR_ADD 80 %, FAST 60 %, alpha 1.0 90 %``: each blend setting's most common value."""
+    parts = []
+    for k, counts in summary.get("blend_counts", {}).items():
+        if counts:
+            value, n = next(iter(counts.items()))
+            share = 100 * n / sum(counts.values())
+            parts.append(f"{'alpha ' if k == 'alpha_target' else ''}{value} {share:.0f} %")
+    return ", ".join(parts) or "-"
+
+
 def report_markdown(results: dict, plots: Sequence[Path]) -> str:
     meta, ctl, corr = results["meta"], results["controllers"], results["correlations"]
     static = ctl.get("static")
@@ -383,22 +413,23 @@ def report_markdown(results: dict, plots: Sequence[Path]) -> str:
         f"Spearman correlation of the episode return with the held-out outcome, over all "
         f"{corr['n_episodes']} episodes: test accuracy {_f(corr['return_vs_test_acc'], 3)}, test accuracy "
         f"per 1k parameters {_f(corr['return_vs_test_acc_per_kparam'], 3)}, held-out objective (test "
-        f"accuracy − {meta['param_weight']} × added / host parameters) "
+        f"accuracy − {_price(meta)}) "
         f"{_f(corr['return_vs_test_objective'], 3)}.",
         "",
         "What each controller grew: the seeds blended into its final hosts (`slot=blueprint`, as in the "
         "`grow:` placements; episodes out of "
-        f"{meta['episodes']}) and the mean epoch of its first germination.",
+        f"{meta['episodes']}), the mean epoch of its first germination, and how its germinations "
+        "blend (the most common style, tempo and alpha target, with their share of all germinations).",
         "",
-        "| controller | final hosts' seeds (episodes) | first germination, epoch |",
-        "|---|---|---:|",
+        "| controller | final hosts' seeds (episodes) | first germination, epoch | blend |",
+        "|---|---|---:|---|",
     ]
     for name, s in ctl.items():
         counts = s["grown_counts"]
         plans = ", ".join(f"`{k or 'none'}` ({n})" for k, n in list(counts.items())[:3])
         plans += f", {len(counts) - 3} more" if len(counts) > 3 else ""
         first = s["first_germination_mean"]
-        lines.append(f"| {name} | {plans} | {'-' if first is None else _f(first)} |")
+        lines.append(f"| {name} | {plans} | {'-' if first is None else _f(first)} | {_blend(s)} |")
     lines.append("")
     lines += [f"![{p.stem}]({p.as_posix()})" for p in plots]
     return "\n".join(lines) + "\n"

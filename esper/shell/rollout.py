@@ -38,7 +38,7 @@ from esper.core.masks import legal_masks
 from esper.core.observation import init_history, observe, update_history
 from esper.core.rewards import RewardConfig, RewardMode, compute_reward, objective, objective_delta
 from esper.core.spec import HEADS, Op, Stage
-from esper.shell.env import VecEnv
+from esper.shell.env import BLEND_SETTINGS, VecEnv
 
 
 @dataclass
@@ -314,10 +314,14 @@ class EpisodeRunner:
             }.items()
         }  # sync point: the episode's final numbers, once
         grown = self._grown(final["live"], final["blueprint"])
-        germinated_at = [[] for _ in range(self.env.n)]
+        germinated_at: list[list[int]] = [[] for _ in range(self.env.n)]
+        germinations: list[list[dict]] = [[] for _ in range(self.env.n)]
         for e in result.lifecycle:
             if e["kind"] == "germinated":
                 germinated_at[e["env"] - self.env.first_env].append(e["epoch"])
+                germinations[e["env"] - self.env.first_env].append(
+                    {k: e[k] for k in ("epoch", "slot", "blueprint", *BLEND_SETTINGS) if k in e}
+                )
         return [
             {
                 "env": self.env.first_env + i,  # the global index (a process may run a slice)
@@ -336,6 +340,7 @@ class EpisodeRunner:
                 "op_counts": dict(op_counts[i]),
                 "grown": grown[i],
                 "germinated_at": germinated_at[i],
+                "germinations": germinations[i],
             }
             for i in range(self.env.n)
         ]

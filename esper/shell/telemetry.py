@@ -25,12 +25,14 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     (the OBJECTIVE reward's value of the final host on validation data), ``n_fossilized``,
     ``n_pruned``, ``reward_components`` (dict name → episode sum), ``op_counts`` (dict op → count),
     ``grown`` (the seeds blended into the final host, ``b0=conv_heavy+b2=depthwise``; ``""``: none),
-    ``germinated_at`` (the epoch of each germination, in order).
+    ``germinated_at`` (the epoch of each germination, in order), ``germinations`` (each one's
+    ``epoch``, ``slot``, ``blueprint``, ``style``, ``tempo``, ``alpha_target``).
 ``lifecycle``
     ``update``, ``epoch``, ``env``, ``slot`` (index or name), ``kind`` (what happened, e.g.
     germinated, advanced, fossilized, prune_started, removed, timeout_pruned, timeout_fossilized),
     ``blueprint``,
-    ``stage`` (the stage after the event).
+    ``stage`` (the stage after the event); ``germinated`` and ``alpha_set`` also ``style`` and
+    ``alpha_target`` (the blend the action chose), ``germinated`` also ``tempo``.
 ``ppo_update``
     ``update``, ``loss_objective``, ``loss_critic``, ``loss_entropy``, ``entropy``, ``kl_approx``,
     ``clip_fraction``, ``value_clip_fraction``, ``explained_variance``, ``max_ratio``, ``min_ratio``,

@@ -3,6 +3,8 @@ eager, on a state with a seed in every stage."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -126,13 +128,14 @@ def test_busy_state_has_the_deep_stages():
 
 
 def test_objective_and_its_delta_compile(compile_check):
-    from esper.core.rewards import objective, objective_delta
+    from esper.core.rewards import PARAM_SHARES, objective, objective_delta
 
     _, _, signals, _ = busy_state()
     signals["slots", "alpha"] = torch.tensor([[0.0, 0.5, 1.0, 0.0], [0.3, 0.0, 1.0, 1.0]])
     after = signals.clone()
     after["val_acc"] = after["val_acc"] + torch.tensor([3.0, -1.0])
-    cfg = RewardConfig()
-    compile_check(lambda s: objective(s, cfg), signals)
-    compile_check(lambda s: objective(s, cfg, final=True), signals)
-    compile_check(lambda a, b: objective_delta(a, b, cfg, final=True), signals, after)
+    for share, budget in zip(PARAM_SHARES, (0.0, 300.0)):
+        cfg = RewardConfig(param_share=share, param_budget=budget)
+        compile_check(functools.partial(objective, cfg=cfg), signals)
+        compile_check(functools.partial(objective, cfg=cfg, final=True), signals)
+        compile_check(functools.partial(objective_delta, cfg=cfg, final=True), signals, after)

@@ -492,15 +492,18 @@ def _objective_signals(val_acc, params, alpha, host=200.0):
     )
 
 
-def _objective_reference(val_acc, params, alpha, host, weight, final):
+def _objective_reference(val_acc, params, alpha, host, weight, final, live=False, budget=0.0, over=0.0):
     """Slow reference: Phi per env with Python loops."""
     out = []
     for acc, ps, als in zip(val_acc, params, alpha):
         charged = 0.0
         for p, a in zip(ps, als):
-            share = (1.0 if a > 0 else 0.0) if final else min(max(a, 0.0), 1.0)
+            share = (1.0 if a > 0 else 0.0) if final or live else min(max(a, 0.0), 1.0)
             charged += share * p
-        out.append(min(max(acc, 0.0), 100.0) - weight * charged / host)
+        cost = weight * charged / host
+        if budget > 0 and charged > budget:
+            cost += over * (charged - budget) / host
+        out.append(min(max(acc, 0.0), 100.0) - cost)
     return out
 
 
@@ -509,15 +512,18 @@ def _objective_reference(val_acc, params, alpha, host, weight, final):
     data=st.data(),
     weight=st.floats(0.0, 10.0),
     final=st.booleans(),
+    share=st.sampled_from(["alpha", "live"]),
+    budget=st.sampled_from([0.0, 300.0, 2000.0]),
 )
-def test_objective_matches_a_reference_loop(acc, data, weight, final):
+def test_objective_matches_a_reference_loop(acc, data, weight, final, share, budget):
     from esper.core.rewards import objective
 
     S = 3
     params = [data.draw(st.lists(st.floats(0, 5000, width=32), min_size=S, max_size=S)) for _ in acc]
     alpha = [data.draw(st.lists(st.sampled_from([0.0, 0.2, 0.5, 1.0]), min_size=S, max_size=S)) for _ in acc]
-    got = objective(_objective_signals(acc, params, alpha), RewardConfig(param_weight=weight), final=final)
-    want = _objective_reference(acc, params, alpha, 200.0, weight, final)
+    cfg = RewardConfig(param_weight=weight, param_share=share, param_budget=budget, param_over_weight=7.0)
+    got = objective(_objective_signals(acc, params, alpha), cfg, final=final)
+    want = _objective_reference(acc, params, alpha, 200.0, weight, final, share == "live", budget, 7.0)
     torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float32), rtol=1e-5, atol=1e-3)
 
 
@@ -553,6 +559,45 @@ def test_objective_rewards_telescope_to_the_final_objective():
     ret = torch.stack(rewards).sum(0)
     expected = objective(measurements[T], cfg, final=True) - objective(measurements[0], cfg)
     torch.testing.assert_close(ret, expected, rtol=1e-5, atol=1e-3)
+
+
+def test_objective_live_share_charges_every_alpha_target_the_same_price_at_the_same_time():
+    """A seed blended to alpha 0.5 and one blended to 1.0, at the same accuracy: under the alpha share
+    the 0.5 seed pays half its price during the episode and the rest only at the last step (what the
+    learner discounts most); under the live share both pay in full on their first blended epoch and
+    nothing at the end. Both shares telescope to the same final objective."""
+    from esper.core.rewards import objective_delta
+
+    start = _objective_signals([50.0, 50.0], [[400.0, 0.0], [400.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]])
+    blended = _objective_signals([60.0, 60.0], [[400.0, 0.0], [400.0, 0.0]], [[0.5, 0.0], [1.0, 0.0]])
+    for share, first_step in (("alpha", [9.0, 8.0]), ("live", [8.0, 8.0])):
+        cfg = RewardConfig(param_weight=1.0, param_share=share)
+        step = objective_delta(start, blended, cfg)
+        torch.testing.assert_close(step, torch.tensor(first_step))
+        last = objective_delta(blended, blended, cfg, final=True)
+        torch.testing.assert_close(last, torch.tensor([first_step[1] - first_step[0], 0.0]))
+        torch.testing.assert_close(step + last, torch.tensor([8.0, 8.0]))  # same final objective
+
+
+def test_objective_budget_prefers_the_most_accurate_host_within_it():
+    """With a budget of 500 seed parameters (host 200), a host 1 point more accurate with 600 pays 5
+    points more than one within budget (param_over_weight 10 per host-size); at the linear price of 1
+    point per host-size alone the two are worth the same."""
+    from esper.core.rewards import objective
+
+    hosts = _objective_signals([80.0, 81.0], [[400.0, 0.0], [400.0, 200.0]], [[1.0, 0.0], [1.0, 1.0]])
+    linear = objective(hosts, RewardConfig(param_weight=1.0), final=True)
+    budget = objective(hosts, RewardConfig(param_weight=1.0, param_budget=500.0, param_over_weight=10.0),
+                       final=True)  # fmt: skip
+    torch.testing.assert_close(linear, torch.tensor([78.0, 78.0]))  # 80 - 2, 81 - 3
+    torch.testing.assert_close(budget, torch.tensor([78.0, 73.0]))  # 81 - 3 - 10 * 100 / 200
+    with pytest.raises(ValueError, match="param_budget"):
+        RewardConfig(param_budget=-1.0)
+
+
+def test_reward_config_rejects_an_unknown_param_share():
+    with pytest.raises(ValueError, match="param_share"):
+        RewardConfig(param_share="half")
 
 
 def test_objective_mode_leaves_every_step_term_to_the_shell():

@@ -121,7 +121,7 @@ def test_plan_controller_grows_only_the_planned_slots_with_their_blueprints():
     nothing in b1), each with its own blueprint, in slot order; bad plans are refused in one line."""
     from esper.shell.config import preset
     from esper.shell.env import VecEnv
-    from esper.shell.evaluate import make_controller, parse_plan
+    from esper.shell.evaluate import _blend, make_controller, parse_plan, summarize
     from esper.shell.rollout import EpisodeRunner
 
     cfg = preset("smoke", {"env.n_envs": 2, "lifecycle.max_epochs": 4})
@@ -147,6 +147,17 @@ def test_plan_controller_grows_only_the_planned_slots_with_their_blueprints():
     assert germinated == [(i, *step) for i in (0, 1) for step in plan]
     # the episode summary says when it germinated, and what its final host holds in the plan's notation
     assert [ep["germinated_at"] for ep in result.episodes] == [[1, 2], [1, 2]]
+    # and how each germination blends: the fixed schedule's style, tempo and alpha target
+    for ep in result.episodes:
+        assert [(g["epoch"], g["slot"], g["blueprint"]) for g in ep["germinations"]] == list(plan)
+        assert {(g["style"], g["tempo"], g["alpha_target"]) for g in ep["germinations"]} == {
+            ("LINEAR_ADD", "FAST", 1.0)
+        }
+    summary = summarize([{**ep, "controller": "grow", "episode": i, "val_acc_curve": [0.0],
+                          "test_objective": 0.0} for i, ep in enumerate(result.episodes)])  # fmt: skip
+    want = {"style": {"LINEAR_ADD": 4}, "tempo": {"FAST": 4}, "alpha_target": {"1.0": 4}}
+    assert summary["blend_counts"] == want
+    assert _blend(summary) == "LINEAR_ADD 100 %, FAST 100 %, alpha 1.0 100 %"
     live = [[True, False, True], [False, False, False]]
     blueprint = [[bp.index("conv_heavy"), 0, bp.index("depthwise")], [0, 0, 0]]
     assert runner._grown(live, blueprint) == ["b0=conv_heavy+b2=depthwise", ""]
