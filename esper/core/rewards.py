@@ -5,29 +5,26 @@ parameter. With the objective of a host state
 
     Phi(s) = val_acc(s) - param_weight * sum_seeds(share * parameters) / (host parameters)   (points)
 
-(with ``param_budget`` set, the parameters above the budget pay ``param_over_weight`` per host-size on
-top: a user who states how large the grown network may be gets the most accurate network within it;
-:func:`parameter_cost`)
-
-(:func:`objective`), step t pays ``r_t = Phi(s_{t+1}) - Phi(s_t)`` (:func:`objective_delta`): the change
-the action and the epoch of training after it made. The sum over an episode telescopes to
-``Phi(final host) - Phi(after the first epoch)``, so the return *is* the final objective, up to a
-start value no action can change. It cannot be farmed: a seed that does not raise accuracy pays its
-parameters and nothing else, and a seed the host has come to depend on is worth exactly what the
-host's accuracy is worth. A seed is charged while it is part of the host's function, in proportion to
-its blend weight (``share = alpha``): an incubating seed (alpha 0) changes nothing a user would keep,
-and a seed being blended in is charged as its effect arrives, so the step that starts a blend is
-paid by what the blend does rather than by its whole price at once. The final host is charged in
-full for every seed it keeps (``share = 1`` wherever alpha > 0), so the sum still telescopes to the
-held-out objective of the final host. That split has a cost the learner sees: the part of a
-half-blended seed's price that waits for the last step is discounted and, at GAE's lambda, reaches
-the germination that caused it only weakly, so a low alpha target looks cheaper than it is.
-``param_share="live"`` charges a seed in full from its first epoch with alpha > 0, exactly as the
-final host is charged, so ``Phi`` is one function of the host state throughout and every alpha target
-pays the same price at the same time. ``s_{t+1}`` is measured one epoch after the action, so the
-shell adds this term when the next measurement arrives (:class:`esper.shell.rollout.EpisodeRunner`);
-in OBJECTIVE mode :func:`compute_reward` itself returns zeros (the component ``objective`` is the
-shell's).
+(:func:`objective`; with ``param_budget`` set, the parameters above the budget pay ``param_over_weight``
+per host-size on top, so a user who states how large the grown network may be gets the most accurate
+network within it: :func:`parameter_cost`), step t pays ``r_t = Phi(s_{t+1}) - Phi(s_t)``
+(:func:`objective_delta`): the change the action and the epoch of training after it made. The sum over
+an episode telescopes to ``Phi(final host) - Phi(after the first epoch)``, so the return *is* the final
+objective, up to a start value no action can change. It cannot be farmed: a seed that does not raise
+accuracy pays its parameters and nothing else, and a seed the host has come to depend on is worth
+exactly what the host's accuracy is worth. A seed is charged while it is part of the host's function, in
+proportion to its blend weight (``share = alpha``): an incubating seed (alpha 0) changes nothing a user
+would keep, and a seed being blended in is charged as its effect arrives, so the step that starts a
+blend is paid by what the blend does rather than by its whole price at once. The final host is charged
+in full for every seed it keeps (``share = 1`` wherever alpha > 0), so the sum still telescopes to the
+held-out objective of the final host. That split has a cost the learner sees: the part of a half-blended
+seed's price that waits for the last step is discounted and, at GAE's lambda, reaches the germination
+that caused it only weakly, so a low alpha target looks cheaper than it is. ``param_share="live"``
+charges a seed in full from its first epoch with alpha > 0, exactly as the final host is charged, so
+``Phi`` is one function of the host state throughout and every alpha target pays the same price at the
+same time. ``s_{t+1}`` is measured one epoch after the action, so the shell adds this term when the next
+measurement arrives (:class:`esper.shell.rollout.EpisodeRunner`); in OBJECTIVE mode
+:func:`compute_reward` itself returns zeros (the component ``objective`` is the shell's).
 The reference's modes below stay available.
 
 :func:`compute_reward` reads the **pre-action** slot state, the action, the lifecycle events, the
