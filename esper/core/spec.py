@@ -8,6 +8,7 @@ into a tensor. Everything that needs to know "which heads matter for this op" go
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from types import MappingProxyType
@@ -87,6 +88,12 @@ class AlphaCurve(IntEnum):
 TEMPO_EPOCHS: tuple[int, ...] = (3, 5, 8)
 #: Alpha value for each choice of the alpha_target head.
 ALPHA_TARGETS: tuple[float, ...] = (0.5, 0.7, 1.0)
+#: The fixed blend ``{head: choice}`` of the growth schedules (:class:`esper.shell.baselines.
+#: GrowAllController`): add the seed's output linearly, over TEMPO FAST's 3 epochs, up to alpha 1.
+#: ``ppo.blend_bias`` starts the policy's blend heads on it.
+DEFAULT_BLEND: Mapping[str, int] = MappingProxyType(
+    {"style": int(Style.LINEAR_ADD), "tempo": int(Tempo.FAST), "alpha_target": ALPHA_TARGETS.index(1.0)}
+)
 #: Ramp length (epochs) for each AlphaSpeed; 0 means the new alpha applies at once.
 ALPHA_SPEED_STEPS: tuple[int, ...] = (0, 3, 5, 8)
 #: Steepness of each AlphaCurve (0 for the two non-sigmoid curves).
@@ -277,6 +284,7 @@ __all__ = [
     "ALPHA_CURVE_STEEPNESS",
     "ALPHA_SPEED_STEPS",
     "ALPHA_TARGETS",
+    "DEFAULT_BLEND",
     "HEADS",
     "HEAD_INDEX",
     "KEYS",

@@ -36,6 +36,7 @@ def build_learner(
         policy_input_dim(raw_dim), spec, hidden=ppo.hidden, head_hidden=ppo.head_hidden,
         wait_bias=ppo.wait_bias,
         germinate_bias=ppo.germinate_bias,
+        blend_bias=ppo.blend_bias,
     ).to(device)  # fmt: skip
     trainer = PPOTrainer(
         policy, ppo, raw_obs_dim=raw_dim, compile=compile, generator=torch.Generator().manual_seed(seed + 1),

@@ -26,7 +26,7 @@ from tensordict import TensorDict
 from esper.core import distributions as dist
 from esper.core.lifecycle import LifecycleConfig, gate_readiness
 from esper.core.masks import action_masks
-from esper.core.spec import ALPHA_TARGETS, HEADS, Op, Style, Tempo
+from esper.core.spec import ALPHA_TARGETS, DEFAULT_BLEND, HEADS, Op, Style, Tempo
 from esper.shell.rollout import StepInput
 
 #: The blueprint ``grow_all`` germinates, per host family: the one with the largest mean gain in
@@ -99,9 +99,9 @@ class GrowAllController(_NoLearning):
         blueprint: int | Mapping[int, int],
         lifecycle: LifecycleConfig,
         *,
-        style: Style = Style.LINEAR_ADD,
-        tempo: Tempo = Tempo.FAST,
-        alpha_target: float = 1.0,
+        style: Style | int = DEFAULT_BLEND["style"],
+        tempo: Tempo | int = DEFAULT_BLEND["tempo"],
+        alpha_target: float = ALPHA_TARGETS[DEFAULT_BLEND["alpha_target"]],
     ) -> None:
         if isinstance(blueprint, Mapping):
             if not blueprint or min(blueprint) < 0 or min(blueprint.values()) < 0:

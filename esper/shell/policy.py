@@ -6,13 +6,14 @@ preference for WAIT (a cautious start: random pruning and re-targeting would oth
 seeds before the policy learns what a good one is worth), ``germinate_bias`` that for GERMINATE
 (with both equal, an untrained policy grows early and is cautious with live seeds: seeds germinated
 early have time to pay, so the policy sees what each blueprint and slot is worth from its first
-update). The heads are sampled in order, each reading what was sampled before it: the op head reads
-the trunk features; the slot head also reads a learned embedding of the sampled op, so "which slot"
-can depend on "to do what" (the op is sampled first and the slot mask is conditioned on it,
-:func:`esper.core.masks.action_masks`); every other head reads embeddings of the sampled op *and*
-slot, so "which blueprint, how fast, how far" can depend on "where" (a slot where a large seed pays
-and one where a small one does are both expressible; with the blueprint independent of the slot they
-are not).
+update). ``blend_bias`` starts the style, tempo and alpha-target heads on the blend of the fixed growth
+schedules (:data:`esper.core.spec.DEFAULT_BLEND`). The heads are sampled in order, each reading what
+was sampled before it: the op head reads the trunk features; the slot head also reads a learned
+embedding of the sampled op, so "which slot" can depend on "to do what" (the op is sampled first and
+the slot mask is conditioned on it, :func:`esper.core.masks.action_masks`); every other head reads
+embeddings of the sampled op *and* slot, so "which blueprint, how fast, how far" can depend on "where"
+(a slot where a large seed pays and one where a small one does are both expressible; with the blueprint
+independent of the slot they are not).
 
 Two entry points, named for what they return:
 
@@ -35,7 +36,7 @@ from torch import nn
 
 from esper.core import distributions as dist
 from esper.core.masks import action_masks
-from esper.core.spec import HEADS, ActionSpec, Op
+from esper.core.spec import DEFAULT_BLEND, HEADS, ActionSpec, Op
 
 RecurrentState = tuple[torch.Tensor, torch.Tensor]
 
@@ -61,6 +62,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         slot_embed: int = 8,
         wait_bias: float = 0.0,
         germinate_bias: float = 0.0,
+        blend_bias: float = 0.0,
     ) -> None:
         super().__init__()
         if obs_dim < 1 or hidden < 1 or head_hidden < 1:
@@ -92,6 +94,10 @@ class FactoredRecurrentActorCritic(nn.Module):
         with torch.no_grad():
             self.heads["op"][2].bias[int(Op.WAIT)] = float(wait_bias)
             self.heads["op"][2].bias[int(Op.GERMINATE)] = float(germinate_bias)
+            # Each blend head starts ``blend_bias`` logits above its other choices on the fixed
+            # schedules' blend (DEFAULT_BLEND; 0: uniform).
+            for head, choice in DEFAULT_BLEND.items():
+                self.heads[head][2].bias[choice] = float(blend_bias)
 
     # ------------------------------------------------------------------------------------ building blocks
     def initial_state(self, batch: int, device: torch.device | str | None = None) -> RecurrentState:

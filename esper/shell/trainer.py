@@ -121,6 +121,10 @@ class PPOConfig:
         0.0, "initial logit of GERMINATE above the ops other than WAIT (equal to wait_bias: an untrained "
         "policy germinates as often as it waits where it can, and rarely prunes or re-targets)"
     )
+    blend_bias: float = doc(
+        0.0, "initial logit of the fixed schedules' blend (style LINEAR_ADD, tempo FAST, alpha target 1.0) "
+        "above each blend head's other choices (0: uniform)"
+    )
     grad_explode_factor: float = doc(
         10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'", gt=0
     )

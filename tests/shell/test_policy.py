@@ -10,8 +10,10 @@ import torch
 from tensordict import TensorDict
 
 from esper.core import distributions as D
+from esper.core.lifecycle import LifecycleConfig
 from esper.core.masks import action_masks, legal_masks
-from esper.core.spec import HEADS, SLOT_FIELDS, ActionSpec, Op, Stage
+from esper.core.spec import DEFAULT_BLEND, HEADS, SLOT_FIELDS, ActionSpec, Op, Stage
+from esper.shell.baselines import GrowAllController
 from esper.shell.policy import FactoredRecurrentActorCritic
 
 SPEC = ActionSpec(n_slots=3, n_blueprints=5)
@@ -149,3 +151,27 @@ def test_germinate_bias_sets_the_initial_preference_for_germinate(wait, germinat
     torch.testing.assert_close(probs[int(Op.GERMINATE)], p_germinate, atol=0.02, rtol=0)
     rest = [int(o) for o in Op if o not in (Op.WAIT, Op.GERMINATE)]
     torch.testing.assert_close(probs[rest], torch.full((len(rest),), 1 / z), atol=0.02, rtol=0)
+
+
+@pytest.mark.parametrize("bias", [0.0, 2.0])
+def test_blend_bias_starts_the_blend_heads_on_the_fixed_schedules_blend(bias):
+    """Each blend head (style, tempo, alpha target) starts ``bias`` logits above its other choices on
+    DEFAULT_BLEND, the blend the growth schedules use; the other heads stay uniform."""
+    torch.manual_seed(0)
+    net = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8, blend_bias=bias)
+    feats, _ = net.features(torch.randn(64, 1, 6), net.initial_state(64))
+    later = torch.cat([feats.squeeze(1), torch.zeros(64, net.op_embedding.embedding_dim
+                                                     + net.slot_embedding.embedding_dim)], -1)  # fmt: skip
+    assert set(DEFAULT_BLEND) == {"style", "tempo", "alpha_target"}
+    with torch.no_grad():
+        for head in ("style", "tempo", "alpha_target", "alpha_speed", "alpha_curve"):
+            probs = torch.softmax(net.heads[head](later), -1).mean(0)
+            k = probs.numel()
+            b = bias if head in DEFAULT_BLEND else 0.0
+            expected = torch.full((k,), 1 / (math.exp(b) + k - 1))
+            if head in DEFAULT_BLEND:
+                expected[DEFAULT_BLEND[head]] = math.exp(b) / (math.exp(b) + k - 1)
+            torch.testing.assert_close(probs, expected, atol=0.02, rtol=0)
+    grow = GrowAllController(0, LifecycleConfig())
+    assert (grow.style, grow.tempo) == (DEFAULT_BLEND["style"], DEFAULT_BLEND["tempo"])
+    assert grow.alpha_target == DEFAULT_BLEND["alpha_target"]
