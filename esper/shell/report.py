@@ -9,6 +9,8 @@ Reads ``RUN_DIR/events.jsonl`` (schema in :mod:`esper.shell.telemetry`) and writ
 * ``losses.png``: policy and value loss, KL, clip fraction per update (PPO runs only);
 * ``seed_timeline.png``: the last update's episodes, one row per env and slot, coloured by stage over
   epochs, with markers for germinate / fossilize / prune;
+* ``blueprints.png``: per slot, the blueprints the episodes of each update germinated there (the
+  ``germinations`` of episode events): what the controller learned to grow where, and when it committed;
 
 and ``RUN_DIR/report.md`` (config highlights, update count, accuracies, return trend, lifecycle
 counts, governor rollbacks, anomalies, links to the plots). Plots without data are skipped. Uses
@@ -303,6 +305,42 @@ def plot_seed_timeline(run: Run, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_blueprints(run: Run, path: Path) -> Path | None:
+    """One panel per slot: for each update, how many of its episodes' germinations in that slot were of
+    each blueprint (stacked bars). A controller that learns "what where" narrows to one colour per slot;
+    one that commits early to a worse blueprint shows it here before the evaluation does."""
+    counts: dict[tuple[Any, str], Counter] = defaultdict(Counter)  # (slot, blueprint) -> {update: n}
+    for e in run.episodes:
+        for g in e.get("germinations") or ():
+            if isinstance(g, dict) and "slot" in g and "blueprint" in g:
+                counts[g["slot"], str(g["blueprint"])][e["update"]] += 1
+    if not counts:
+        return None
+    names = next((e["slot_names"] for e in reversed(run.epochs) if e.get("slot_names")), None)
+    from matplotlib.patches import Patch
+
+    slots = sorted(
+        {s for s, _ in counts}, key=lambda s: (not isinstance(s, int), s if isinstance(s, int) else 0, str(s))
+    )
+    blueprints = sorted({b for _, b in counts})
+    updates = run.updates()
+    colors = {b: f"C{i % 10}" for i, b in enumerate(blueprints)}
+    fig, axes = _figure(1, len(slots), size=(3.6 * len(slots) + 1.6, 3.6))
+    for ax, slot in zip(axes.flat, slots):
+        bottom = np.zeros(len(updates))
+        for b in blueprints:
+            n = np.array([counts[slot, b][u] for u in updates], dtype=float)
+            if n.any():
+                ax.bar(updates, n, bottom=bottom, color=colors[b], width=0.85, label=b)
+                bottom += n
+        label = names[slot] if isinstance(slot, int) and names and 0 <= slot < len(names) else str(slot)
+        ax.set(title=f"slot {label}", xlabel="update", ylabel="germinations")
+    handles = [Patch(color=colors[b], label=b) for b in blueprints]
+    axes[0, -1].legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.suptitle("Blueprints germinated per slot and update")
+    return _save(fig, path)
+
+
 def _ordered_keys(dicts: Iterable[Any]) -> list[str]:
     keys: dict[str, None] = {}
     for d in dicts:
@@ -317,6 +355,7 @@ PLOTS = (
     ("entropy.png", plot_entropy),
     ("losses.png", plot_losses),
     ("seed_timeline.png", plot_seed_timeline),
+    ("blueprints.png", plot_blueprints),
 )
 
 

@@ -171,3 +171,55 @@ def test_report_errors_clearly_on_missing_inputs(tmp_path, capsys):
         main([str(tmp_path)])
     out = capsys.readouterr().err
     assert err.value.code == 2 and ":2: malformed event line" in out and out.count("\n") == 1
+
+
+def test_report_plots_the_blueprints_germinated_per_slot_and_update(tmp_path):
+    """Episode events that list their germinations give ``blueprints.png`` (one panel per slot); a log
+    without them (older runs, the heuristic's) has no such plot and the report still renders."""
+    _write_run(tmp_path, n_updates=2)
+    assert main([str(tmp_path)]) == 0
+    assert not (tmp_path / "plots" / "blueprints.png").exists()
+    assert "blueprints.png" not in (tmp_path / "report.md").read_text()
+
+    run_dir = tmp_path / "with"
+    run_dir.mkdir()
+    _write_run(run_dir, n_updates=2)
+    with EventLog(run_dir / "events.jsonl") as log:
+        for env, bps in enumerate((("conv_heavy", "depthwise"), ("conv_light", "depthwise"))):
+            log.write("episode", update=1, env=env, **{"return": 2.0}, final_test_acc=70.0, params_added=520,
+                      germinations=[{"epoch": 1, "slot": 0, "blueprint": bps[0]},
+                                    {"epoch": 2, "slot": 1, "blueprint": bps[1]}])  # fmt: skip
+    assert main([str(run_dir)]) == 0
+    assert _is_png(run_dir / "plots" / "blueprints.png")
+    assert "![blueprints](plots/blueprints.png)" in (run_dir / "report.md").read_text()
+
+
+def test_plot_blueprints_counts_each_slots_germinations(tmp_path, monkeypatch):
+    """The bars are the counts per (slot, blueprint, update): two episodes of update 1 germinating
+    conv_heavy and conv_light in b0 and depthwise in b1 give b0 {conv_heavy: 1, conv_light: 1} and b1
+    {depthwise: 2}."""
+    from esper.shell import report
+
+    episodes = [
+        {"update": 1, "env": env,
+         "germinations": [{"slot": 0, "blueprint": bp}, {"slot": 1, "blueprint": "depthwise"}]}
+        for env, bp in enumerate(("conv_heavy", "conv_light"))
+    ]  # fmt: skip
+    run = report.Run([{"event": "episode", **e} for e in episodes])
+    bars = []
+    real = report._figure
+
+    def spy(*a, **k):
+        fig, axes = real(*a, **k)
+        for ax in axes.flat:
+            orig = ax.bar
+            ax.bar = lambda x, n, *, _ax=ax, _orig=orig, **kw: (bars.append((_ax, kw["label"], list(n))),
+                                                                  _orig(x, n, **kw))[1]  # fmt: skip
+        return fig, axes
+
+    monkeypatch.setattr(report, "_figure", spy)
+    assert report.plot_blueprints(run, tmp_path / "b.png") is not None
+    panels = {}
+    for ax, label, n in bars:
+        panels.setdefault(ax.get_title(), {})[label] = n
+    assert panels == {"slot 0": {"conv_heavy": [1.0], "conv_light": [1.0]}, "slot 1": {"depthwise": [2.0]}}
