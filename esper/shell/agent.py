@@ -37,6 +37,7 @@ def build_learner(
         wait_bias=ppo.wait_bias,
         germinate_bias=ppo.germinate_bias,
         blend_bias=ppo.blend_bias,
+        slot_bias=ppo.slot_bias,
     ).to(device)  # fmt: skip
     trainer = PPOTrainer(
         policy, ppo, raw_obs_dim=raw_dim, compile=compile, generator=torch.Generator().manual_seed(seed + 1),

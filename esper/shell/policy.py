@@ -63,6 +63,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         wait_bias: float = 0.0,
         germinate_bias: float = 0.0,
         blend_bias: float = 0.0,
+        slot_bias: bool = False,
     ) -> None:
         super().__init__()
         if obs_dim < 1 or hidden < 1 or head_hidden < 1:
@@ -88,6 +89,17 @@ class FactoredRecurrentActorCritic(nn.Module):
         later = hidden + op_embed + slot_embed
         self.heads = nn.ModuleDict({h: _mlp(width.get(h, later), head_hidden, sizes[h], 0.01) for h in HEADS})
         self.value_head = _mlp(hidden, head_hidden, 1, 1.0)
+        # slot_bias: each head after the slot head gets a learned logit bias per slot (zero at the start),
+        # so "which blueprint here" has a term of its own for every slot. Without it the heads' output
+        # bias, which moves fastest while the output weights are near zero, is one preference for all slots.
+        self.slot_bias = (
+            nn.ModuleDict({h: nn.Embedding(spec.n_slots, sizes[h]) for h in HEADS if h not in ("op", "slot")})
+            if slot_bias
+            else None
+        )
+        if self.slot_bias is not None:
+            for table in self.slot_bias.values():
+                nn.init.zeros_(table.weight)
         # The op head's last layer starts near zero (gain 0.01), so its bias is the initial preference:
         # WAIT starts ``wait_bias`` logits above the ops that change a live seed (PRUNE,
         # SET_ALPHA_TARGET, FOSSILIZE, ADVANCE), GERMINATE ``germinate_bias`` (0, 0: uniform).
@@ -121,9 +133,21 @@ class FactoredRecurrentActorCritic(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """Logits of every head: op from ``feats``, slot conditioned on ``op``, the others on ``op``
         and ``slot`` (indices shaped ``feats.shape[:-1]``)."""
+        return {
+            "op": self.heads["op"](feats),
+            "slot": self.slot_logits(feats, op),
+            **self._later_logits(feats, op, slot),
+        }
+
+    def _later_logits(
+        self, feats: torch.Tensor, op: torch.Tensor, slot: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Logits of the heads after the slot head, conditioned on ``op`` and ``slot``."""
         cond = torch.cat([feats, self.op_embedding(op), self.slot_embedding(slot)], dim=-1)
         logits = {h: self.heads[h](cond) for h in HEADS if h not in ("op", "slot")}
-        return {"op": self.heads["op"](feats), "slot": self.slot_logits(feats, op), **logits}
+        if self.slot_bias is not None:
+            logits = {h: x + self.slot_bias[h](slot) for h, x in logits.items()}
+        return logits
 
     def value(self, feats: torch.Tensor) -> torch.Tensor:
         return self.value_head(feats).squeeze(-1)
@@ -154,14 +178,12 @@ class FactoredRecurrentActorCritic(nn.Module):
         check_masks(used["slot"], "slot")
         slot_logits = self.slot_logits(feats, op)
         slot = _sample(slot_logits, used["slot"], generator, deterministic)
-        cond = torch.cat([feats, self.op_embedding(op), self.slot_embedding(slot)], dim=-1)
-        logits = {"op": op_logits, "slot": slot_logits}
+        logits = {"op": op_logits, "slot": slot_logits, **self._later_logits(feats, op, slot)}
         sampled = {"op": op, "slot": slot}
         out = TensorDict({}, batch_size=obs.shape[:1], device=obs.device)
         for head in HEADS:
             mask = used[head]
             if head not in sampled:
-                logits[head] = self.heads[head](cond)
                 sampled[head] = _sample(logits[head], mask, generator, deterministic)
             a = sampled[head]
             out[head] = TensorDict(

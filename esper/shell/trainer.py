@@ -125,6 +125,10 @@ class PPOConfig:
         0.0, "initial logit of the fixed schedules' blend (style LINEAR_ADD, tempo FAST, alpha target 1.0) "
         "above each blend head's other choices (0: uniform)"
     )
+    slot_bias: bool = doc(
+        False, "a learned logit bias per slot for the heads after the slot head (blueprint, blend): what to "
+        "grow where gets a term per slot, not only the heads' shared output bias"
+    )
     grad_explode_factor: float = doc(
         10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'", gt=0
     )
@@ -573,6 +577,8 @@ def _group_index(policy: FactoredRecurrentActorCritic) -> list[int]:
     index = {id(p): GRAD_GROUPS.index("value") for p in policy.value_head.parameters()}
     for h in HEADS:
         index.update({id(p): GRAD_GROUPS.index(h) for p in policy.heads[h].parameters()})
+    for h, table in (policy.slot_bias or {}).items():
+        index.update({id(p): GRAD_GROUPS.index(h) for p in table.parameters()})
     return [index.get(id(p), GRAD_GROUPS.index("trunk")) for p in policy.parameters()]
 
 

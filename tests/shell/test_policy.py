@@ -175,3 +175,24 @@ def test_blend_bias_starts_the_blend_heads_on_the_fixed_schedules_blend(bias):
     grow = GrowAllController(0, LifecycleConfig())
     assert (grow.style, grow.tempo) == (DEFAULT_BLEND["style"], DEFAULT_BLEND["tempo"])
     assert grow.alpha_target == DEFAULT_BLEND["alpha_target"]
+
+
+def test_slot_bias_gives_each_slot_its_own_blueprint_preference():
+    """With ``slot_bias`` the heads after the slot head add a learned bias per slot (zero at the start,
+    so the initial policy is unchanged): a gradient step that favours conv in slot 0 moves slot 0's
+    blueprint logits through its own table row and leaves slot 1's row untouched."""
+    torch.manual_seed(0)
+    plain = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8)
+    torch.manual_seed(0)
+    net = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8, slot_bias=True)
+    assert plain.slot_bias is None and set(net.slot_bias) == set(HEADS) - {"op", "slot"}
+    obs, state = torch.randn(4, 3, 6), net.initial_state(4)
+    op = torch.full((4, 3), int(Op.GERMINATE))
+    slot = torch.zeros(4, 3, dtype=torch.long)
+    a, b = plain.evaluate(obs, state, op, slot), net.evaluate(obs, state, op, slot)
+    for h in HEADS:
+        torch.testing.assert_close(a[h, "logits"], b[h, "logits"])  # zero bias: the same policy
+    loss = -torch.log_softmax(b["blueprint", "logits"], -1)[..., 1].mean()
+    loss.backward()
+    grad = net.slot_bias["blueprint"].weight.grad
+    assert grad[0].abs().sum() > 0 and grad[1:].abs().sum() == 0
