@@ -92,12 +92,11 @@ class FactoredRecurrentActorCritic(nn.Module):
         # slot_bias: each head after the slot head gets a learned logit bias per slot (zero at the start),
         # so "which blueprint here" has a term of its own for every slot. Without it the heads' output
         # bias, which moves fastest while the output weights are near zero, is one preference for all slots.
-        self.slot_bias = (
-            nn.ModuleDict({h: nn.Embedding(spec.n_slots, sizes[h]) for h in HEADS if h not in ("op", "slot")})
-            if slot_bias
-            else None
-        )
-        if self.slot_bias is not None:
+        self.slot_bias: nn.ModuleDict | None = None
+        if slot_bias:
+            self.slot_bias = nn.ModuleDict(
+                {h: nn.Embedding(spec.n_slots, sizes[h]) for h in HEADS if h not in ("op", "slot")}
+            )
             for table in self.slot_bias.values():
                 nn.init.zeros_(table.weight)
         # The op head's last layer starts near zero (gain 0.01), so its bias is the initial preference:

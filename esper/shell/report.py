@@ -305,15 +305,21 @@ def plot_seed_timeline(run: Run, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_blueprints(run: Run, path: Path) -> Path | None:
-    """One panel per slot: for each update, how many of its episodes' germinations in that slot were of
-    each blueprint (stacked bars). A controller that learns "what where" narrows to one colour per slot;
-    one that commits early to a worse blueprint shows it here before the evaluation does."""
-    counts: dict[tuple[Any, str], Counter] = defaultdict(Counter)  # (slot, blueprint) -> {update: n}
+def germination_counts(run: Run) -> dict[tuple[Any, str], Counter]:
+    """``{(slot, blueprint): {update: germinations}}`` from the episodes' ``germinations``."""
+    counts: dict[tuple[Any, str], Counter] = defaultdict(Counter)
     for e in run.episodes:
         for g in e.get("germinations") or ():
             if isinstance(g, dict) and "slot" in g and "blueprint" in g:
                 counts[g["slot"], str(g["blueprint"])][e["update"]] += 1
+    return dict(counts)
+
+
+def plot_blueprints(run: Run, path: Path) -> Path | None:
+    """One panel per slot: for each update, how many of its episodes' germinations in that slot were of
+    each blueprint (stacked bars). A controller that learns "what where" narrows to one colour per slot;
+    one that commits early to a worse blueprint shows it here before the evaluation does."""
+    counts = germination_counts(run)
     if not counts:
         return None
     names = next((e["slot_names"] for e in reversed(run.epochs) if e.get("slot_names")), None)
@@ -329,7 +335,7 @@ def plot_blueprints(run: Run, path: Path) -> Path | None:
     for ax, slot in zip(axes.flat, slots):
         bottom = np.zeros(len(updates))
         for b in blueprints:
-            n = np.array([counts[slot, b][u] for u in updates], dtype=float)
+            n = np.array([counts.get((slot, b), Counter())[u] for u in updates], dtype=float)
             if n.any():
                 ax.bar(updates, n, bottom=bottom, color=colors[b], width=0.85, label=b)
                 bottom += n

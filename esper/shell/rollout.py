@@ -314,11 +314,9 @@ class EpisodeRunner:
             }.items()
         }  # sync point: the episode's final numbers, once
         grown = self._grown(final["live"], final["blueprint"])
-        germinated_at: list[list[int]] = [[] for _ in range(self.env.n)]
         germinations: list[list[dict]] = [[] for _ in range(self.env.n)]
         for e in result.lifecycle:
             if e["kind"] == "germinated":
-                germinated_at[e["env"] - self.env.first_env].append(e["epoch"])
                 germinations[e["env"] - self.env.first_env].append(
                     {k: e[k] for k in ("epoch", "slot", "blueprint", *BLEND_SETTINGS) if k in e}
                 )
@@ -339,7 +337,7 @@ class EpisodeRunner:
                 "reward_components": {k: v[i] for k, v in comp_sums.items()},
                 "op_counts": dict(op_counts[i]),
                 "grown": grown[i],
-                "germinated_at": germinated_at[i],
+                "germinated_at": [g["epoch"] for g in germinations[i]],
                 "germinations": germinations[i],
             }
             for i in range(self.env.n)
