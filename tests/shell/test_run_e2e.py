@@ -58,6 +58,10 @@ def test_tiny_run_end_to_end_then_resume(tmp_path):
     episodes = [e for e in events if e["event"] == "episode"]
     assert len(episodes) == 3 * 2 and all("reward_components" in e for e in episodes)
     assert "update" in out.stdout and "test_acc" in out.stdout, "the summary table is printed"
+    threads = json.loads((run / "provenance.json").read_text())["torch_threads"]
+    seed = json.loads((run / "config.json").read_text())["seed"]
+    repeat = f"--seed {seed} --threads {threads} "
+    assert repeat in out.stdout and repeat in (run / "summary.txt").read_text(), "how to repeat it"
 
     ckpt = load_checkpoint(run / "checkpoint.pt")
     assert ckpt["progress"]["update"] == 3
