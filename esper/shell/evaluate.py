@@ -286,6 +286,7 @@ def evaluate_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int
             "param_over_weight": cfg.reward.param_over_weight,
             "reward_mode": cfg.reward.mode.name,
             "trained_updates": int(checkpoint["progress"]["update"]) if checkpoint else None,
+            "torch_threads": torch.get_num_threads(),  # the numbers repeat at the same seed and threads
             "seconds": time.perf_counter() - t0,
         },
     }
@@ -394,7 +395,8 @@ def report_markdown(results: dict, plots: Sequence[Path]) -> str:
         f"# Evaluation of `{meta['run_dir']}`",
         "",
         f"{meta['episodes']} episodes per controller on fresh hosts (evaluation seed "
-        f"{meta['eval_seed']}; the same host seeds for every controller), task `{meta['task']}`; "
+        f"{meta['eval_seed']}; the same host seeds for every controller; {meta['torch_threads']} torch "
+        f"thread(s): another count trains the hosts to other numbers), task `{meta['task']}`; "
         f"{meta['ppo_acts']}. Accuracy is the final host's **test** accuracy (held out "
         "from host training and from the controller); intervals are 95 % Student-t over episodes.",
         "",
@@ -449,18 +451,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"comma-separated subset of {','.join(CONTROLLERS)}; grow_all:BLUEPRINT grows "
                         "another blueprint than the task's best; grow:b0=conv_heavy+b2=depthwise grows only "
                         "those slots, each with its blueprint")  # fmt: skip
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch intra-op threads (0, the default: as the run would, the cores over its env "
+                        "workers); the numbers repeat at the same --seed and thread count")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
+    if args.threads < 0:
+        return report(PROG, ValueError(f"--threads must be >= 0, got {args.threads}"))
     names = [c.strip() for c in args.controllers.split(",") if c.strip()]
     try:
         results = evaluate(args.run_dir, episodes=args.episodes, seed=args.seed, controllers=names,
-                           show_progress=not args.no_progress, threads=0)  # fmt: skip
+                           show_progress=not args.no_progress, threads=args.threads)  # fmt: skip
     except (OSError, ValueError) as e:
         return report(PROG, e)
     for name, s in results["controllers"].items():
         lo, hi = s["test_acc_ci95"]
         print(f"{name:>10}: test acc {s['test_acc_mean']:5.1f} % [{lo:5.1f}, {hi:5.1f}]  "
               f"params added {s['params_added_mean']:7.0f}  return {s['return_mean']:6.2f}")  # fmt: skip
+    print(f"to repeat these numbers: --seed {args.seed} --threads {results['meta']['torch_threads']}")
     print(f"results: {Path(args.run_dir) / 'eval' / 'results.json'}")
     return 0
 

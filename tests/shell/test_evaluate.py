@@ -30,7 +30,7 @@ def run_dir(tmp_path_factory):
 def test_evaluate_cli_writes_results_report_and_plots(run_dir):
     out = subprocess.run(
         [sys.executable, "-m", "esper.shell.evaluate", str(run_dir), "--episodes", "3", "--seed", "5",
-         "--no-progress"], capture_output=True, text=True, timeout=600,
+         "--threads", "1", "--no-progress"], capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "static: test acc" in out.stdout
@@ -49,6 +49,7 @@ def test_evaluate_cli_writes_results_report_and_plots(run_dir):
     corr = results["correlations"]
     assert corr["n_episodes"] == 3 * len(CONTROLLERS) and "return_vs_test_acc" in corr
     assert "ppo_greedy" in results["meta"]["ppo_acts"] and results["meta"]["trained_updates"] == 1
+    assert results["meta"]["torch_threads"] == 1 and "--seed 5 --threads 1" in out.stdout  # how to repeat it
     assert static["grown_counts"] == {"": 3} and static["first_germination_mean"] is None
     for s in results["controllers"].values():  # what was grown: a count per final plan, every episode once
         assert sum(s["grown_counts"].values()) == 3
@@ -103,6 +104,7 @@ def test_ppo_samples_its_policy_and_ppo_greedy_takes_the_mode(run_dir):
         (["--episodes", "1"], "--episodes must be >= 2"),
         (["--controllers", "ppo,greedy"], "unknown controller"),
         (["--controllers", "grow_all:conv_huge"], "no blueprint 'conv_huge'"),
+        (["--threads", "-1"], "--threads must be >= 0"),
     ],
 )
 def test_evaluate_refuses_bad_requests_in_one_line(run_dir, capsys, args, message):
@@ -129,11 +131,17 @@ def test_plan_controller_grows_only_the_planned_slots_with_their_blueprints():
     try:
         bp = env.blueprint_names
         assert parse_plan("grow:b0=conv_heavy+b2=depthwise", env) == {
-            0: bp.index("conv_heavy"), 2: bp.index("depthwise")
+            0: bp.index("conv_heavy"),
+            2: bp.index("depthwise"),
         }
-        for bad, msg in [("grow:", "empty plan"), ("grow:b7=conv_heavy", "not SLOT=BLUEPRINT"),
-                         ("grow:b0=conv_huge", "no blueprint"), ("grow:b0=noop", "no blueprint"),
-                         ("grow:b0=norm+b0=norm", "planned twice"), ("grow:b0", "not SLOT=BLUEPRINT")]:
+        for bad, msg in [
+            ("grow:", "empty plan"),
+            ("grow:b7=conv_heavy", "not SLOT=BLUEPRINT"),
+            ("grow:b0=conv_huge", "no blueprint"),
+            ("grow:b0=noop", "no blueprint"),
+            ("grow:b0=norm+b0=norm", "planned twice"),
+            ("grow:b0", "not SLOT=BLUEPRINT"),
+        ]:
             with pytest.raises(ValueError, match=msg):
                 parse_plan(bad, env)
         ctl = make_controller("grow:b0=conv_heavy+b2=depthwise", cfg, env, checkpoint=None, seed=0)
