@@ -45,7 +45,7 @@ from esper.core.rewards import RewardConfig, parameter_cost
 from esper.shell.agent import PPOController, build_learner
 from esper.shell.baselines import GROW_ALL_BLUEPRINT, GrowAllController, RandomController, StaticController
 from esper.shell.checkpoint import load_checkpoint
-from esper.shell.cli import OneLineParser, report
+from esper.shell.cli import OneLineParser, repeat_line, report
 from esper.shell.config import RunConfig
 from esper.shell.configtools import from_dict
 from esper.shell.data import Task
@@ -468,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lo, hi = s["test_acc_ci95"]
         print(f"{name:>10}: test acc {s['test_acc_mean']:5.1f} % [{lo:5.1f}, {hi:5.1f}]  "
               f"params added {s['params_added_mean']:7.0f}  return {s['return_mean']:6.2f}")  # fmt: skip
-    print(f"to repeat these numbers: --seed {args.seed} --threads {results['meta']['torch_threads']}")
+    print(repeat_line(args.seed, results["meta"]["torch_threads"]))
     print(f"results: {Path(args.run_dir) / 'eval' / 'results.json'}")
     return 0
 

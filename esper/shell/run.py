@@ -63,7 +63,7 @@ from esper.shell.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from esper.shell.cli import STOPPED, CliError, OneLineParser, describe, report
+from esper.shell.cli import STOPPED, CliError, OneLineParser, describe, repeat_line, report
 from esper.shell.config import PRESETS, RunConfig, preset
 from esper.shell.configtools import fields_flat, from_dict, to_dict, with_overrides
 from esper.shell.distributed import DEFAULT_TIMEOUT, SINGLE, Dist, PeerLost, init, rank_device
@@ -407,7 +407,7 @@ class Run:
             print(check["text"])
             table += "\n\n" + check["text"]
             self._event("heldout_check", **{k: v for k, v in check.items() if k != "text"})
-        print(repeat := reproduce_line(cfg.seed, torch.get_num_threads()))
+        print(repeat := repeat_line(cfg.seed, torch.get_num_threads()))
         (self.dir / "summary.txt").write_text(f"{table}\n\n{repeat}\n")
         self._event(
             "run_end", interrupted=False, updates=cfg.updates, summary=self.rows[-1] if self.rows else {}
@@ -469,17 +469,6 @@ def _cpu_copy(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_cpu_copy(v) for v in obj)
     return obj
-
-
-def reproduce_line(seed: int, threads: int) -> str:
-    """How to repeat this run's numbers: the seed and the torch thread count. Threads belong to it
-    because a different count splits the float sums of the host ops differently; SGD on a small host
-    amplifies those last bits, so hosts and controller train to different numbers (a static host on
-    the default's held-out seeds: 44.7 % at one thread, 44.5 % at two)."""
-    return (
-        f"to repeat these numbers: --seed {seed} --threads {threads} (the torch threads this run used; "
-        "another count, or another CPU's kernels, trains the hosts to different numbers)"
-    )
 
 
 SUMMARY_COLUMNS = ("update", "return", "test_acc", "val_acc", "params", "fossilized", "pruned", "kl",

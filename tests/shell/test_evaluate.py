@@ -49,7 +49,7 @@ def test_evaluate_cli_writes_results_report_and_plots(run_dir):
     corr = results["correlations"]
     assert corr["n_episodes"] == 3 * len(CONTROLLERS) and "return_vs_test_acc" in corr
     assert "ppo_greedy" in results["meta"]["ppo_acts"] and results["meta"]["trained_updates"] == 1
-    assert results["meta"]["torch_threads"] == 1 and "--seed 5 --threads 1" in out.stdout  # how to repeat it
+    assert results["meta"]["torch_threads"] == 1 and "--seed 5 --threads 1 " in out.stdout  # how to repeat it
     assert static["grown_counts"] == {"": 3} and static["first_germination_mean"] is None
     for s in results["controllers"].values():  # what was grown: a count per final plan, every episode once
         assert sum(s["grown_counts"].values()) == 3
