@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bench.suites.hosts import BATCH, CLASSES, LENGTH, GroupedHost, _sgd, grouped_from, grouped_loss
+from bench.suites.hosts import BATCH, CLASSES, LENGTH, GroupedHost, grouped_from, grouped_loss, host_sgd
 
 
 def test_grouped_hosts_are_the_separate_hosts_forward_and_after_a_step():
@@ -20,10 +20,10 @@ def test_grouped_hosts_are_the_separate_hosts_forward_and_after_a_step():
     torch.testing.assert_close(grouped(x), separate, rtol=1e-5, atol=1e-5)
 
     for h, xe, ye in zip(hosts, xs, ys):
-        opt = _sgd(h.parameters())
+        opt = host_sgd(h.parameters())
         F.cross_entropy(h(xe)[:, 0], ye).backward()
         opt.step()
-    opt = _sgd(grouped.parameters())
+    opt = host_sgd(grouped.parameters())
     grouped_loss(grouped, x, y).backward()
     opt.step()
     for name, p in grouped.named_parameters():

@@ -58,7 +58,8 @@ def grouped_from(hosts: list[GroupedHost]) -> GroupedHost:
     return grouped
 
 
-def _sgd(params) -> torch.optim.Optimizer:
+def host_sgd(params) -> torch.optim.Optimizer:
+    """The hosts' optimizer in this suite and its test (both sides of the comparison use it)."""
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
 
 
@@ -87,8 +88,8 @@ def _case(ctx: Context, res: SuiteResult, envs: int) -> None:
     xs = [torch.randn(BATCH, 1, LENGTH, device=ctx.device) for _ in range(envs)]
     ys = [torch.randint(0, CLASSES, (BATCH,), device=ctx.device) for _ in range(envs)]
     x, y = torch.cat(xs, 1), torch.stack(ys, 1)
-    opts = [_sgd(h.parameters()) for h in hosts]
-    opt = _sgd(grouped.parameters())
+    opts = [host_sgd(h.parameters()) for h in hosts]
+    opt = host_sgd(grouped.parameters())
 
     def separate():
         for host, o, xe, ye in zip(hosts, opts, xs, ys):
