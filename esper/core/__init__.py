@@ -20,7 +20,7 @@ from esper.core.lifecycle import (
     lifecycle_step,
     record_signals,
 )
-from esper.core.loss import loss_counts, ppo_loss, total_loss
+from esper.core.loss import decouple, loss_counts, ppo_loss, total_loss
 from esper.core.masks import action_masks, head_relevance, legal_masks, op_slot_legality
 from esper.core.minibatch import env_minibatches
 from esper.core.normalize import (
@@ -59,6 +59,7 @@ __all__ = [
     "batch_stats",
     "clear_seeds",
     "compute_reward",
+    "decouple",
     "env_minibatches",
     "gae",
     "gae_tensors",

@@ -198,7 +198,14 @@ def ppo_loss(
     )
     out.update(
         _critic_terms(
-            td, keys, valid, n_valid, dtype, value_clip=value_clip, value_coef=value_coef, distance=distance,
+            td,
+            keys,
+            valid,
+            n_valid,
+            dtype,
+            value_clip=value_clip,
+            value_coef=value_coef,
+            distance=distance,
             own_valid=own_valid,
         )
     )
@@ -230,6 +237,60 @@ def loss_counts(td: TensorDictBase, *, factored: bool = False, keys: Keys = KEYS
 
 def _count_key(head: str | None) -> str:
     return "action" if head is None else head
+
+
+def decouple(
+    td: TensorDictBase,
+    *,
+    factored: bool = False,
+    rho_max: float = 1.0,
+    keys: Keys = KEYS,
+    categorical: Callable = masked_categorical,
+) -> TensorDict:
+    """Re-base stale steps for decoupled PPO (Hilton et al. 2021, "Batch size-invariance for policy
+    optimization"): the surrogate clips the ratio around the *proximal* policy (the policy at the
+    update's start) and each step is weighted by that policy's probability ratio to the *behaviour*
+    policy (the one that acted), truncated at ``rho_max``. Since the weight is non-negative,
+    ``w * min(r A, clip(r) A) = min(r (w A), clip(r) (w A))``: :func:`ppo_loss` on the re-based log-probs
+    and on ``behaviour_weight * advantage`` is the decoupled objective, and its KL (so the early stop)
+    is measured from the proximal policy, not from a behaviour policy several updates old.
+
+    Reads what :func:`ppo_loss` reads: the stored ``action``, ``action_log_prob`` (behaviour) and
+    ``action_mask`` per head, and the proximal policy's logits under ``(current, head, logits)`` (give
+    them without grad). Returns a TensorDict of ``td``'s batch size with the proximal log-probability
+    of the stored action under ``(head, action_log_prob)`` (``action_log_prob`` for one head) and
+    ``behaviour_weight`` float ``[*B]`` = ``min(rho_max, exp(sum_h (lp_prox - lp_behaviour)))`` over the
+    heads that counted at the step (factored: :func:`esper.core.masks.head_relevance`, finding P1), the
+    joint ratio of the factored policy. On data the proximal policy collected, the weight is 1.
+    """
+    _check_coef("rho_max", rho_max, positive=True)
+    if td.batch_dims < 1:
+        raise ValueError("decouple: the TensorDict needs at least one batch dim, got batch size []")
+    heads = HEADS if factored else (None,)
+    if factored:
+        _check_head_sets(td, keys)
+    shape = td.batch_size
+    relevance = None
+    if factored:
+        op = per_step(td, keys.head("op", keys.action), where=_WHERE, kind="int").long()
+        relevance = head_relevance(op)
+    out: dict[str, torch.Tensor | dict[str, torch.Tensor]] = {}
+    log_w = None
+    for head in heads:
+        logits, action, old_lp, mask = _head_inputs(td, head, keys, shape)
+        lp, _, _ = categorical(logits.detach(), action, mask, old_lp)
+        old_lp = old_lp.to(lp.dtype)
+        w = _head_weight(None, mask, logits.shape[-1], relevance, head, lp)
+        delta = lp - old_lp
+        log_w = _acc(log_w, delta if w is None else w * delta)
+        key = keys.log_prob if head is None else keys.head(head, keys.log_prob)
+        out[key] = lp
+    weight = log_w.clamp(max=math.log(rho_max)).exp()
+    result = TensorDict({}, batch_size=shape)
+    for key, value in out.items():
+        result.set(key, value)
+    result.set("behaviour_weight", weight)
+    return result
 
 
 def total_loss(losses: TensorDictBase) -> torch.Tensor:
@@ -450,4 +511,4 @@ def _entropy_coefs(entropy_coef: float | Mapping[str, float], heads: tuple) -> d
     return dict.fromkeys(heads, float(entropy_coef))
 
 
-__all__ = ["loss_counts", "ppo_loss", "total_loss"]
+__all__ = ["decouple", "loss_counts", "ppo_loss", "total_loss"]

@@ -36,7 +36,8 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
 ``ppo_update``
     ``update``, ``loss_objective``, ``loss_critic``, ``loss_entropy``, ``entropy``, ``kl_approx``,
     ``clip_fraction``, ``value_clip_fraction``, ``explained_variance``, ``max_ratio``, ``min_ratio``,
-    ``entropy_coef``, ``lr``, ``epochs_run``, ``minibatch_steps``, ``early_stopped``,
+    ``entropy_coef``, ``lr``, ``epochs_run``, ``minibatch_steps``, ``replayed_envs`` (envs of earlier
+    batches re-used, ``ppo.replay``), ``early_stopped``,
     ``nonfinite_steps`` and ``rolled_back`` (a non-finite step ended the update and undid it),
     ``grad_norm``, ``seconds``; per-head
     dicts ``head_entropy`` (normalized, in [0, 1]), ``head_kl``, ``head_clip_fraction``,

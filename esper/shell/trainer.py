@@ -51,7 +51,7 @@ from esper import kernels
 from esper.core.advantage import gae, gae_tensors, normalize_advantage
 from esper.core.distributions import masked_categorical
 from esper.core.health import GradHealthConfig, grad_health
-from esper.core.loss import loss_counts, ppo_loss
+from esper.core.loss import decouple, loss_counts, ppo_loss
 from esper.core.minibatch import env_minibatches
 from esper.core.normalize import (
     batch_stats,
@@ -92,12 +92,8 @@ class PPOConfig:
         (), "per-head entropy weights in HEADS order (empty: all 1)", ge=0
     )
     lr: float = doc(3e-4, "AdamW learning rate (at the first update, when annealed)", gt=0)
-    lr_end: float | None = doc(
-        None, "AdamW learning rate after annealing (none: constant)", ge=0
-    )
-    lr_anneal_updates: int = doc(
-        0, "updates over which the learning rate moves linearly to lr_end", ge=0
-    )
+    lr_end: float | None = doc(None, "AdamW learning rate after annealing (none: constant)", ge=0)
+    lr_anneal_updates: int = doc(0, "updates over which the learning rate moves linearly to lr_end", ge=0)
     adam_eps: float = doc(1e-5, "AdamW epsilon", gt=0)
     critic_weight_decay: float = doc(0.0, "weight decay on the value head only", ge=0)
     max_grad_norm: float = doc(0.5, "global gradient-norm clip", gt=0)
@@ -118,22 +114,35 @@ class PPOConfig:
     head_hidden: int = doc(64, "hidden width of each head", ge=1)
     wait_bias: float = doc(0.0, "initial logit of WAIT above the other ops (0: uniform over the legal ops)")
     germinate_bias: float = doc(
-        0.0, "initial logit of GERMINATE above the ops other than WAIT (equal to wait_bias: an untrained "
-        "policy germinates as often as it waits where it can, and rarely prunes or re-targets)"
+        0.0,
+        "initial logit of GERMINATE above the ops other than WAIT (equal to wait_bias: an untrained "
+        "policy germinates as often as it waits where it can, and rarely prunes or re-targets)",
     )
     blend_bias: float = doc(
-        0.0, "initial logit of the fixed schedules' blend (style LINEAR_ADD, tempo FAST, alpha target 1.0) "
-        "above each blend head's other choices (0: uniform)"
+        0.0,
+        "initial logit of the fixed schedules' blend (style LINEAR_ADD, tempo FAST, alpha target 1.0) "
+        "above each blend head's other choices (0: uniform)",
     )
     slot_bias: bool = doc(
-        False, "a learned logit bias per slot for the heads after the slot head (blueprint, blend): what to "
-        "grow where gets a term per slot, not only the heads' shared output bias"
+        False,
+        "a learned logit bias per slot for the heads after the slot head (blueprint, blend): what to "
+        "grow where gets a term per slot, not only the heads' shared output bias",
+    )
+    replay: int = doc(
+        0,
+        "earlier batches each update re-uses (0: on-policy PPO). A replayed batch is re-scored at the "
+        "update's start: rewards re-scaled with the current statistics, values and GAE from the current "
+        "critic (its last step's bootstrap stays the rollout's), the surrogate clipped around the policy at "
+        "the update's start and its advantage weighted by min(1, that policy's ratio to the one that "
+        "acted): decoupled PPO (esper.core.decouple). Observation and reward statistics see each batch once",
+        ge=0,
     )
     grad_explode_factor: float = doc(
         10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'", gt=0
     )
     max_bad_updates: int = doc(
-        3, "stop the run after this many consecutive updates rolled back for a non-finite loss or gradient",
+        3,
+        "stop the run after this many consecutive updates rolled back for a non-finite loss or gradient",
         ge=1,
     )
 
@@ -170,6 +179,8 @@ class TrainerState:
     reward_stats: TensorDict
     updates: int = 0
     history: list = field(default_factory=list)
+    #: The last ``ppo.replay`` rollouts as they came in (newest first), for decoupled re-use.
+    replay: list = field(default_factory=list)
 
 
 class PPOTrainer:
@@ -186,6 +197,12 @@ class PPOTrainer:
     ) -> None:
         if dist.active and compile:
             raise ValueError("compile is not supported with several processes yet; run without --compile")
+        if cfg.replay and (dist.active or compile):
+            raise ValueError(
+                f"ppo.replay={cfg.replay} is supported in one eager process only (the replayed batch changes "
+                "the minibatch shapes the compiled step is built for, and is not split over processes); "
+                "run without --compile and without torchrun, or with --ppo.replay 0"
+            )
         self.policy, self.cfg, self.dist = policy, cfg, dist
         device = next(policy.parameters()).device
         critic = list(policy.value_head.parameters())
@@ -236,6 +253,7 @@ class PPOTrainer:
             return gae_impl(td, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
 
         self.loss_fn = loss_fn
+        self._categorical = categorical
         compiled = lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, backend=compile_backend)
         self.gae_fn = compiled(gae_fn) if compile else gae_fn
         #: the whole minibatch step as one graph (None: eager)
@@ -249,8 +267,10 @@ class PPOTrainer:
         return normalize(self.state.obs_stats, raw, clip=self.cfg.obs_clip)
 
     # ----------------------------------------------------------------------------------------- update
-    def prepare(self, batch: TensorDictBase) -> TensorDictBase:
-        """Steps 1-5 of the module docstring; returns the batch ready for the epochs."""
+    def prepare(self, batch: TensorDictBase, *, replayed: list[TensorDictBase] = ()) -> TensorDictBase:
+        """Steps 1-5 of the module docstring; returns the batch ready for the epochs. ``replayed``:
+        earlier rollouts (``ppo.replay``), re-scored by :meth:`_rescore_replayed` and appended along
+        the env dim after step 4; step 5 normalizes over all of it."""
         cfg = self.cfg
         self._check_finite(batch)
         st = self.state
@@ -275,10 +295,40 @@ class PPOTrainer:
             self.gae_fn(batch)
             # C4: the value-clip anchor is V under the same hidden reconstruction the update uses.
             batch["state_value"] = self._evaluate(batch)["state_value"]
+            weight = None
+            if replayed:
+                old = [self._rescore_replayed(td) for td in replayed]
+                weight = torch.cat([torch.ones_like(batch["advantage"])] + [w for _, w in old], 0)
+                batch = torch.cat([batch] + [td for td, _ in old], 0)
             if cfg.normalize_advantage:
                 reduce = self.dist.all_reduce_sum if self.dist.active else None
                 batch["advantage"] = normalize_advantage(batch["advantage"], reduce=reduce)
+            if weight is not None:  # after normalizing: the weight scales each step's share, not the spread
+                batch["advantage"] = batch["advantage"] * weight
         return batch
+
+    def _rescore_replayed(self, old: TensorDictBase) -> tuple[TensorDictBase, torch.Tensor]:
+        """An earlier rollout made ready for this update (``ppo.replay``): its rewards scaled with the
+        current statistics, V from the current critic (the value-clip anchor and GAE's values; the
+        truncated last step's bootstrap stays the rollout's, whose post-action state is not stored),
+        GAE, and :func:`esper.core.decouple`: each head's stored log-prob replaced by the current
+        (proximal) policy's and the truncated behaviour weight, returned beside the batch. Runs under
+        ``no_grad``; the stored observations are those the behaviour policy saw (S2)."""
+        cfg, st = self.cfg, self.state
+        td = old.clone()
+        td["next", "reward"] = scale(st.reward_stats, td["next", "raw_reward"], clip=cfg.reward_clip)
+        prox = self._evaluate(td)
+        values = prox["state_value"]
+        boot = td["next", "state_value"][:, -1:]
+        td["state_value"] = values
+        td["next", "state_value"] = torch.cat([values[:, 1:], boot.to(values.dtype)], dim=1)
+        self.gae_fn(td)
+        td["current"] = prox
+        rebased = decouple(td, factored=True, categorical=self._categorical)
+        del td["current"]
+        weight = rebased.pop("behaviour_weight")
+        td.update(rebased)
+        return td, weight.reshape(td["advantage"].shape)
 
     def _check_finite(self, batch: TensorDictBase) -> None:
         """:func:`check_finite`, and with several processes every one raises if one's rollout is bad."""
@@ -323,9 +373,14 @@ class PPOTrainer:
         t0 = time.perf_counter()
         cfg = self.cfg
         n_envs = batch.batch_size[0] * self.dist.world  # the whole batch's (this process holds a slice)
+        batch_envs = n_envs
+        n_envs += sum(td.batch_size[0] for td in self.state.replay)  # replayed envs (one process only)
         if n_envs % cfg.n_minibatches:
             raise ValueError(f"ppo.n_minibatches={cfg.n_minibatches} must divide n_envs={n_envs}")
-        batch = self.prepare(batch)
+        incoming = batch.clone() if cfg.replay else None  # as it came in: prepare writes into batch
+        batch = self.prepare(batch, replayed=self.state.replay)
+        if cfg.replay:
+            self.state.replay = [incoming, *self.state.replay][: cfg.replay]
         coef = self.cfg.entropy_coef_at(self.state.updates)
         coef_t = torch.tensor(coef, device=batch.device)  # a tensor: a new value never recompiles
         lr = self.cfg.lr_at(self.state.updates)
@@ -397,6 +452,7 @@ class PPOTrainer:
             lr=lr,
             epochs_run=epochs_run,
             minibatch_steps=len(steps),
+            replayed_envs=n_envs - batch_envs,
             early_stopped=bool(stopped),
             nonfinite_steps=int(nonfinite),
             rolled_back=rolled_back,
@@ -523,6 +579,7 @@ class PPOTrainer:
             "reward_stats": self.state.reward_stats.to_dict(),
             "updates": self.state.updates,
             "generator": self.generator.get_state(),
+            "replay": [td.to_dict() for td in self.state.replay],
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -537,6 +594,10 @@ class PPOTrainer:
         self.state.reward_stats = TensorDict(sd["reward_stats"], batch_size=[]).to(device)
         self.state.updates = int(sd["updates"])
         self.generator.set_state(sd["generator"])
+        # a checkpoint from before ppo.replay has none; of a longer one, the newest this config re-uses
+        self.state.replay = [
+            TensorDict(d, batch_size=d["is_init"].shape).to(device) for d in sd.get("replay", [])
+        ][: self.cfg.replay]
 
 
 def check_finite(td: TensorDictBase) -> None:

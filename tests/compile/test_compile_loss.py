@@ -78,3 +78,10 @@ def test_minus_inf_logits_compile_fullgraph(compile_check):
     td["action"] = td["action"] % (logits.shape[-1] - 1)
     td["current"] = TensorDict({"logits": logits}, [3, 4])
     compile_check(lambda td: ppo_loss(td), td)
+
+
+def test_decouple_compiles_fullgraph(compile_check):
+    from esper.core.loss import decouple
+
+    td = factored_batch(3, 5, seed=15, grad=False)
+    compile_check(lambda td: decouple(td, factored=True), td)

@@ -12,8 +12,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from esper.core.masks import legal_masks
-from esper.core.spec import HEADS, SLOT_FIELDS, ActionSpec, Stage
+from esper.core import distributions as D
+from esper.core.advantage import gae
+from esper.core.masks import head_relevance, legal_masks
+from esper.core.normalize import scale
+from esper.core.spec import HEAD_INDEX, HEADS, SLOT_FIELDS, ActionSpec, Stage
 from esper.shell.policy import FactoredRecurrentActorCritic
 from esper.shell.trainer import GRAD_GROUPS, PPOConfig, PPOTrainer
 
@@ -357,8 +360,10 @@ def test_a_nonfinite_loss_is_never_applied_the_update_rolls_back(monkeypatch):
 def test_a_nonfinite_gradient_with_a_finite_loss_rolls_back():
     policy, trainer = _trained_once()
     start = _learner_state(policy, trainer)
-    weight = policy.value_head[0].weight if isinstance(policy.value_head, torch.nn.Sequential) else next(
-        policy.value_head.parameters()
+    weight = (
+        policy.value_head[0].weight
+        if isinstance(policy.value_head, torch.nn.Sequential)
+        else next(policy.value_head.parameters())
     )
     handle = weight.register_hook(lambda g: g * float("inf"))
     metrics = trainer.update(make_rollout(policy, trainer, seed=2))
@@ -437,3 +442,103 @@ def test_the_finiteness_check_adds_no_host_sync_per_step(monkeypatch):
     metrics = trainer.update(rollout)
     step_reads = [n for n in reads if n == 2]
     assert len(step_reads) == metrics["minibatch_steps"] == 4
+
+
+# ------------------------------------------------------------------------------ ppo.replay (decoupled)
+def _replay_cfg(**kw) -> PPOConfig:
+    base = dict(hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None, lr=0.05, replay=2)
+    return PPOConfig(**{**base, **kw})
+
+
+def test_replay_keeps_the_last_rollouts_as_they_came_in_and_trains_on_them():
+    policy, trainer = _make(_replay_cfg())
+    replayed = []
+    for i in range(3):
+        rollout = make_rollout(policy, trainer, seed=10 + i)
+        kept = rollout.clone()
+        replayed.append(trainer.update(rollout)["replayed_envs"])
+        assert len(trainer.state.replay) == min(i + 1, 2)
+        assert torch.equal(trainer.state.replay[0]["next", "raw_reward"], kept["next", "raw_reward"])
+        assert "advantage" not in trainer.state.replay[0].keys()  # stored as it came in, not prepared
+    assert replayed == [0, 4, 8]
+
+
+def test_a_replayed_rollout_is_rescored_by_the_current_policy_critic_and_statistics():
+    """The replayed part of the prepared batch: rewards scaled with today's statistics, V from today's
+    critic (the last bootstrap the rollout's), each head's log-prob the current (proximal) policy's, the
+    GAE advantage weighted by min(1, the joint ratio to the policy that acted); the new part is what a
+    preparation without replay gives."""
+    cfg = _replay_cfg(normalize_advantage=False)
+    policy, trainer = _make(cfg)
+    old = make_rollout(policy, trainer, seed=20)
+    trainer.update(old.clone())  # the policy moves (lr 0.05) and the statistics change
+    new = make_rollout(policy, trainer, seed=21)
+    snapshot = copy.deepcopy(trainer.state_dict())
+    trainer.state.replay = []
+    plain = trainer.prepare(new.clone())
+    _, trainer2 = _make(cfg, seed=3)
+    trainer2.load_state_dict(copy.deepcopy(snapshot))
+    batch = trainer2.prepare(new.clone(), replayed=[old])
+    assert batch.batch_size[0] == 8
+    for key in ("advantage", "value_target", "state_value", ("next", "reward")):
+        torch.testing.assert_close(batch[:4][key], plain[key])
+    part = batch[4:]
+    with torch.no_grad():
+        now = trainer2._evaluate(old)
+    ref = old.clone()
+    stats = trainer2.state.reward_stats
+    ref["next", "reward"] = scale(stats, old["next", "raw_reward"], clip=cfg.reward_clip)
+    ref["state_value"] = now["state_value"]
+    ref["next", "state_value"] = torch.cat([now["state_value"][:, 1:], old["next", "state_value"][:, -1:]], 1)
+    gae(ref, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
+    log_w = torch.zeros(4, old.batch_size[1])
+    rel = head_relevance(old["op", "action"].long())
+    for h in HEADS:
+        lp = D.log_prob(now[h, "logits"], old[h, "action"], old[h, "action_mask"])
+        torch.testing.assert_close(part[h, "action_log_prob"], lp)
+        counts = rel[..., HEAD_INDEX[h]] & (old[h, "action_mask"].sum(-1) > 1)
+        log_w += torch.where(counts, lp - old[h, "action_log_prob"], 0.0)
+    w = log_w.exp().clamp(max=1.0)
+    assert bool((w < 0.99).any())  # the policy did move
+    torch.testing.assert_close(part["state_value"], now["state_value"])
+    torch.testing.assert_close(part["next", "reward"], ref["next", "reward"])
+    torch.testing.assert_close(part["value_target"], ref["value_target"])
+    torch.testing.assert_close(part["advantage"], ref["advantage"] * w.reshape(ref["advantage"].shape))
+
+
+def test_replay_rebases_the_kl_so_stale_batches_do_not_stop_the_update():
+    """Measured from the behaviour policy, a batch two updates old is far from the current policy; the
+    decoupled KL is measured from the policy at the update's start, so the first step of an update sees
+    KL 0 and ratio 1 on the replayed envs too."""
+    policy, trainer = _make(_replay_cfg(n_minibatches=1))
+    for i in range(2):
+        trainer.update(make_rollout(policy, trainer, seed=30 + i))
+    batch = trainer.prepare(make_rollout(policy, trainer, seed=32), replayed=trainer.state.replay)
+    assert batch.batch_size[0] == 12
+    batch["current"] = trainer._evaluate(batch)
+    losses = trainer.loss_fn(batch)
+    assert losses["kl_approx"].item() == pytest.approx(0.0, abs=1e-6)
+    assert losses["max_ratio"].item() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_replay_round_trips_through_the_checkpoint():
+    policy, trainer = _make(_replay_cfg())
+    for i in range(2):
+        trainer.update(make_rollout(policy, trainer, seed=40 + i))
+    policy2, trainer2 = _make(_replay_cfg(), seed=3)
+    # a copy, as torch.save / torch.load would give: Optimizer.load_state_dict keeps the very tensors
+    trainer2.load_state_dict(copy.deepcopy(trainer.state_dict()))
+    assert len(trainer2.state.replay) == 2
+    for a, b in zip(trainer.state.replay, trainer2.state.replay):
+        assert (a == b).all()
+    rollout = make_rollout(policy, trainer, seed=42)
+    m1, m2 = trainer.update(rollout.clone()), trainer2.update(rollout.clone())
+    assert m1["replayed_envs"] == m2["replayed_envs"] == 8
+    for p, q in zip(policy.parameters(), policy2.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+def test_replay_is_refused_with_compile_in_one_line():
+    policy = FactoredRecurrentActorCritic(RAW + 6, SPEC, hidden=16, head_hidden=8)
+    with pytest.raises(ValueError, match="ppo.replay=2 is supported in one eager process only"):
+        PPOTrainer(policy, _replay_cfg(), raw_obs_dim=RAW, compile=True)
