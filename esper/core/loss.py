@@ -263,21 +263,21 @@ def decouple(
     heads that counted at the step (factored: :func:`esper.core.masks.head_relevance`, finding P1), the
     joint ratio of the factored policy. On data the proximal policy collected, the weight is 1.
     """
-    _check_coef("rho_max", rho_max, positive=True)
+    _check_coef("rho_max", rho_max, positive=True, where="decouple")
     if td.batch_dims < 1:
         raise ValueError("decouple: the TensorDict needs at least one batch dim, got batch size []")
     heads = HEADS if factored else (None,)
     if factored:
-        _check_head_sets(td, keys)
+        _check_head_sets(td, keys, "decouple")
     shape = td.batch_size
     relevance = None
     if factored:
-        op = per_step(td, keys.head("op", keys.action), where=_WHERE, kind="int").long()
+        op = per_step(td, keys.head("op", keys.action), where="decouple", kind="int").long()
         relevance = head_relevance(op)
     out: dict[str, torch.Tensor | dict[str, torch.Tensor]] = {}
     log_w = None
     for head in heads:
-        logits, action, old_lp, mask = _head_inputs(td, head, keys, shape)
+        logits, action, old_lp, mask = _head_inputs(td, head, keys, shape, "decouple")
         lp, _, _ = categorical(logits.detach(), action, mask, old_lp)
         old_lp = old_lp.to(lp.dtype)
         w = _head_weight(None, mask, logits.shape[-1], relevance, head, lp)
@@ -425,29 +425,29 @@ def _explained_variance(
 
 
 def _head_inputs(
-    td: TensorDictBase, head: str | None, keys: Keys, shape: torch.Size
+    td: TensorDictBase, head: str | None, keys: Keys, shape: torch.Size, where: str = _WHERE
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     at = (lambda k: keys.head(head, k)) if head is not None else (lambda k: k)
     logits_key = keys.current_key(keys.logits, head)
-    logits = require(td, logits_key, where=_WHERE)
-    check_kind(logits, logits_key, kind="float", where=_WHERE)
+    logits = require(td, logits_key, where=where)
+    check_kind(logits, logits_key, kind="float", where=where)
     if logits.shape[:-1] != shape:
         raise ValueError(
-            f"{_WHERE}: {key_str(logits_key)} must have shape {[*shape, 'n']}, got {list(logits.shape)}"
+            f"{where}: {key_str(logits_key)} must have shape {[*shape, 'n']}, got {list(logits.shape)}"
         )
-    action = _action_index(td, at(keys.action), logits.shape)
+    action = _action_index(td, at(keys.action), logits.shape, where)
     present = td.keys(include_nested=True)
     lp_key = at(keys.log_prob)
     if lp_key not in present and at(keys.legacy_log_prob) in present:
         lp_key = at(keys.legacy_log_prob)
-    old_lp = per_step(td, lp_key, where=_WHERE, kind="float", batch_shape=shape)
+    old_lp = per_step(td, lp_key, where=where, kind="float", batch_shape=shape)
     mask = None
     if at(keys.action_mask) in td.keys(include_nested=True):
         mask = td[at(keys.action_mask)]
-        check_kind(mask, at(keys.action_mask), kind="bool", where=_WHERE)
+        check_kind(mask, at(keys.action_mask), kind="bool", where=where)
         if mask.shape != logits.shape:
             raise ValueError(
-                f"{_WHERE}: {key_str(at(keys.action_mask))} must have the logits' shape "
+                f"{where}: {key_str(at(keys.action_mask))} must have the logits' shape "
                 f"{list(logits.shape)}, got {list(mask.shape)}"
             )
     # A -inf logit is an illegal choice (TorchRL's masked distributions write them): part of the mask,
@@ -455,46 +455,48 @@ def _head_inputs(
     return logits, action, old_lp, legal_mask(logits, mask)
 
 
-def _action_index(td: TensorDictBase, key: NestedKey, logits_shape: torch.Size) -> torch.Tensor:
+def _action_index(
+    td: TensorDictBase, key: NestedKey, logits_shape: torch.Size, where: str = _WHERE
+) -> torch.Tensor:
     """The action as an int64 index ``[*B]``: stored as an index (``[*B]`` or ``[*B, 1]``) or one-hot
     with the logits' shape ``[*B, n]`` (TorchRL's ``OneHot`` spec, e.g. ``GymEnv``'s discrete actions;
     read as its argmax, so exactly one entry per row must be set)."""
-    action = require(td, key, where=_WHERE)
+    action = require(td, key, where=where)
     shape, n = logits_shape[:-1], logits_shape[-1]
     if n > 1 and action.shape == logits_shape:
-        check_kind(action, key, kind="one_hot", where=_WHERE)
+        check_kind(action, key, kind="one_hot", where=where)
         return action.to(torch.uint8 if action.dtype == torch.bool else action.dtype).argmax(-1)
     if action.shape not in (shape, (*shape, 1)):
         raise ValueError(
-            f"{_WHERE}: {key_str(key)} must be an index of shape {list(shape)} or {[*shape, 1]}, or "
+            f"{where}: {key_str(key)} must be an index of shape {list(shape)} or {[*shape, 1]}, or "
             f"one-hot with the logits' shape {list(logits_shape)}; got {list(action.shape)}. For other "
             f"layouts store the index under another key and pass keys=Keys(action=...)"
         )
-    return per_step(td, key, where=_WHERE, kind="int", batch_shape=shape).long()
+    return per_step(td, key, where=where, kind="int", batch_shape=shape).long()
 
 
-def _check_head_sets(td: TensorDictBase, keys: Keys) -> None:
-    current = require(td, keys.current, where=_WHERE)
+def _check_head_sets(td: TensorDictBase, keys: Keys, where: str = _WHERE) -> None:
+    current = require(td, keys.current, where=where)
     if not isinstance(current, TensorDictBase):
-        raise TypeError(f"{_WHERE}: {keys.current!r} must be a TensorDict of per-head outputs")
+        raise TypeError(f"{where}: {keys.current!r} must be a TensorDict of per-head outputs")
     got_current = {k for k in current.keys() if isinstance(current.get(k), TensorDictBase)}
     got_actions = {h for h in td.keys() if isinstance(td.get(h), TensorDictBase) and h in HEADS}
     missing = [h for h in HEADS if h not in got_current or h not in got_actions]
     extra = sorted(got_current - set(HEADS))
     if missing or extra:
         raise KeyError(
-            f"{_WHERE}: mismatched head sets: the factored loss needs exactly the heads {list(HEADS)} "
+            f"{where}: mismatched head sets: the factored loss needs exactly the heads {list(HEADS)} "
             f"under (head, ...) and ({keys.current!r}, head, ...); missing {missing}, unexpected {extra}"
         )
 
 
-def _check_coef(name: str, x: float, *, positive: bool, none_ok: bool = False) -> None:
+def _check_coef(name: str, x: float, *, positive: bool, none_ok: bool = False, where: str = _WHERE) -> None:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError(f"{_WHERE}: {name} must be a Python float, got {type(x).__name__}")
+        raise TypeError(f"{where}: {name} must be a Python float, got {type(x).__name__}")
     ok = math.isfinite(x) and (x > 0 if positive else x >= 0)
     if not ok:
         rng = "> 0" if positive else ">= 0"
-        raise ValueError(f"{_WHERE}: {name} must be finite and {rng}{' or None' if none_ok else ''}, got {x}")
+        raise ValueError(f"{where}: {name} must be finite and {rng}{' or None' if none_ok else ''}, got {x}")
 
 
 def _entropy_coefs(entropy_coef: float | Mapping[str, float], heads: tuple) -> dict:

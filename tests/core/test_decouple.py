@@ -80,3 +80,14 @@ def test_decoupled_loss_is_the_weighted_clipped_surrogate_around_the_proximal_po
 def test_decouple_refuses_a_bad_rho_max(bad):
     with pytest.raises(ValueError, match="rho_max"):
         decouple(factored_batch(2, 3, grad=False), factored=True, rho_max=bad)
+
+
+def test_decouple_names_itself_and_the_missing_key():
+    td = factored_batch(2, 3, grad=False)
+    del td["blueprint", "action_log_prob"]
+    with pytest.raises(KeyError, match=r"decouple: .*blueprint.*action_log_prob"):
+        decouple(td, factored=True)
+    td = factored_batch(2, 3, grad=False)
+    td["current", "slot", "logits"] = td["current", "slot", "logits"][..., :1].expand(2, 3, 1).clone()
+    with pytest.raises(ValueError, match="decouple: "):
+        decouple(td, factored=True)
