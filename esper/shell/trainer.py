@@ -17,6 +17,11 @@ every episode truncated at T) and, in this order:
    not finite (that step is never taken) or the parameters ended non-finite: a non-finite update is
    never applied, so it can never reach a checkpoint.
 
+With ``ppo.replay K`` the last K rollouts join the batch after step 4, each re-scored by the current
+policy and critic and re-based for decoupled PPO (:func:`esper.core.decouple`); step 5 normalizes over
+all of it, then scales each replayed step's advantage by its truncated behaviour weight. Step 2's
+statistics see only the new rollout. One eager process only.
+
 With several processes (``dist``, each holding the rollout of its slice of the envs) the update is
 the same update of the whole batch: 2. merges the statistics of every process's part exactly
 (:func:`esper.core.normalize.merge_running_stats`), 5. normalizes with the whole batch's mean and
