@@ -140,10 +140,7 @@ def ppo_loss(
     own_valid = (n_steps if valid is None else valid.sum()).clamp(min=1.0)
     n_valid = own_valid if counts is None else counts["steps"].to(dtype).clamp(min=1.0)
 
-    relevance = None
-    if factored:
-        op = per_step(td, keys.head("op", keys.action), where=_WHERE, kind="int").long()
-        relevance = head_relevance(op)
+    relevance = _relevance(td, keys, _WHERE) if factored else None
 
     out: dict[str, torch.Tensor | dict[str, torch.Tensor]] = {}
     # Sums over heads; each starts as its first head's term (no adds onto zeros for a single head).
@@ -225,8 +222,7 @@ def loss_counts(td: TensorDictBase, *, factored: bool = False, keys: Keys = KEYS
     adv = adv.to(dtype)
     valid = _valid(td, keys, dtype)
     n_steps = torch.full((), float(adv.numel()), dtype=dtype, device=adv.device)
-    relevance = head_relevance(per_step(td, keys.head("op", keys.action), where=_WHERE, kind="int").long()) \
-        if factored else None  # fmt: skip
+    relevance = _relevance(td, keys, _WHERE) if factored else None
     out = {"steps": n_steps if valid is None else valid.sum()}
     for head in heads:
         logits, _, _, mask = _head_inputs(td, head, keys, adv.shape)
@@ -270,11 +266,8 @@ def decouple(
     if factored:
         _check_head_sets(td, keys, "decouple")
     shape = td.batch_size
-    relevance = None
-    if factored:
-        op = per_step(td, keys.head("op", keys.action), where="decouple", kind="int").long()
-        relevance = head_relevance(op)
-    out: dict[str, torch.Tensor | dict[str, torch.Tensor]] = {}
+    relevance = _relevance(td, keys, "decouple") if factored else None
+    result = TensorDict({}, batch_size=shape)
     log_w = None
     for head in heads:
         logits, action, old_lp, mask = _head_inputs(td, head, keys, shape, "decouple")
@@ -283,13 +276,8 @@ def decouple(
         w = _head_weight(None, mask, logits.shape[-1], relevance, head, lp)
         delta = lp - old_lp
         log_w = _acc(log_w, delta if w is None else w * delta)
-        key = keys.log_prob if head is None else keys.head(head, keys.log_prob)
-        out[key] = lp
-    weight = log_w.clamp(max=math.log(rho_max)).exp()
-    result = TensorDict({}, batch_size=shape)
-    for key, value in out.items():
-        result.set(key, value)
-    result.set("behaviour_weight", weight)
+        result.set(keys.log_prob if head is None else keys.head(head, keys.log_prob), lp)
+    result.set("behaviour_weight", log_w.clamp(max=math.log(rho_max)).exp())
     return result
 
 
@@ -473,6 +461,11 @@ def _action_index(
             f"layouts store the index under another key and pass keys=Keys(action=...)"
         )
     return per_step(td, key, where=where, kind="int", batch_shape=shape).long()
+
+
+def _relevance(td: TensorDictBase, keys: Keys, where: str) -> torch.Tensor:
+    """Where each head mattered, from the stored op (:func:`esper.core.masks.head_relevance`)."""
+    return head_relevance(per_step(td, keys.head("op", keys.action), where=where, kind="int").long())
 
 
 def _check_head_sets(td: TensorDictBase, keys: Keys, where: str = _WHERE) -> None:

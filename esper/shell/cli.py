@@ -55,9 +55,6 @@ def describe(err: BaseException) -> str:
     return str(err) or type(err).__name__
 
 
-__all__ = ["REFUSED", "STOPPED", "CliError", "OneLineParser", "describe", "error_line", "report"]
-
-
 def repeat_line(seed: int, threads: int) -> str:
     """How to repeat a run's or an evaluation's numbers: its seed and its torch thread count. The
     threads belong to it because another count splits the host ops' float sums differently, and SGD
@@ -67,3 +64,15 @@ def repeat_line(seed: int, threads: int) -> str:
         f"to repeat these numbers: --seed {seed} --threads {threads} (the torch threads used; another "
         "count, or another CPU's kernels, trains the hosts to different numbers)"
     )
+
+
+__all__ = [
+    "REFUSED",
+    "STOPPED",
+    "CliError",
+    "OneLineParser",
+    "describe",
+    "error_line",
+    "repeat_line",
+    "report",
+]
