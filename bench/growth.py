@@ -171,6 +171,88 @@ def _evaluate(run_dir: Path, k: int, episodes: int) -> dict:
     return json.loads((run_dir / "eval" / "results.json").read_text())
 
 
+def summarize(runs: list[dict[str, list[dict]]], per_run_correlations: list[Any]) -> tuple[dict, dict]:
+    """Per controller, the mean test accuracy and parameters added over training runs (``runs[i][name]``:
+    run i's evaluation episodes of controller ``name``) with Student-t 95 % intervals of the per-run
+    means, and the Spearman correlations of return with test accuracy and objective over every episode."""
+    controllers = {}
+    for name in runs[0]:
+        acc = [[e["final_test_acc"] for e in r[name]] for r in runs]
+        params = [[e["params_added"] for e in r[name]] for r in runs]
+        m, (lo, hi) = grouped_mean_ci95(acc)
+        pm, (plo, phi) = grouped_mean_ci95(params)
+        controllers[name] = {
+            "test_acc_mean": m,
+            "test_acc_ci95": [lo, hi],
+            "params_added_mean": pm,
+            "params_added_ci95": [plo, phi],
+            "per_seed_test_acc": [float(np.mean(a)) for a in acc],
+            "episodes": sum(len(a) for a in acc),
+            "training_seeds": len(acc),
+            "per_episode": [e for r in runs for e in r[name]],
+        }
+    pooled = [e for c in controllers.values() for e in c["per_episode"]]
+    corr = {
+        "return_vs_test_acc": spearman([e["return"] for e in pooled], [e["final_test_acc"] for e in pooled]),
+        "return_vs_test_objective": spearman(
+            [e["return"] for e in pooled], [e["test_objective"] for e in pooled]
+        ),
+        "per_run": list(per_run_correlations),
+    }
+    return controllers, corr
+
+
+_MACHINE_KEYS = ("cpu", "cpu_count", "torch", "git")
+
+
+def pool(files: list[Path]) -> dict[str, Any]:
+    """One learn stage from the learn stages of several results files (``bench.growth`` JSON): each
+    file's training runs count as runs of their own. For runs of the same training seeds on other
+    machines (another CPU or torch build makes another trajectory from the same seed). Refuses files
+    whose runs were trained with other ``--train-args`` or evaluated on another number of episodes."""
+    stages, machines = [], []
+    for f in files:
+        saved = json.loads(Path(f).read_text())
+        if not saved.get("learn"):
+            raise ValueError(f"pool: {f} has no learn stage")
+        stages.append(saved["learn"])
+        machines.append(saved.get("machine", {}))
+    for f, s in zip(files[1:], stages[1:], strict=True):
+        for key in ("train_args", "episodes_per_seed"):
+            if s[key] != stages[0][key]:
+                raise ValueError(
+                    f"pool: {f} has {key}={s[key]!r}, {files[0]} {stages[0][key]!r}: only runs of one "
+                    "variant, evaluated alike, can be pooled"
+                )
+    n = stages[0]["episodes_per_seed"]
+    runs, per_run_corr, curves = [], [], {}
+    for i, s in enumerate(stages):
+        for k in range(s["seeds"]):
+            runs.append({name: c["per_episode"][k * n : (k + 1) * n] for name, c in s["controllers"].items()})
+        per_run_corr += s["correlations"]["per_run"]
+        curves.update({f"{i}:{k}": c for k, c in s["learning_curves"].items()})
+    controllers, corr = summarize(runs, per_run_corr)
+    return {
+        "seeds": len(runs),
+        "episodes_per_seed": n,
+        "jobs": "mixed",
+        "controllers": controllers,
+        "correlations": corr,
+        "verdict": verdict(controllers),
+        "verdict_greedy": verdict(controllers, "ppo_greedy") if "ppo_greedy" in controllers else None,
+        "learning_curves": curves,
+        "train_seconds": [t for s in stages for t in s["train_seconds"]],
+        "eval_seconds": [t for s in stages for t in s["eval_seconds"]],
+        "seconds": sum(s["seconds"] for s in stages),
+        "run_root": [s["run_root"] for s in stages],
+        "train_args": stages[0]["train_args"],
+        "pooled_from": [
+            {"file": Path(f).name, "runs": s["seeds"], **{k: m.get(k) for k in _MACHINE_KEYS}}
+            for f, s, m in zip(files, stages, machines, strict=True)
+        ],
+    }
+
+
 def learn(seeds: int, episodes: int, jobs: int, run_root: Path, train_args: str = "") -> dict[str, Any]:
     run_root.mkdir(parents=True, exist_ok=True)
     marker = run_root / "train_args.json"  # finished runs are kept: never mix two variants in one folder
@@ -188,34 +270,13 @@ def learn(seeds: int, episodes: int, jobs: int, run_root: Path, train_args: str 
         results = _evaluate(run_dir, k, episodes)
         return k, run_dir, train_s, results, results["meta"]["seconds"]
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        done = sorted(pool.map(one, range(seeds)))
+    with ThreadPoolExecutor(max_workers=jobs) as workers:
+        done = sorted(workers.map(one, range(seeds)))
     per_run = [r for _, _, _, r, _ in done]
-    names = list(per_run[0]["controllers"])
-    controllers = {}
-    for name in names:
-        acc = [[e["final_test_acc"] for e in r["controllers"][name]["per_episode"]] for r in per_run]
-        params = [[e["params_added"] for e in r["controllers"][name]["per_episode"]] for r in per_run]
-        m, (lo, hi) = grouped_mean_ci95(acc)
-        pm, (plo, phi) = grouped_mean_ci95(params)
-        controllers[name] = {
-            "test_acc_mean": m,
-            "test_acc_ci95": [lo, hi],
-            "params_added_mean": pm,
-            "params_added_ci95": [plo, phi],
-            "per_seed_test_acc": [float(np.mean(a)) for a in acc],
-            "episodes": sum(len(a) for a in acc),
-            "training_seeds": len(acc),
-            "per_episode": [e for r in per_run for e in r["controllers"][name]["per_episode"]],
-        }
-    pooled = [e for c in controllers.values() for e in c["per_episode"]]
-    corr = {
-        "return_vs_test_acc": spearman([e["return"] for e in pooled], [e["final_test_acc"] for e in pooled]),
-        "return_vs_test_objective": spearman(
-            [e["return"] for e in pooled], [e["test_objective"] for e in pooled]
-        ),
-        "per_run": [r["correlations"] for r in per_run],
-    }
+    controllers, corr = summarize(
+        [{name: c["per_episode"] for name, c in r["controllers"].items()} for r in per_run],
+        [r["correlations"] for r in per_run],
+    )
     curves = {str(k): _learning_curve(run_dir) for k, run_dir, _, _, _ in done}
     return {
         "seeds": seeds,
@@ -279,7 +340,8 @@ def _plots(out: Path, stem: str, learned: dict | None) -> list[str]:
         return []
     from esper.shell.evaluate import COLORS, finish_figure, new_figure, plot_acc_vs_params
 
-    title = f"{learned['seeds']} training seeds x {learned['episodes_per_seed']} fresh hosts each"
+    unit = "runs" if learned.get("pooled_from") else "seeds"
+    title = f"{learned['seeds']} training {unit} x {learned['episodes_per_seed']} fresh hosts each"
     files = [plot_acc_vs_params(learned, out / f"{stem}-acc-vs-params.png", title=title).name]
 
     fig, ax = new_figure((7.0, 4.0))
@@ -339,10 +401,13 @@ def _frontier(rows: list[dict]) -> list[str]:
 
 def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[str], command: str,
              placed: dict | None = None) -> str:  # fmt: skip
+    pooled = (learned or {}).get("pooled_from")
     lines = [
         f"# Growth results, {info['date']}",
         "",
-        f"`{command}` on {info.get('cpu', '?')} "
+        f"`{command}`: the runs of {len(pooled)} results files (below)."
+        if pooled
+        else f"`{command}` on {info.get('cpu', '?')} "
         f"({info.get('cpu_count', '?')} cores, torch {info.get('torch', '?')}).",
         "",
     ]
@@ -370,13 +435,29 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
         ]
     if learned:
         v = learned["verdict"]
+        unit = "runs" if pooled else "seeds"
         lines += [
-            f"## The learned controller ({learned['seeds']} training seeds x "
-            f"{learned['episodes_per_seed']} fresh hosts each; 95 % CI over training seeds)",
+            f"## The learned controller ({learned['seeds']} training {unit} x "
+            f"{learned['episodes_per_seed']} fresh hosts each; 95 % CI over training {unit})",
             "",
             *(
                 [f"Trained with `{learned['train_args']}` on top of the default.", ""]
                 if learned.get("train_args")
+                else []
+            ),
+            *(
+                [
+                    "Pooled: each file's runs count as training runs of their own (the same training seeds "
+                    "on another machine follow another trajectory; their evaluation hosts are the same). "
+                    + "; ".join(
+                        f"`{m['file']}`: {m['runs']} runs on {m['cpu']} ({m['cpu_count']} cores, torch "
+                        f"{m['torch']}, git {m['git']})"
+                        for m in pooled
+                    )
+                    + ".",
+                    "",
+                ]
+                if pooled
                 else []
             ),
             "| controller | test acc % [95 % CI] | params added [95 % CI] | per-seed means |",
@@ -403,7 +484,8 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
             f"{corr['return_vs_test_objective']:.3f}.",
             "",
             f"Training took {np.median(learned['train_seconds']) / 60:.1f} min per seed (median, "
-            f"{learned['jobs']} at a time), evaluation {np.median(learned['eval_seconds']) / 60:.1f} min per "
+            + ("over the machines" if pooled else f"{learned['jobs']} at a time")
+            + f"), evaluation {np.median(learned['eval_seconds']) / 60:.1f} min per "
             f"seed; {(sum(learned['train_seconds']) + sum(learned['eval_seconds'])) / 60:.1f} min of "
             "training and evaluation in all.",
             "",
@@ -433,10 +515,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "growth", help="where the training runs go")
     p.add_argument("--out", type=Path, default=ROOT / "results")
+    p.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="pool the learn stages of these results files (runs of one variant, e.g. on two machines) "
+        "into one table; trains and evaluates nothing",
+    )
     args = p.parse_args(argv)
     command = "python -m bench.growth " + " ".join(argv if argv is not None else sys.argv[1:])
     info = machine_info(torch.device("cpu"))
     info["date"] = dt.date.today().isoformat()
+    if args.pool:
+        learned = pool(args.pool)
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = f"{info['date']}-pooled-growth-learn"
+        plots = _plots(args.out, stem, learned)
+        (args.out / f"{stem}.md").write_text(markdown(info, None, learned, plots, command.strip()))
+        (args.out / f"{stem}.json").write_text(json.dumps({"machine": info, "learn": learned}, indent=1))
+        print((args.out / f"{stem}.md").read_text())
+        return 0
     swept = sweep(args.sweep_episodes, seed=500) if args.stage in ("all", "sweep") else None
     placed = placement(args.sweep_episodes, seed=500) if args.stage in ("all", "placement") else None
     learned = (

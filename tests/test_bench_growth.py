@@ -73,3 +73,58 @@ def test_learn_refuses_a_runs_folder_trained_with_other_flags(tmp_path, monkeypa
         bg.learn(1, 1, 1, tmp_path)  # the default's runs would be mixed with the variant's
     with pytest.raises(RuntimeError, match="training seed 0 failed"):  # the same flags: it goes on
         bg.learn(1, 1, 1, tmp_path, "--ppo.lr 1e-3")
+
+
+def _learn_file(path, per_run_acc: list[list[float]], train_args: str = "", cpu: str = "cpu A") -> str:
+    """A results file whose learn stage holds one run per entry of ``per_run_acc`` (its episodes'
+    accuracies, ppo and static), as ``bench.growth`` writes it: episodes concatenated in run order."""
+    import json
+
+    from bench.growth import summarize
+
+    runs = [
+        {name: [{"final_test_acc": a + off, "params_added": 100.0 * off, "return": a, "test_objective": a}
+                for a in accs] for name, off in (("ppo", 30.0), ("static", 0.0))}
+        for accs in per_run_acc
+    ]  # fmt: skip
+    controllers, corr = summarize(runs, [{"run": i} for i in range(len(runs))])
+    learn = {"seeds": len(runs), "episodes_per_seed": len(per_run_acc[0]), "controllers": controllers,
+             "correlations": corr, "train_args": train_args, "train_seconds": [60.0] * len(runs),
+             "eval_seconds": [6.0] * len(runs), "seconds": 66.0 * len(runs), "run_root": str(path),
+             "learning_curves": {str(k): {"update": [1]} for k in range(len(runs))}}  # fmt: skip
+    path.write_text(json.dumps({"machine": {"cpu": cpu, "cpu_count": 2, "torch": "2.13", "git": "abc"},
+                                "learn": learn}))  # fmt: skip
+    return str(path)
+
+
+def test_pool_counts_each_files_runs_as_runs_of_their_own(tmp_path):
+    from bench.growth import markdown, pool, verdict
+    from esper.shell.stats import grouped_mean_ci95
+
+    a = _learn_file(tmp_path / "a.json", [[40.0, 42.0], [50.0, 52.0]])
+    b = _learn_file(tmp_path / "b.json", [[60.0, 64.0]], cpu="cpu B")
+    learned = pool([a, b])
+    assert learned["seeds"] == 3
+    ppo = learned["controllers"]["ppo"]
+    # the runs split where each file's runs end, not two episodes from two files
+    assert ppo["per_seed_test_acc"] == [71.0, 81.0, 92.0]
+    m, ci = grouped_mean_ci95([[70.0, 72.0], [80.0, 82.0], [90.0, 94.0]])
+    assert ppo["test_acc_mean"] == pytest.approx(m) and ppo["test_acc_ci95"] == pytest.approx(list(ci))
+    assert learned["verdict"] == verdict(learned["controllers"]) and "beats_static" in learned["verdict"]
+    assert learned["correlations"]["per_run"] == [{"run": 0}, {"run": 1}, {"run": 0}]
+    assert set(learned["learning_curves"]) == {"0:0", "0:1", "1:0"}
+    md = markdown({"date": "2026-11-25"}, None, learned, [], "python -m bench.growth --pool a.json b.json")
+    assert "(3 training runs x 2 fresh hosts each; 95 % CI over training runs)" in md
+    assert "`a.json`: 2 runs on cpu A" in md and "`b.json`: 1 runs on cpu B" in md
+
+
+def test_pool_refuses_runs_of_another_variant_or_evaluation(tmp_path):
+    from bench.growth import pool
+
+    a = _learn_file(tmp_path / "a.json", [[40.0, 42.0]])
+    b = _learn_file(tmp_path / "b.json", [[60.0, 64.0]], train_args="--ppo.blend_bias 3")
+    c = _learn_file(tmp_path / "c.json", [[60.0, 64.0, 61.0]])
+    with pytest.raises(ValueError, match="train_args"):
+        pool([a, b])
+    with pytest.raises(ValueError, match="episodes_per_seed"):
+        pool([a, c])
