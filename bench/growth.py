@@ -4,6 +4,8 @@
     python -m bench.growth --stage sweep            # static vs grow_all with every blueprint only
     python -m bench.growth --stage learn --seeds 5 --episodes 10
     python -m bench.growth --stage learn --runs bench/runs/variant --train-args "--ppo.lr 1e-3"
+    python -m bench.growth --stage learn --first-seed 5 --runs bench/runs/more   # seeds 5-9
+    python -m bench.growth --pool A.json B.json     # one table from the learn stages of several files
 
 Three stages, each on the embedded default (``python -m esper.shell.run``'s preset):
 
@@ -253,7 +255,12 @@ def pool(files: list[Path]) -> dict[str, Any]:
     }
 
 
-def learn(seeds: int, episodes: int, jobs: int, run_root: Path, train_args: str = "") -> dict[str, Any]:
+def learn(
+    seeds: int, episodes: int, jobs: int, run_root: Path, train_args: str = "", first_seed: int = 0
+) -> dict[str, Any]:
+    """``seeds`` training runs (seeds ``first_seed`` on), each evaluated on fresh hosts of its own."""
+    if first_seed < 0:
+        raise ValueError(f"learn: first_seed must be >= 0, got {first_seed}")
     run_root.mkdir(parents=True, exist_ok=True)
     marker = run_root / "train_args.json"  # finished runs are kept: never mix two variants in one folder
     if marker.exists() and (was := json.loads(marker.read_text())) != train_args:
@@ -271,7 +278,7 @@ def learn(seeds: int, episodes: int, jobs: int, run_root: Path, train_args: str 
         return k, run_dir, train_s, results, results["meta"]["seconds"]
 
     with ThreadPoolExecutor(max_workers=jobs) as workers:
-        done = sorted(workers.map(one, range(seeds)))
+        done = sorted(workers.map(one, range(first_seed, first_seed + seeds)))
     per_run = [r for _, _, _, r, _ in done]
     controllers, corr = summarize(
         [{name: c["per_episode"] for name, c in r["controllers"].items()} for r in per_run],
@@ -292,6 +299,7 @@ def learn(seeds: int, episodes: int, jobs: int, run_root: Path, train_args: str 
         "seconds": time.perf_counter() - t0,
         "run_root": str(run_root),
         "train_args": train_args,
+        "first_seed": first_seed,
     }
 
 
@@ -498,6 +506,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__.split("\n\n")[0])
     p.add_argument("--stage", choices=("all", "sweep", "placement", "learn"), default="all")
     p.add_argument("--seeds", type=int, default=5, help="training seeds (default 5)")
+    p.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="the learn stage trains seeds first_seed .. first_seed + seeds - 1 (0); pool batches of seeds "
+        "with --pool",
+    )
     p.add_argument("--episodes", type=int, default=10, help="evaluation episodes per training seed (10)")
     p.add_argument("--sweep-episodes", type=int, default=10, help="fresh hosts per sweep controller (10)")
     p.add_argument(
@@ -539,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     swept = sweep(args.sweep_episodes, seed=500) if args.stage in ("all", "sweep") else None
     placed = placement(args.sweep_episodes, seed=500) if args.stage in ("all", "placement") else None
     learned = (
-        learn(args.seeds, args.episodes, args.jobs, args.runs, args.train_args)
+        learn(args.seeds, args.episodes, args.jobs, args.runs, args.train_args, args.first_seed)
         if args.stage in ("all", "learn")
         else None
     )

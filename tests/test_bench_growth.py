@@ -128,3 +128,15 @@ def test_pool_refuses_runs_of_another_variant_or_evaluation(tmp_path):
         pool([a, b])
     with pytest.raises(ValueError, match="episodes_per_seed"):
         pool([a, c])
+
+
+def test_learn_trains_seeds_from_first_seed_and_evaluates_each_on_its_own_hosts(tmp_path, monkeypatch):
+    import bench.growth as bg
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or _FailedRun())
+    with pytest.raises(RuntimeError, match="training seed 5 failed"):
+        bg.learn(2, 1, 1, tmp_path, first_seed=5)
+    assert seen[0][seen[0].index("--seed") + 1] == "5"
+    with pytest.raises(ValueError, match="first_seed must be >= 0"):
+        bg.learn(2, 1, 1, tmp_path, first_seed=-1)
