@@ -233,6 +233,9 @@ def pool(files: list[Path]) -> dict[str, Any]:
             runs.append({name: c["per_episode"][k * n : (k + 1) * n] for name, c in s["controllers"].items()})
         per_run_corr += s["correlations"]["per_run"]
         curves.update({f"{i}:{k}": c for k, c in s["learning_curves"].items()})
+    seen = [json.dumps(r, sort_keys=True) for r in runs]
+    if len(set(seen)) < len(seen):
+        raise ValueError("pool: one run's evaluation appears twice (a file given twice?): it would count double")
     controllers, corr = summarize(runs, per_run_corr)
     return {
         "seeds": len(runs),

@@ -128,6 +128,8 @@ def test_pool_refuses_runs_of_another_variant_or_evaluation(tmp_path):
         pool([a, b])
     with pytest.raises(ValueError, match="episodes_per_seed"):
         pool([a, c])
+    with pytest.raises(ValueError, match="count double"):
+        pool([a, a])
 
 
 def test_learn_trains_seeds_from_first_seed_and_evaluates_each_on_its_own_hosts(tmp_path, monkeypatch):
