@@ -235,7 +235,7 @@ def pool(files: list[Path]) -> dict[str, Any]:
         curves.update({f"{i}:{k}": c for k, c in s["learning_curves"].items()})
     seen = [json.dumps(r, sort_keys=True) for r in runs]
     if len(set(seen)) < len(seen):
-        raise ValueError("pool: one run's evaluation appears twice (a file given twice?): it would count double")
+        raise ValueError("pool: one run's evaluation appears twice (a file given twice?): it counts once")
     controllers, corr = summarize(runs, per_run_corr)
     return {
         "seeds": len(runs),

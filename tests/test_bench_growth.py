@@ -128,7 +128,7 @@ def test_pool_refuses_runs_of_another_variant_or_evaluation(tmp_path):
         pool([a, b])
     with pytest.raises(ValueError, match="episodes_per_seed"):
         pool([a, c])
-    with pytest.raises(ValueError, match="count double"):
+    with pytest.raises(ValueError, match="it counts once"):
         pool([a, a])
 
 
