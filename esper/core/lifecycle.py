@@ -37,8 +37,10 @@ Then the mechanical end-of-epoch advance of every slot:
 1. GERMINATED (not germinated this step) -> TRAINING (G1).
 2. A HOLDING seed whose ``epochs_in_stage`` would reach ``holding_timeout`` is pruned at once
    (``timeout_pruned``); the policy saw it in HOLDING ``holding_timeout`` times. No auto-fossilize —
-   unless ``timeout_fossilizes`` is set: then a seed whose G5 passes is fossilized instead
-   (``timeout_fossilized``) and only the others are pruned.
+   unless ``timeout_fossilizes`` is set: then a seed that pays (G5 but for the ramp: alpha > 0 and
+   ``contribution >= g5_min_contribution``) is fossilized instead (``timeout_fossilized``), at the
+   alpha it has: a ramp in flight (a SET_ALPHA_TARGET in HOLDING) stops there. Only the others are
+   pruned.
 3. Every active ramp moves one epoch (also a ramp started this step, so a ramp of length L reaches
    its end after L steps and INSTANT applies at once); alpha = :func:`alpha_at` of the ramp fields.
 4. A PRUNED seed whose ramp ended (alpha 0) is removed (``removed``): EMBARGOED for
@@ -141,7 +143,9 @@ class LifecycleConfig:
     g5_min_contribution: float = config_field(1.0, "G5: counterfactual contribution (points) to fossilize")
     holding_timeout: int = config_field(5, "HOLDING epochs after which the seed is pruned automatically")
     timeout_fossilizes: bool = config_field(
-        False, "at the HOLDING timeout, fossilize a seed whose G5 passes (prune only the others)"
+        False,
+        "at the HOLDING timeout, fossilize a seed that pays (alpha > 0, contribution >= g5_min_contribution; "
+        "a ramp in flight stops where it is) and prune only the others",
     )
     embargo_epochs: int = config_field(5, "epochs a slot stays EMBARGOED after its seed was removed")
     min_prune_age: int = config_field(1, "minimum seed age (steps since germination) for PRUNE")
@@ -439,10 +443,19 @@ def lifecycle_step(
     stage = torch.where(promote, int(Stage.TRAINING), stage)
     expired = (stage == int(Stage.HOLDING)) & (stage0 == int(Stage.HOLDING))
     expired = expired & (eis0 + 1 >= cfg.holding_timeout)
-    kept = expired & gates["g5"] if cfg.timeout_fossilizes else torch.zeros_like(expired)
+    # G5 but for the ramp: a seed that pays is kept at its deadline even while an alpha ramp moves it
+    # (the ramp stops where it is). With G5 itself, a SET_ALPHA_TARGET in HOLDING made a seed the host
+    # depended on fail at its deadline and vanish in one step, the host back at chance.
+    pays = (alpha0 > 0) & (clean_contribution(slots["contribution"]) >= cfg.g5_min_contribution)
+    kept = expired & pays if cfg.timeout_fossilizes else torch.zeros_like(expired)
     timeout = expired & ~kept
     stage = torch.where(kept, int(Stage.FOSSILIZED), stage)
     stage = torch.where(timeout, int(Stage.PRUNED), stage)
+    f["ramp_from"] = torch.where(kept, alpha0, f["ramp_from"])
+    f["ramp_to"] = torch.where(kept, alpha0, f["ramp_to"])
+    f["alpha_target"] = torch.where(kept, alpha0, f["alpha_target"])
+    f["ramp_len"] = torch.where(kept, zero_i, f["ramp_len"])
+    f["ramp_pos"] = torch.where(kept, zero_i, f["ramp_pos"])
     f["ramp_from"] = torch.where(timeout, alpha0, f["ramp_from"])
     f["ramp_to"] = torch.where(timeout, zero_f, f["ramp_to"])
     f["ramp_len"] = torch.where(timeout, zero_i, f["ramp_len"])

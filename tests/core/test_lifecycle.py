@@ -572,3 +572,29 @@ def test_timeout_fossilizes_a_seed_that_earned_g5_and_prunes_the_rest(contributi
         assert float(run[15][1]["alpha"][0, 0]) == float(run[13][1]["alpha"][0, 0]) > 0  # kept as blended
     else:
         assert fired(run[14][2]) == {"timeout_pruned", "removed"} and stages[14] == Stage.EMBARGOED
+
+
+@pytest.mark.parametrize(("contribution", "kept"), [(30.0, True), (0.0, False)])
+def test_timeout_keeps_a_seed_that_pays_while_an_alpha_ramp_moves_it(contribution, kept):
+    """A SET_ALPHA_TARGET in HOLDING starts a ramp that is still moving at the HOLDING deadline. G5
+    needs a settled alpha, so the old rule pruned such a seed at once, however much the host depended
+    on it (a conv_heavy seed carrying ~65 points: the host back at chance in one step). A seed that
+    pays is now fossilized at the alpha the ramp had reached; one that does not pay is still pruned."""
+    cfg = LifecycleConfig(timeout_fossilizes=True)
+    slowest, half = AlphaSpeed(len(ALPHA_SPEED_STEPS) - 1), ALPHA_TARGETS.index(0.5)
+    slow_down = {"alpha_target": half, "alpha_speed": slowest, "alpha_curve": AlphaCurve.LINEAR}
+    plan = {1: (Op.GERMINATE, 0, {"tempo": Tempo.FAST, "alpha_target": ALPHA_TARGETS.index(1.0)}),
+            6: (Op.ADVANCE, 0, {}), 10: (Op.ADVANCE, 0, {}),
+            12: (Op.SET_ALPHA_TARGET, 0, slow_down)}  # fmt: skip
+    run = _play(plan, T=17, cfg=cfg, contribution=contribution)
+    stages = [Stage(int(new["stage"][0, 0])) for _, new, _ in run]
+    assert stages[9:14] == [Stage.HOLDING] * 5
+    pre = run[14][0]  # the deadline step: the ramp towards 0.5 is still moving
+    assert int(pre["ramp_pos"][0, 0]) < int(pre["ramp_len"][0, 0]) and 0.5 < float(pre["alpha"][0, 0]) < 1.0
+    if kept:
+        assert fired(run[14][2]) == {"timeout_fossilized"} and stages[14:] == [Stage.FOSSILIZED] * 3
+        frozen = float(pre["alpha"][0, 0])
+        assert [float(new["alpha"][0, 0]) for _, new, _ in run[14:]] == [frozen] * 3  # the ramp stopped
+        assert int(run[16][1]["ramp_len"][0, 0]) == 0 and float(run[16][1]["alpha_target"][0, 0]) == frozen
+    else:
+        assert fired(run[14][2]) == {"timeout_pruned", "removed"} and stages[14] == Stage.EMBARGOED
