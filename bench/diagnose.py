@@ -1,0 +1,104 @@
+"""Diagnostics read off training runs' ``events.jsonl``: the numbers behind the README's growth notes.
+
+    python -m bench.diagnose bench/runs/growth/seed*/events.jsonl
+
+Two questions, each over every run given:
+
+1. **Deadline prunes** (:func:`deadline_prunes`): every seed the HOLDING deadline pruned
+   (``timeout_pruned``), whether an ``alpha_set`` on the same seed came within the ``window`` epochs
+   before it, and the change of that env's validation accuracy from the deadline's epoch to the next
+   (a seed the host depended on shows as a drop). Before 35152bf a seed whose alpha was still ramping
+   at its deadline was pruned however much it paid.
+2. **The b0 blueprint** (:func:`b0_returns`): the returns of the episodes of updates ``1..last_update``,
+   grouped by the blueprint of the first seed germinated in slot 0: what an update's few samples of
+   each blueprint tell the blueprint head while the rest of the policy is untrained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _events(path: str | Path) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def deadline_prunes(path: str | Path, window: int = 5) -> list[dict[str, Any]]:
+    """One record per ``timeout_pruned`` event of the run: ``update``, ``epoch``, ``env``, ``slot``,
+    ``blueprint``, ``after_alpha_set`` (an ``alpha_set`` on that env and slot within ``window`` epochs
+    before, same update) and ``drop`` (validation accuracy at the next epoch minus at this one, points;
+    None at an episode's last epoch)."""
+    events = _events(path)
+    acc = {(e["update"], e["epoch"]): e["val_acc"] for e in events if e["event"] == "epoch"}
+    sets = defaultdict(list)
+    for e in events:
+        if e["event"] == "lifecycle" and e["kind"] == "alpha_set":
+            sets[(e["update"], e["env"], e["slot"])].append(e["epoch"])
+    out = []
+    for e in events:
+        if e["event"] != "lifecycle" or e["kind"] != "timeout_pruned":
+            continue
+        u, t, i = e["update"], e["epoch"], e["env"]
+        after = any(t - window <= s <= t for s in sets[(u, i, e["slot"])])
+        nxt, now = acc.get((u, t + 1)), acc.get((u, t))
+        drop = None if nxt is None or now is None else float(nxt[i] - now[i])
+        out.append({"update": u, "epoch": t, "env": i, "slot": e["slot"], "blueprint": e.get("blueprint"),
+                    "after_alpha_set": after, "drop": drop})  # fmt: skip
+    return out
+
+
+def b0_returns(path: str | Path, last_update: int = 8) -> dict[str, list[float]]:
+    """Returns of the episodes of updates ``1..last_update`` by the blueprint first germinated in slot 0
+    (``"-"``: none)."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for e in _events(path):
+        if e["event"] != "episode" or e["update"] > last_update:
+            continue
+        b0 = [g["blueprint"] for g in e.get("germinations", []) if g["slot"] == 0]
+        out[b0[0] if b0 else "-"].append(float(e["return"]))
+    return dict(out)
+
+
+def summary(paths: list[str], window: int = 5, last_update: int = 8) -> str:
+    prunes = [p for path in paths for p in deadline_prunes(path, window)]
+    lines = [f"{len(paths)} runs, {len(prunes)} deadline prunes"]
+    for after in (True, False):
+        kept = [p["drop"] for p in prunes if p["after_alpha_set"] is after]
+        drops = np.array([d for d in kept if d is not None])
+        what = f"after an alpha_set within {window} epochs" if after else "with no alpha_set before"
+        if len(drops):
+            lines.append(
+                f"  {what}: {len(drops)}; next-epoch val acc change median {np.median(drops):+.1f}, "
+                f"below -10: {(drops < -10).mean():.1%}, below -20: {(drops < -20).mean():.1%}"
+            )
+        else:
+            lines.append(f"  {what}: none")
+    pooled: dict[str, list[float]] = defaultdict(list)
+    for path in paths:
+        for bp, r in b0_returns(path, last_update).items():
+            pooled[bp] += r
+    lines.append(f"episode return by b0 blueprint, updates 1-{last_update} (mean, sd, episodes):")
+    for bp, r in sorted(pooled.items(), key=lambda kv: -np.mean(kv[1])):
+        lines.append(f"  {bp:>16}: {np.mean(r):6.1f} {np.std(r):5.1f} {len(r):5d}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.diagnose", description=__doc__.split("\n\n")[0])
+    p.add_argument("events", nargs="+", help="events.jsonl of training runs")
+    p.add_argument("--window", type=int, default=5, help="epochs searched for alpha_set")
+    p.add_argument("--last-update", type=int, default=8, help="b0 returns over updates 1..N")
+    args = p.parse_args(argv)
+    print(summary(args.events, args.window, args.last_update))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

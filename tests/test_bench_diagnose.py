@@ -1,0 +1,58 @@
+"""bench.diagnose on a hand-written events.jsonl: what the README's deadline-prune and b0 numbers read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.diagnose import b0_returns, deadline_prunes, summary
+
+
+def _write(path, events):
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return path
+
+
+def _epoch(update, epoch, accs):
+    return {"event": "epoch", "update": update, "epoch": epoch, "val_acc": accs}
+
+
+def _life(update, epoch, env, slot, kind, blueprint="conv_heavy"):
+    return {"event": "lifecycle", "update": update, "epoch": epoch, "env": env, "slot": slot, "kind": kind,
+            "blueprint": blueprint}  # fmt: skip
+
+
+def _episode(update, ret, b0):
+    germs = [{"slot": 1, "blueprint": "norm"}] + ([{"slot": 0, "blueprint": b0}] if b0 else [])
+    return {"event": "episode", "update": update, "return": ret, "germinations": germs}
+
+
+def test_deadline_prunes_pairs_each_with_a_recent_alpha_set_and_the_next_epochs_accuracy(tmp_path):
+    events = [
+        _epoch(1, 10, [70.0, 60.0]), _epoch(1, 11, [20.0, 61.0]), _epoch(1, 12, [21.0, 62.0]),
+        _life(1, 7, 0, 0, "alpha_set"),  # within 5 epochs before env 0's deadline on slot 0
+        _life(1, 3, 1, 0, "alpha_set"),  # 7 epochs before env 1's: too early
+        _life(1, 10, 1, 2, "alpha_set"),  # another slot
+        _life(1, 10, 0, 0, "timeout_pruned"), _life(1, 10, 1, 0, "timeout_pruned", "norm"),
+        _life(1, 12, 1, 1, "timeout_pruned"),  # the last epoch: no next accuracy
+        _life(2, 10, 0, 0, "timeout_pruned"),  # another update: update 1's alpha_set does not count
+    ]  # fmt: skip
+    path = _write(tmp_path / "events.jsonl", events)
+    got = deadline_prunes(path)
+    assert [(p["env"], p["slot"], p["after_alpha_set"], p["drop"]) for p in got] == [
+        (0, 0, True, -50.0), (1, 0, False, 1.0), (1, 1, False, None), (0, 0, False, None)
+    ]  # fmt: skip
+    assert got[1]["blueprint"] == "norm"
+    assert deadline_prunes(path, window=8)[1]["after_alpha_set"] is True
+    text = summary([str(path)])
+    assert "4 deadline prunes" in text and "after an alpha_set within 5 epochs: 1;" in text
+
+
+def test_b0_returns_group_the_early_updates_by_slot_0s_first_blueprint(tmp_path):
+    heavy, light = "conv_heavy", "conv_light"
+    events = [_episode(1, 50.0, heavy), _episode(2, 40.0, light), _episode(3, 60.0, heavy),
+              _episode(3, 10.0, None), _episode(9, 99.0, heavy)]  # fmt: skip
+    path = _write(tmp_path / "events.jsonl", events)
+    assert b0_returns(path) == {"conv_heavy": [50.0, 60.0], "conv_light": [40.0], "-": [10.0]}
+    assert b0_returns(path, last_update=9)["conv_heavy"] == pytest.approx([50.0, 60.0, 99.0])
