@@ -71,7 +71,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from esper.core.masks import op_slot_legality
+from esper.core.masks import op_slot_legality, seed_pays
 from esper.core.spec import (
     ALPHA_CURVE_STEEPNESS,
     ALPHA_SPEED_STEPS,
@@ -314,12 +314,7 @@ def gate_readiness(slots: TensorDict, val_acc: torch.Tensor, cfg: LifecycleConfi
         & (slots["grad_ratio"] >= cfg.g2_min_grad_ratio)
     )
     g3 = (stage == int(Stage.BLENDING)) & (eis >= cfg.g3_min_epochs) & settled
-    g5 = (
-        (stage == int(Stage.HOLDING))
-        & settled
-        & (slots["alpha"] > 0)
-        & (clean_contribution(slots["contribution"]) >= cfg.g5_min_contribution)
-    )
+    g5 = (stage == int(Stage.HOLDING)) & settled & seed_pays(slots, cfg.g5_min_contribution)
     return TensorDict({"g2": g2, "g3": g3, "g5": g5}, batch_size=slots.batch_size)
 
 
@@ -446,20 +441,18 @@ def lifecycle_step(
     # G5 but for the ramp: a seed that pays is kept at its deadline even while an alpha ramp moves it
     # (the ramp stops where it is). With G5 itself, a SET_ALPHA_TARGET in HOLDING made a seed the host
     # depended on fail at its deadline and vanish in one step, the host back at chance.
-    pays = (alpha0 > 0) & (clean_contribution(slots["contribution"]) >= cfg.g5_min_contribution)
+    pays = seed_pays(slots, cfg.g5_min_contribution)
     kept = expired & pays if cfg.timeout_fossilizes else torch.zeros_like(expired)
     timeout = expired & ~kept
     stage = torch.where(kept, int(Stage.FOSSILIZED), stage)
     stage = torch.where(timeout, int(Stage.PRUNED), stage)
-    f["ramp_from"] = torch.where(kept, alpha0, f["ramp_from"])
-    f["ramp_to"] = torch.where(kept, alpha0, f["ramp_to"])
+    # both end the ramp at once: kept where alpha is now, pruned at 0
+    ended = kept | timeout
+    f["ramp_from"] = torch.where(ended, alpha0, f["ramp_from"])
+    f["ramp_to"] = torch.where(kept, alpha0, torch.where(timeout, zero_f, f["ramp_to"]))
     f["alpha_target"] = torch.where(kept, alpha0, f["alpha_target"])
-    f["ramp_len"] = torch.where(kept, zero_i, f["ramp_len"])
-    f["ramp_pos"] = torch.where(kept, zero_i, f["ramp_pos"])
-    f["ramp_from"] = torch.where(timeout, alpha0, f["ramp_from"])
-    f["ramp_to"] = torch.where(timeout, zero_f, f["ramp_to"])
-    f["ramp_len"] = torch.where(timeout, zero_i, f["ramp_len"])
-    f["ramp_pos"] = torch.where(timeout, zero_i, f["ramp_pos"])
+    f["ramp_len"] = torch.where(ended, zero_i, f["ramp_len"])
+    f["ramp_pos"] = torch.where(ended, zero_i, f["ramp_pos"])
 
     live = is_live(stage)
     ramping = live & (f["ramp_pos"] < f["ramp_len"])

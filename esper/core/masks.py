@@ -27,6 +27,15 @@ def head_relevance(op: torch.Tensor, table: torch.Tensor | None = None) -> torch
     return table[op]
 
 
+def seed_pays(slots: TensorDict, min_contribution: float) -> torch.Tensor:
+    """``[*E, S]`` bool: the seed is blended in (alpha > 0, so its counterfactual was measured) and its
+    ``contribution`` (points; NaN counts as 0) is at least ``min_contribution``. The one home of "a seed
+    the host depends on": G5 (:func:`esper.core.lifecycle.gate_readiness`), the HOLDING deadline's
+    keep, and the prune gate read it."""
+    contribution = torch.nan_to_num(slots["contribution"].float(), nan=0.0)
+    return (slots["alpha"] > 0) & (contribution >= min_contribution)
+
+
 def op_slot_legality(
     slots: TensorDict,
     *,
@@ -83,9 +92,7 @@ def op_slot_legality(
     if auto_advance:
         per_op[Op.ADVANCE] = torch.zeros_like(enabled)
     if prune_below is not None:
-        contribution = torch.nan_to_num(slots["contribution"].float(), nan=0.0)
-        pays = (slots["alpha"] > 0) & (contribution >= prune_below)
-        per_op[Op.PRUNE] = per_op[Op.PRUNE] & ~pays
+        per_op[Op.PRUNE] = per_op[Op.PRUNE] & ~seed_pays(slots, prune_below)
     if gates is not None:
         per_op[Op.ADVANCE] = per_op[Op.ADVANCE] & (
             (is_(Stage.TRAINING) & gates["g2"]) | (is_(Stage.BLENDING) & gates["g3"])
@@ -152,4 +159,4 @@ def _stage_in(stage: torch.Tensor, stages: tuple[Stage, ...]) -> torch.Tensor:
     return out
 
 
-__all__ = ["action_masks", "head_relevance", "legal_masks", "n_legal", "op_slot_legality"]
+__all__ = ["action_masks", "head_relevance", "legal_masks", "n_legal", "op_slot_legality", "seed_pays"]

@@ -20,3 +20,11 @@ def test_masks_compile(compile_check):
         return masks.action_masks(legal, op), masks.head_relevance(op)
 
     compile_check(fn, slots, op)
+
+
+def test_seed_pays_compiles(compile_check):
+    S = Stage
+    slots = _slots([[S.HOLDING, S.BLENDING], [S.HOLDING, S.TRAINING]])
+    slots["alpha"] = torch.tensor([[1.0, 0.5], [0.0, 0.0]])
+    slots["contribution"] = torch.tensor([[5.0, float("nan")], [9.0, 0.0]])
+    compile_check(lambda slots: masks.seed_pays(slots, 1.0), slots)

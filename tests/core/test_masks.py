@@ -158,3 +158,16 @@ def test_action_spec_rejects_bad_masked_blueprints():
             assert match in str(e), e
         else:
             raise AssertionError(f"expected a ValueError for {bad}")
+
+
+def test_seed_pays_against_a_per_slot_reference():
+    """``seed_pays``: alpha > 0 and contribution >= the floor, NaN counting as 0, slot by slot."""
+    S = Stage
+    slots = _slots([[S.HOLDING, S.HOLDING, S.BLENDING, S.TRAINING],
+                    [S.HOLDING, S.FOSSILIZED, S.HOLDING, S.DORMANT]])  # fmt: skip
+    slots["alpha"] = torch.tensor([[1.0, 0.5, 0.3, 0.0], [0.7, 1.0, 1.0, 0.0]])
+    slots["contribution"] = torch.tensor([[5.0, 1.0, 0.99, 40.0], [float("nan"), 1.5, -3.0, 0.0]])
+    rows = zip(slots["alpha"].tolist(), slots["contribution"].tolist(), strict=True)
+    want = [[a > 0 and (0.0 if c != c else c) >= 1.0 for a, c in zip(ar, cr, strict=True)] for ar, cr in rows]
+    assert masks.seed_pays(slots, 1.0).tolist() == want
+    assert want == [[True, True, False, False], [False, True, False, False]]
