@@ -173,7 +173,7 @@ def _evaluate(run_dir: Path, k: int, episodes: int) -> dict:
     return json.loads((run_dir / "eval" / "results.json").read_text())
 
 
-def summarize(runs: list[dict[str, list[dict]]], per_run_correlations: list[Any]) -> tuple[dict, dict]:
+def summarize_runs(runs: list[dict[str, list[dict]]], per_run_correlations: list[Any]) -> tuple[dict, dict]:
     """Per controller, the mean test accuracy and parameters added over training runs (``runs[i][name]``:
     run i's evaluation episodes of controller ``name``) with Student-t 95 % intervals of the per-run
     means, and the Spearman correlations of return with test accuracy and objective over every episode."""
@@ -236,7 +236,7 @@ def pool(files: list[Path]) -> dict[str, Any]:
     seen = [json.dumps(r, sort_keys=True) for r in runs]
     if len(set(seen)) < len(seen):
         raise ValueError("pool: one run's evaluation appears twice (a file given twice?): it counts once")
-    controllers, corr = summarize(runs, per_run_corr)
+    controllers, corr = summarize_runs(runs, per_run_corr)
     return {
         "seeds": len(runs),
         "episodes_per_seed": n,
@@ -283,7 +283,7 @@ def learn(
     with ThreadPoolExecutor(max_workers=jobs) as workers:
         done = sorted(workers.map(one, range(first_seed, first_seed + seeds)))
     per_run = [r for _, _, _, r, _ in done]
-    controllers, corr = summarize(
+    controllers, corr = summarize_runs(
         [{name: c["per_episode"] for name, c in r["controllers"].items()} for r in per_run],
         [r["correlations"] for r in per_run],
     )

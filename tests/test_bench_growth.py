@@ -80,14 +80,14 @@ def _learn_file(path, per_run_acc: list[list[float]], train_args: str = "", cpu:
     accuracies, ppo and static), as ``bench.growth`` writes it: episodes concatenated in run order."""
     import json
 
-    from bench.growth import summarize
+    from bench.growth import summarize_runs
 
     runs = [
         {name: [{"final_test_acc": a + off, "params_added": 100.0 * off, "return": a, "test_objective": a}
                 for a in accs] for name, off in (("ppo", 30.0), ("static", 0.0))}
         for accs in per_run_acc
     ]  # fmt: skip
-    controllers, corr = summarize(runs, [{"run": i} for i in range(len(runs))])
+    controllers, corr = summarize_runs(runs, [{"run": i} for i in range(len(runs))])
     learn = {"seeds": len(runs), "episodes_per_seed": len(per_run_acc[0]), "controllers": controllers,
              "correlations": corr, "train_args": train_args, "train_seconds": [60.0] * len(runs),
              "eval_seconds": [6.0] * len(runs), "seconds": 66.0 * len(runs), "run_root": str(path),
