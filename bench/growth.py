@@ -505,6 +505,11 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
     return "\n".join(lines) + "\n"
 
 
+def command_line(argv: list[str]) -> str:
+    """The command a results file says it came from, quoted so that it can be pasted into a shell."""
+    return "python -m bench.growth " + shlex.join(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__.split("\n\n")[0])
     p.add_argument("--stage", choices=("all", "sweep", "placement", "learn"), default="all")
@@ -542,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         "into one table; trains and evaluates nothing",
     )
     args = p.parse_args(argv)
-    command = "python -m bench.growth " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line(argv if argv is not None else sys.argv[1:])
     info = machine_info(torch.device("cpu"))
     info["date"] = dt.date.today().isoformat()
     if args.pool:

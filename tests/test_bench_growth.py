@@ -142,3 +142,12 @@ def test_learn_trains_seeds_from_first_seed_and_evaluates_each_on_its_own_hosts(
     assert seen[0][seen[0].index("--seed") + 1] == "5"
     with pytest.raises(ValueError, match="first_seed must be >= 0"):
         bg.learn(2, 1, 1, tmp_path, first_seed=-1)
+
+
+def test_the_results_files_command_quotes_train_args_so_it_can_be_pasted():
+    from bench.growth import command_line
+
+    argv = ["--stage", "learn", "--train-args", "--ppo.replay 3 --ppo.blend_bias 3"]
+    assert command_line(argv) == (
+        "python -m bench.growth --stage learn --train-args '--ppo.replay 3 --ppo.blend_bias 3'"
+    )
