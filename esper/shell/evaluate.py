@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from esper.core.rewards import RewardConfig, parameter_cost
+from esper.core.spec import DEFAULT_BLEND, Style
 from esper.shell.agent import PPOController, build_learner
 from esper.shell.baselines import GROW_ALL_BLUEPRINT, GrowAllController, RandomController, StaticController
 from esper.shell.checkpoint import load_checkpoint
@@ -65,7 +66,9 @@ CONTROLLERS = (*PPO_CONTROLLERS, "static", "random", "heuristic", "grow_all")
 #: Fixed placements: ``grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]`` grows only those slots, each with its
 #: blueprint, as fast as the gates allow (:class:`~esper.shell.baselines.GrowAllController` with a plan).
 PLAN_PREFIX = "grow:"
-EXTRA_CONTROLLERS = "grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]"
+#: A fixed schedule blends LINEAR_ADD unless its name ends in ``@STYLE``: ``grow:b0=conv_heavy@GATED_GATE``.
+STYLE_SEP = "@"
+EXTRA_CONTROLLERS = "grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...], either with @STYLE"
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
 EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
                   "n_fossilized", "n_pruned", "host_seed", "grown", "germinated_at",
@@ -91,11 +94,18 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         return RandomController(seed=seed)
     if name == "heuristic":
         return HeuristicController(env.blueprint_names, cfg.lifecycle)
-    if name == "grow_all" or name.startswith("grow_all:"):
-        blueprint = name.partition(":")[2] or GROW_ALL_BLUEPRINT[env.task.family]
-        return GrowAllController(_blueprint_index(name, blueprint, env), cfg.lifecycle)
-    if name.startswith(PLAN_PREFIX):
-        return GrowAllController(parse_plan(name, env), cfg.lifecycle)
+    base, at, style_name = name.partition(STYLE_SEP)
+    if at and (base == "grow_all" or base.startswith(("grow_all:", PLAN_PREFIX))):
+        style = parse_style(name, style_name)
+    elif at:
+        raise ValueError(f"{name}: only grow_all and grow: placements take a {STYLE_SEP}STYLE")
+    else:
+        style = DEFAULT_BLEND["style"]
+    if base == "grow_all" or base.startswith("grow_all:"):
+        blueprint = base.partition(":")[2] or GROW_ALL_BLUEPRINT[env.task.family]
+        return GrowAllController(_blueprint_index(name, blueprint, env), cfg.lifecycle, style=style)
+    if base.startswith(PLAN_PREFIX):
+        return GrowAllController(parse_plan(base, env), cfg.lifecycle, style=style)
     raise ValueError(
         f"unknown controller {name!r}; controllers: {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
     )
@@ -107,6 +117,15 @@ def _blueprint_index(name: str, blueprint: str, env: VecEnv) -> int:
         real = [b for b in names if b != "noop"]
         raise ValueError(f"{name}: no blueprint {blueprint!r}; blueprints: {', '.join(real)}")
     return names.index(blueprint)
+
+
+def parse_style(name: str, style: str) -> Style:
+    """The blend style after ``@`` in a fixed schedule's name (``grow_all@LINEAR_MULTIPLY``)."""
+    try:
+        return Style[style.upper()]
+    except KeyError:
+        styles = ", ".join(s.name for s in Style)
+        raise ValueError(f"{name}: no blend style {style!r}; styles: {styles}") from None
 
 
 def parse_plan(name: str, env: VecEnv) -> dict[int, int]:
@@ -234,7 +253,7 @@ def evaluate(
         raise FileNotFoundError(f"{cfg_path} not found (is {run_dir} a run directory?)")
     if episodes < 2:
         raise ValueError(f"--episodes must be >= 2 (a confidence interval needs two), got {episodes}")
-    extra = ("grow_all:", PLAN_PREFIX)
+    extra = ("grow_all:", "grow_all" + STYLE_SEP, PLAN_PREFIX)
     unknown = [c for c in controllers if c not in CONTROLLERS and not c.startswith(extra)]
     if unknown or not controllers:
         raise ValueError(f"unknown controller(s) {unknown}; choose from {', '.join(CONTROLLERS)}")
@@ -450,7 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--controllers", default=",".join(CONTROLLERS),
                    help=f"comma-separated subset of {','.join(CONTROLLERS)}; grow_all:BLUEPRINT grows "
                         "another blueprint than the task's best; grow:b0=conv_heavy+b2=depthwise grows only "
-                        "those slots, each with its blueprint")  # fmt: skip
+                        "those slots, each with its blueprint; either ends in @STYLE to blend with another "
+                        "style than LINEAR_ADD (grow_all@LINEAR_MULTIPLY)")  # fmt: skip
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (0, the default: as the run would, the cores over its env "
                         "workers); the numbers repeat at the same --seed and thread count")  # fmt: skip

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from esper.core.spec import Style
 from esper.shell.evaluate import CONTROLLERS, evaluate, main
 
 pytestmark = pytest.mark.e2e
@@ -169,3 +170,32 @@ def test_plan_controller_grows_only_the_planned_slots_with_their_blueprints():
     live = [[True, False, True], [False, False, False]]
     blueprint = [[bp.index("conv_heavy"), 0, bp.index("depthwise")], [0, 0, 0]]
     assert runner._grown(live, blueprint) == ["b0=conv_heavy+b2=depthwise", ""]
+
+
+def test_a_fixed_schedule_blends_with_the_style_its_name_ends_in():
+    """``grow:b0=conv_heavy@LINEAR_MULTIPLY`` germinates as the plan says but blends LINEAR_MULTIPLY, so a
+    learned controller's style can be held against the fixed schedule's; bad styles are refused."""
+    from esper.shell.config import preset
+    from esper.shell.env import VecEnv
+    from esper.shell.evaluate import make_controller
+    from esper.shell.rollout import EpisodeRunner
+
+    cfg = preset("smoke", {"env.n_envs": 2, "lifecycle.max_epochs": 3})
+    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed)
+    try:
+        assert make_controller("grow_all", cfg, env, checkpoint=None, seed=0).style == int(Style.LINEAR_ADD)
+        assert make_controller("grow_all@gated_gate", cfg, env, checkpoint=None, seed=0).style == int(
+            Style.GATED_GATE
+        )
+        for bad, msg in [("grow:b0=conv_heavy@SIDEWAYS", "no blend style 'SIDEWAYS'"),
+                         ("random@LINEAR_ADD", "only grow_all and grow: placements")]:  # fmt: skip
+            with pytest.raises(ValueError, match=msg):
+                make_controller(bad, cfg, env, checkpoint=None, seed=0)
+        ctl = make_controller("grow:b0=conv_heavy@LINEAR_MULTIPLY", cfg, env, checkpoint=None, seed=0)
+        runner = EpisodeRunner(env, ctl, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma)
+        episode = runner.run(0, host_seeds=[11, 12]).episodes[0]
+    finally:
+        env.close()
+    assert [(g["slot"], g["blueprint"], g["style"]) for g in episode["germinations"]] == [
+        (0, "conv_heavy", "LINEAR_MULTIPLY")
+    ]
