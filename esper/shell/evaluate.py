@@ -95,17 +95,14 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
     if name == "heuristic":
         return HeuristicController(env.blueprint_names, cfg.lifecycle)
     base, at, style_name = name.partition(STYLE_SEP)
-    if at and (base == "grow_all" or base.startswith(("grow_all:", PLAN_PREFIX))):
-        style = parse_style(name, style_name)
-    elif at:
-        raise ValueError(f"{name}: only grow_all and grow: placements take a {STYLE_SEP}STYLE")
-    else:
-        style = DEFAULT_BLEND["style"]
+    style = parse_style(name, style_name) if at else DEFAULT_BLEND["style"]
     if base == "grow_all" or base.startswith("grow_all:"):
         blueprint = base.partition(":")[2] or GROW_ALL_BLUEPRINT[env.task.family]
         return GrowAllController(_blueprint_index(name, blueprint, env), cfg.lifecycle, style=style)
     if base.startswith(PLAN_PREFIX):
         return GrowAllController(parse_plan(base, env), cfg.lifecycle, style=style)
+    if at:
+        raise ValueError(f"{name}: only grow_all and grow: placements take a {STYLE_SEP}STYLE")
     raise ValueError(
         f"unknown controller {name!r}; controllers: {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
     )
