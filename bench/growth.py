@@ -6,6 +6,7 @@
     python -m bench.growth --stage learn --runs bench/runs/variant --train-args "--ppo.lr 1e-3"
     python -m bench.growth --stage learn --first-seed 5 --runs bench/runs/more   # seeds 5-9
     python -m bench.growth --pool A.json B.json     # one table from the learn stages of several files
+    python -m bench.growth --compare BASE.json --against VARIANT.json   # paired, per training seed
 
 Three stages, each on the embedded default (``python -m esper.shell.run``'s preset):
 
@@ -256,6 +257,133 @@ def pool(files: list[Path]) -> dict[str, Any]:
             for f, s, m in zip(files, stages, machines, strict=True)
         ],
     }
+
+
+def _arm(files: list[Path], role: str) -> tuple[dict[int, dict[str, dict[str, Any]]], dict[str, Any]]:
+    """One arm of a paired comparison: per training seed, per controller, the seed's evaluation episodes.
+    Refuses pooled files (name the files they were pooled from), files evaluated on other numbers of
+    episodes, and a training seed that appears twice."""
+    by_seed: dict[int, dict[str, dict[str, Any]]] = {}
+    n_eps, args = None, None
+    for f in files:
+        stage = json.loads(Path(f).read_text()).get("learn")
+        if not stage:
+            raise ValueError(f"compare: {f} has no learn stage")
+        if stage.get("pooled_from"):
+            raise ValueError(f"compare: {f} is pooled (its runs have no training seeds); give the files it "
+                             "was pooled from")  # fmt: skip
+        n = stage["episodes_per_seed"]
+        if n_eps is not None and n != n_eps:
+            raise ValueError(f"compare: {f} has {n} episodes per seed, the {role} arm's other files {n_eps}")
+        if args is not None and stage["train_args"] != args:
+            raise ValueError(f"compare: {f} was trained with {stage['train_args']!r}, the {role} arm's other "
+                             f"files with {args!r}: one arm is one variant")  # fmt: skip
+        n_eps, args = n, stage["train_args"]
+        first = stage.get("first_seed", 0)  # files written before --first-seed trained seeds 0 on
+        for i in range(stage["seeds"]):
+            k = first + i
+            if k in by_seed:
+                raise ValueError(f"compare: training seed {k} appears twice in the {role} arm ({f})")
+            by_seed[k] = {name: {"episodes": c["per_episode"][i * n : (i + 1) * n]}
+                          for name, c in stage["controllers"].items()}  # fmt: skip
+    return by_seed, {"files": [Path(f).name for f in files], "train_args": args, "episodes_per_seed": n_eps}
+
+
+def _paired(base: list[float], variant: list[float]) -> dict[str, Any]:
+    d = np.asarray(variant, dtype=np.float64) - np.asarray(base, dtype=np.float64)
+    m, (lo, hi) = mean_ci95(d)
+    sd = float(d.std(ddof=1)) if d.size > 1 else float("nan")
+    t = m / (sd / np.sqrt(d.size)) if d.size > 1 and sd > 0 else float("nan")
+    return {"per_seed": d.tolist(), "mean": m, "ci95": [lo, hi], "sd": sd, "t": float(t),
+            "variant_better": int((d > 0).sum()), "variant_worse": int((d < 0).sum())}  # fmt: skip
+
+
+def compare(base_files: list[Path], variant_files: list[Path]) -> dict[str, Any]:
+    """A paired comparison of two arms (``base`` and ``variant``: the learn stages of ``bench.growth``
+    results files, one variant per arm, several files per arm for several batches of training seeds):
+    the arms are paired on training seed (both must hold the same seeds), and per learned controller the
+    variant-minus-base difference of each seed's mean test accuracy and parameters added, with its mean,
+    Student-t 95 % interval over seeds, sd and t. ``same_hosts`` says whether every baseline controller
+    (``static``, ``grow_all``, ...) scored identically, episode for episode, in both arms, that is whether
+    the arms were also evaluated on the same hosts (the same machine and code); where not, the pairing
+    is on training seed only."""
+    base, base_info = _arm(base_files, "base")
+    variant, variant_info = _arm(variant_files, "variant")
+    if sorted(base) != sorted(variant):
+        raise ValueError(f"compare: the arms hold other training seeds (base {sorted(base)}, variant "
+                         f"{sorted(variant)}): a paired comparison needs the same seeds in both")  # fmt: skip
+    if base_info["episodes_per_seed"] != variant_info["episodes_per_seed"]:
+        raise ValueError("compare: the arms were evaluated on other numbers of episodes per seed")
+    seeds = sorted(base)
+    names = [c for c in base[seeds[0]] if c in variant[seeds[0]]]
+    key = lambda e: (e["final_test_acc"], e["params_added"])
+    same_hosts = all(
+        [key(e) for e in base[k][c]["episodes"]] == [key(e) for e in variant[k][c]["episodes"]]
+        for k in seeds for c in names if c in BASELINES
+    )  # fmt: skip
+    per_seed = lambda arm, c, field: [
+        float(np.mean([e[field] for e in arm[k][c]["episodes"]])) for k in seeds
+    ]
+    controllers = {}
+    for c in names:
+        if c in BASELINES:
+            continue
+        acc_b, acc_v = per_seed(base, c, "final_test_acc"), per_seed(variant, c, "final_test_acc")
+        par_b, par_v = per_seed(base, c, "params_added"), per_seed(variant, c, "params_added")
+        controllers[c] = {
+            "base_test_acc": acc_b, "variant_test_acc": acc_v,
+            "base_params_added": par_b, "variant_params_added": par_v,
+            "test_acc_diff": _paired(acc_b, acc_v), "params_added_diff": _paired(par_b, par_v),
+        }  # fmt: skip
+    if not controllers:
+        raise ValueError("compare: the arms share no learned controller (only baselines)")
+    return {"training_seeds": seeds, "base": base_info, "variant": variant_info, "same_hosts": same_hosts,
+            "controllers": controllers}  # fmt: skip
+
+
+def compare_markdown(info: dict, cmp: dict, command: str) -> str:
+    arm = lambda a: f"`{a['train_args']}`" if a["train_args"] else "the default"
+    files = lambda a: ", ".join(f"`{f}`" for f in a["files"])
+    n, eps = len(cmp["training_seeds"]), cmp["base"]["episodes_per_seed"]
+    lines = [
+        f"# Paired comparison, {info['date']}",
+        "",
+        f"`{command}`",
+        "",
+        f"Base: {arm(cmp['base'])} ({files(cmp['base'])}). Variant: {arm(cmp['variant'])} "
+        f"({files(cmp['variant'])}). Training seeds {', '.join(map(str, cmp['training_seeds']))}, "
+        f"{eps} fresh hosts each; the unit is the training seed (its mean over its hosts).",
+        "",
+        "The baselines scored identically in both arms, episode for episode: the arms are paired on "
+        "evaluation hosts as well as training seeds."
+        if cmp["same_hosts"]
+        else "The baselines did not score identically in both arms (another machine or code?): the arms "
+        "are paired on training seed only, not on evaluation hosts.",
+        "",
+    ]
+    for c, s in cmp["controllers"].items():
+        d, p = s["test_acc_diff"], s["params_added_diff"]
+        lines += [
+            f"## {c}",
+            "",
+            "| training seed | base test acc % | variant | variant - base | base params | variant params |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for i, k in enumerate(cmp["training_seeds"]):
+            lines.append(
+                f"| {k} | {s['base_test_acc'][i]:.1f} | {s['variant_test_acc'][i]:.1f} | "
+                f"{round(d['per_seed'][i], 1) + 0.0:+.1f} | {s['base_params_added'][i]:.0f} | "
+                f"{s['variant_params_added'][i]:.0f} |"
+            )
+        lines += [
+            "",
+            f"Test accuracy, variant - base: {d['mean']:+.2f} points [95 % CI {d['ci95'][0]:+.2f}, "
+            f"{d['ci95'][1]:+.2f}], sd {d['sd']:.2f}, t {d['t']:.2f} (df {n - 1}); the variant better on "
+            f"{d['variant_better']} of {n} seeds, worse on {d['variant_worse']}. Parameters added, variant - "
+            f"base: {p['mean']:+.0f} [{p['ci95'][0]:+.0f}, {p['ci95'][1]:+.0f}].",
+            "",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def learn(
@@ -546,10 +674,29 @@ def main(argv: list[str] | None = None) -> int:
         help="pool the learn stages of these results files (runs of one variant, e.g. on two machines) "
         "into one table; trains and evaluates nothing",
     )
+    p.add_argument(
+        "--compare",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="the base arm of a paired comparison (learn-stage results files of one variant, e.g. seeds "
+        "0-4 and 5-9); with --against; trains and evaluates nothing",
+    )
+    p.add_argument("--against", type=Path, nargs="+", metavar="JSON", help="the variant arm of --compare")
     args = p.parse_args(argv)
+    if bool(args.compare) != bool(args.against):
+        p.error("--compare and --against go together: the base arm's files and the variant arm's")
     command = command_line(argv if argv is not None else sys.argv[1:])
     info = machine_info(torch.device("cpu"))
     info["date"] = dt.date.today().isoformat()
+    if args.compare:
+        cmp = compare(args.compare, args.against)
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = f"{info['date']}-compare-growth-learn"
+        (args.out / f"{stem}.md").write_text(compare_markdown(info, cmp, command.strip()))
+        (args.out / f"{stem}.json").write_text(json.dumps({"machine": info, "compare": cmp}, indent=1))
+        print((args.out / f"{stem}.md").read_text())
+        return 0
     if args.pool:
         learned = pool(args.pool)
         args.out.mkdir(parents=True, exist_ok=True)

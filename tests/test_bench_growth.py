@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
 from bench.growth import PLACEMENTS, _frontier, markdown
@@ -151,3 +154,78 @@ def test_the_results_files_command_quotes_train_args_so_it_can_be_pasted():
     assert command_line(argv) == (
         "python -m bench.growth --stage learn --train-args '--ppo.replay 3 --ppo.blend_bias 3'"
     )
+
+
+def _seeded(path, per_run_acc, first_seed, static_off=0.0, **kw) -> str:
+    """``_learn_file`` with the learn stage's first training seed set and its static baseline scoring
+    30 % on every host (30 + ``static_off``: as if evaluated on other hosts)."""
+    import json
+
+    _learn_file(path, per_run_acc, **kw)
+    saved = json.loads(path.read_text())
+    saved["learn"]["first_seed"] = first_seed
+    for e in saved["learn"]["controllers"]["static"]["per_episode"]:
+        e["final_test_acc"] = 30.0 + static_off
+    path.write_text(json.dumps(saved))
+    return str(path)
+
+
+def test_compare_pairs_the_arms_by_training_seed_across_files(tmp_path):
+    from bench.growth import compare, compare_markdown
+
+    base = [_seeded(tmp_path / "b0.json", [[40.0, 42.0], [50.0, 50.0]], 0),
+            _seeded(tmp_path / "b5.json", [[60.0, 60.0]], 5)]  # fmt: skip
+    # the variant's files in another order: seed 5 first; it gains +2, -4 and +10 on seeds 0, 1, 5
+    v = "--ppo.replay 3"
+    var = [_seeded(tmp_path / "v5.json", [[70.0, 70.0]], 5, train_args=v),
+           _seeded(tmp_path / "v0.json", [[43.0, 43.0], [46.0, 46.0]], 0, train_args=v)]  # fmt: skip
+    cmp = compare(base, var)
+    assert cmp["training_seeds"] == [0, 1, 5] and cmp["same_hosts"]
+    assert set(cmp["controllers"]) == {"ppo"}  # baselines are the pairing check, not a result
+    d = cmp["controllers"]["ppo"]["test_acc_diff"]
+    assert d["per_seed"] == pytest.approx([2.0, -4.0, 10.0])
+    assert d["mean"] == pytest.approx(8 / 3)
+    sd = float(np.std([2.0, -4.0, 10.0], ddof=1))
+    assert d["sd"] == pytest.approx(sd) and d["t"] == pytest.approx((8 / 3) / (sd / np.sqrt(3)))
+    assert (d["variant_better"], d["variant_worse"]) == (2, 1)
+    half = 4.303 * sd / np.sqrt(3)
+    assert d["ci95"] == pytest.approx([8 / 3 - half, 8 / 3 + half])
+    # params added are 100 x the offset in both arms: no difference
+    assert cmp["controllers"]["ppo"]["params_added_diff"]["mean"] == pytest.approx(0.0)
+    md = compare_markdown({"date": "2026-11-26"}, cmp, "python -m bench.growth --compare ...")
+    assert "| 5 | 90.0 | 100.0 | +10.0 |" in md and "better on 2 of 3 seeds" in md
+    assert "paired on evaluation hosts as well" in md and "`--ppo.replay 3`" in md
+
+
+def test_compare_says_when_the_baselines_differ_and_refuses_unpaired_arms(tmp_path):
+    from bench.growth import compare, compare_markdown, pool
+
+    a = _seeded(tmp_path / "a.json", [[40.0, 42.0]], 0)
+    other_hosts = _seeded(tmp_path / "h.json", [[41.0, 42.0]], 0, static_off=0.5)
+    cmp = compare([a], [other_hosts])
+    assert not cmp["same_hosts"]
+    assert "paired on training seed only" in compare_markdown({"date": "d"}, cmp, "c")
+    with pytest.raises(ValueError, match="other training seeds"):
+        compare([a], [_seeded(tmp_path / "s5.json", [[40.0, 42.0]], 5)])
+    with pytest.raises(ValueError, match="appears twice"):
+        compare([a, a], [a])
+    with pytest.raises(ValueError, match="one arm is one variant"):
+        compare([a, _seeded(tmp_path / "x.json", [[1.0, 2.0]], 1, train_args="--x 1")], [a])
+    with pytest.raises(ValueError, match="other numbers of episodes"):
+        compare([a], [_seeded(tmp_path / "e.json", [[40.0, 42.0, 43.0]], 0)])
+    pooled = tmp_path / "pooled.json"
+    pooled.write_text(json.dumps({"learn": pool([a, other_hosts])}))
+    with pytest.raises(ValueError, match="is pooled"):
+        compare([str(pooled)], [a])
+
+
+def test_compare_cli_wants_both_arms(tmp_path, capsys):
+    from bench.growth import main
+
+    a = _seeded(tmp_path / "a.json", [[40.0, 42.0]], 0)
+    with pytest.raises(SystemExit):
+        main(["--compare", a])
+    assert "--compare and --against go together" in capsys.readouterr().err
+    assert main(["--compare", a, "--against", a, "--out", str(tmp_path / "out")]) == 0
+    (md,) = (tmp_path / "out").glob("*-compare-growth-learn.md")
+    assert "--compare" in md.read_text() and "+0.0" in md.read_text()
