@@ -305,6 +305,12 @@ def test_checkpoint_state_round_trip():
         assert torch.equal(a, b)
     assert trainer2.state.updates == 1
     torch.testing.assert_close(trainer2.state.obs_stats["mean"], trainer.state.obs_stats["mean"])
+    # the optimizer resumes too (Adam's step and moments, the lr schedule): the next update on the same
+    # rollout lands both learners on the same parameters (a fresh Adam would take another step)
+    trainer.update(make_rollout(policy, trainer, seed=7))
+    trainer2.update(make_rollout(policy2, trainer2, seed=7))
+    for a, b in zip(policy.parameters(), policy2.parameters(), strict=True):
+        assert torch.equal(a, b)
 
 
 # ------------------------------------------------------------------------- non-finite updates (issue 10)
