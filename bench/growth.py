@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -253,7 +254,12 @@ def pool(files: list[Path]) -> dict[str, Any]:
         "run_root": [s["run_root"] for s in stages],
         "train_args": stages[0]["train_args"],
         "pooled_from": [
-            {"file": Path(f).name, "runs": s["seeds"], **{k: m.get(k) for k in _MACHINE_KEYS}}
+            {
+                "file": Path(f).name,
+                "runs": s["seeds"],
+                "first_seed": s.get("first_seed", 0),
+                **{k: m.get(k) for k in _MACHINE_KEYS},
+            }
             for f, s, m in zip(files, stages, machines, strict=True)
         ],
     }
@@ -538,6 +544,14 @@ def _frontier(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _seed_span(m: dict) -> str:
+    """The seeds of a pooled file's entry, e.g. ', training seeds 5-9' ('' where not recorded)."""
+    if "first_seed" not in m:
+        return ""
+    first, last = m["first_seed"], m["first_seed"] + m["runs"] - 1
+    return f", training seed {first}" if first == last else f", training seeds {first}-{last}"
+
+
 def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[str], command: str,
              placed: dict | None = None) -> str:  # fmt: skip
     pooled = (learned or {}).get("pooled_from")
@@ -586,11 +600,12 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
             ),
             *(
                 [
-                    "Pooled: each file's runs count as training runs of their own (the same training seeds "
-                    "on another machine follow another trajectory; their evaluation hosts are the same). "
+                    "Pooled: each file's runs count as training runs of their own (a training seed run on "
+                    "another machine follows another trajectory; every run is evaluated on its training "
+                    "seed's hosts). "
                     + "; ".join(
-                        f"`{m['file']}`: {m['runs']} runs on {m['cpu']} ({m['cpu_count']} cores, torch "
-                        f"{m['torch']}, git {m['git']})"
+                        f"`{m['file']}`: {m['runs']} runs{_seed_span(m)} on {m['cpu']} ({m['cpu_count']} "
+                        f"cores, torch {m['torch']}, git {m['git']})"
                         for m in pooled
                     )
                     + ".",
@@ -683,7 +698,15 @@ def main(argv: list[str] | None = None) -> int:
         "0-4 and 5-9); with --against; trains and evaluates nothing",
     )
     p.add_argument("--against", type=Path, nargs="+", metavar="JSON", help="the variant arm of --compare")
+    p.add_argument(
+        "--tag",
+        default="",
+        help="appended to the results files' names (e.g. replay-blend: ...-growth-learn-replay-blend.md)",
+    )
     args = p.parse_args(argv)
+    if args.tag and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.tag):
+        p.error(f"--tag {args.tag!r}: letters, digits, '.', '_' and '-' only (it goes into file names)")
+    tag = f"-{args.tag}" if args.tag else ""
     if bool(args.compare) != bool(args.against):
         p.error("--compare and --against go together: the base arm's files and the variant arm's")
     command = command_line(argv if argv is not None else sys.argv[1:])
@@ -692,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         cmp = compare(args.compare, args.against)
         args.out.mkdir(parents=True, exist_ok=True)
-        stem = f"{info['date']}-compare-growth-learn"
+        stem = f"{info['date']}-compare-growth-learn{tag}"
         (args.out / f"{stem}.md").write_text(compare_markdown(info, cmp, command.strip()))
         (args.out / f"{stem}.json").write_text(json.dumps({"machine": info, "compare": cmp}, indent=1))
         print((args.out / f"{stem}.md").read_text())
@@ -700,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pool:
         learned = pool(args.pool)
         args.out.mkdir(parents=True, exist_ok=True)
-        stem = f"{info['date']}-pooled-growth-learn"
+        stem = f"{info['date']}-pooled-growth-learn{tag}"
         plots = _plots(args.out, stem, learned)
         (args.out / f"{stem}.md").write_text(markdown(info, None, learned, plots, command.strip()))
         (args.out / f"{stem}.json").write_text(json.dumps({"machine": info, "learn": learned}, indent=1))
@@ -714,8 +737,10 @@ def main(argv: list[str] | None = None) -> int:
         else None
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{info['date']}-{info.get('host', 'host')}-growth" + (
-        "" if args.stage == "all" else f"-{args.stage}"
+    stem = (
+        f"{info['date']}-{info.get('host', 'host')}-growth"
+        + ("" if args.stage == "all" else f"-{args.stage}")
+        + tag
     )
     plots = _plots(args.out, stem, learned)
     (args.out / f"{stem}.md").write_text(markdown(info, swept, learned, plots, command.strip(), placed))

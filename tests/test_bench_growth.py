@@ -94,7 +94,8 @@ def _learn_file(path, per_run_acc: list[list[float]], train_args: str = "", cpu:
     learn = {"seeds": len(runs), "episodes_per_seed": len(per_run_acc[0]), "controllers": controllers,
              "correlations": corr, "train_args": train_args, "train_seconds": [60.0] * len(runs),
              "eval_seconds": [6.0] * len(runs), "seconds": 66.0 * len(runs), "run_root": str(path),
-             "learning_curves": {str(k): {"update": [1]} for k in range(len(runs))}}  # fmt: skip
+             "learning_curves": {str(k): {"update": [1], "test_acc": [50.0]}
+                                 for k in range(len(runs))}}  # fmt: skip
     path.write_text(json.dumps({"machine": {"cpu": cpu, "cpu_count": 2, "torch": "2.13", "git": "abc"},
                                 "learn": learn}))  # fmt: skip
     return str(path)
@@ -118,7 +119,8 @@ def test_pool_counts_each_files_runs_as_runs_of_their_own(tmp_path):
     assert set(learned["learning_curves"]) == {"0:0", "0:1", "1:0"}
     md = markdown({"date": "2026-11-25"}, None, learned, [], "python -m bench.growth --pool a.json b.json")
     assert "(3 training runs x 2 fresh hosts each; 95 % CI over training runs)" in md
-    assert "`a.json`: 2 runs on cpu A" in md and "`b.json`: 1 runs on cpu B" in md
+    assert "`a.json`: 2 runs, training seeds 0-1 on cpu A" in md
+    assert "`b.json`: 1 runs, training seed 0 on cpu B" in md
 
 
 def test_pool_refuses_runs_of_another_variant_or_evaluation(tmp_path):
@@ -229,3 +231,20 @@ def test_compare_cli_wants_both_arms(tmp_path, capsys):
     assert main(["--compare", a, "--against", a, "--out", str(tmp_path / "out")]) == 0
     (md,) = (tmp_path / "out").glob("*-compare-growth-learn.md")
     assert "--compare" in md.read_text() and "+0.0" in md.read_text()
+
+
+def test_pooled_batches_of_seeds_say_which_seeds_and_a_tag_names_the_files(tmp_path):
+    from bench.growth import main
+
+    a = _seeded(tmp_path / "a.json", [[40.0, 42.0], [50.0, 50.0]], 0)
+    b = _seeded(tmp_path / "b.json", [[60.0, 60.0]], 5)
+    out = tmp_path / "out"
+    assert main(["--pool", a, b, "--out", str(out), "--tag", "default-seeds0-9"]) == 0
+    (md,) = out.glob("*-pooled-growth-learn-default-seeds0-9.md")
+    text = md.read_text()
+    assert "training seeds 0-1 on cpu A" in text and "training seed 5 on cpu A" in text
+    for png in ("acc-vs-params", "learning"):  # the md links the plots under the tagged names
+        (plot,) = out.glob(f"*-pooled-growth-learn-default-seeds0-9-{png}.png")
+        assert f"]({plot.name})" in text
+    with pytest.raises(SystemExit):
+        main(["--pool", a, b, "--out", str(out), "--tag", "../x"])
