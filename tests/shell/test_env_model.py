@@ -244,5 +244,6 @@ def test_incubation_trains_the_seed_on_its_own_effect():
     grown.host.set_slot(0, alpha=1.0, stage=Stage.BLENDING)
     blended_loss, _ = grown.validate(batches)
     assert float(blended_loss) < float(host_loss) - 0.05  # blending the incubated seed in helps
-    delta = grown.host.slot(0).seed(torch.randn(32, 4, 16, generator=g))
+    with torch.no_grad():
+        delta = grown.host.slot(0).seed(torch.randn(32, 4, 16, generator=g))
     assert float(delta.abs().max()) < 100.0  # bounded: trained with feedback
