@@ -209,6 +209,16 @@ def summarize_runs(runs: list[dict[str, list[dict]]], per_run_correlations: list
 _MACHINE_KEYS = ("cpu", "cpu_count", "torch", "git")
 
 
+def _runs(stage: dict[str, Any]) -> list[dict[str, list[dict]]]:
+    """A learn stage's evaluation episodes split back into its training runs (run i's episodes of
+    controller ``name``: ``_runs(stage)[i][name]``); the stage keeps them concatenated in run order."""
+    n = stage["episodes_per_seed"]
+    return [
+        {name: c["per_episode"][i * n : (i + 1) * n] for name, c in stage["controllers"].items()}
+        for i in range(stage["seeds"])
+    ]
+
+
 def pool(files: list[Path]) -> dict[str, Any]:
     """One learn stage from the learn stages of several results files (``bench.growth`` JSON): each
     file's training runs count as runs of their own. For runs of the same training seeds on other
@@ -231,8 +241,7 @@ def pool(files: list[Path]) -> dict[str, Any]:
     n = stages[0]["episodes_per_seed"]
     runs, per_run_corr, curves = [], [], {}
     for i, s in enumerate(stages):
-        for k in range(s["seeds"]):
-            runs.append({name: c["per_episode"][k * n : (k + 1) * n] for name, c in s["controllers"].items()})
+        runs += _runs(s)
         per_run_corr += s["correlations"]["per_run"]
         curves.update({f"{i}:{k}": c for k, c in s["learning_curves"].items()})
     seen = [json.dumps(r, sort_keys=True) for r in runs]
@@ -265,11 +274,11 @@ def pool(files: list[Path]) -> dict[str, Any]:
     }
 
 
-def _arm(files: list[Path], role: str) -> tuple[dict[int, dict[str, dict[str, Any]]], dict[str, Any]]:
+def _arm(files: list[Path], role: str) -> tuple[dict[int, dict[str, list[dict]]], dict[str, Any]]:
     """One arm of a paired comparison: per training seed, per controller, the seed's evaluation episodes.
     Refuses pooled files (name the files they were pooled from), files evaluated on other numbers of
     episodes, and a training seed that appears twice."""
-    by_seed: dict[int, dict[str, dict[str, Any]]] = {}
+    by_seed: dict[int, dict[str, list[dict]]] = {}
     n_eps, args = None, None
     for f in files:
         stage = json.loads(Path(f).read_text()).get("learn")
@@ -286,12 +295,10 @@ def _arm(files: list[Path], role: str) -> tuple[dict[int, dict[str, dict[str, An
                              f"files with {args!r}: one arm is one variant")  # fmt: skip
         n_eps, args = n, stage["train_args"]
         first = stage.get("first_seed", 0)  # files written before --first-seed trained seeds 0 on
-        for i in range(stage["seeds"]):
-            k = first + i
+        for k, run in enumerate(_runs(stage), start=first):
             if k in by_seed:
                 raise ValueError(f"compare: training seed {k} appears twice in the {role} arm ({f})")
-            by_seed[k] = {name: {"episodes": c["per_episode"][i * n : (i + 1) * n]}
-                          for name, c in stage["controllers"].items()}  # fmt: skip
+            by_seed[k] = run
     return by_seed, {"files": [Path(f).name for f in files], "train_args": args, "episodes_per_seed": n_eps}
 
 
@@ -324,12 +331,10 @@ def compare(base_files: list[Path], variant_files: list[Path]) -> dict[str, Any]
     names = [c for c in base[seeds[0]] if c in variant[seeds[0]]]
     key = lambda e: (e["final_test_acc"], e["params_added"])
     same_hosts = all(
-        [key(e) for e in base[k][c]["episodes"]] == [key(e) for e in variant[k][c]["episodes"]]
+        [key(e) for e in base[k][c]] == [key(e) for e in variant[k][c]]
         for k in seeds for c in names if c in BASELINES
     )  # fmt: skip
-    per_seed = lambda arm, c, field: [
-        float(np.mean([e[field] for e in arm[k][c]["episodes"]])) for k in seeds
-    ]
+    per_seed = lambda arm, c, field: [float(np.mean([e[field] for e in arm[k][c]])) for k in seeds]
     controllers = {}
     for c in names:
         if c in BASELINES:
