@@ -22,8 +22,9 @@ against :func:`esper.core.masks.op_slot_legality`; an illegal pair changes nothi
   ``auto_advance`` is set: then ADVANCE is illegal and every slot the op did not act on advances
   wherever its gate passes (the reviewed reference's mechanical transitions).
 - **SET_ALPHA_TARGET** (BLENDING or HOLDING, not ramping): a new ramp from the current alpha to
-  ``ALPHA_TARGETS[alpha_target]`` over ``ALPHA_SPEED_STEPS[alpha_speed]`` epochs along ``alpha_curve``;
-  ``style`` replaces the composition style (``alpha_set``).
+  ``ALPHA_TARGETS[alpha_target]`` over ``ALPHA_SPEED_STEPS[alpha_speed]`` epochs along ``alpha_curve``
+  (``alpha_set``). The composition style stays the one chosen at germination (the reference re-styles
+  here; see :data:`esper.core.spec.RELEVANCE` for why Esper does not).
 - **PRUNE** (GERMINATED..HOLDING, ``age >= min_prune_age``, not ramping): PRUNED, alpha ramps to 0 over
   ``ALPHA_SPEED_STEPS[alpha_speed]`` epochs along ``alpha_curve`` (``prune_started``). INSTANT, or an
   alpha already 0, removes the seed at this step's end.
@@ -413,7 +414,7 @@ def lifecycle_step(
 
     zero_i, zero_f = torch.zeros_like(eis0), torch.zeros_like(alpha0)
     f["blueprint"] = torch.where(germ, bp, f["blueprint"])
-    f["style"] = torch.where(germ | aset, style_a, f["style"])
+    f["style"] = torch.where(germ, style_a, f["style"])
     f["tempo"] = torch.where(germ, head("tempo").clamp(0, len(TEMPO_EPOCHS) - 1), f["tempo"])
     f["alpha_target"] = torch.where(germ | aset, target_a, f["alpha_target"])
     f["acc_at_germination"] = torch.where(germ, val_acc, f["acc_at_germination"])

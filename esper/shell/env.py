@@ -444,10 +444,6 @@ class VecEnv:
                 if fired["germinated"]:
                     with self.streams.run(i), self._seeded(i, s):
                         self.seed_params[i][s] = model.germinate(s, int(blueprint[i][s]), int(style[i][s]))
-                elif fired["alpha_set"] and model.host.slot(s).style != int(style[i][s]):
-                    with self._seeded(i, s):
-                        model.restyle(s, int(style[i][s]))
-                    self.seed_params[i][s] = sum(p.numel() for p in model.host.seed_parameters(s))
                 model.host.set_slot(s, alpha=min(max(alpha[i][s], 0.0), 1.0), stage=int(stage[i][s]))
                 for kind, on in fired.items():
                     if on:

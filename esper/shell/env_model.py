@@ -84,19 +84,6 @@ class EnvModel:
             )
         return _n_params(params)
 
-    def restyle(self, slot_index: int, style: Style | int) -> None:
-        """Change a live seed's composition style; a newly built gate joins the seed's optimizer."""
-        new = self.host.slot(slot_index).restyle(style, device=self.device)
-        if not new:
-            return
-        if slot_index in self.seed_opts:
-            self.seed_opts[slot_index].add_param_group({"params": new})
-        else:
-            self.seed_opts[slot_index] = torch.optim.SGD(
-                new, lr=self.seed_lr * self.lr_scale, momentum=self.momentum,
-                weight_decay=self.seed_weight_decay
-            )
-
     def prune(self, slot_index: int) -> None:
         """Remove the slot's seed from the model and drop its optimizer (momentum state included)."""
         self.host.remove_seed(slot_index)

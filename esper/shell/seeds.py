@@ -146,20 +146,6 @@ class SeedSlot(nn.Module):
         self.stage = Stage.GERMINATED
         return self.seed_parameters()
 
-    def restyle(self, style: Style | int, *, device: torch.device | None = None) -> list[nn.Parameter]:
-        """Change how the seed composes (SET_ALPHA_TARGET may pick a new style). Switching to
-        GATED_GATE builds a gate if the seed has none and returns its new parameters (the caller
-        must optimize them); otherwise returns ``[]``. A gate kept from an earlier GATED_GATE style
-        stays (and keeps training) but is unused while another style is active."""
-        if self.seed is None:
-            raise ValueError(f"slot {self.name!r}: restyle needs a seed, the slot is empty")
-        style = Style(style)
-        self.style = style
-        if style == Style.GATED_GATE and self.gate is None:
-            self.gate = Gate(self.width, self.family).to(device=device)
-            return list(self.gate.parameters())
-        return []
-
     def remove(self) -> None:
         """Drop the seed and its gate (their parameters leave the module); the slot becomes DORMANT."""
         self.seed = None

@@ -188,24 +188,6 @@ def test_digits_epoch_learns():
     assert float(acc) > 80.0
 
 
-def test_restyle_to_gated_builds_a_trained_gate():
-    from esper.core.spec import Stage, Style
-    from esper.shell.hosts import CNNHost
-
-    torch.manual_seed(0)
-    model = EnvModel(CNNHost(1, 8, (4, 8, 8), 10))
-    model.germinate(1, 3, Style.LINEAR_ADD)
-    model.host.set_slot(1, alpha=0.5, stage=Stage.BLENDING)
-    assert model.host.slot(1).gate is None
-    model.restyle(1, Style.GATED_GATE)
-    gate_params = {id(p) for p in model.host.slot(1).gate.parameters()}
-    optimized = {id(p) for g in model.seed_opts[1].param_groups for p in g["params"]}
-    assert gate_params <= optimized
-    x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
-    model.train_epoch([(x, y)])
-    assert all(p.grad is not None for p in model.host.slot(1).gate.parameters())
-
-
 def test_incubation_trains_the_seed_on_its_own_effect():
     """An incubating seed learns from a what-if pass (its delta blended in at alpha 1), so its training
     loss responds to what it does: on a fixed task it falls below the host's own, and the host's
