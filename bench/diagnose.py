@@ -12,6 +12,10 @@ Two questions, each over every run given:
 2. **The b0 blueprint** (:func:`b0_returns`): the returns of the episodes of updates ``1..last_update``,
    grouped by the blueprint of the first seed germinated in slot 0: what an update's few samples of
    each blueprint tell the blueprint head while the rest of the policy is untrained.
+3. **One-epoch dips** (:func:`dips`): an env's validation accuracy falls by at least ``drop`` points
+   from one epoch to the next and is back within ``back`` points the epoch after, with what the
+   controller did on the epoch before the dip (the action whose effect the dipping epoch measures),
+   and whether that was an ``alpha_set`` that changed the seed's style (possible before 6365c26).
 """
 
 from __future__ import annotations
@@ -66,6 +70,39 @@ def b0_returns(path: str | Path, last_update: int = 8) -> dict[str, list[float]]
     return dict(out)
 
 
+def dips(path: str | Path, drop: float = 15.0, back: float = 5.0) -> list[dict[str, Any]]:
+    """One record per one-epoch dip: ``update``, ``env``, ``epoch`` (the low one), ``depth`` (points
+    below the epoch before), ``kinds`` (sorted lifecycle event kinds of that env at the epoch before)
+    and ``restyled`` (one of them an ``alpha_set`` whose style differs from the style the seed last
+    had in that slot: at its germination or an earlier ``alpha_set``)."""
+    events = _events(path)
+    acc = {(e["update"], e["epoch"]): e["val_acc"] for e in events if e["event"] == "epoch"}
+    kinds: dict[tuple[int, int, int], set[str]] = defaultdict(set)
+    restyled: set[tuple[int, int, int]] = set()
+    style: dict[tuple[int, int, int], str] = {}  # (update, env, slot) -> the seed's style so far
+    for e in events:
+        if e["event"] != "lifecycle":
+            continue
+        key = (e["update"], e["env"], e["epoch"])
+        kinds[key].add(e["kind"])
+        seed = (e["update"], e["env"], e["slot"])
+        if e["kind"] in ("germinated", "alpha_set") and "style" in e:
+            if e["kind"] == "alpha_set" and style.get(seed, e["style"]) != e["style"]:
+                restyled.add(key)
+            style[seed] = e["style"]
+    out = []
+    for (u, t), now in sorted(acc.items()):
+        before, after = acc.get((u, t - 1)), acc.get((u, t + 1))
+        if before is None or after is None:
+            continue
+        for i, (a, b, c) in enumerate(zip(before, now, after)):
+            if a - b >= drop and abs(c - a) <= back:
+                out.append({"update": u, "env": i, "epoch": t, "depth": float(a - b),
+                            "kinds": sorted(kinds.get((u, i, t - 1), ())),
+                            "restyled": (u, i, t - 1) in restyled})  # fmt: skip
+    return out
+
+
 def summary(paths: list[str], window: int = 5, last_update: int = 8) -> str:
     prunes = [p for path in paths for p in deadline_prunes(path, window)]
     lines = [f"{len(paths)} runs, {len(prunes)} deadline prunes"]
@@ -87,6 +124,15 @@ def summary(paths: list[str], window: int = 5, last_update: int = 8) -> str:
     lines.append(f"episode return by b0 blueprint, updates 1-{last_update} (mean, sd, episodes):")
     for bp, r in sorted(pooled.items(), key=lambda kv: -np.mean(kv[1])):
         lines.append(f"  {bp:>16}: {np.mean(r):6.1f} {np.std(r):5.1f} {len(r):5d}")
+    per_run = [dips(path) for path in paths]
+    found = [d for run in per_run for d in run]
+    lines.append(
+        f"one-epoch dips (>= 15 points, back within 5): {len(found)} "
+        f"(per run {', '.join(str(len(r)) for r in per_run)}); "
+        f"after an alpha_set {sum('alpha_set' in d['kinds'] for d in found)}, "
+        f"after a re-style {sum(d['restyled'] for d in found)}, "
+        f"after no lifecycle event {sum(not d['kinds'] for d in found)}"
+    )
     return "\n".join(lines)
 
 

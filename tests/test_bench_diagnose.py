@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.diagnose import b0_returns, deadline_prunes, summary
+from bench.diagnose import b0_returns, deadline_prunes, dips, summary
 
 
 def _write(path, events):
@@ -56,3 +56,27 @@ def test_b0_returns_group_the_early_updates_by_slot_0s_first_blueprint(tmp_path)
     path = _write(tmp_path / "events.jsonl", events)
     assert b0_returns(path) == {"conv_heavy": [50.0, 60.0], "conv_light": [40.0], "-": [10.0]}
     assert b0_returns(path, last_update=9)["conv_heavy"] == pytest.approx([50.0, 60.0, 99.0])
+
+
+def test_dips_find_one_epoch_drops_that_recover_and_what_came_before(tmp_path):
+    """Env 0 dips at epoch 3 after a re-style at epoch 2; env 1 drops at 3 and stays down (not a dip);
+    env 0 dips again at 6 after no lifecycle event; an alpha_set keeping the style is no re-style."""
+    style = lambda e, s: {**e, "style": s}
+    events = [
+        _epoch(1, 1, [50.0, 50.0]), _epoch(1, 2, [60.0, 60.0]), _epoch(1, 3, [40.0, 30.0]),
+        _epoch(1, 4, [62.0, 31.0]), _epoch(1, 5, [64.0, 32.0]), _epoch(1, 6, [40.0, 30.0]),
+        _epoch(1, 7, [66.0, 20.0]),
+        style(_life(1, 1, 0, 0, "germinated"), "LINEAR_ADD"),
+        style(_life(1, 2, 0, 0, "alpha_set"), "SIGMOID_ADD"),  # env 0, epoch 2: re-style
+        style(_life(1, 1, 1, 0, "germinated"), "LINEAR_ADD"),
+        style(_life(1, 2, 1, 0, "alpha_set"), "LINEAR_ADD"),  # env 1: same style
+        _epoch(2, 1, [50.0, 50.0]), _epoch(2, 2, [34.0, 50.0]),  # the last epoch of update 2: no after
+    ]  # fmt: skip
+    path = _write(tmp_path / "events.jsonl", events)
+    got = dips(path)
+    assert [(d["env"], d["epoch"], d["depth"], d["kinds"], d["restyled"]) for d in got] == [
+        (0, 3, 20.0, ["alpha_set"], True), (0, 6, 24.0, [], False)
+    ]  # fmt: skip
+    assert [d["epoch"] for d in dips(path, drop=21.0)] == [6]
+    assert "one-epoch dips (>= 15 points, back within 5): 2 (per run 2); after an alpha_set 1, " \
+        "after a re-style 1, after no lifecycle event 1" in summary([str(path)])
