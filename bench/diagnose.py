@@ -2,7 +2,7 @@
 
     python -m bench.diagnose bench/runs/growth/seed*/events.jsonl
 
-Two questions, each over every run given:
+Three questions, each over every run given:
 
 1. **Deadline prunes** (:func:`deadline_prunes`): every seed the HOLDING deadline pruned
    (``timeout_pruned``), whether an ``alpha_set`` on the same seed came within the ``window`` epochs

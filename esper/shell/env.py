@@ -37,7 +37,8 @@ from esper.shell.data import Task, make_task
 from esper.shell.env_model import EnvModel
 from esper.shell.governor import Governor, GovernorConfig
 
-#: Lifecycle events that record the blend the action chose (style, alpha target; tempo at germination).
+#: Lifecycle events that record how the seed will be blended: its style and tempo (chosen at germination,
+#: kept after) and the alpha target the action chose.
 BLEND_SETTING_EVENTS = frozenset({"germinated", "alpha_set"})
 #: The blend settings a germination records (and episode summaries and evaluations count).
 BLEND_SETTINGS = ("style", "tempo", "alpha_target")
