@@ -7,7 +7,9 @@ covers the actor forward on both sides (TorchRL's loss runs the actor and critic
 
 - factored: Esper's eight heads (``esper.core.spec.HEADS``, 3 slots, 6 blueprints) on a ``[envs, T]``
   batch (the recurrent layout: whole env sequences) with legality masks, ``ppo_loss(td,
-  factored=True)``; eager vs ``torch.compile(fullgraph=True)`` (inductor) of the same step function.
+  factored=True)``; eager vs ``torch.compile(fullgraph=True)`` (inductor) of the same step function;
+  on a GPU with Triton, also the same step with the fused kernel as each head's log-prob / entropy / KL
+  (``categorical=esper.kernels.masked_categorical``), eager and compiled.
 - single head: 8 choices, TorchRL's flat keys; ``esper.core.ppo_loss`` vs ``ClipPPOLoss`` with the
   same actor/critic networks, the same settings (clip 0.2, entropy 0.01, critic 0.5 x squared error,
   no value clipping, no advantage normalization; ``ppo_loss`` gets the arguments that reproduce
@@ -29,11 +31,13 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 import esper.core as core
+import esper.kernels as kernels
 from bench.harness import Context, Row, SuiteResult, Target, round_ratio, suite
 from esper.core import distributions as D
 from esper.core.spec import HEADS, ActionSpec, Op
 
 OBS, HIDDEN = 32, 64
+KERNEL_ROW = "esper eager, fused kernel (Triton esper::masked_categorical)"
 SPEC = ActionSpec(n_slots=3, n_blueprints=6)
 #: ppo_loss arguments that reproduce the ClipPPOLoss below (clip 0.2, entropy 0.01, critic 0.5, l2)
 PARITY = dict(
@@ -86,16 +90,16 @@ def factored_rollout(policy: Policy, E: int, T: int, device: torch.device, seed:
     return td.to(device)
 
 
-def factored_step(policy: Policy, batch: TensorDict) -> torch.Tensor:
+def factored_step(policy: Policy, batch: TensorDict, categorical=D.masked_categorical) -> torch.Tensor:
     """Network forward on the batch, Esper's factored PPO loss, the summed loss (the function a
-    trainer compiles)."""
+    trainer compiles); ``categorical`` is the per-head function (the core's, or the fused kernel)."""
     logits, value = policy(batch["observation"])
     bs = batch.batch_size
     current = TensorDict({h: TensorDict({"logits": logits[h]}, bs) for h in HEADS}, bs)
     current["state_value"] = value
     td = batch.copy()
     td["current"] = current
-    return core.total_loss(core.ppo_loss(td, factored=True))
+    return core.total_loss(core.ppo_loss(td, factored=True, categorical=categorical))
 
 
 class PassThrough(nn.Module):
@@ -236,10 +240,21 @@ def _factored_case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
         res.rows.append(Row(case, "esper compiled (inductor)", note=note))
     else:
         fns["esper compiled (inductor)"] = compiled
+    notes = {"esper compiled (inductor)": note}
+    if ctx.device.type == "cuda" and kernels.HAS_TRITON:  # the fused Triton masked-categorical kernel
+        kstep = lambda b: factored_step(policy, b, categorical=kernels.masked_categorical)
+        fns[KERNEL_ROW] = _train_call(kstep, batch, params)
+        kcompiled, knote = _compile(ctx, kstep, batch, params)
+        if kcompiled is None:
+            res.rows.append(Row(case, KERNEL_ROW + ", compiled", note=knote))
+        else:
+            fns[KERNEL_ROW + ", compiled"], notes[KERNEL_ROW + ", compiled"] = kcompiled, knote
     stats = ctx.compare(fns)
     eager = stats["esper eager"]
     for name, s in stats.items():
-        res.rows.append(Row(case, name, s, round_ratio(eager, s), note if "compiled" in name else ""))
+        res.rows.append(Row(case, name, s, round_ratio(eager, s), notes.get(name, "")))
+    if KERNEL_ROW not in stats:
+        res.rows.append(Row(case, KERNEL_ROW, note="no GPU"))
     if "esper compiled (inductor)" in stats:
         ratio = round_ratio(eager, stats["esper compiled (inductor)"])
         res.targets.append(Target(f"{case}: compiled / eager speed-up", ratio, ">= 1.5", ratio >= 1.5))

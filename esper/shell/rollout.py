@@ -183,7 +183,8 @@ class EpisodeRunner:
             t1 = time.perf_counter()
             out = ctl.act(StepInput(raw_obs, legal, slots, signals, history))
             t2 = time.perf_counter()
-            action = TensorDict({h: out[h, "action"] for h in HEADS}, batch_size=[E])
+            # a controller may act on another device than the env's (a CPU script driving CUDA hosts)
+            action = TensorDict({h: out[h, "action"].to(env.device) for h in HEADS}, batch_size=[E])
             new_slots, events = lifecycle_step(slots, action, signals, lc, n_blueprints=env.spec.n_blueprints)
             reward = compute_reward(
                 slots, action, new_slots, events, signals, history, gamma=self.gamma, cfg=self.reward_cfg,

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The checks only a GPU machine can run, in one go (about 6 minutes on an H100):
+#   1. the Triton kernels compiled for the GPU against the core (tests/kernels), and the env on real
+#      CUDA streams and CUDA AMP (tests/shell/test_env_cuda.py); CI has no GPU, so these skip there;
+#   2. bench rows that need a GPU: GAE with the fused kernel, the 8-head loss with the fused
+#      masked-categorical kernel (bench.run --suite gae, then --suite loss, --device cuda);
+#   3. the CLI end to end on CUDA, alone and under torchrun (NCCL, one rank).
+# Usage, from the repository root: bash bench/gpu_check.sh [OUT_DIR]   (default: bench/results)
+# ONLY="tests bench-gae" runs some steps; TESTS="path ..." replaces the test selection.
+# Packages the machine lacks can sit as wheels in .whl/ (installed to /tmp/site, nothing else touched).
+set -u
+export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
+OUT_DIR=${1:-bench/results}
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/gpu-check.log"
+: >"$LOG"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl 2>&1 | tail -3 | tee -a "$LOG"
+    export PYTHONPATH=/tmp/site
+    if ! python3 -c "import tensordict, torchrl" >>"$LOG" 2>&1 && compgen -G ".whl/alt/*.whl" >/dev/null; then
+        echo "tensordict/torchrl from .whl do not import with this torch: trying .whl/alt" | tee -a "$LOG"
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            .whl/alt/*.whl 2>&1 | tail -3 | tee -a "$LOG"
+    fi
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log it, never stop the script
+    local name=$1 limit=$2 t0=$SECONDS rc
+    shift 2
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
+    echo "=== $name: $*" | tee -a "$LOG"
+    timeout "$limit" "$@" 2>&1 | tee -a "$LOG"
+    rc=${PIPESTATUS[0]}
+    echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$LOG"
+}
+
+step versions 60 bash -c 'nvidia-smi -L; python3 -c "
+import torch, triton, tensordict, torchrl
+print(\"torch\", torch.__version__, \"triton\", triton.__version__, \"tensordict\", tensordict.__version__,
+      \"torchrl\", torchrl.__version__, torch.cuda.get_device_name())"'
+step tests 100 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra --durations=5" \
+    ${TESTS:-tests/kernels tests/shell/test_env_cuda.py}
+step bench-gae 230 python3 -m bench.run --suite gae --device cuda --out "$OUT_DIR" --tag gpu-kernels-gae
+step bench-loss 120 python3 -m bench.run --suite loss --quick --device cuda --out "$OUT_DIR" --tag gpu-kernels-loss
+step run-cuda 60 python3 -m esper.shell.run --preset smoke --env.device cuda --run_dir /tmp/esper-gpu-run
+step torchrun-nccl 60 torchrun --standalone --nproc_per_node=1 -m esper.shell.run --preset smoke \
+    --env.device cuda --run_dir /tmp/esper-gpu-torchrun
+grep "^=== .*rc=" "$LOG"
