@@ -8,8 +8,6 @@ difference; and CUDA AMP (one GradScaler per env, finding H12) must train to fin
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -67,11 +65,12 @@ def test_S1_real_streams_give_the_default_stream_episode(deterministic):
     torch.testing.assert_close(a.final.to_dict(), b.final.to_dict(), rtol=1e-5, atol=1e-5)
     assert [ep["return"] for ep in a.episodes] == pytest.approx([ep["return"] for ep in b.episodes], abs=1e-4)
 
+
 def test_H12_cuda_amp_trains_each_env_with_its_own_scaler():
     env = _cuda_env(2, amp=True)
     result = _episode(env)
-    scalers = env.scalers
-    assert all(s is not None and s.is_enabled() for s in scalers) and len(set(map(id, scalers))) == env.n
+    assert all(s is not None and s.is_enabled() for s in env.scalers)
+    assert len(set(map(id, env.scalers))) == env.n
     losses = [x for e in result.epochs for x in e["train_loss"]]
     assert losses and all(torch.isfinite(torch.tensor(v)) for v in losses)
 
@@ -81,8 +80,3 @@ def test_cuda_env_keeps_its_hosts_on_the_gpu():
     env.reset(0)
     for model in env.models:
         assert {p.device.type for p in model.host.parameters()} == {"cuda"}
-
-
-if __name__ == "__main__":  # pragma: no cover - convenience on a GPU machine
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    raise SystemExit(pytest.main([__file__, "-q"]))
