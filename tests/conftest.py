@@ -22,7 +22,10 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist (the README's test command runs two workers) each worker gets its share of the
+# cores: torch processes with a thread per core each slow each other down by an order of magnitude.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 # The CLI tests run ``python -m esper.shell...`` in subprocesses from temporary directories: they must
 # import this checkout's esper, not the one an editable install elsewhere points at.
