@@ -68,7 +68,8 @@ class StaticController(_NoLearning):
 
 
 class RandomController(_NoLearning):
-    """Uniform over legal actions, drawn from its own generator (reproducible for a seed)."""
+    """Uniform over legal actions, drawn from its own CPU generator: reproducible for a seed, and the
+    same draws whatever device the envs are on (the draws are made on the CPU, then moved)."""
 
     def __init__(self, *, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
@@ -76,16 +77,14 @@ class RandomController(_NoLearning):
     def act(self, step: StepInput) -> TensorDict:
         legal = step.legal
         device = legal["op"].device
-        uniform = lambda mask: dist.sample(
-            torch.zeros(mask.shape, device=device), mask, generator=self._gen(device)
-        )
-        op = uniform(legal["op"])
+        op = self._uniform(legal["op"])
         used = action_masks(legal, op)
-        out = {h: (op if h == "op" else uniform(used[h])) for h in HEADS}
+        out = {h: (op if h == "op" else self._uniform(used[h])) for h in HEADS}
         return _actions(out, op.shape[0], device)
 
-    def _gen(self, device: torch.device) -> torch.Generator | None:
-        return self.generator if device.type == "cpu" else None
+    def _uniform(self, mask: torch.Tensor) -> torch.Tensor:
+        race = torch.empty(mask.shape).exponential_(generator=self.generator).to(mask.device)
+        return dist.sample(torch.zeros(mask.shape, device=mask.device), mask, race=race)
 
 
 class GrowAllController(_NoLearning):

@@ -8,6 +8,8 @@ difference; and CUDA AMP (one GradScaler per env, finding H12) must train to fin
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -80,3 +82,23 @@ def test_cuda_env_keeps_its_hosts_on_the_gpu():
     env.reset(0)
     for model in env.models:
         assert {p.device.type for p in model.host.parameters()} == {"cuda"}
+
+
+def test_random_baseline_draws_the_same_actions_on_the_gpu_as_on_the_cpu():
+    # It used to draw from the global CUDA generator there (its own generator is a CPU one), so a
+    # seeded random baseline was not reproducible on a GPU.
+    from esper.core.masks import legal_masks
+    from esper.shell.baselines import RandomController
+
+    env = _cuda_env(3)
+    env.reset(0)
+    legal = legal_masks(env.slots, env.spec)
+    actions = {}
+    for device in ("cpu", "cuda"):
+        controller = RandomController(seed=7)
+        controller.begin(env.n)
+        step = SimpleNamespace(legal=legal.to(device))
+        actions[device] = [controller.act(step).to("cpu") for _ in range(20)]
+    for cpu, gpu in zip(actions["cpu"], actions["cuda"]):
+        for head in cpu.keys():
+            assert torch.equal(cpu[head, "action"], gpu[head, "action"]), head
