@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from esper.core.rewards import RewardConfig, parameter_cost
-from esper.core.spec import DEFAULT_BLEND, Style
+from esper.core.spec import ALPHA_TARGETS, Style, Tempo
 from esper.shell.agent import PPOController, build_learner
 from esper.shell.baselines import GROW_ALL_BLUEPRINT, GrowAllController, RandomController, StaticController
 from esper.shell.checkpoint import load_checkpoint
@@ -66,9 +66,14 @@ CONTROLLERS = (*PPO_CONTROLLERS, "static", "random", "heuristic", "grow_all")
 #: Fixed placements: ``grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]`` grows only those slots, each with its
 #: blueprint, as fast as the gates allow (:class:`~esper.shell.baselines.GrowAllController` with a plan).
 PLAN_PREFIX = "grow:"
-#: A fixed schedule blends LINEAR_ADD unless its name ends in ``@STYLE``: ``grow:b0=conv_heavy@GATED_GATE``.
+#: A fixed schedule blends as :data:`~esper.core.spec.DEFAULT_BLEND` says (LINEAR_ADD, FAST, alpha 1.0)
+#: unless its name ends in settings, each after an ``@``: any of a style, a tempo and an alpha target, in
+#: any order (``--controllers`` is comma-separated): ``grow:b0=conv_heavy@GATED_GATE``,
+#: ``grow:b0=conv_heavy@STANDARD@0.7``.
 STYLE_SEP = "@"
-EXTRA_CONTROLLERS = "grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...], either with @STYLE"
+EXTRA_CONTROLLERS = (
+    "grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...], either with @STYLE@TEMPO@ALPHA (any)"
+)
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
 EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
                   "n_fossilized", "n_pruned", "host_seed", "grown", "germinated_at",
@@ -94,15 +99,15 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         return RandomController(seed=seed)
     if name == "heuristic":
         return HeuristicController(env.blueprint_names, cfg.lifecycle)
-    base, at, style_name = name.partition(STYLE_SEP)
-    style = parse_style(name, style_name) if at else DEFAULT_BLEND["style"]
+    base, at, settings = name.partition(STYLE_SEP)
+    blend = parse_blend(name, settings) if at else {}
     if base == "grow_all" or base.startswith("grow_all:"):
         blueprint = base.partition(":")[2] or GROW_ALL_BLUEPRINT[env.task.family]
-        return GrowAllController(_blueprint_index(name, blueprint, env), cfg.lifecycle, style=style)
+        return GrowAllController(_blueprint_index(name, blueprint, env), cfg.lifecycle, **blend)
     if base.startswith(PLAN_PREFIX):
-        return GrowAllController(parse_plan(base, env), cfg.lifecycle, style=style)
+        return GrowAllController(parse_plan(base, env), cfg.lifecycle, **blend)
     if at:
-        raise ValueError(f"{name}: only grow_all and grow: placements take a {STYLE_SEP}STYLE")
+        raise ValueError(f"{name}: only grow_all and grow: placements take {STYLE_SEP}BLEND settings")
     raise ValueError(
         f"unknown controller {name!r}; controllers: {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
     )
@@ -116,13 +121,35 @@ def _blueprint_index(name: str, blueprint: str, env: VecEnv) -> int:
     return names.index(blueprint)
 
 
-def parse_style(name: str, style: str) -> Style:
-    """The blend style after ``@`` in a fixed schedule's name (``grow_all@LINEAR_MULTIPLY``)."""
+def parse_blend(name: str, settings: str) -> dict[str, Style | Tempo | float]:
+    """The blend settings after ``@`` in a fixed schedule's name, as
+    :class:`~esper.shell.baselines.GrowAllController` keywords: ``"STANDARD@0.7"`` ->
+    ``{"tempo": Tempo.STANDARD, "alpha_target": 0.7}`` (a style, a tempo and an alpha target, each at
+    most once, in any order; the ones left out keep the fixed schedule's)."""
+    out: dict[str, Style | Tempo | float] = {}
+    for token in settings.split(STYLE_SEP):
+        key, value = _blend_setting(token.strip())
+        if key is None:
+            raise ValueError(
+                f"{name}: no blend setting {token!r}; styles: {', '.join(s.name for s in Style)}; tempos: "
+                f"{', '.join(t.name for t in Tempo)}; alpha targets: {', '.join(map(str, ALPHA_TARGETS))}"
+            )
+        if key in out:
+            raise ValueError(f"{name}: gives the {key.replace('_', ' ')} twice")
+        out[key] = value
+    return out
+
+
+def _blend_setting(token: str) -> tuple[str | None, Style | Tempo | float | None]:
+    if token.upper() in Style.__members__:
+        return "style", Style[token.upper()]
+    if token.upper() in Tempo.__members__:
+        return "tempo", Tempo[token.upper()]
     try:
-        return Style[style.upper()]
-    except KeyError:
-        styles = ", ".join(s.name for s in Style)
-        raise ValueError(f"{name}: no blend style {style!r}; styles: {styles}") from None
+        alpha = float(token)
+    except ValueError:
+        return None, None
+    return ("alpha_target", alpha) if alpha in ALPHA_TARGETS else (None, None)
 
 
 def parse_plan(name: str, env: VecEnv) -> dict[int, int]:
@@ -466,8 +493,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--controllers", default=",".join(CONTROLLERS),
                    help=f"comma-separated subset of {','.join(CONTROLLERS)}; grow_all:BLUEPRINT grows "
                         "another blueprint than the task's best; grow:b0=conv_heavy+b2=depthwise grows only "
-                        "those slots, each with its blueprint; either ends in @STYLE to blend with another "
-                        "style than LINEAR_ADD (grow_all@LINEAR_MULTIPLY)")  # fmt: skip
+                        "those slots, each with its blueprint; either may end in @STYLE, @TEMPO, @ALPHA to "
+                        "blend otherwise than LINEAR_ADD, FAST, 1.0 (grow_all@LINEAR_MULTIPLY, "
+                        "grow:b0=conv_heavy@STANDARD@0.7)")  # fmt: skip
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (0, the default: as the run would, the cores over its env "
                         "workers); the numbers repeat at the same --seed and thread count")  # fmt: skip

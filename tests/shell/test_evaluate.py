@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from esper.core.spec import Style
+from esper.core.spec import Style, Tempo
 from esper.shell.evaluate import CONTROLLERS, evaluate, main
 
 pytestmark = pytest.mark.e2e
@@ -187,7 +187,7 @@ def test_a_fixed_schedule_blends_with_the_style_its_name_ends_in():
         assert make_controller("grow_all@gated_gate", cfg, env, checkpoint=None, seed=0).style == int(
             Style.GATED_GATE
         )
-        for bad, msg in [("grow:b0=conv_heavy@SIDEWAYS", "no blend style 'SIDEWAYS'"),
+        for bad, msg in [("grow:b0=conv_heavy@SIDEWAYS", "no blend setting 'SIDEWAYS'"),
                          ("random@LINEAR_ADD", "only grow_all and grow: placements")]:  # fmt: skip
             with pytest.raises(ValueError, match=msg):
                 make_controller(bad, cfg, env, checkpoint=None, seed=0)
@@ -198,4 +198,35 @@ def test_a_fixed_schedule_blends_with_the_style_its_name_ends_in():
         env.close()
     assert [(g["slot"], g["blueprint"], g["style"]) for g in episode["germinations"]] == [
         (0, "conv_heavy", "LINEAR_MULTIPLY")
+    ]
+
+
+def test_a_fixed_schedule_takes_the_tempo_and_alpha_target_its_name_ends_in():
+    """``grow:b0=conv_heavy@STANDARD@0.7`` blends LINEAR_ADD at tempo STANDARD to alpha 0.7: a learned
+    controller's blend can be replayed on the fixed placement, one setting at a time; unknown settings,
+    alpha targets off the action grid and a setting given twice are refused."""
+    from esper.shell.config import preset
+    from esper.shell.env import VecEnv
+    from esper.shell.evaluate import make_controller
+    from esper.shell.rollout import EpisodeRunner
+
+    cfg = preset("smoke", {"env.n_envs": 2, "lifecycle.max_epochs": 4})
+    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed)
+    try:
+        plain = make_controller("grow_all", cfg, env, checkpoint=None, seed=0)
+        assert (plain.style, plain.tempo, plain.alpha_target) == (int(Style.LINEAR_ADD), int(Tempo.FAST), 2)
+        mixed = make_controller("grow_all@0.5@slow@GATED_GATE", cfg, env, checkpoint=None, seed=0)
+        assert (mixed.style, mixed.tempo, mixed.alpha_target) == (int(Style.GATED_GATE), int(Tempo.SLOW), 0)
+        for bad, msg in [("grow:b0=conv_heavy@0.6", "no blend setting '0.6'"),
+                         ("grow:b0=conv_heavy@FAST@SLOW", "gives the tempo twice"),
+                         ("grow:b0=conv_heavy@", "no blend setting ''")]:  # fmt: skip
+            with pytest.raises(ValueError, match=msg):
+                make_controller(bad, cfg, env, checkpoint=None, seed=0)
+        ctl = make_controller("grow:b0=conv_heavy@STANDARD@0.7", cfg, env, checkpoint=None, seed=0)
+        runner = EpisodeRunner(env, ctl, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma)
+        episode = runner.run(0, host_seeds=[11, 12]).episodes[0]
+    finally:
+        env.close()
+    assert [(g["slot"], g["style"], g["tempo"], g["alpha_target"]) for g in episode["germinations"]] == [
+        (0, "LINEAR_ADD", "STANDARD", 0.7)
     ]
