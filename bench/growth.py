@@ -7,6 +7,7 @@
     python -m bench.growth --stage learn --first-seed 5 --runs bench/runs/more   # seeds 5-9
     python -m bench.growth --pool A.json B.json     # one table from the learn stages of several files
     python -m bench.growth --compare BASE.json --against VARIANT.json   # paired, per training seed
+    python -m bench.growth --stage plans --seeds 5 --learned LEARN.json   # fixed plans on those hosts
 
 Three stages, each on the embedded default (``python -m esper.shell.run``'s preset):
 
@@ -26,6 +27,9 @@ Three stages, each on the embedded default (``python -m esper.shell.run``'s pres
    trained controllers, not only between episodes. ``--train-args`` trains a variant of the default
    (the run's own flags; give it its own ``--runs`` folder: finished runs there are kept, and a folder
    whose runs were trained with other flags is refused).
+
+``--stage plans`` trains nothing: it runs fixed schedules (``--plans``) on the learn stage's evaluation
+hosts, seed by seed, and with ``--learned`` pairs the learned controllers of those seeds with each one.
 
 Writes ``bench/results/<date>-<host>-growth.{md,json}`` and ``...-growth-*.png`` (test accuracy vs
 parameters added; test accuracy over the training updates of every seed).
@@ -113,6 +117,162 @@ def _fixed_schedules(names: list[str], episodes: int, seed: int) -> dict[str, An
             }
         )
     return {"episodes": episodes, "eval_seed": seed, "rows": rows, "seconds": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------------------------- plans
+#: The fixed plans the plans stage holds the learned controllers against by default: the cheapest
+#: placement that met the efficiency target in the placement stage, blended as the fixed schedules blend
+#: (LINEAR_ADD, FAST, alpha 1.0), then with the tempo and alpha target the learned controllers chose
+#: most often, one at a time and together.
+PLANS = (
+    "grow:b0=conv_heavy", "grow:b0=conv_heavy@STANDARD", "grow:b0=conv_heavy@0.7",
+    "grow:b0=conv_heavy@0.5", "grow:b0=conv_heavy@STANDARD@0.7",
+)  # fmt: skip
+
+
+def plans(
+    names: list[str], seeds: int, episodes: int, first_seed: int = 0, learned_files: list[Path] | None = None,
+    preset_name: str = "default", overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Fixed schedules ``names`` on the learn stage's evaluation hosts, without training anything: for
+    training seed k (``first_seed`` on), the preset's config with ``seed`` k on the ``episodes`` hosts
+    of evaluation seed ``1000 + k``, with ``static`` and ``grow_all`` beside them. Per schedule, the mean
+    over seeds of each seed's mean test accuracy (Student-t 95 % interval over seeds), the parameters
+    added, and the shares of ``grow_all``'s gain and parameters.
+
+    ``learned_files``: learn-stage results files of those seeds (not pooled ones). Each learned
+    controller is then paired with each schedule by training seed (learned minus schedule, the unit the
+    seed's mean over its hosts). The files' episodes must be on the same host seeds; ``hosts`` says
+    whether ``grow_all`` scored identically there, episode for episode (the same machine and code), and
+    if not by how much its per-seed means differ (another CPU's float sums)."""
+    from esper.shell.evaluate import evaluate_config
+
+    if not names:
+        raise ValueError("plans: no fixed schedule to measure")
+    measured = ["static", "grow_all", *[n for n in names if n not in ("static", "grow_all")]]
+    ks = list(range(first_seed, first_seed + seeds))
+    t0 = time.perf_counter()
+    episodes_by: dict[str, list[list[dict]]] = {n: [] for n in measured}
+    for k in ks:
+        cfg = preset(preset_name, {**(overrides or {}), "seed": k})
+        torch.set_num_threads(cfg.torch_threads())  # as the learn stage's evaluation does
+        res = evaluate_config(cfg, measured, episodes=episodes, seed=1000 + k, show_progress=True)
+        for n in measured:
+            episodes_by[n].append(res["controllers"][n]["per_episode"])
+    seed_mean = lambda n, field: [float(np.mean([e[field] for e in eps])) for eps in episodes_by[n]]
+    acc = {n: seed_mean(n, "final_test_acc") for n in measured}
+    params = {n: seed_mean(n, "params_added") for n in measured}
+    out: dict[str, Any] = {
+        "training_seeds": ks, "episodes_per_seed": episodes, "preset": preset_name,
+        "overrides": overrides or {}, "rows": plan_rows(acc, params),
+        "per_episode": {n: [e for eps in episodes_by[n] for e in eps] for n in measured},
+        "seconds": time.perf_counter() - t0,
+    }  # fmt: skip
+    if learned_files:
+        out["learned"] = _against_learned(learned_files, ks, episodes_by, acc)
+    return out
+
+
+def plan_rows(acc: dict[str, list[float]], params: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Per controller (``static`` and ``grow_all`` among them), from its per-seed mean test accuracy and
+    parameters added: the mean over seeds with a Student-t 95 % interval, and its shares of
+    ``grow_all``'s gain over ``static`` (None where ``grow_all`` gains nothing) and of its parameters."""
+    static = float(np.mean(acc["static"]))
+    gain_all = float(np.mean(acc["grow_all"])) - static
+    params_all = float(np.mean(params["grow_all"]))
+    rows = []
+    for n in acc:
+        m, (lo, hi) = mean_ci95(acc[n])
+        rows.append({
+            "controller": n, "test_acc_mean": m, "test_acc_ci95": [lo, hi], "per_seed_test_acc": acc[n],
+            "params_added_mean": float(np.mean(params[n])),
+            "gain_share_of_grow_all": (m - static) / gain_all if gain_all > 0 else None,
+            "params_share_of_grow_all": float(np.mean(params[n])) / params_all if params_all > 0 else None,
+        })  # fmt: skip
+    return rows
+
+
+def _against_learned(files: list[Path], ks: list[int], episodes_by: dict[str, list[list[dict]]],
+                     acc: dict[str, list[float]]) -> dict[str, Any]:  # fmt: skip
+    by_seed, info = _arm(files, "learned")
+    missing = [k for k in ks if k not in by_seed]
+    if missing:
+        raise ValueError(f"plans: the learned files hold no runs of training seed(s) {missing}")
+    for i, k in enumerate(ks):
+        hosts = lambda eps: [e["host_seed"] for e in eps]
+        if hosts(by_seed[k]["grow_all"]) != hosts(episodes_by["grow_all"][i]):
+            raise ValueError(f"plans: training seed {k}'s learned episodes ran on other hosts (another "
+                             "--episodes, or evaluation seed?): nothing to pair")  # fmt: skip
+    there = [[e["final_test_acc"] for e in by_seed[k]["grow_all"]] for k in ks]
+    here = [[e["final_test_acc"] for e in eps] for eps in episodes_by["grow_all"]]
+    seed_diff = [abs(float(np.mean(a)) - float(np.mean(b))) for a, b in zip(there, here)]
+    ep_diff = [abs(a - b) for ta, he in zip(there, here) for a, b in zip(ta, he)]
+    learned_names = [c for c in by_seed[ks[0]] if c not in BASELINES]
+    plans_ = [n for n in acc if n not in ("static", "grow_all")]
+    paired = {
+        c: {n: _paired(acc[n], [float(np.mean([e["final_test_acc"] for e in by_seed[k][c]])) for k in ks])
+            for n in plans_}
+        for c in learned_names
+    }  # fmt: skip
+    return {
+        **info,
+        "paired": paired,  # learned minus plan, per training seed ("variant_better": the learned one)
+        "hosts": {
+            "identical": there == here,
+            "grow_all_seed_mean_max_abs_diff": max(seed_diff),
+            "grow_all_episode_median_abs_diff": float(np.median(ep_diff)),
+        },
+    }
+
+
+def plans_markdown(info: dict, planned: dict, command: str) -> str:
+    ks = planned["training_seeds"]
+    lines = [
+        f"# Fixed plans on the learn stage's hosts, {info['date']}",
+        "",
+        f"`{command}` on {info.get('cpu', '?')} ({info.get('cpu_count', '?')} cores, torch "
+        f"{info.get('torch', '?')}).",
+        "",
+        f"Training seeds {ks[0]}-{ks[-1]}: for seed k, the `{planned['preset']}` config with `--seed k` on "
+        f"the {planned['episodes_per_seed']} hosts of evaluation seed 1000 + k (the hosts the learn stage "
+        "scores seed k's controllers on). Nothing is trained. The 95 % intervals are over seeds (Student-t "
+        "of the per-seed means). `@STANDARD`, `@0.7`: the tempo and alpha target the schedule blends with "
+        "(otherwise FAST to 1.0).",
+        "",
+        "| controller | test acc % [95 % CI] | params added | share of grow_all's gain | of its params |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in planned["rows"]:
+        share = lambda v: "" if v is None else f"{v:.2f}"
+        lines.append(
+            f"| {r['controller']} | {r['test_acc_mean']:.1f} [{r['test_acc_ci95'][0]:.1f}, "
+            f"{r['test_acc_ci95'][1]:.1f}] | {r['params_added_mean']:.0f} | "
+            f"{share(r['gain_share_of_grow_all'])} | {share(r['params_share_of_grow_all'])} |"
+        )
+    learned = planned.get("learned")
+    if learned:
+        h = learned["hosts"]
+        lines += [
+            "",
+            f"## The learned controllers against the plans (paired by training seed; "
+            f"{', '.join(f'`{f}`' for f in learned['files'])})",
+            "",
+            "`grow_all` scored identically here and in those files, episode for episode."
+            if h["identical"]
+            else "`grow_all` did not score identically here and in those files (another machine or code): "
+            f"per-seed means differ by at most {h['grow_all_seed_mean_max_abs_diff']:.2f} points, episodes "
+            f"by {h['grow_all_episode_median_abs_diff']:.2f} (median). The same hosts; the pairs carry that "
+            "noise.",
+            "",
+            "| learned | plan | learned - plan, points [95 % CI] | learned better on |",
+            "|---|---|---|---|",
+        ]
+        for c, by_plan in learned["paired"].items():
+            for n, d in by_plan.items():
+                lines.append(f"| {c} | {n} | {d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] | "
+                             f"{d['variant_better']} of {len(ks)} |")  # fmt: skip
+    lines += ["", f"{planned['seconds'] / 60:.1f} min."]
+    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------------------------- learn
@@ -660,7 +820,7 @@ def command_line(argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__.split("\n\n")[0])
-    p.add_argument("--stage", choices=("all", "sweep", "placement", "learn"), default="all")
+    p.add_argument("--stage", choices=("all", "sweep", "placement", "learn", "plans"), default="all")
     p.add_argument("--seeds", type=int, default=5, help="training seeds (default 5)")
     p.add_argument(
         "--first-seed",
@@ -704,6 +864,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--against", type=Path, nargs="+", metavar="JSON", help="the variant arm of --compare")
     p.add_argument(
+        "--plans",
+        default=",".join(PLANS),
+        help="the plans stage's fixed schedules, comma-separated (default: " + ",".join(PLANS) + ")",
+    )
+    p.add_argument(
+        "--learned",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="with --stage plans: learn-stage results files of the same seeds, whose controllers are paired "
+        "with each plan",
+    )
+    p.add_argument(
         "--tag",
         default="",
         help="appended to the results files' names (e.g. replay-blend: ...-growth-learn-replay-blend.md)",
@@ -732,6 +905,17 @@ def main(argv: list[str] | None = None) -> int:
         plots = _plots(args.out, stem, learned)
         (args.out / f"{stem}.md").write_text(markdown(info, None, learned, plots, command.strip()))
         (args.out / f"{stem}.json").write_text(json.dumps({"machine": info, "learn": learned}, indent=1))
+        print((args.out / f"{stem}.md").read_text())
+        return 0
+    if args.learned and args.stage != "plans":
+        p.error("--learned goes with --stage plans")
+    if args.stage == "plans":
+        planned = plans([n.strip() for n in args.plans.split(",") if n.strip()], args.seeds, args.episodes,
+                        args.first_seed, args.learned)  # fmt: skip
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = f"{info['date']}-{info.get('host', 'host')}-growth-plans{tag}"
+        (args.out / f"{stem}.md").write_text(plans_markdown(info, planned, command.strip()))
+        (args.out / f"{stem}.json").write_text(json.dumps({"machine": info, "plans": planned}, indent=1))
         print((args.out / f"{stem}.md").read_text())
         return 0
     swept = sweep(args.sweep_episodes, seed=500) if args.stage in ("all", "sweep") else None

@@ -248,3 +248,71 @@ def test_pooled_batches_of_seeds_say_which_seeds_and_a_tag_names_the_files(tmp_p
         assert f"]({plot.name})" in text
     with pytest.raises(SystemExit):
         main(["--pool", a, b, "--out", str(out), "--tag", "../x"])
+
+
+def _learned_from(path, planned: dict, plan: str, offsets: list[float], *, grow_all_off: float = 0.0,
+                  host_shift: int = 0) -> str:  # fmt: skip
+    """A learn-stage file for the plans stage's seeds: its ``ppo`` scores the plan's episodes plus the
+    seed's offset, its ``grow_all`` the plans stage's own (plus ``grow_all_off``, as if another CPU)."""
+    n, ks = planned["episodes_per_seed"], planned["training_seeds"]
+    eps = planned["per_episode"]
+    ppo = [{**e, "final_test_acc": e["final_test_acc"] + offsets[i // n]} for i, e in enumerate(eps[plan])]
+    grow_all = [{**e, "final_test_acc": e["final_test_acc"] + grow_all_off,
+                 "host_seed": e["host_seed"] + host_shift} for e in eps["grow_all"]]  # fmt: skip
+    stage = {"seeds": len(ks), "episodes_per_seed": n, "first_seed": ks[0], "train_args": "",
+             "controllers": {"ppo": {"per_episode": ppo}, "grow_all": {"per_episode": grow_all}}}  # fmt: skip
+    path.write_text(json.dumps({"learn": stage}))
+    return str(path)
+
+
+def test_plans_run_fixed_schedules_on_the_learn_stages_hosts_and_pair_the_learned_controllers(tmp_path):
+    from bench.growth import _against_learned, plans, plans_markdown
+    from esper.shell.config import preset
+    from esper.shell.evaluate import evaluate_config
+
+    plan = "grow:b0=conv_heavy@STANDARD@0.7"
+    short = {"lifecycle.max_epochs": 3, "env.train_batches": 1}
+    out = plans([plan], seeds=2, episodes=2, first_seed=3, preset_name="smoke", overrides=short)
+    assert out["training_seeds"] == [3, 4]
+    rows = {r["controller"]: r for r in out["rows"]}
+    assert list(rows) == ["static", "grow_all", plan]
+    assert [(g["slot"], g["tempo"], g["alpha_target"]) for e in out["per_episode"][plan]
+            for g in e["germinations"]] == [(0, "STANDARD", 0.7)] * 4  # fmt: skip
+    # seed 4's hosts are evaluation seed 1004's, as the learn stage scores training seed 4 on
+    cfg = preset("smoke", {**short, "seed": 4})
+    ref = evaluate_config(cfg, ["static"], episodes=2, seed=1004, show_progress=False)
+    assert [e["host_seed"] for e in out["per_episode"]["static"][2:]] == [
+        e["host_seed"] for e in ref["controllers"]["static"]["per_episode"]
+    ]
+
+    episodes_by = {n: [eps[:2], eps[2:]] for n, eps in out["per_episode"].items()}
+    acc = {r["controller"]: r["per_seed_test_acc"] for r in out["rows"]}
+    learned = _learned_from(tmp_path / "a.json", out, plan, [1.5, -0.5])
+    same = _against_learned([learned], [3, 4], episodes_by, acc)
+    d = same["paired"]["ppo"][plan]
+    assert d["per_seed"] == pytest.approx([1.5, -0.5]) and d["variant_better"] == 1
+    assert same["hosts"]["identical"]
+    cpu = _learned_from(tmp_path / "b.json", out, plan, [0.0, 0.0], grow_all_off=0.25)
+    other = _against_learned([cpu], [3, 4], episodes_by, acc)
+    assert not other["hosts"]["identical"]
+    assert other["hosts"]["grow_all_seed_mean_max_abs_diff"] == pytest.approx(0.25)
+    md = plans_markdown({"date": "2026-11-26"}, {**out, "learned": other}, "python -m bench.growth ...")
+    assert f"| ppo | {plan} | +0.0 [" in md and "did not score identically" in md
+    with pytest.raises(ValueError, match="other hosts"):
+        _against_learned([_learned_from(tmp_path / "c.json", out, plan, [0, 0], host_shift=1)], [3, 4],
+                         episodes_by, acc)  # fmt: skip
+    with pytest.raises(ValueError, match=r"no runs of training seed\(s\) \[5\]"):
+        _against_learned([learned], [3, 4, 5], episodes_by, acc)
+
+
+def test_plan_rows_give_each_schedules_share_of_grow_alls_gain_and_parameters():
+    from bench.growth import plan_rows
+
+    acc = {"static": [40.0, 44.0], "grow_all": [80.0, 84.0], "grow:b0=conv_heavy": [76.0, 76.0]}
+    params = {"static": [0.0, 0.0], "grow_all": [1200.0, 1200.0], "grow:b0=conv_heavy": [400.0, 400.0]}
+    rows = {r["controller"]: r for r in plan_rows(acc, params)}
+    assert rows["grow:b0=conv_heavy"]["gain_share_of_grow_all"] == pytest.approx(34 / 40)
+    assert rows["grow:b0=conv_heavy"]["params_share_of_grow_all"] == pytest.approx(1 / 3)
+    assert rows["grow_all"]["test_acc_ci95"] == pytest.approx([82 - 12.706 * 2, 82 + 12.706 * 2], abs=1e-3)
+    no_gain = plan_rows({**acc, "grow_all": [40.0, 44.0]}, params)
+    assert all(r["gain_share_of_grow_all"] is None for r in no_gain)
