@@ -172,31 +172,49 @@ def test_plan_controller_grows_only_the_planned_slots_with_their_blueprints():
     assert runner._grown(live, blueprint) == ["b0=conv_heavy+b2=depthwise", ""]
 
 
-def test_a_fixed_schedule_blends_with_the_style_its_name_ends_in():
-    """``grow:b0=conv_heavy@LINEAR_MULTIPLY`` germinates as the plan says but blends LINEAR_MULTIPLY, so a
-    learned controller's style can be held against the fixed schedule's; bad styles are refused."""
+def _play_fixed_schedule(name, *, refused, max_epochs, check=None):
+    """The germinations of one smoke episode (hosts 11, 12) under the fixed schedule ``name``, after
+    checking that each ``(bad name, message)`` in ``refused`` is refused with that message and calling
+    ``check(make)`` with a factory ``make(name)`` for controllers on the same env."""
     from esper.shell.config import preset
     from esper.shell.env import VecEnv
     from esper.shell.evaluate import make_controller
     from esper.shell.rollout import EpisodeRunner
 
-    cfg = preset("smoke", {"env.n_envs": 2, "lifecycle.max_epochs": 3})
+    cfg = preset("smoke", {"env.n_envs": 2, "lifecycle.max_epochs": max_epochs})
     env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed)
+    make = lambda n: make_controller(n, cfg, env, checkpoint=None, seed=0)
     try:
-        assert make_controller("grow_all", cfg, env, checkpoint=None, seed=0).style == int(Style.LINEAR_ADD)
-        assert make_controller("grow_all@gated_gate", cfg, env, checkpoint=None, seed=0).style == int(
-            Style.GATED_GATE
-        )
-        for bad, msg in [("grow:b0=conv_heavy@SIDEWAYS", "no blend setting 'SIDEWAYS'"),
-                         ("random@LINEAR_ADD", "only grow_all and grow: placements")]:  # fmt: skip
+        if check is not None:
+            check(make)
+        for bad, msg in refused:
             with pytest.raises(ValueError, match=msg):
-                make_controller(bad, cfg, env, checkpoint=None, seed=0)
-        ctl = make_controller("grow:b0=conv_heavy@LINEAR_MULTIPLY", cfg, env, checkpoint=None, seed=0)
+                make(bad)
+        ctl = make(name)
         runner = EpisodeRunner(env, ctl, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma)
-        episode = runner.run(0, host_seeds=[11, 12]).episodes[0]
+        return runner.run(0, host_seeds=[11, 12]).episodes[0]["germinations"]
     finally:
         env.close()
-    assert [(g["slot"], g["blueprint"], g["style"]) for g in episode["germinations"]] == [
+
+
+def test_a_fixed_schedule_blends_with_the_style_its_name_ends_in():
+    """``grow:b0=conv_heavy@LINEAR_MULTIPLY`` germinates as the plan says but blends LINEAR_MULTIPLY, so a
+    learned controller's style can be held against the fixed schedule's; bad styles are refused."""
+
+    def check(make):
+        assert make("grow_all").style == int(Style.LINEAR_ADD)
+        assert make("grow_all@gated_gate").style == int(Style.GATED_GATE)
+
+    germinations = _play_fixed_schedule(
+        "grow:b0=conv_heavy@LINEAR_MULTIPLY",
+        refused=[
+            ("grow:b0=conv_heavy@SIDEWAYS", "no blend setting 'SIDEWAYS'"),
+            ("random@LINEAR_ADD", "only grow_all and grow: placements"),
+        ],
+        max_epochs=3,
+        check=check,
+    )
+    assert [(g["slot"], g["blueprint"], g["style"]) for g in germinations] == [
         (0, "conv_heavy", "LINEAR_MULTIPLY")
     ]
 
@@ -205,28 +223,23 @@ def test_a_fixed_schedule_takes_the_tempo_and_alpha_target_its_name_ends_in():
     """``grow:b0=conv_heavy@STANDARD@0.7`` blends LINEAR_ADD at tempo STANDARD to alpha 0.7: a learned
     controller's blend can be replayed on the fixed placement, one setting at a time; unknown settings,
     alpha targets off the action grid and a setting given twice are refused."""
-    from esper.shell.config import preset
-    from esper.shell.env import VecEnv
-    from esper.shell.evaluate import make_controller
-    from esper.shell.rollout import EpisodeRunner
 
-    cfg = preset("smoke", {"env.n_envs": 2, "lifecycle.max_epochs": 4})
-    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed)
-    try:
-        plain = make_controller("grow_all", cfg, env, checkpoint=None, seed=0)
+    def check(make):
+        plain = make("grow_all")
         assert (plain.style, plain.tempo, plain.alpha_target) == (int(Style.LINEAR_ADD), int(Tempo.FAST), 2)
-        mixed = make_controller("grow_all@0.5@slow@GATED_GATE", cfg, env, checkpoint=None, seed=0)
+        mixed = make("grow_all@0.5@slow@GATED_GATE")
         assert (mixed.style, mixed.tempo, mixed.alpha_target) == (int(Style.GATED_GATE), int(Tempo.SLOW), 0)
-        for bad, msg in [("grow:b0=conv_heavy@0.6", "no blend setting '0.6'"),
-                         ("grow:b0=conv_heavy@FAST@SLOW", "gives the tempo twice"),
-                         ("grow:b0=conv_heavy@", "no blend setting ''")]:  # fmt: skip
-            with pytest.raises(ValueError, match=msg):
-                make_controller(bad, cfg, env, checkpoint=None, seed=0)
-        ctl = make_controller("grow:b0=conv_heavy@STANDARD@0.7", cfg, env, checkpoint=None, seed=0)
-        runner = EpisodeRunner(env, ctl, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma)
-        episode = runner.run(0, host_seeds=[11, 12]).episodes[0]
-    finally:
-        env.close()
-    assert [(g["slot"], g["style"], g["tempo"], g["alpha_target"]) for g in episode["germinations"]] == [
+
+    germinations = _play_fixed_schedule(
+        "grow:b0=conv_heavy@STANDARD@0.7",
+        refused=[
+            ("grow:b0=conv_heavy@0.6", "no blend setting '0.6'"),
+            ("grow:b0=conv_heavy@FAST@SLOW", "gives the tempo twice"),
+            ("grow:b0=conv_heavy@", "no blend setting ''"),
+        ],
+        max_epochs=4,
+        check=check,
+    )
+    assert [(g["slot"], g["style"], g["tempo"], g["alpha_target"]) for g in germinations] == [
         (0, "LINEAR_ADD", "STANDARD", 0.7)
     ]
