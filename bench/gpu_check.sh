@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks only a GPU machine can run, in one go (about 6 minutes on an H100):
+# The checks only a GPU machine can run, in one go (about 8 minutes on an H100):
 #   1. the Triton kernels compiled for the GPU against the core (tests/kernels), and the env on real
 #      CUDA streams and CUDA AMP (tests/shell/test_env_cuda.py); CI has no GPU, so these skip there;
 #   2. bench rows that need a GPU: GAE with the fused kernel, the 8-head loss with the fused
@@ -43,7 +43,7 @@ print(\"torch\", torch.__version__, \"triton\", triton.__version__, \"tensordict
 step tests 100 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra --durations=5" \
     ${TESTS:-tests/kernels tests/shell/test_env_cuda.py}
 step bench-gae 230 python3 -m bench.run --suite gae --device cuda --out "$OUT_DIR" --tag gpu-kernels-gae
-step bench-loss 120 python3 -m bench.run --suite loss --quick --device cuda --out "$OUT_DIR" --tag gpu-kernels-loss
+step bench-loss 300 python3 -m bench.run --suite loss --quick --device cuda --out "$OUT_DIR" --tag gpu-kernels-loss
 step run-cuda 60 python3 -m esper.shell.run --preset smoke --env.device cuda --run_dir /tmp/esper-gpu-run
 step torchrun-nccl 60 torchrun --standalone --nproc_per_node=1 -m esper.shell.run --preset smoke \
     --env.device cuda --run_dir /tmp/esper-gpu-torchrun

@@ -214,15 +214,43 @@ def _against_learned(files: list[Path], ks: list[int], episodes_by: dict[str, li
             for n in plans_}
         for c in learned_names
     }  # fmt: skip
+    flat = lambda per_seed: [e for eps in per_seed for e in eps]
+    misses = {
+        c: {n: split_by_placement(flat(by_seed[k][c] for k in ks), flat(episodes_by[n]), n[len("grow:"):])
+            for n in plans_ if n.startswith("grow:") and "@" not in n}
+        for c in learned_names
+    }  # fmt: skip
     return {
         **info,
         "paired": paired,  # learned minus plan, per training seed ("variant_better": the learned one)
+        "by_placement": misses,  # learned minus plan, episode by episode, split by holding the placement
         "hosts": {
             "identical": there == here,
             "grow_all_seed_mean_max_abs_diff": max(seed_diff),
             "grow_all_episode_median_abs_diff": float(np.median(ep_diff)),
         },
     }
+
+
+def split_by_placement(learned: list[dict], plan: list[dict], placement: str) -> dict[str, Any]:
+    """Where a learned controller's deficit against a fixed placement comes from. ``learned`` and
+    ``plan`` are episodes on the same hosts, in the same order; ``placement`` is the plan's
+    (``b0=conv_heavy+b2=depthwise``). Each learned episode's final host either holds every seed of the
+    placement (``holds``) or not (``misses``); for each group: its episodes, the mean of learned minus
+    plan over them, and that group's share of the mean over all episodes (``contribution``: the two
+    contributions add up to ``mean``)."""
+    if [e["host_seed"] for e in learned] != [e["host_seed"] for e in plan]:
+        raise ValueError("split_by_placement: the learned and planned episodes ran on other hosts")
+    want = set(placement.split("+"))
+    groups: dict[str, list[float]] = {"holds": [], "misses": []}
+    for e, p in zip(learned, plan):
+        have = set(e["grown"].split("+")) if e["grown"] else set()
+        groups["holds" if want <= have else "misses"].append(e["final_test_acc"] - p["final_test_acc"])
+    n = len(learned)
+    out: dict[str, Any] = {"episodes": n, "mean": sum(groups["holds"] + groups["misses"]) / n}
+    for g, d in groups.items():
+        out[g] = {"episodes": len(d), "mean": float(np.mean(d)) if d else None, "contribution": sum(d) / n}
+    return out
 
 
 def plans_markdown(info: dict, planned: dict, command: str) -> str:
@@ -271,6 +299,24 @@ def plans_markdown(info: dict, planned: dict, command: str) -> str:
             for n, d in by_plan.items():
                 lines.append(f"| {c} | {n} | {d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] | "
                              f"{d['variant_better']} of {len(ks)} |")  # fmt: skip
+        split = [
+            (c, n, d) for c, by_plan in learned.get("by_placement", {}).items() for n, d in by_plan.items()
+        ]
+        if split:
+            lines += [
+                "",
+                "Episode by episode on the same hosts: learned minus plan where the learned final host "
+                "holds the plan's placement and where it misses it; a group's share is its part of the mean "
+                "over all episodes (the two add up to it).",
+                "",
+                "| learned | plan | all: mean | holds: episodes, mean, share | misses: episodes, mean, "
+                "share |",
+                "|---|---|---:|---|---|",
+            ]
+            fmt = lambda g: "none" if g["mean"] is None else (
+                f"{g['episodes']}, {g['mean']:+.1f}, {g['contribution']:+.2f}")  # fmt: skip
+            for c, n, d in split:
+                lines.append(f"| {c} | {n} | {d['mean']:+.2f} | {fmt(d['holds'])} | {fmt(d['misses'])} |")
     lines += ["", f"{planned['seconds'] / 60:.1f} min."]
     return "\n".join(lines) + "\n"
 

@@ -316,3 +316,30 @@ def test_plan_rows_give_each_schedules_share_of_grow_alls_gain_and_parameters():
     assert rows["grow_all"]["test_acc_ci95"] == pytest.approx([82 - 12.706 * 2, 82 + 12.706 * 2], abs=1e-3)
     no_gain = plan_rows({**acc, "grow_all": [40.0, 44.0]}, params)
     assert all(r["gain_share_of_grow_all"] is None for r in no_gain)
+
+
+def test_split_by_placement_says_how_much_of_the_deficit_comes_from_missing_the_plans_seeds():
+    from bench.growth import plans_markdown, split_by_placement
+
+    ep = lambda host, acc, grown: {"host_seed": host, "final_test_acc": acc, "grown": grown}
+    plan = [ep(h, 80.0, "b0=conv_heavy+b2=depthwise") for h in range(4)]
+    learned = [
+        ep(0, 79.0, "b0=conv_heavy+b1=conv_light+b2=depthwise"),  # holds it, with more: -1
+        ep(1, 81.0, "b2=depthwise+b0=conv_heavy"),  # holds it, another order: +1
+        ep(2, 60.0, "b0=conv_heavy"),  # half of it is a miss: -20
+        ep(3, 44.0, ""),  # grew nothing: -36
+    ]
+    d = split_by_placement(learned, plan, "b0=conv_heavy+b2=depthwise")
+    assert d["mean"] == pytest.approx(-14.0)
+    assert (d["holds"]["episodes"], d["holds"]["mean"], d["holds"]["contribution"]) == (2, 0.0, 0.0)
+    assert (d["misses"]["episodes"], d["misses"]["mean"]) == (2, pytest.approx(-28.0))
+    assert d["holds"]["contribution"] + d["misses"]["contribution"] == pytest.approx(d["mean"])
+    none_missed = split_by_placement(learned[:2], plan[:2], "b0=conv_heavy")
+    assert none_missed["misses"] == {"episodes": 0, "mean": None, "contribution": 0.0}
+    with pytest.raises(ValueError, match="other hosts"):
+        split_by_placement(learned[::-1], plan, "b0=conv_heavy")
+    planned = {"training_seeds": [0], "episodes_per_seed": 4, "rows": [], "seconds": 60.0, "preset": "x",
+               "learned": {"files": ["a.json"], "hosts": {"identical": True}, "paired": {},
+                           "by_placement": {"ppo": {"grow:b0=conv_heavy+b2=depthwise": d}}}}  # fmt: skip
+    md = plans_markdown({"date": "2026-11-27"}, planned, "python -m bench.growth ...")
+    assert "| ppo | grow:b0=conv_heavy+b2=depthwise | -14.00 | 2, +0.0, +0.00 | 2, -28.0, -14.00 |" in md
