@@ -238,18 +238,27 @@ def split_by_placement(learned: list[dict], plan: list[dict], placement: str) ->
     (``b0=conv_heavy+b2=depthwise``). Each learned episode's final host either holds every seed of the
     placement (``holds``) or not (``misses``); for each group: its episodes, the mean of learned minus
     plan over them, and that group's share of the mean over all episodes (``contribution``: the two
-    contributions add up to ``mean``)."""
+    contributions add up to ``mean``). ``misses["held"]`` counts what the missing hosts hold in the plan's
+    slots instead (``b0=conv_small``, ``b0 empty``), most frequent first."""
     if [e["host_seed"] for e in learned] != [e["host_seed"] for e in plan]:
         raise ValueError("split_by_placement: the learned and planned episodes ran on other hosts")
     want = set(placement.split("+"))
+    slots = sorted({w.split("=")[0] for w in want})
     groups: dict[str, list[float]] = {"holds": [], "misses": []}
+    held: dict[str, int] = {}  # what the missing hosts hold in the plan's slots instead
     for e, p in zip(learned, plan):
         have = set(e["grown"].split("+")) if e["grown"] else set()
-        groups["holds" if want <= have else "misses"].append(e["final_test_acc"] - p["final_test_acc"])
+        hit = want <= have
+        groups["holds" if hit else "misses"].append(e["final_test_acc"] - p["final_test_acc"])
+        if not hit:
+            there = {h.split("=")[0]: h for h in have}
+            key = "+".join(there.get(s, f"{s} empty") for s in slots)
+            held[key] = held.get(key, 0) + 1
     n = len(learned)
     out: dict[str, Any] = {"episodes": n, "mean": sum(groups["holds"] + groups["misses"]) / n}
     for g, d in groups.items():
         out[g] = {"episodes": len(d), "mean": float(np.mean(d)) if d else None, "contribution": sum(d) / n}
+    out["misses"]["held"] = dict(sorted(held.items(), key=lambda kv: (-kv[1], kv[0])))
     return out
 
 
@@ -317,6 +326,13 @@ def plans_markdown(info: dict, planned: dict, command: str) -> str:
                 f"{g['episodes']}, {g['mean']:+.1f}, {g['contribution']:+.2f}")  # fmt: skip
             for c, n, d in split:
                 lines.append(f"| {c} | {n} | {d['mean']:+.2f} | {fmt(d['holds'])} | {fmt(d['misses'])} |")
+            lines += ["", "What the missing hosts hold in the plan's slots instead:", ""]
+            for c, n, d in split:
+                held = (
+                    ", ".join(f"`{k}` {v}" for k, v in d["misses"].get("held", {}).items())
+                    or "nothing missed"
+                )
+                lines.append(f"- {c} against {n}: {held}")
     lines += ["", f"{planned['seconds'] / 60:.1f} min."]
     return "\n".join(lines) + "\n"
 

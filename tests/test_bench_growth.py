@@ -333,9 +333,12 @@ def test_split_by_placement_says_how_much_of_the_deficit_comes_from_missing_the_
     assert d["mean"] == pytest.approx(-14.0)
     assert (d["holds"]["episodes"], d["holds"]["mean"], d["holds"]["contribution"]) == (2, 0.0, 0.0)
     assert (d["misses"]["episodes"], d["misses"]["mean"]) == (2, pytest.approx(-28.0))
+    assert d["misses"]["held"] == {"b0=conv_heavy+b2 empty": 1, "b0 empty+b2 empty": 1}
     assert d["holds"]["contribution"] + d["misses"]["contribution"] == pytest.approx(d["mean"])
     none_missed = split_by_placement(learned[:2], plan[:2], "b0=conv_heavy")
-    assert none_missed["misses"] == {"episodes": 0, "mean": None, "contribution": 0.0}
+    assert none_missed["misses"] == {"episodes": 0, "mean": None, "contribution": 0.0, "held": {}}
+    swapped = split_by_placement([ep(0, 70.0, "b0=conv_small+b1=conv_heavy")], plan[:1], "b0=conv_heavy")
+    assert swapped["misses"]["held"] == {"b0=conv_small": 1}
     with pytest.raises(ValueError, match="other hosts"):
         split_by_placement(learned[::-1], plan, "b0=conv_heavy")
     planned = {"training_seeds": [0], "episodes_per_seed": 4, "rows": [], "seconds": 60.0, "preset": "x",
@@ -343,3 +346,7 @@ def test_split_by_placement_says_how_much_of_the_deficit_comes_from_missing_the_
                            "by_placement": {"ppo": {"grow:b0=conv_heavy+b2=depthwise": d}}}}  # fmt: skip
     md = plans_markdown({"date": "2026-11-27"}, planned, "python -m bench.growth ...")
     assert "| ppo | grow:b0=conv_heavy+b2=depthwise | -14.00 | 2, +0.0, +0.00 | 2, -28.0, -14.00 |" in md
+    assert (
+        "- ppo against grow:b0=conv_heavy+b2=depthwise: `b0 empty+b2 empty` 1, `b0=conv_heavy+b2 empty` 1"
+        in md
+    )
