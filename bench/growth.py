@@ -214,10 +214,13 @@ def _against_learned(files: list[Path], ks: list[int], episodes_by: dict[str, li
             for n in plans_}
         for c in learned_names
     }  # fmt: skip
+    from esper.shell.evaluate import PLAN_PREFIX, STYLE_SEP
+
     flat = lambda per_seed: [e for eps in per_seed for e in eps]
+    bare = [n for n in plans_ if n.startswith(PLAN_PREFIX) and STYLE_SEP not in n]  # placements, no blend
     misses = {
-        c: {n: split_by_placement(flat(by_seed[k][c] for k in ks), flat(episodes_by[n]), n[len("grow:"):])
-            for n in plans_ if n.startswith("grow:") and "@" not in n}
+        c: {n: split_by_placement(flat(by_seed[k][c] for k in ks), flat(episodes_by[n]),
+                                  n.removeprefix(PLAN_PREFIX)) for n in bare}
         for c in learned_names
     }  # fmt: skip
     return {
