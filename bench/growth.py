@@ -45,6 +45,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -372,14 +373,17 @@ def _train(k: int, run_root: Path, extra: list[str]) -> tuple[Path, float]:
     return run_dir, time.perf_counter() - t0
 
 
-def _evaluate(run_dir: Path, k: int, episodes: int) -> dict:
+def _evaluate(run_dir: Path, k: int, episodes: int, names: Sequence[str] = (), out: str = "eval") -> dict:
+    """Evaluate training seed k's run on its hosts (evaluation seed 1000 + k): ``names`` (default:
+    evaluate's default set) into ``RUN_DIR/out``, or the results already there if they hold them alike."""
     from esper.shell.evaluate import CONTROLLERS
 
-    saved = run_dir / "eval" / "results.json"
+    names = tuple(names) or CONTROLLERS
+    saved = run_dir / out / "results.json"
     if saved.exists():  # already evaluated alike (same episodes, seed and controllers): keep it
         old = json.loads(saved.read_text())
         meta = old.get("meta", {})
-        if (meta.get("episodes"), meta.get("eval_seed")) == (episodes, 1000 + k) and set(CONTROLLERS) <= set(
+        if (meta.get("episodes"), meta.get("eval_seed")) == (episodes, 1000 + k) and set(names) <= set(
             old.get("controllers", {})
         ):
             return old
@@ -392,12 +396,16 @@ def _evaluate(run_dir: Path, k: int, episodes: int) -> dict:
         str(episodes),
         "--seed",
         str(1000 + k),
+        "--controllers",
+        ",".join(names),
+        "--out",
+        str(run_dir / out),
         "--no-progress",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # it sets the run's threads
     if proc.returncode:
         raise RuntimeError(f"evaluating {run_dir} failed:\n{proc.stderr[-2000:]}")
-    return json.loads((run_dir / "eval" / "results.json").read_text())
+    return json.loads(saved.read_text())
 
 
 def summarize_runs(runs: list[dict[str, list[dict]]], per_run_correlations: list[Any]) -> tuple[dict, dict]:
@@ -481,6 +489,7 @@ def pool(files: list[Path]) -> dict[str, Any]:
         "correlations": corr,
         "verdict": verdict(controllers),
         "verdict_greedy": verdict(controllers, "ppo_greedy") if "ppo_greedy" in controllers else None,
+        "verdict_mixed": verdict(controllers, "ppo_mixed") if "ppo_mixed" in controllers else None,
         "learning_curves": curves,
         "train_seconds": [t for s in stages for t in s["train_seconds"]],
         "eval_seconds": [t for s in stages for t in s["eval_seconds"]],
@@ -623,9 +632,18 @@ def compare_markdown(info: dict, cmp: dict, command: str) -> str:
 
 
 def learn(
-    seeds: int, episodes: int, jobs: int, run_root: Path, train_args: str = "", first_seed: int = 0
+    seeds: int,
+    episodes: int,
+    jobs: int,
+    run_root: Path,
+    train_args: str = "",
+    first_seed: int = 0,
+    more_controllers: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """``seeds`` training runs (seeds ``first_seed`` on), each evaluated on fresh hosts of its own."""
+    """``seeds`` training runs (seeds ``first_seed`` on), each evaluated on fresh hosts of its own.
+    ``more_controllers`` (``ppo_mixed``) are evaluated on the same hosts besides evaluate's default set,
+    into ``RUN_DIR/eval-more`` (so a finished stage can be given them later without re-evaluating the
+    rest)."""
     if first_seed < 0:
         raise ValueError(f"learn: first_seed must be >= 0, got {first_seed}")
     run_root.mkdir(parents=True, exist_ok=True)
@@ -642,7 +660,12 @@ def learn(
     def one(k: int) -> tuple[int, Path, float, dict, float]:
         run_dir, train_s = _train(k, run_root, extra)
         results = _evaluate(run_dir, k, episodes)
-        return k, run_dir, train_s, results, results["meta"]["seconds"]
+        seconds = results["meta"]["seconds"]
+        if more_controllers:
+            more = _evaluate(run_dir, k, episodes, more_controllers, out="eval-more")
+            results = {**results, "controllers": {**results["controllers"], **more["controllers"]}}
+            seconds += more["meta"]["seconds"]
+        return k, run_dir, train_s, results, seconds
 
     with ThreadPoolExecutor(max_workers=jobs) as workers:
         done = sorted(workers.map(one, range(first_seed, first_seed + seeds)))
@@ -660,6 +683,7 @@ def learn(
         "correlations": corr,
         "verdict": verdict(controllers),
         "verdict_greedy": verdict(controllers, "ppo_greedy") if "ppo_greedy" in controllers else None,
+        "verdict_mixed": verdict(controllers, "ppo_mixed") if "ppo_mixed" in controllers else None,
         "learning_curves": curves,
         "train_seconds": [t for _, _, t, _, _ in done],
         "eval_seconds": [t for *_, t in done],
@@ -854,14 +878,18 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
         fmt = lambda v: ", ".join(
             f"{k} = {val:.2f}" if isinstance(val, float) else f"{k} = {val}" for k, val in v.items()
         )
-        greedy = learned.get("verdict_greedy")
+        greedy, mixed = learned.get("verdict_greedy"), learned.get("verdict_mixed")
         lines += [
             "",
             "`ppo` samples its policy, as in training (seeded); `ppo_greedy` takes each head's most likely "
-            "choice. Targets (ppo): "
+            "choice"
+            + ("; `ppo_mixed` samples the op and slot heads and takes the other heads' most likely choice"
+               if mixed else "")
+            + ". Targets (ppo): "
             + fmt(v)
             + "."
-            + (f" Targets (ppo_greedy): {fmt(greedy)}." if greedy else ""),
+            + (f" Targets (ppo_greedy): {fmt(greedy)}." if greedy else "")
+            + (f" Targets (ppo_mixed): {fmt(mixed)}." if mixed else ""),
             "",
             f"Spearman correlation of the episode return with the final test accuracy over all evaluation "
             f"episodes: {corr['return_vs_test_acc']:.3f}; with the held-out objective: "
@@ -908,6 +936,12 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help='flags for every training run of the learn stage, e.g. "--ppo.lr 1e-3" (default: none, '
         "the embedded default)",
+    )
+    p.add_argument(
+        "--more-controllers",
+        default="",
+        help="the learn stage evaluates these too, on the same hosts (e.g. ppo_mixed); re-run a finished "
+        "stage with them to add them without re-evaluating the rest",
     )
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "growth", help="where the training runs go")
     p.add_argument("--out", type=Path, default=ROOT / "results")
@@ -985,8 +1019,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     swept = sweep(args.sweep_episodes, seed=500) if args.stage in ("all", "sweep") else None
     placed = placement(args.sweep_episodes, seed=500) if args.stage in ("all", "placement") else None
+    more = [n.strip() for n in args.more_controllers.split(",") if n.strip()]
     learned = (
-        learn(args.seeds, args.episodes, args.jobs, args.runs, args.train_args, args.first_seed)
+        learn(args.seeds, args.episodes, args.jobs, args.runs, args.train_args, args.first_seed, more)
         if args.stage in ("all", "learn")
         else None
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,6 +148,51 @@ def test_learn_trains_seeds_from_first_seed_and_evaluates_each_on_its_own_hosts(
     assert seen[0][seen[0].index("--seed") + 1] == "5"
     with pytest.raises(ValueError, match="first_seed must be >= 0"):
         bg.learn(2, 1, 1, tmp_path, first_seed=-1)
+
+
+def test_learn_evaluates_more_controllers_on_the_same_hosts_apart_and_adds_them_later(tmp_path, monkeypatch):
+    """``--more-controllers ppo_mixed``: evaluated on the run's own hosts (seed 1000 + k) into
+    ``eval-more``, merged into the stage with its own verdict; a finished stage given them later
+    evaluates only them, and the default set's evaluation is kept as it was."""
+    import bench.growth as bg
+
+    calls: list[dict] = []
+
+    def fake_run(cmd, **kw):  # evaluate's CLI: write what it would, each controller scoring its index
+        arg = lambda flag: cmd[cmd.index(flag) + 1]
+        names, out = arg("--controllers").split(","), Path(arg("--out"))
+        calls.append({"names": names, "out": out.name, "seed": arg("--seed")})
+        eps = int(arg("--episodes"))
+        score = lambda i: {"final_test_acc": 40.0 + 5 * i, "params_added": 100.0 * i, "return": i,
+                           "test_objective": i}  # fmt: skip
+        ctl = {n: {"per_episode": [score(i)] * eps} for i, n in enumerate(names)}
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"episodes": eps, "eval_seed": int(arg("--seed")), "seconds": 1.0}
+        (out / "results.json").write_text(json.dumps({"controllers": ctl, "correlations": {}, "meta": meta}))
+        return type("Done", (), {"returncode": 0})()
+
+    def fake_train(k, run_root, extra):
+        run_dir = run_root / f"seed{k}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "events.jsonl").write_text("")
+        return run_dir, 2.0
+
+    monkeypatch.setattr(bg.subprocess, "run", fake_run)
+    monkeypatch.setattr(bg, "_train", fake_train)
+    plain = bg.learn(2, 2, 1, tmp_path, first_seed=3)
+    assert [(c["out"], c["seed"]) for c in calls] == [("eval", "1003"), ("eval", "1004")]
+    assert "ppo_mixed" not in plain["controllers"] and plain["verdict_mixed"] is None
+    calls.clear()
+    stage = bg.learn(2, 2, 1, tmp_path, first_seed=3, more_controllers=["ppo_mixed"])
+    assert calls == [{"names": ["ppo_mixed"], "out": "eval-more", "seed": s} for s in ("1003", "1004")]
+    assert stage["controllers"]["ppo"] == plain["controllers"]["ppo"]  # the default set's eval is kept
+    assert stage["controllers"]["ppo_mixed"]["test_acc_mean"] == 40.0
+    assert stage["verdict_mixed"] == bg.verdict(stage["controllers"], "ppo_mixed")
+    md = markdown({"date": "2026-11-27"}, None, stage, [], "python -m bench.growth")
+    assert "Targets (ppo_mixed)" in md
+    calls.clear()
+    bg.learn(2, 2, 1, tmp_path, first_seed=3, more_controllers=["ppo_mixed"])
+    assert calls == []  # both evaluations held alike already
 
 
 def test_the_results_files_command_quotes_train_args_so_it_can_be_pasted():

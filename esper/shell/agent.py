@@ -9,6 +9,8 @@ truncation bootstrap uses the post-action ones (finding H4).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from tensordict import TensorDict
 
@@ -54,7 +56,7 @@ class PPOController:
         trainer: PPOTrainer,
         *,
         generator: torch.Generator | None = None,
-        deterministic: bool = False,
+        deterministic: bool | Collection[str] = False,
         learns: bool = True,
         per_env: bool = False,
     ) -> None:

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from esper.core.rewards import RewardConfig, parameter_cost
-from esper.core.spec import ALPHA_TARGETS, Style, Tempo
+from esper.core.spec import ALPHA_TARGETS, HEADS, Style, Tempo
 from esper.shell.agent import PPOController, build_learner
 from esper.shell.baselines import GROW_ALL_BLUEPRINT, GrowAllController, RandomController, StaticController
 from esper.shell.checkpoint import load_checkpoint
@@ -60,9 +60,14 @@ PROG = "python -m esper.shell.evaluate"
 #: ``ppo`` samples its policy, as it did in training (a generator seeded from the evaluation seed);
 #: ``ppo_greedy`` takes every head's most likely choice. A policy that has learned to germinate early
 #: but not at one particular epoch can put most of its mass on WAIT at every single epoch, so its
-#: greedy version never grows: both are reported.
-PPO_CONTROLLERS = ("ppo", "ppo_greedy")
-CONTROLLERS = (*PPO_CONTROLLERS, "static", "random", "heuristic", "grow_all")
+#: greedy version never grows: both are reported. ``ppo_mixed`` (asked for by name, not in the
+#: default set) samples when and where (the op and slot heads) and takes the most likely what and how
+#: (blueprint and blend heads): the sampled policy's misses were weaker blueprints drawn for a slot
+#: whose mode was the strong one, the greedy policy's a WAIT that was the mode at every epoch.
+PPO_CONTROLLERS = ("ppo", "ppo_greedy", "ppo_mixed")
+#: The heads ``ppo_mixed`` takes the mode of.
+MIXED_MODE_HEADS = tuple(h for h in HEADS if h not in ("op", "slot"))
+CONTROLLERS = ("ppo", "ppo_greedy", "static", "random", "heuristic", "grow_all")
 #: Fixed placements: ``grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]`` grows only those slots, each with its
 #: blueprint, as fast as the gates allow (:class:`~esper.shell.baselines.GrowAllController` with a plan).
 PLAN_PREFIX = "grow:"
@@ -72,7 +77,8 @@ PLAN_PREFIX = "grow:"
 #: ``grow:b0=conv_heavy@STANDARD@0.7``.
 STYLE_SEP = "@"
 EXTRA_CONTROLLERS = (
-    "grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...], either with @STYLE@TEMPO@ALPHA (any)"
+    "ppo_mixed, grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...], "
+    "either with @STYLE@TEMPO@ALPHA (any)"
 )
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
 EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
@@ -91,8 +97,8 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         trainer.load_state_dict(checkpoint["trainer"])
         policy.eval()
         generator = torch.Generator(device=device).manual_seed(seed)
-        return PPOController(policy, trainer, generator=generator, deterministic=name == "ppo_greedy",
-                             learns=False)  # fmt: skip
+        mode = {"ppo": False, "ppo_greedy": True, "ppo_mixed": MIXED_MODE_HEADS}[name]
+        return PPOController(policy, trainer, generator=generator, deterministic=mode, learns=False)
     if name == "static":
         return StaticController()
     if name == "random":
@@ -266,11 +272,12 @@ def evaluate(
     controllers: Sequence[str] = CONTROLLERS,
     show_progress: bool = True,
     threads: int | None = None,
+    out: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Evaluate (module docstring) and write ``RUN_DIR/eval/``; returns the results dict. ``threads``:
-    torch intra-op threads to set (0: as the run would, the cores over its env workers; None: leave
-    torch's setting alone). The CLI passes 0: two env threads on two cores with two intra-op threads
-    each ran the evaluation ~4x slower per episode than training."""
+    """Evaluate (module docstring) and write ``out`` (``RUN_DIR/eval/`` by default); returns the results
+    dict. ``threads``: torch intra-op threads to set (0: as the run would, the cores over its env
+    workers; None: leave torch's setting alone). The CLI passes 0: two env threads on two cores with two
+    intra-op threads each ran the evaluation ~4x slower per episode than training."""
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.json"
     if not cfg_path.is_file():
@@ -278,9 +285,12 @@ def evaluate(
     if episodes < 2:
         raise ValueError(f"--episodes must be >= 2 (a confidence interval needs two), got {episodes}")
     extra = ("grow_all:", "grow_all" + STYLE_SEP, PLAN_PREFIX)
-    unknown = [c for c in controllers if c not in CONTROLLERS and not c.startswith(extra)]
+    known = (*CONTROLLERS, *PPO_CONTROLLERS)
+    unknown = [c for c in controllers if c not in known and not c.startswith(extra)]
     if unknown or not controllers:
-        raise ValueError(f"unknown controller(s) {unknown}; choose from {', '.join(CONTROLLERS)}")
+        raise ValueError(
+            f"unknown controller(s) {unknown}; choose from {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
+        )
     cfg = from_dict(RunConfig, json.loads(cfg_path.read_text()))
     if threads is not None:
         torch.set_num_threads(threads or cfg.torch_threads())
@@ -295,7 +305,7 @@ def evaluate(
     results = evaluate_config(cfg, controllers, episodes=episodes, seed=seed, checkpoint=checkpoint,
                               show_progress=show_progress)  # fmt: skip
     results["meta"]["run_dir"] = str(run_dir)
-    write_eval(run_dir / "eval", results)
+    write_eval(Path(out) if out is not None else run_dir / "eval", results)
     return results
 
 
@@ -322,7 +332,8 @@ def evaluate_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int
             "task": cfg.env.task,
             "episodes": episodes,
             "eval_seed": seed,
-            "ppo_acts": "ppo samples its policy (seeded); ppo_greedy takes each head's most likely choice",
+            "ppo_acts": "ppo samples its policy (seeded); ppo_greedy takes each head's most likely choice; "
+            "ppo_mixed samples the op and slot heads and takes the other heads' most likely choice",
             "grow_all_blueprint": GROW_ALL_BLUEPRINT.get(task.family),
             "param_weight": cfg.reward.param_weight,
             "param_budget": cfg.reward.param_budget,
@@ -336,8 +347,8 @@ def evaluate_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int
 
 
 # ------------------------------------------------------------------------------------------ writing
-COLORS = {"ppo": "#d62828", "ppo_greedy": "#9d0208", "static": "#6c757d", "random": "#f4a261",
-          "heuristic": "#2a9d8f", "grow_all": "#264653"}  # fmt: skip
+COLORS = {"ppo": "#d62828", "ppo_greedy": "#9d0208", "ppo_mixed": "#7b2cbf", "static": "#6c757d",
+          "random": "#f4a261", "heuristic": "#2a9d8f", "grow_all": "#264653"}  # fmt: skip
 
 
 def write_eval(out: Path, results: dict[str, Any]) -> Path:
@@ -491,7 +502,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=20, help="episodes per controller (default 20)")
     p.add_argument("--seed", type=int, default=0, help="evaluation seed: host seeds derive from it (0)")
     p.add_argument("--controllers", default=",".join(CONTROLLERS),
-                   help=f"comma-separated subset of {','.join(CONTROLLERS)}; grow_all:BLUEPRINT grows "
+                   help=f"comma-separated subset of {','.join(CONTROLLERS)}, or ppo_mixed (samples when and "
+                        "where, takes the most likely blueprint and blend); grow_all:BLUEPRINT grows "
                         "another blueprint than the task's best; grow:b0=conv_heavy+b2=depthwise grows only "
                         "those slots, each with its blueprint; either may end in @STYLE, @TEMPO, @ALPHA to "
                         "blend otherwise than LINEAR_ADD, FAST, 1.0 (grow_all@LINEAR_MULTIPLY, "
@@ -499,6 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (0, the default: as the run would, the cores over its env "
                         "workers); the numbers repeat at the same --seed and thread count")  # fmt: skip
+    p.add_argument("--out", type=Path, default=None,
+                   help="where results.json, report.md and plots/ go (default RUN_DIR/eval)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.threads < 0:
@@ -506,7 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [c.strip() for c in args.controllers.split(",") if c.strip()]
     try:
         results = evaluate(args.run_dir, episodes=args.episodes, seed=args.seed, controllers=names,
-                           show_progress=not args.no_progress, threads=args.threads)  # fmt: skip
+                           show_progress=not args.no_progress, threads=args.threads,
+                           out=args.out)  # fmt: skip
     except (OSError, ValueError) as e:
         return report(PROG, e)
     for name, s in results["controllers"].items():
@@ -514,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name:>10}: test acc {s['test_acc_mean']:5.1f} % [{lo:5.1f}, {hi:5.1f}]  "
               f"params added {s['params_added_mean']:7.0f}  return {s['return_mean']:6.2f}")  # fmt: skip
     print(repeat_line(args.seed, results["meta"]["torch_threads"]))
-    print(f"results: {Path(args.run_dir) / 'eval' / 'results.json'}")
+    print(f"results: {(args.out or Path(args.run_dir) / 'eval') / 'results.json'}")
     return 0
 
 

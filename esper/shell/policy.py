@@ -29,6 +29,7 @@ fp16/bf16 logits stay NaN-free. An all-False mask row is a bug and raises here, 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 from tensordict import TensorDict
@@ -160,30 +161,32 @@ class FactoredRecurrentActorCritic(nn.Module):
         legal: TensorDict,
         *,
         generator: torch.Generator | list[torch.Generator] | None = None,
-        deterministic: bool = False,
+        deterministic: bool | Collection[str] = False,
     ) -> tuple[TensorDict, RecurrentState]:
         """One step for every env. ``obs [E, obs_dim]``; ``legal`` from
         :func:`esper.core.masks.legal_masks` (batch ``[E]``). Returns a TensorDict ``[E]`` with
         ``(head, action | action_log_prob | action_mask)`` per head and ``state_value``, and the new
         recurrent state. ``generator``: one for the batch, or one per env (each env's draws from its
-        own, so an env's actions do not depend on which envs share its batch). Raises if some env has
-        no legal op (a lifecycle bug)."""
+        own, so an env's actions do not depend on which envs share its batch). ``deterministic``: True
+        takes every head's most likely legal choice, a collection of head names only those heads' (the
+        others are sampled). Raises if some env has no legal op (a lifecycle bug)."""
+        mode = _mode_heads(deterministic)
         check_masks(legal["op"], "op")
         feats, new_state = self.features(obs.unsqueeze(1), state)
         feats = feats.squeeze(1)
         op_logits = self.heads["op"](feats)
-        op = _sample(op_logits, legal["op"], generator, deterministic)
+        op = _sample(op_logits, legal["op"], generator, "op" in mode)
         used = action_masks(legal, op)
         check_masks(used["slot"], "slot")
         slot_logits = self.slot_logits(feats, op)
-        slot = _sample(slot_logits, used["slot"], generator, deterministic)
+        slot = _sample(slot_logits, used["slot"], generator, "slot" in mode)
         logits = {"op": op_logits, "slot": slot_logits, **self._later_logits(feats, op, slot)}
         sampled = {"op": op, "slot": slot}
         out = TensorDict({}, batch_size=obs.shape[:1], device=obs.device)
         for head in HEADS:
             mask = used[head]
             if head not in sampled:
-                sampled[head] = _sample(logits[head], mask, generator, deterministic)
+                sampled[head] = _sample(logits[head], mask, generator, head in mode)
             a = sampled[head]
             out[head] = TensorDict(
                 {"action": a, "action_log_prob": dist.log_prob(logits[head], a, mask), "action_mask": mask},
@@ -211,6 +214,18 @@ class FactoredRecurrentActorCritic(nn.Module):
         """V of the post-action observation ``obs [E, obs_dim]`` with the post-action state."""
         feats, _ = self.features(obs.unsqueeze(1), state)
         return self.value(feats.squeeze(1))
+
+
+def _mode_heads(deterministic: bool | Collection[str]) -> frozenset[str]:
+    """The heads that take their most likely choice: all for True, none for False, else the named ones."""
+    if isinstance(deterministic, bool):
+        return frozenset(HEADS) if deterministic else frozenset()
+    if isinstance(deterministic, str):
+        raise TypeError(f"deterministic: a bool or a collection of head names, not the str {deterministic!r}")
+    heads = frozenset(deterministic)
+    if unknown := sorted(heads - set(HEADS)):
+        raise ValueError(f"deterministic: unknown head(s) {unknown}; heads: {', '.join(HEADS)}")
+    return heads
 
 
 def _sample(

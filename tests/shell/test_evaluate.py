@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from esper.core.spec import Style, Tempo
+from esper.core.spec import HEADS, Style, Tempo
 from esper.shell.evaluate import CONTROLLERS, evaluate, main
 
 pytestmark = pytest.mark.e2e
@@ -62,6 +63,25 @@ def test_evaluate_cli_writes_results_report_and_plots(run_dir):
         assert (run_dir / "eval" / "plots" / plot).stat().st_size > 1000
 
 
+def test_out_puts_the_evaluation_elsewhere_and_ppo_mixed_meets_the_same_hosts(run_dir, tmp_path, monkeypatch,
+                                                                                capsys):  # fmt: skip
+    """``--out DIR``: another evaluation of the same run (``ppo_mixed`` here) goes to DIR and leaves
+    ``RUN_DIR/eval`` alone; ``ppo_mixed`` is evaluated on the hosts ``ppo`` meets."""
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # keep this worker's thread share
+    snapshot = lambda: {p: p.read_bytes() for p in (run_dir / "eval").rglob("*") if p.is_file()}
+    before = snapshot()
+    out = tmp_path / "more"
+    argv = [str(run_dir), "--episodes", "2", "--seed", "4", "--controllers", "ppo,ppo_mixed", "--out"]
+    assert main([*argv, str(out), "--no-progress"]) == 0
+    assert f"results: {out / 'results.json'}" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["controllers"]) == ["ppo", "ppo_mixed"] and (out / "report.md").exists()
+    hosts = {n: [e["host_seed"] for e in c["per_episode"]] for n, c in results["controllers"].items()}
+    assert hosts["ppo"] == hosts["ppo_mixed"]
+    assert "ppo_mixed samples the op and slot heads" in results["meta"]["ppo_acts"]
+    assert snapshot() == before
+
+
 def test_evaluation_is_reproducible_and_other_seeds_give_other_hosts(run_dir):
     names = ["ppo", "ppo_greedy", "random"]
     a = evaluate(run_dir, episodes=2, seed=9, controllers=names, show_progress=False)
@@ -94,9 +114,12 @@ def test_ppo_samples_its_policy_and_ppo_greedy_takes_the_mode(run_dir):
     try:
         sampled = make_controller("ppo", cfg, env, checkpoint=ckpt, seed=1)
         greedy = make_controller("ppo_greedy", cfg, env, checkpoint=ckpt, seed=1)
+        mixed = make_controller("ppo_mixed", cfg, env, checkpoint=ckpt, seed=1)
     finally:
         env.close()
     assert sampled.deterministic is False and greedy.deterministic is True
+    # ppo_mixed: sampled when and where, the mode of what and how
+    assert set(mixed.deterministic) == set(HEADS) - {"op", "slot"}
 
 
 @pytest.mark.parametrize(

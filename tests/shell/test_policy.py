@@ -96,6 +96,32 @@ def test_deterministic_act_takes_the_most_likely_legal_choice():
         assert torch.equal(out[head, "action"], masked.argmax(-1)), head
 
 
+def test_deterministic_heads_take_the_mode_and_the_rest_sample_as_before():
+    """``deterministic=heads``: those heads take their most likely legal choice; op and slot, drawn first
+    from the same generator, are the draws a fully sampled act makes."""
+    torch.manual_seed(3)
+    net = FactoredRecurrentActorCritic(5, SPEC, hidden=16, head_hidden=8)
+    E = 64
+    legal = legal_masks(_slots(E, 4), SPEC)
+    obs, state = torch.randn(E, 5), net.initial_state(E)
+    later = [h for h in HEADS if h not in ("op", "slot")]
+    mixed, _ = net.act(obs, state, legal, generator=torch.Generator().manual_seed(7), deterministic=later)
+    sampled, _ = net.act(obs, state, legal, generator=torch.Generator().manual_seed(7))
+    greedy, _ = net.act(obs, state, legal, deterministic=True)
+    for head in ("op", "slot"):
+        assert torch.equal(mixed[head, "action"], sampled[head, "action"]), head
+    assert not torch.equal(mixed["op", "action"], greedy["op", "action"])  # op really is sampled
+    feats, _ = net.features(obs.unsqueeze(1), state)
+    logits = net.head_logits(feats.squeeze(1), mixed["op", "action"], mixed["slot", "action"])
+    for head in later:
+        masked = torch.where(mixed[head, "action_mask"], logits[head], -torch.inf)
+        assert torch.equal(mixed[head, "action"], masked.argmax(-1)), head
+    with pytest.raises(ValueError, match="unknown head"):
+        net.act(obs, state, legal, deterministic=["blueprint", "colour"])
+    with pytest.raises(TypeError, match="collection of head names"):
+        net.act(obs, state, legal, deterministic="blueprint")
+
+
 def test_all_illegal_op_row_raises_before_sampling():
     net = FactoredRecurrentActorCritic(5, SPEC, hidden=16, head_hidden=8)
     legal = legal_masks(_slots(2, 3), SPEC)
