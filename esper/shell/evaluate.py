@@ -5,7 +5,8 @@
 
 The run's controller is loaded from ``RUN_DIR/checkpoint.pt`` and frozen (no update, observation
 statistics as saved) and run twice: ``ppo`` samples its policy as in training (seeded), ``ppo_greedy``
-takes each head's most likely choice. They and the baselines of
+takes each head's most likely choice (``--controllers ppo_mixed`` adds a third readout: sampled op and
+slot, the most likely blueprint and blend). They and the baselines of
 :mod:`esper.shell.baselines` — ``static`` (always WAIT), ``random`` (uniform over legal actions),
 ``heuristic`` (the reference's rules), ``grow_all`` (germinate the task's best blueprint everywhere,
 blend and fossilize as fast as the gates allow) — each run the **same** episodes: host seeds derived
@@ -14,7 +15,7 @@ evaluation host is a training host, and every controller meets the same hosts an
 
 The verdict is the held-out **test** accuracy of each episode's final host (a split neither the host's
 training nor the controller ever reads) and the parameters the controller added. Written to
-``RUN_DIR/eval/``:
+``RUN_DIR/eval/`` (``--out DIR`` elsewhere):
 
 - ``results.json``: ``{"controllers": {name: {"test_acc_mean", "test_acc_ci95": [lo, hi],
   "params_added_mean", "episodes", ...}}, "correlations": {...}, "meta": {...}}``: accuracy in %,
