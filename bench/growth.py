@@ -26,7 +26,9 @@ Three stages, each on the embedded default (``python -m esper.shell.run``'s pres
    are over training seeds (Student-t of the per-seed means), so they include the spread between
    trained controllers, not only between episodes. ``--train-args`` trains a variant of the default
    (the run's own flags; give it its own ``--runs`` folder: finished runs there are kept, and a folder
-   whose runs were trained with other flags is refused).
+   whose runs were trained with other flags is refused). ``--more-controllers ppo_mixed`` evaluates
+   further readouts on the same hosts into each run's ``eval-more``; given to a finished stage, it
+   evaluates only them.
 
 ``--stage plans`` trains nothing: it runs fixed schedules (``--plans``) on the learn stage's evaluation
 hosts, seed by seed, and with ``--learned`` pairs the learned controllers of those seeds with each one.
