@@ -489,9 +489,7 @@ def pool(files: list[Path]) -> dict[str, Any]:
         "jobs": "mixed",
         "controllers": controllers,
         "correlations": corr,
-        "verdict": verdict(controllers),
-        "verdict_greedy": verdict(controllers, "ppo_greedy") if "ppo_greedy" in controllers else None,
-        "verdict_mixed": verdict(controllers, "ppo_mixed") if "ppo_mixed" in controllers else None,
+        **_verdicts(controllers),
         "learning_curves": curves,
         "train_seconds": [t for s in stages for t in s["train_seconds"]],
         "eval_seconds": [t for s in stages for t in s["eval_seconds"]],
@@ -683,9 +681,7 @@ def learn(
         "jobs": jobs,
         "controllers": controllers,
         "correlations": corr,
-        "verdict": verdict(controllers),
-        "verdict_greedy": verdict(controllers, "ppo_greedy") if "ppo_greedy" in controllers else None,
-        "verdict_mixed": verdict(controllers, "ppo_mixed") if "ppo_mixed" in controllers else None,
+        **_verdicts(controllers),
         "learning_curves": curves,
         "train_seconds": [t for _, _, t, _, _ in done],
         "eval_seconds": [t for *_, t in done],
@@ -707,6 +703,15 @@ def _learning_curve(run_dir: Path) -> dict[str, list[float]]:
         "test_acc": mean("final_test_acc"),
         "return": mean("return"),
         "params_added": mean("params_added"),
+    }
+
+
+def _verdicts(c: dict[str, dict]) -> dict[str, Any]:
+    """A learn stage's verdicts: the sampled readout's, and the greedy and mixed ones' where evaluated."""
+    return {
+        "verdict": verdict(c),
+        "verdict_greedy": verdict(c, "ppo_greedy") if "ppo_greedy" in c else None,
+        "verdict_mixed": verdict(c, "ppo_mixed") if "ppo_mixed" in c else None,
     }
 
 
@@ -880,13 +885,14 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
         fmt = lambda v: ", ".join(
             f"{k} = {val:.2f}" if isinstance(val, float) else f"{k} = {val}" for k, val in v.items()
         )
+        from esper.shell.evaluate import PPO_READOUTS
+
         greedy, mixed = learned.get("verdict_greedy"), learned.get("verdict_mixed")
         lines += [
             "",
             "`ppo` samples its policy, as in training (seeded); `ppo_greedy` takes each head's most likely "
             "choice"
-            + ("; `ppo_mixed` samples the op and slot heads and takes the other heads' most likely choice"
-               if mixed else "")
+            + (f"; `ppo_mixed` {PPO_READOUTS['ppo_mixed'][1]}" if mixed else "")
             + ". Targets (ppo): "
             + fmt(v)
             + "."

@@ -65,9 +65,19 @@ PROG = "python -m esper.shell.evaluate"
 #: default set) samples when and where (the op and slot heads) and takes the most likely what and how
 #: (blueprint and blend heads): the sampled policy's misses were weaker blueprints drawn for a slot
 #: whose mode was the strong one, the greedy policy's a WAIT that was the mode at every epoch.
-PPO_CONTROLLERS = ("ppo", "ppo_greedy", "ppo_mixed")
 #: The heads ``ppo_mixed`` takes the mode of.
 MIXED_MODE_HEADS = tuple(h for h in HEADS if h not in ("op", "slot"))
+#: Each PPO readout: the heads that take their most likely choice (True all, False none; the policy's
+#: ``act(deterministic=...)``) and how it acts, in words (``results.json``'s ``meta.ppo_acts``).
+PPO_READOUTS: dict[str, tuple[bool | tuple[str, ...], str]] = {
+    "ppo": (False, "samples its policy (seeded)"),
+    "ppo_greedy": (True, "takes each head's most likely choice"),
+    "ppo_mixed": (
+        MIXED_MODE_HEADS,
+        "samples the op and slot heads and takes the other heads' most likely choice",
+    ),
+}
+PPO_CONTROLLERS = tuple(PPO_READOUTS)
 CONTROLLERS = ("ppo", "ppo_greedy", "static", "random", "heuristic", "grow_all")
 #: Fixed placements: ``grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]`` grows only those slots, each with its
 #: blueprint, as fast as the gates allow (:class:`~esper.shell.baselines.GrowAllController` with a plan).
@@ -98,7 +108,7 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         trainer.load_state_dict(checkpoint["trainer"])
         policy.eval()
         generator = torch.Generator(device=device).manual_seed(seed)
-        mode = {"ppo": False, "ppo_greedy": True, "ppo_mixed": MIXED_MODE_HEADS}[name]
+        mode = PPO_READOUTS[name][0]
         return PPOController(policy, trainer, generator=generator, deterministic=mode, learns=False)
     if name == "static":
         return StaticController()
@@ -333,8 +343,7 @@ def evaluate_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int
             "task": cfg.env.task,
             "episodes": episodes,
             "eval_seed": seed,
-            "ppo_acts": "ppo samples its policy (seeded); ppo_greedy takes each head's most likely choice; "
-            "ppo_mixed samples the op and slot heads and takes the other heads' most likely choice",
+            "ppo_acts": "; ".join(f"{name} {how}" for name, (_, how) in PPO_READOUTS.items()),
             "grow_all_blueprint": GROW_ALL_BLUEPRINT.get(task.family),
             "param_weight": cfg.reward.param_weight,
             "param_budget": cfg.reward.param_budget,
