@@ -888,11 +888,10 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
         from esper.shell.evaluate import PPO_READOUTS
 
         greedy, mixed = learned.get("verdict_greedy"), learned.get("verdict_mixed")
+        shown = ("ppo", "ppo_greedy", *(("ppo_mixed",) if mixed else ()))
         lines += [
             "",
-            "`ppo` samples its policy, as in training (seeded); `ppo_greedy` takes each head's most likely "
-            "choice"
-            + (f"; `ppo_mixed` {PPO_READOUTS['ppo_mixed'][1]}" if mixed else "")
+            "; ".join(f"`{name}` {PPO_READOUTS[name][1]}" for name in shown)
             + ". Targets (ppo): "
             + fmt(v)
             + "."

@@ -58,19 +58,19 @@ from esper.shell.stats import mean_ci95, spearman
 from esper.shell.telemetry import progress
 
 PROG = "python -m esper.shell.evaluate"
-#: ``ppo`` samples its policy, as it did in training (a generator seeded from the evaluation seed);
-#: ``ppo_greedy`` takes every head's most likely choice. A policy that has learned to germinate early
-#: but not at one particular epoch can put most of its mass on WAIT at every single epoch, so its
-#: greedy version never grows: both are reported. ``ppo_mixed`` (asked for by name, not in the
-#: default set) samples when and where (the op and slot heads) and takes the most likely what and how
-#: (blueprint and blend heads): the sampled policy's misses were weaker blueprints drawn for a slot
-#: whose mode was the strong one, the greedy policy's a WAIT that was the mode at every epoch.
 #: The heads ``ppo_mixed`` takes the mode of.
 MIXED_MODE_HEADS = tuple(h for h in HEADS if h not in ("op", "slot"))
 #: Each PPO readout: the heads that take their most likely choice (True all, False none; the policy's
-#: ``act(deterministic=...)``) and how it acts, in words (``results.json``'s ``meta.ppo_acts``).
+#: ``act(deterministic=...)``) and how it acts, in words (``results.json``'s ``meta.ppo_acts`` and the
+#: growth bench's tables). ``ppo`` samples its policy, as it did in training (a generator seeded from
+#: the evaluation seed); ``ppo_greedy`` takes every head's most likely choice. A policy that has learned
+#: to germinate early but not at one particular epoch can put most of its mass on WAIT at every single
+#: epoch, so its greedy version never grows: both are reported. ``ppo_mixed`` (asked for by name, not
+#: in the default set) samples when and where (the op and slot heads) and takes the most likely what and
+#: how (blueprint and blend heads): the sampled policy's misses were weaker blueprints drawn for a slot
+#: whose mode was the strong one, the greedy policy's a WAIT that was the mode at every epoch.
 PPO_READOUTS: dict[str, tuple[bool | tuple[str, ...], str]] = {
-    "ppo": (False, "samples its policy (seeded)"),
+    "ppo": (False, "samples its policy, as in training (seeded)"),
     "ppo_greedy": (True, "takes each head's most likely choice"),
     "ppo_mixed": (
         MIXED_MODE_HEADS,
