@@ -40,6 +40,7 @@ def build_learner(
         germinate_bias=ppo.germinate_bias,
         blend_bias=ppo.blend_bias,
         slot_bias=ppo.slot_bias,
+        slot_order_bias=ppo.slot_order_bias,
     ).to(device)  # fmt: skip
     trainer = PPOTrainer(
         policy, ppo, raw_obs_dim=raw_dim, compile=compile, generator=torch.Generator().manual_seed(seed + 1),

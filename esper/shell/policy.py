@@ -1,19 +1,21 @@
 """Tamiyo's network: a factored recurrent actor-critic.
 
-Trunk: ``Linear(obs -> hidden) -> LayerNorm -> ReLU -> LSTM(hidden) -> LayerNorm``. One head per
-action head (``Linear -> ReLU -> Linear``) and a value head. ``wait_bias`` sets the initial
-preference for WAIT (a cautious start: random pruning and re-targeting would otherwise destroy most
-seeds before the policy learns what a good one is worth), ``germinate_bias`` that for GERMINATE
-(with both equal, an untrained policy grows early and is cautious with live seeds: seeds germinated
-early have time to pay, so the policy sees what each blueprint and slot is worth from its first
-update). ``blend_bias`` starts the style, tempo and alpha-target heads on the blend of the fixed growth
-schedules (:data:`esper.core.spec.DEFAULT_BLEND`). The heads are sampled in order, each reading what
-was sampled before it: the op head reads the trunk features; the slot head also reads a learned
-embedding of the sampled op, so "which slot" can depend on "to do what" (the op is sampled first and
-the slot mask is conditioned on it, :func:`esper.core.masks.action_masks`); every other head reads
-embeddings of the sampled op *and* slot, so "which blueprint, how fast, how far" can depend on "where"
-(a slot where a large seed pays and one where a small one does are both expressible; with the blueprint
-independent of the slot they are not).
+Trunk: ``Linear(obs -> hidden) -> LayerNorm -> ReLU -> LSTM(hidden) -> LayerNorm``. One head per action
+head (``Linear -> ReLU -> Linear``) and a value head. ``wait_bias`` sets the initial preference for WAIT
+(a cautious start: random pruning and re-targeting would otherwise destroy most seeds before the policy
+learns what a good one is worth), ``germinate_bias`` that for GERMINATE (with both equal, an untrained
+policy grows early and is cautious with live seeds: seeds germinated early have time to pay, so the
+policy sees what each blueprint and slot is worth from its first update). ``blend_bias`` starts the
+style, tempo and alpha-target heads on the blend of the fixed growth schedules
+(:data:`esper.core.spec.DEFAULT_BLEND`), and ``slot_order_bias`` starts the slot head on their order:
+each slot ``slot_order_bias`` logits below the one before it, so an untrained policy acts on the first
+legal slot (grows into ``b0`` first, then ``b1``), as the schedules do. The heads are sampled in order,
+each reading what was sampled before it: the op head reads the trunk features; the slot head also reads
+a learned embedding of the sampled op, so "which slot" can depend on "to do what" (the op is sampled
+first and the slot mask is conditioned on it, :func:`esper.core.masks.action_masks`); every other head
+reads embeddings of the sampled op *and* slot, so "which blueprint, how fast, how far" can depend on
+"where" (a slot where a large seed pays and one where a small one does are both expressible; with the
+blueprint independent of the slot they are not).
 
 Two entry points, named for what they return:
 
@@ -65,6 +67,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         germinate_bias: float = 0.0,
         blend_bias: float = 0.0,
         slot_bias: bool = False,
+        slot_order_bias: float = 0.0,
     ) -> None:
         super().__init__()
         if obs_dim < 1 or hidden < 1 or head_hidden < 1:
@@ -110,6 +113,9 @@ class FactoredRecurrentActorCritic(nn.Module):
             # schedules' blend (DEFAULT_BLEND; 0: uniform).
             for head, choice in DEFAULT_BLEND.items():
                 self.heads[head][2].bias[choice] = float(blend_bias)
+            # Slot s starts s * slot_order_bias logits below slot 0 (0: uniform over the legal slots).
+            order = torch.arange(spec.n_slots, dtype=self.heads["slot"][2].bias.dtype)
+            self.heads["slot"][2].bias.copy_(-float(slot_order_bias) * order)
 
     # ------------------------------------------------------------------------------------ building blocks
     def initial_state(self, batch: int, device: torch.device | str | None = None) -> RecurrentState:

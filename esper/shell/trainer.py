@@ -133,6 +133,12 @@ class PPOConfig:
         "a learned logit bias per slot for the heads after the slot head (blueprint, blend): what to "
         "grow where gets a term per slot, not only the heads' shared output bias",
     )
+    slot_order_bias: float = doc(
+        0.0,
+        "initial logit of each slot above the next one (slot s starts s x this below slot 0): an "
+        "untrained policy acts on the first legal slot, growing b0 first, as the fixed schedules do "
+        "(0: uniform over the legal slots)",
+    )
     replay: int = doc(
         0,
         "earlier batches each update re-uses (0: on-policy PPO). A replayed batch is re-scored at the "

@@ -222,3 +222,34 @@ def test_slot_bias_gives_each_slot_its_own_blueprint_preference():
     loss.backward()
     grad = net.slot_bias["blueprint"].weight.grad
     assert grad[0].abs().sum() > 0 and grad[1:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("bias", [0.0, 3.0])
+def test_slot_order_bias_starts_the_slot_head_on_the_first_legal_slot(bias):
+    """``slot_order_bias`` starts slot s ``s * bias`` logits below slot 0, whatever the op: with every
+    slot legal an untrained policy germinates into ``b0`` first, with ``b0`` taken into ``b1``, the
+    order in which ``grow_all`` fills slots (its first legal slot); 0 keeps the slot head uniform."""
+    torch.manual_seed(0)
+    net = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8, slot_order_bias=bias)
+    feats, _ = net.features(torch.randn(64, 1, 6), net.initial_state(64))
+    feats = feats.squeeze(1)
+    order = torch.exp(-bias * torch.arange(SPEC.n_slots, dtype=torch.float32))
+    with torch.no_grad():
+        for op in (Op.GERMINATE, Op.ADVANCE):
+            logits = net.slot_logits(feats, torch.full((64,), int(op)))
+            for legal in ([True, True, True], [False, True, True], [False, False, True]):
+                mask = torch.tensor(legal).expand(64, -1)
+                probs = D.log_softmax(logits, mask).exp().mean(0)
+                expected = order * mask[0]
+                torch.testing.assert_close(probs, expected / expected.sum(), atol=0.02, rtol=0)
+
+
+def test_slot_order_bias_reaches_the_policy_from_the_ppo_config():
+    from esper.shell.agent import build_learner
+    from esper.shell.trainer import PPOConfig
+
+    cfg = PPOConfig(slot_order_bias=2.0, hidden=16, head_hidden=8)
+    policy, _ = build_learner(cfg, SPEC, device="cpu", seed=0)
+    torch.testing.assert_close(policy.heads["slot"][2].bias.detach(), torch.tensor([0.0, -2.0, -4.0]))
+    policy, _ = build_learner(PPOConfig(hidden=16, head_hidden=8), SPEC, device="cpu", seed=0)
+    assert policy.heads["slot"][2].bias.abs().sum() == 0
