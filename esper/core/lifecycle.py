@@ -137,6 +137,12 @@ class LifecycleConfig:
     """Gates, timers and limits of the seed lifecycle (defaults: the reference's)."""
 
     max_epochs: int = config_field(25, "host epochs per episode (one RL step each)")
+    terminal_at_limit: bool = config_field(
+        False,
+        "the episode's last epoch is terminal (the final host is what the task delivers; nothing follows "
+        "it, so GAE does not bootstrap there) instead of truncated by the time limit (bootstrapping from "
+        "V of the post-action observation, H4)",
+    )
     g2_min_epochs: int = config_field(3, "G2: epochs in TRAINING before ADVANCE can pass")
     g2_min_gain: float = config_field(0.5, "G2: val-acc gain (points) since TRAINING began")
     g2_min_grad_ratio: float = config_field(0.05, "G2: minimum seed/host gradient-ratio EMA")

@@ -9,8 +9,9 @@ For a learning controller the steps are stored as a TensorDict ``[n_envs, T]`` w
 DESIGN.md §4: ``observation`` is exactly what the policy saw (normalized observation + op-legality
 bits, finding S2), ``raw_observation`` feeds the normalizer, ``(head, action | action_log_prob |
 action_mask)`` per head, ``state_value``, ``is_init``, the pre-step recurrent state, and under
-``next``: ``raw_reward``, ``done``/``truncated`` (True on the last step: every episode is truncated
-by the time limit), ``terminated`` (always False) and ``state_value``. The last step's
+``next``: ``raw_reward``, ``done`` (True on the last step), ``truncated``/``terminated`` (the last
+step is truncated by the time limit, or terminal with ``lifecycle.terminal_at_limit``: then nothing
+follows the final host and GAE does not bootstrap there) and ``state_value``. The last step's
 ``("next", "state_value")`` is V of the post-action observation built from the post-step slot
 state with the post-action legality masks and the post-step recurrent state (finding H4).
 
@@ -256,14 +257,16 @@ class EpisodeRunner:
         values = td["state_value"]
         done = torch.zeros(E, T, dtype=torch.bool, device=device)
         done[:, -1] = True
+        # The time limit truncates (bootstrap from the post-action value) unless the task ends there.
+        end_is_terminal = torch.tensor(self.lifecycle.terminal_at_limit, device=device)
         td["is_init"] = torch.zeros(E, T, dtype=torch.bool, device=device)
         td["is_init"][:, 0] = True
         td["next"] = TensorDict(
             {
                 "raw_reward": rewards.float(),
                 "done": done,
-                "truncated": done.clone(),
-                "terminated": torch.zeros_like(done),
+                "truncated": done & ~end_is_terminal,
+                "terminated": done & end_is_terminal,
                 "state_value": torch.cat([values[:, 1:], boot.reshape(E, 1).to(values.dtype)], dim=1),
             },
             batch_size=[E, T],

@@ -144,6 +144,30 @@ def test_H4_truncation_bootstrap_uses_post_action_obs_masks_and_state():
     assert td["next", "truncated"][:, -1].all() and not td["next", "terminated"].any()
 
 
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_time_limit_truncates_or_ends_the_task(terminal):
+    """By default the last step is truncated (GAE bootstraps from the stored post-action value, H4);
+    with ``terminal_at_limit`` it is terminal: the final host is what the task delivers, so the last
+    step's advantage is its reward minus V and the post-action value, still stored, is not used.
+    Bootstrapping where the task ends credits an episode with a future it never has: the critic's
+    guess of further gains, which is largest for the hosts left furthest from finished."""
+    lc = LifecycleConfig(max_epochs=T, terminal_at_limit=terminal)
+    env, _, trainer, ctl = _build(lc)
+    td = _runner(env, ctl).run(0).rollout
+    nxt = td["next"]
+    assert nxt["done"][:, -1].all() and not nxt["done"][:, :-1].any()
+    assert torch.equal(nxt["terminated"][:, -1], torch.full((2,), terminal))
+    assert torch.equal(nxt["truncated"][:, -1], torch.full((2,), not terminal))
+    assert not (nxt["terminated"] | nxt["truncated"])[:, :-1].any()
+    # make the stored bootstrap matter, then read the last step's advantage off the trainer's GAE
+    nxt["state_value"][:, -1] = 50.0
+    td["next", "reward"] = nxt["raw_reward"]
+    trainer.gae_fn(td)
+    reward, value = td["next", "reward"][:, -1], td["state_value"][:, -1]
+    expected = reward - value + (0.0 if terminal else PPO.gamma * 50.0)
+    torch.testing.assert_close(td["advantage"][:, -1].reshape(-1), expected.reshape(-1))
+
+
 # ------------------------------------------------------------------------------------------------ S2
 def test_S2_stored_observation_is_exactly_the_normalized_policy_input(monkeypatch):
     env, policy, trainer, ctl = _build()
