@@ -1,12 +1,13 @@
 """The recurrent PPO update.
 
 One call of :meth:`PPOTrainer.update` takes the rollout of one batch of episodes (``[n_envs, T]``,
-every episode truncated at T) and, in this order:
+every episode ends at T: truncated, or terminal with ``lifecycle.terminal_at_limit``) and, in this order:
 
 1. refuses non-finite data with the offending key named (one host sync);
 2. updates the observation and reward statistics from this batch (finding C5: before the update;
    the stored observations stay exactly those the policy acted on, finding S2) and scales rewards;
-3. runs GAE on the rollout values (truncated last step bootstraps from V(post-action obs), H4);
+3. runs GAE on the rollout values (a truncated last step bootstraps from V(post-action obs), H4; a
+   terminal one does not);
 4. recomputes V with the same hidden reconstruction the update uses and makes it the value-clip
    anchor (findings C4/H5: ``n_epochs > 1`` is correct, never stale rollout values);
 5. normalizes advantages over the batch;
