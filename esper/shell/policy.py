@@ -115,7 +115,7 @@ class FactoredRecurrentActorCritic(nn.Module):
                 self.heads[head][2].bias[choice] = float(blend_bias)
             # Slot s starts s * slot_order_bias logits below slot 0 (0: uniform over the legal slots).
             order = torch.arange(spec.n_slots, dtype=self.heads["slot"][2].bias.dtype)
-            self.heads["slot"][2].bias.copy_(-float(slot_order_bias) * order)
+            self.heads["slot"][2].bias.sub_(float(slot_order_bias) * order)  # 0 leaves +0.0, bit for bit
 
     # ------------------------------------------------------------------------------------ building blocks
     def initial_state(self, batch: int, device: torch.device | str | None = None) -> RecurrentState:

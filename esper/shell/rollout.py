@@ -258,15 +258,15 @@ class EpisodeRunner:
         done = torch.zeros(E, T, dtype=torch.bool, device=device)
         done[:, -1] = True
         # The time limit truncates (bootstrap from the post-action value) unless the task ends there.
-        end_is_terminal = torch.tensor(self.lifecycle.terminal_at_limit, device=device)
+        terminal = done if self.lifecycle.terminal_at_limit else torch.zeros_like(done)
         td["is_init"] = torch.zeros(E, T, dtype=torch.bool, device=device)
         td["is_init"][:, 0] = True
         td["next"] = TensorDict(
             {
                 "raw_reward": rewards.float(),
                 "done": done,
-                "truncated": done & ~end_is_terminal,
-                "terminated": done & end_is_terminal,
+                "truncated": done & ~terminal,
+                "terminated": terminal,
                 "state_value": torch.cat([values[:, 1:], boot.reshape(E, 1).to(values.dtype)], dim=1),
             },
             batch_size=[E, T],

@@ -13,8 +13,10 @@ from esper.core import distributions as D
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.masks import action_masks, legal_masks
 from esper.core.spec import DEFAULT_BLEND, HEADS, SLOT_FIELDS, ActionSpec, Op, Stage
+from esper.shell.agent import build_learner
 from esper.shell.baselines import GrowAllController
 from esper.shell.policy import FactoredRecurrentActorCritic
+from esper.shell.trainer import PPOConfig
 
 SPEC = ActionSpec(n_slots=3, n_blueprints=5)
 
@@ -245,9 +247,6 @@ def test_slot_order_bias_starts_the_slot_head_on_the_first_legal_slot(bias):
 
 
 def test_slot_order_bias_reaches_the_policy_from_the_ppo_config():
-    from esper.shell.agent import build_learner
-    from esper.shell.trainer import PPOConfig
-
     cfg = PPOConfig(slot_order_bias=2.0, hidden=16, head_hidden=8)
     policy, _ = build_learner(cfg, SPEC, device="cpu", seed=0)
     torch.testing.assert_close(policy.heads["slot"][2].bias.detach(), torch.tensor([0.0, -2.0, -4.0]))
