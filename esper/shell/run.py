@@ -427,7 +427,7 @@ class Run:
         from esper.shell.evaluate import evaluate_config
 
         cfg = self.cfg
-        checkpoint = {"trainer": self.trainer.state_dict(), "progress": {"update": cfg.updates}}
+        checkpoint = {"trainer": self.trainer.state_dict(replay=False), "progress": {"update": cfg.updates}}
         res = evaluate_config(
             cfg, [cfg.policy, "static"], episodes=cfg.eval_episodes, seed=HELDOUT_SEED + cfg.seed,
             checkpoint=checkpoint, show_progress=cfg.progress, task=self.env.task,

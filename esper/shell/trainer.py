@@ -21,7 +21,8 @@ every episode ends at T: truncated, or terminal with ``lifecycle.terminal_at_lim
 With ``ppo.replay K`` the last K rollouts join the batch after step 4, each re-scored by the current
 policy and critic and re-based for decoupled PPO (:func:`esper.core.decouple`); step 5 normalizes over
 all of it, then scales each replayed step's advantage by its truncated behaviour weight. Step 2's
-statistics see only the new rollout. One eager process only.
+statistics see only the new rollout. Eager only; with several processes each keeps its own envs'
+rollouts, and the update is the one process's (:func:`local_rows`).
 
 With several processes (``dist``, each holding the rollout of its slice of the envs) the update is
 the same update of the whole batch: 2. merges the statistics of every process's part exactly
@@ -209,11 +210,10 @@ class PPOTrainer:
     ) -> None:
         if dist.active and compile:
             raise ValueError("compile is not supported with several processes yet; run without --compile")
-        if cfg.replay and (dist.active or compile):
+        if cfg.replay and compile:
             raise ValueError(
-                f"ppo.replay={cfg.replay} is supported in one eager process only (the replayed batch changes "
-                "the minibatch shapes the compiled step is built for, and is not split over processes); "
-                "run without --compile and without torchrun, or with --ppo.replay 0"
+                f"ppo.replay={cfg.replay} runs eager only (the replayed batch changes the minibatch shapes "
+                "the compiled step is built for); run without --compile, or with --ppo.replay 0"
             )
         self.policy, self.cfg, self.dist = policy, cfg, dist
         device = next(policy.parameters()).device
@@ -235,6 +235,8 @@ class PPOTrainer:
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
         #: Consecutive updates rolled back for a non-finite loss, gradient or parameter.
         self.bad_streak = 0
+        #: This process's envs per rollout in the batch being updated (set by :meth:`update`).
+        self._block = 0
         self.health_cfg = GradHealthConfig.for_clipped_ppo(cfg.max_grad_norm, factor=cfg.grad_explode_factor)
         self.params = [p for p in policy.parameters()]
         self.groups = _group_index(policy)
@@ -384,9 +386,10 @@ class PPOTrainer:
         """
         t0 = time.perf_counter()
         cfg = self.cfg
-        n_envs = batch.batch_size[0] * self.dist.world  # the whole batch's (this process holds a slice)
-        batch_envs = n_envs
-        n_envs += sum(td.batch_size[0] for td in self.state.replay)  # replayed envs (one process only)
+        # the whole batch's envs (each process holds a slice of the new rollout and of each replayed one)
+        self._block = batch.batch_size[0]
+        batch_envs = self._block * self.dist.world
+        n_envs = batch_envs + sum(td.batch_size[0] for td in self.state.replay) * self.dist.world
         if n_envs % cfg.n_minibatches:
             raise ValueError(f"ppo.n_minibatches={cfg.n_minibatches} must divide n_envs={n_envs}")
         incoming = batch.clone() if cfg.replay else None  # as it came in: prepare writes into batch
@@ -481,9 +484,7 @@ class PPOTrainer:
         whole minibatch's gradient. One all-reduce carries the gradients, the KL and the finiteness
         flag; every process then takes the same decision and the same step. Returns ``(early_stop,
         finite, metrics)`` (metrics of this process's part; :meth:`_reduce_report` combines them)."""
-        n_local = batch.batch_size[0]
-        first = self.dist.rank * n_local
-        mine = idx[(idx >= first) & (idx < first + n_local)] - first  # sync point: the slice's envs
+        mine = local_rows(idx, self._block, self.dist)  # sync point: the slice's envs
         if mine.numel():
             mb = batch[mine]
         else:  # none of this minibatch is here: a masked-out stand-in adds nothing but joins the sums
@@ -583,7 +584,11 @@ class PPOTrainer:
         return out
 
     # ------------------------------------------------------------------------------------- checkpoint
-    def state_dict(self) -> dict:
+    def state_dict(self, *, replay: bool = True) -> dict:
+        """The learner's state. ``replay`` (``ppo.replay``'s kept rollouts) is stored whole, every
+        process's envs in global order, so a checkpoint resumes on any number of processes; with several
+        processes gathering it is a collective, which every process must call together (``replay=False``
+        leaves it out, for a copy that needs only the policy, e.g. rank 0's held-out check)."""
         return {
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -591,8 +596,15 @@ class PPOTrainer:
             "reward_stats": self.state.reward_stats.to_dict(),
             "updates": self.state.updates,
             "generator": self.generator.get_state(),
-            "replay": [td.to_dict() for td in self.state.replay],
+            "replay": [self._whole(td).to_dict() for td in self.state.replay] if replay else [],
         }
+
+    def _whole(self, part: TensorDictBase) -> TensorDictBase:
+        """A kept rollout with every process's envs, in rank order (this process's part alone)."""
+        if not self.dist.active:
+            return part
+        parts = self.dist.gather_objects(part.cpu().to_dict())
+        return torch.cat([TensorDict(d, batch_size=part.batch_size) for d in parts], 0)
 
     def load_state_dict(self, sd: dict) -> None:
         self.policy.load_state_dict(sd["policy"])
@@ -606,10 +618,26 @@ class PPOTrainer:
         self.state.reward_stats = TensorDict(sd["reward_stats"], batch_size=[]).to(device)
         self.state.updates = int(sd["updates"])
         self.generator.set_state(sd["generator"])
-        # a checkpoint from before ppo.replay has none; of a longer one, the newest this config re-uses
-        self.state.replay = [
-            TensorDict(d, batch_size=d["is_init"].shape).to(device) for d in sd.get("replay", [])
-        ][: self.cfg.replay]
+        # a checkpoint from before ppo.replay has none; of a longer one, the newest this config re-uses;
+        # each is stored whole, and this process keeps its own slice of the envs
+        kept = []
+        for d in sd.get("replay", [])[: self.cfg.replay]:
+            whole = TensorDict(d, batch_size=d["is_init"].shape)
+            first, count = self.dist.shard(whole.batch_size[0])
+            kept.append(whole[first : first + count].to(device))
+        self.state.replay = kept
+
+
+def local_rows(idx: torch.Tensor, block: int, dist: Dist) -> torch.Tensor:
+    """The rows of this process's prepared batch that hold the global envs ``idx`` (in ``idx``'s
+    order). The whole batch is laid out as one process would hold it: the new rollout's envs, then
+    each replayed rollout's, each block ``block * dist.world`` envs in rank order; this process holds
+    ``block`` envs of every block, stacked the same way. Without replay this is ``idx - rank * block``
+    for the envs of this process's slice."""
+    width = block * dist.world
+    blk, within = idx // width, idx % width
+    here = within // block == dist.rank
+    return blk[here] * block + within[here] % block
 
 
 def check_finite(td: TensorDictBase) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from esper.shell.checkpoint import load_checkpoint
 from esper.shell.distributed import SINGLE, Dist
@@ -101,6 +102,30 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(runs, tmp_path):
         returns.append([e["return"] for e in events(tmp_path / name, "episode") if e["update"] == 2])
         assert_same_policy(tmp_path / "two_on_1", tmp_path / name)
     assert returns[0] == returns[1] and len(returns[0]) == 4
+
+
+def test_replay_on_two_processes_updates_as_on_one_and_resumes_on_one(tmp_path):
+    """``--ppo.replay 1``: each process keeps its own envs' last rollout, and update 2 (the new rollout
+    and the replayed one) is the one process's update; the checkpoint holds the kept rollout whole, so
+    the two processes' run resumes on one process as the one process's run goes on."""
+    args = [*TINY, "--ppo.replay", "1", "--updates", "2", "--run_dir", str(tmp_path)]
+    assert main([*args, "--name", "one"]) == 0
+    torchrun(2, *args, "--name", "two")
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert [e["replayed_envs"] for e in events(two, "ppo_update")] == [0, 4]
+    u1, u2 = events(one, "ppo_update")[1], events(two, "ppo_update")[1]
+    for key in ("kl_approx", "loss_objective", "loss_critic", "grad_norm"):
+        assert u2[key] == pytest.approx(u1[key], rel=1e-4), key
+    assert_same_policy(one, two)
+    kept = [load_checkpoint(r / "checkpoint.pt")["trainer"]["replay"] for r in (one, two)]
+    assert len(kept[0]) == len(kept[1]) == 1
+    a, b = (TensorDict(k[0], batch_size=k[0]["is_init"].shape) for k in kept)
+    assert a.batch_size[0] == b.batch_size[0] == 4  # every env, not rank 0's two
+    for key in a.keys(True, True):
+        torch.testing.assert_close(a[key], b[key], msg=str(key))
+    for r in (one, two):
+        assert main(["--resume", str(r), "--updates", "3"]) == 0
+    assert_same_policy(one, two)
 
 
 def _free_port() -> int:

@@ -17,8 +17,9 @@ from esper.core.advantage import gae
 from esper.core.masks import head_relevance, legal_masks
 from esper.core.normalize import scale
 from esper.core.spec import HEAD_INDEX, HEADS, SLOT_FIELDS, ActionSpec, Stage
+from esper.shell.distributed import SINGLE, Dist
 from esper.shell.policy import FactoredRecurrentActorCritic
-from esper.shell.trainer import GRAD_GROUPS, PPOConfig, PPOTrainer
+from esper.shell.trainer import GRAD_GROUPS, PPOConfig, PPOTrainer, local_rows
 
 SPEC = ActionSpec(n_slots=2, n_blueprints=3)
 RAW = 6
@@ -546,5 +547,37 @@ def test_replay_round_trips_through_the_checkpoint():
 
 def test_replay_is_refused_with_compile_in_one_line():
     policy = FactoredRecurrentActorCritic(RAW + 6, SPEC, hidden=16, head_hidden=8)
-    with pytest.raises(ValueError, match="ppo.replay=2 is supported in one eager process only"):
+    with pytest.raises(ValueError, match=r"ppo.replay=2 runs eager only .* or with --ppo.replay 0"):
         PPOTrainer(policy, _replay_cfg(), raw_obs_dim=RAW, compile=True)
+
+
+def test_local_rows_find_each_process_envs_in_the_one_process_layout():
+    """The prepared batch of one process is [new rollout, replayed rollouts...], each block of N = W * L
+    global envs; process r holds L of every block. Global env g must map to the row of r's stack that
+    holds the same env of the same block, in the order of ``idx``."""
+    W, L, blocks = 3, 2, 3
+    layout = torch.arange(W * L * blocks)  # one process's rows: env labels in global order
+    for rank in range(W):
+        # the rows process `rank` holds: its L envs of every block, blocks stacked
+        held = torch.cat([layout[b * W * L + rank * L : b * W * L + (rank + 1) * L] for b in range(blocks)])
+        idx = torch.randperm(W * L * blocks, generator=torch.Generator().manual_seed(rank))[:7]
+        rows = local_rows(idx, L, Dist(rank=rank, world=W))
+        mine = idx[torch.isin(idx, held)]
+        assert torch.equal(held[rows], mine)  # the right envs, in idx's order
+    assert torch.equal(local_rows(torch.tensor([5, 2, 3]), 4, SINGLE), torch.tensor([5, 2, 3]))
+
+
+def test_replay_checkpoint_is_whole_and_each_process_keeps_its_slice():
+    """A checkpoint's replayed rollouts hold every env (the number of processes may change on resume):
+    loaded by process 1 of 2, the trainer keeps the second half of each."""
+    policy, trainer = _make(_replay_cfg())
+    for i in range(2):
+        trainer.update(make_rollout(policy, trainer, seed=50 + i))
+    sd = copy.deepcopy(trainer.state_dict())
+    assert [d["is_init"].shape[0] for d in sd["replay"]] == [4, 4]
+    assert trainer.state_dict(replay=False)["replay"] == []
+    policy2 = FactoredRecurrentActorCritic(RAW + 6, SPEC, hidden=16, head_hidden=8)
+    half = PPOTrainer(policy2, _replay_cfg(), raw_obs_dim=RAW, dist=Dist(rank=1, world=2))
+    half.load_state_dict(sd)
+    for whole, part in zip(trainer.state.replay, half.state.replay):
+        assert part.batch_size[0] == 2 and (part == whole[2:]).all()
