@@ -21,8 +21,8 @@ every episode ends at T: truncated, or terminal with ``lifecycle.terminal_at_lim
 With ``ppo.replay K`` the last K rollouts join the batch after step 4, each re-scored by the current
 policy and critic and re-based for decoupled PPO (:func:`esper.core.decouple`); step 5 normalizes over
 all of it, then scales each replayed step's advantage by its truncated behaviour weight. Step 2's
-statistics see only the new rollout. Eager only; with several processes each keeps its own envs'
-rollouts, and the update is the one process's (:func:`local_rows`).
+statistics see only the new rollout. With several processes each keeps its own envs' rollouts, and
+the update is the one process's (:func:`local_rows`).
 
 With several processes (``dist``, each holding the rollout of its slice of the envs) the update is
 the same update of the whole batch: 2. merges the statistics of every process's part exactly
@@ -38,7 +38,8 @@ only other host reads are one per minibatch step (the KL flag and the finiteness
 With ``compile=True`` each minibatch step of 6. is one graph (:mod:`esper.shell.wholestep`): the LSTM
 re-scoring, the loss, backward, the gradient-health statistics, the clip and the AdamW step, compiled
 with ``fullgraph=True`` and reused by every minibatch and update (no recompiles: the entropy coefficient
-goes in as a tensor). The KL and finiteness flags are data there: the step is applied only where the
+goes in as a tensor; with ``ppo.replay K``, one graph per batch size while the kept rollouts fill up,
+K + 1 in all, then none). The KL and finiteness flags are data there: the step is applied only where the
 KL flag is False and the loss and gradients are finite; the loop then reads both flags (the same one
 sync as eager), so both paths skip the same step. GAE is compiled on its own; the rest of ``prepare``
 stays eager. Eager (the default) is unchanged.
@@ -210,10 +211,12 @@ class PPOTrainer:
     ) -> None:
         if dist.active and compile:
             raise ValueError("compile is not supported with several processes yet; run without --compile")
-        if cfg.replay and compile:
+        limit = torch._dynamo.config.recompile_limit
+        if compile and cfg.replay + 1 > limit:
             raise ValueError(
-                f"ppo.replay={cfg.replay} runs eager only (the replayed batch changes the minibatch shapes "
-                "the compiled step is built for); run without --compile, or with --ppo.replay 0"
+                f"ppo.replay={cfg.replay} with --compile needs {cfg.replay + 1} graphs (one per batch size "
+                f"while the kept rollouts fill up), over torch._dynamo's recompile_limit of {limit}; use "
+                f"--ppo.replay {limit - 1} or less, or run without --compile"
             )
         self.policy, self.cfg, self.dist = policy, cfg, dist
         device = next(policy.parameters()).device

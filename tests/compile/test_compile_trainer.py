@@ -1,6 +1,7 @@
 """The trainer's compiled minibatch step (``PPOTrainer(compile=True)``): the LSTM re-scoring, the
 factored loss, backward, gradient health, clip and AdamW are one fullgraph, reused by every minibatch
-and update (zero recompiles, counted), with the eager trainer's results. Traced on ``aot_eager``
+and update (zero recompiles, counted; with ``ppo.replay``, one graph per batch size), with the eager
+trainer's results. Traced on ``aot_eager``
 (inductor compiles of this graph take minutes on 2 cores; ``bench/`` times the inductor build)."""
 
 from __future__ import annotations
@@ -72,6 +73,25 @@ def test_compiled_update_is_one_graph_without_recompiles_and_equals_eager():
     assert m_eager["entropy_coef"] != cfg.entropy_coef  # the coefficient did change between updates
     assert m_eager["lr"] == m_comp["lr"] == 1e-3  # and so did the learning rate
     eager.optimizer.load_state_dict(comp.optimizer.state_dict())  # the state is the usual AdamW's
+
+
+def test_compiled_update_with_replay_compiles_once_per_batch_size_and_equals_eager():
+    """``ppo.replay 1``: the first update holds the new rollout alone, the later ones a kept rollout as
+    well, so the step compiles twice and never again; every update matches the eager trainer's."""
+    torch._dynamo.reset()
+    backend = CountingBackend()
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None, lr=1e-2, replay=1)
+    (p_eager, eager), (p_comp, comp) = _pair(cfg, backend)
+    graphs = []
+    for i in range(3):
+        rollout = make_rollout(p_eager, eager, seed=60 + i)
+        m_eager, m_comp = eager.update(rollout.clone()), comp.update(rollout.clone())
+        graphs.append(len(backend.graphs))
+        assert m_comp["replayed_envs"] == m_eager["replayed_envs"] == min(i, 1) * 4
+        for key in ("loss_objective", "loss_critic", "kl_approx", "grad_norm"):
+            assert abs(m_comp[key] - m_eager[key]) <= 1e-4 * (1 + abs(m_eager[key])), (i, key)
+        _assert_same_policy(p_eager, p_comp)
+    assert graphs == [2, 3, 3], "GAE's graph and one step graph per batch size; nothing more"
 
 
 def test_compiled_kl_early_stop_skips_the_same_step_as_eager():

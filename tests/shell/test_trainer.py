@@ -545,10 +545,14 @@ def test_replay_round_trips_through_the_checkpoint():
         torch.testing.assert_close(p, q)
 
 
-def test_replay_is_refused_with_compile_in_one_line():
+def test_replay_past_the_recompile_limit_is_refused_with_compile_in_one_line():
+    """Each batch size while the kept rollouts fill up is a graph of its own; more than dynamo keeps
+    would fall back to eager without a word, so it is refused up front."""
     policy = FactoredRecurrentActorCritic(RAW + 6, SPEC, hidden=16, head_hidden=8)
-    with pytest.raises(ValueError, match=r"ppo.replay=2 runs eager only .* or with --ppo.replay 0"):
-        PPOTrainer(policy, _replay_cfg(), raw_obs_dim=RAW, compile=True)
+    limit = torch._dynamo.config.recompile_limit
+    with pytest.raises(ValueError, match=rf"ppo.replay={limit} with --compile needs {limit + 1} graphs"):
+        PPOTrainer(policy, _replay_cfg(replay=limit), raw_obs_dim=RAW, compile=True)
+    PPOTrainer(policy, _replay_cfg(replay=limit - 1), raw_obs_dim=RAW, compile=True)  # within it
 
 
 def test_local_rows_find_each_process_envs_in_the_one_process_layout():
