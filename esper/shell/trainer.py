@@ -238,8 +238,6 @@ class PPOTrainer:
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
         #: Consecutive updates rolled back for a non-finite loss, gradient or parameter.
         self.bad_streak = 0
-        #: This process's envs per rollout in the batch being updated (set by :meth:`update`).
-        self._block = 0
         self.health_cfg = GradHealthConfig.for_clipped_ppo(cfg.max_grad_norm, factor=cfg.grad_explode_factor)
         self.params = [p for p in policy.parameters()]
         self.groups = _group_index(policy)
@@ -390,8 +388,8 @@ class PPOTrainer:
         t0 = time.perf_counter()
         cfg = self.cfg
         # the whole batch's envs (each process holds a slice of the new rollout and of each replayed one)
-        self._block = batch.batch_size[0]
-        batch_envs = self._block * self.dist.world
+        block = batch.batch_size[0]  # this process's envs of each rollout in the batch
+        batch_envs = block * self.dist.world
         n_envs = batch_envs + sum(td.batch_size[0] for td in self.state.replay) * self.dist.world
         if n_envs % cfg.n_minibatches:
             raise ValueError(f"ppo.n_minibatches={cfg.n_minibatches} must divide n_envs={n_envs}")
@@ -418,7 +416,7 @@ class PPOTrainer:
             for idx in env_minibatches(n_envs, cfg.n_minibatches, generator=self.generator):
                 idx = idx.to(batch.device)
                 if self.dist.active:
-                    stopped, ok, step_metrics = self._shared_step(batch, idx, coef)
+                    stopped, ok, step_metrics = self._shared_step(batch, idx, block, coef)
                     if stopped or not ok:
                         nonfinite = not stopped
                         break
@@ -479,15 +477,16 @@ class PPOTrainer:
         return out
 
     def _shared_step(
-        self, batch: TensorDictBase, idx: torch.Tensor, coef: float
+        self, batch: TensorDictBase, idx: torch.Tensor, block: int, coef: float
     ) -> tuple[bool, bool, TensorDict]:
         """One minibatch step with several processes: ``idx`` are global env indices (the same on every
-        process); this one re-scores those in its slice, with the loss denominators summed over every
+        process; ``block`` envs of each rollout in ``batch`` are this process's, :func:`local_rows`);
+        this one re-scores those in its slice, with the loss denominators summed over every
         process (:func:`esper.core.loss.loss_counts`), so the sum of the processes' gradients is the
         whole minibatch's gradient. One all-reduce carries the gradients, the KL and the finiteness
         flag; every process then takes the same decision and the same step. Returns ``(early_stop,
         finite, metrics)`` (metrics of this process's part; :meth:`_reduce_report` combines them)."""
-        mine = local_rows(idx, self._block, self.dist)  # sync point: the slice's envs
+        mine = local_rows(idx, block, self.dist)  # sync point: the slice's envs
         if mine.numel():
             mb = batch[mine]
         else:  # none of this minibatch is here: a masked-out stand-in adds nothing but joins the sums

@@ -583,5 +583,6 @@ def test_replay_checkpoint_is_whole_and_each_process_keeps_its_slice():
     policy2 = FactoredRecurrentActorCritic(RAW + 6, SPEC, hidden=16, head_hidden=8)
     half = PPOTrainer(policy2, _replay_cfg(), raw_obs_dim=RAW, dist=Dist(rank=1, world=2))
     half.load_state_dict(sd)
+    assert len(half.state.replay) == len(trainer.state.replay) == 2
     for whole, part in zip(trainer.state.replay, half.state.replay):
         assert part.batch_size[0] == 2 and (part == whole[2:]).all()
