@@ -4,7 +4,8 @@
 #      CUDA streams and CUDA AMP (tests/shell/test_env_cuda.py); CI has no GPU, so these skip there;
 #   2. bench rows that need a GPU: GAE with the fused kernel, the 8-head loss with the fused
 #      masked-categorical kernel (bench.run --suite gae, then --suite loss, --device cuda);
-#   3. the CLI end to end on CUDA, alone and under torchrun (NCCL, one rank).
+#   3. the CLI end to end on CUDA, alone and under torchrun (NCCL, one rank), and with ppo.replay,
+#      then resumed from its checkpoint for two more updates.
 # Usage, from the repository root: bash bench/gpu_check.sh [OUT_DIR]   (default: bench/results)
 # ONLY="tests bench-gae" runs some steps; TESTS="path ..." replaces the test selection.
 # Packages the machine lacks can sit as wheels in .whl/ (installed to /tmp/site, nothing else touched).
@@ -40,11 +41,17 @@ step versions 60 bash -c 'nvidia-smi -L; python3 -c "
 import torch, triton, tensordict, torchrl
 print(\"torch\", torch.__version__, \"triton\", triton.__version__, \"tensordict\", tensordict.__version__,
       \"torchrl\", torchrl.__version__, torch.cuda.get_device_name())"'
-step tests 100 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra --durations=5" \
-    ${TESTS:-tests/kernels tests/shell/test_env_cuda.py}
+step tests 240 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra --durations=5" \
+    ${TESTS:-tests/kernels tests/shell/test_env_cuda.py tests/shell/test_trainer_cuda.py}
 step bench-gae 230 python3 -m bench.run --suite gae --device cuda --out "$OUT_DIR" --tag gpu-kernels-gae
 step bench-loss 300 python3 -m bench.run --suite loss --quick --device cuda --out "$OUT_DIR" --tag gpu-kernels-loss
 step run-cuda 60 python3 -m esper.shell.run --preset smoke --env.device cuda --run_dir /tmp/esper-gpu-run
+step run-replay 240 bash -c 'python3 -m esper.shell.run --preset smoke --env.device cuda --ppo.replay 2 \
+    --updates 3 --run_dir /tmp --name esper-gpu-replay && python3 -m esper.shell.run \
+    --resume /tmp/esper-gpu-replay --updates 5 && python3 -c "
+import json; ev = [json.loads(l) for l in open(\"/tmp/esper-gpu-replay/events.jsonl\")]
+up = [e for e in ev if e.get(\"event\") == \"ppo_update\"]
+print(\"updates\", len(up), \"replayed_envs\", [e.get(\"replayed_envs\") for e in up])"'
 step torchrun-nccl 60 torchrun --standalone --nproc_per_node=1 -m esper.shell.run --preset smoke \
     --env.device cuda --run_dir /tmp/esper-gpu-torchrun
 grep "^=== .*rc=" "$LOG"
