@@ -21,7 +21,14 @@ from esper.core.lifecycle import (
     record_signals,
 )
 from esper.core.loss import decouple, loss_counts, ppo_loss, total_loss
-from esper.core.masks import action_masks, head_relevance, legal_masks, op_slot_legality
+from esper.core.masks import (
+    action_masks,
+    head_relevance,
+    legal_masks,
+    op_slot_legality,
+    slot_mask,
+    within_param_cap,
+)
 from esper.core.minibatch import env_minibatches
 from esper.core.normalize import (
     batch_stats,
@@ -89,7 +96,9 @@ __all__ = [
     "running_stats",
     "sample",
     "scale",
+    "slot_mask",
     "total_loss",
     "update_history",
     "update_running_stats",
+    "within_param_cap",
 ]

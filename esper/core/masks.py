@@ -136,15 +136,68 @@ def legal_masks(
     return TensorDict(out, batch_size=env_shape)
 
 
-def action_masks(legal: TensorDict, op: torch.Tensor) -> TensorDict:
-    """The mask each head was actually sampled under, given the sampled ``op [*E]``: the slot mask
-    is the row of ``slot_by_op`` for that op. Batch ``[*E]``, one ``[*E, n]`` bool entry per head,
-    in :data:`HEADS` order. This is what a rollout stores and what the loss re-applies."""
+def within_param_cap(
+    legal: TensorDict, seed_params: torch.Tensor, cost: torch.Tensor, cap: float
+) -> TensorDict:
+    """``legal`` (from :func:`legal_masks`, batch ``[*E]``) narrowed to the germinations that keep the
+    env's seed parameters at most ``cap``: a controller's hard parameter budget.
+
+    ``seed_params [*E, S]``: the parameters of each slot's seed now (the slot state's field; a pruned
+    or dormant slot holds 0). ``cost [S, n]`` (or ``[*E, S, n]``): what blueprint ``b`` would add in
+    slot ``s``. Returns a new TensorDict with ``blueprint_by_slot [*E, S, n]`` (the blueprint mask
+    conditioned on the slot: legal and affordable there), GERMINATE legal only in slots where some
+    blueprint is affordable, and ``op`` re-derived from ``slot_by_op``. Where a slot affords nothing its
+    blueprint row stays the unconditioned one: GERMINATE is illegal there, so the head is irrelevant
+    and still has a legal choice to sample. Feed the result to :func:`action_masks` with the slot.
+    """
+    if seed_params.shape != legal["slot_by_op"].shape[:-2] + legal["slot_by_op"].shape[-1:]:
+        raise ValueError(
+            f"within_param_cap: seed_params must be [*E, S] = {list(legal['slot_by_op'].shape[:-2])} + "
+            f"[{legal['slot_by_op'].shape[-1]}], got {list(seed_params.shape)}"
+        )
+    if cost.shape[-2:] != (seed_params.shape[-1], legal["blueprint"].shape[-1]):
+        raise ValueError(
+            f"within_param_cap: cost must be [S, n_blueprints] = [{seed_params.shape[-1]}, "
+            f"{legal['blueprint'].shape[-1]}], got {list(cost.shape)}"
+        )
+    spent = seed_params.to(cost.dtype).sum(-1, keepdim=True).unsqueeze(-1)  # [*E, 1, 1]
+    base = legal["blueprint"].unsqueeze(-2)  # [*E, 1, n]
+    affordable = base & (spent + cost <= cap)  # [*E, S, n]
+    fits = affordable.any(-1)  # [*E, S]
+    by_slot = torch.where(fits.unsqueeze(-1), affordable, base.expand_as(affordable))
+    by_op = legal["slot_by_op"].clone()
+    by_op[..., int(Op.GERMINATE), :] = by_op[..., int(Op.GERMINATE), :] & fits
+    out = legal.clone(recurse=False)
+    out["slot_by_op"] = by_op
+    out["op"] = by_op.any(-1)
+    out["blueprint_by_slot"] = by_slot
+    return out
+
+
+def slot_mask(legal: TensorDict, op: torch.Tensor) -> torch.Tensor:
+    """``[*E, S]``: the slots legal for the sampled ``op [*E]`` (its row of ``slot_by_op``)."""
     by_op = legal["slot_by_op"]
     idx = op.reshape(*op.shape, 1, 1).expand(*op.shape, 1, by_op.shape[-1])
-    slot = by_op.gather(-2, idx).squeeze(-2)
-    out = {h: (slot if h == "slot" else legal[h]) for h in HEADS}
-    return TensorDict(out, batch_size=legal.batch_size)
+    return by_op.gather(-2, idx).squeeze(-2)
+
+
+def action_masks(legal: TensorDict, op: torch.Tensor, slot: torch.Tensor | None = None) -> TensorDict:
+    """The mask each head was actually sampled under, given the sampled ``op [*E]``: the slot mask
+    is the row of ``slot_by_op`` for that op (:func:`slot_mask`). Where ``legal`` conditions the
+    blueprint on the slot (``blueprint_by_slot``, from :func:`within_param_cap`), the sampled
+    ``slot [*E]`` is required and the blueprint mask is its row. Batch ``[*E]``, one ``[*E, n]`` bool
+    entry per head, in :data:`HEADS` order. This is what a rollout stores and what the loss re-applies."""
+    out = {h: legal[h] for h in HEADS if h != "slot"}
+    out["slot"] = slot_mask(legal, op)
+    if "blueprint_by_slot" in legal.keys():
+        if slot is None:
+            raise ValueError(
+                "action_masks: these masks condition the blueprint on the slot; pass the sampled slot"
+            )
+        by_slot = legal["blueprint_by_slot"]
+        idx = slot.reshape(*slot.shape, 1, 1).expand(*slot.shape, 1, by_slot.shape[-1])
+        out["blueprint"] = by_slot.gather(-2, idx).squeeze(-2)
+    return TensorDict({h: out[h] for h in HEADS}, batch_size=legal.batch_size)
 
 
 def n_legal(mask: torch.Tensor) -> torch.Tensor:
@@ -159,4 +212,7 @@ def _stage_in(stage: torch.Tensor, stages: tuple[Stage, ...]) -> torch.Tensor:
     return out
 
 
-__all__ = ["action_masks", "head_relevance", "legal_masks", "n_legal", "op_slot_legality", "seed_pays"]
+__all__ = [
+    "action_masks", "head_relevance", "legal_masks", "n_legal", "op_slot_legality", "seed_pays", "slot_mask",
+    "within_param_cap",
+]

@@ -14,6 +14,7 @@ from collections.abc import Collection
 import torch
 from tensordict import TensorDict
 
+from esper.core.masks import within_param_cap
 from esper.core.observation import obs_dim
 from esper.core.spec import ActionSpec, Op
 from esper.shell.distributed import SINGLE, Dist
@@ -60,6 +61,7 @@ class PPOController:
         deterministic: bool | Collection[str] = False,
         learns: bool = True,
         per_env: bool = False,
+        germination_cost: torch.Tensor | None = None,
     ) -> None:
         #: False for a frozen controller under evaluation: the runner then keeps no rollout.
         self.learns = learns
@@ -72,6 +74,18 @@ class PPOController:
         self.env_generators: list[torch.Generator] = []
         self.device = next(policy.parameters()).device
         self.state = policy.initial_state(1, self.device)
+        #: ``ppo.param_cap`` (0: none) and the env's ``germination_cost [S, n]`` it is checked with.
+        self.param_cap = trainer.cfg.param_cap
+        if self.param_cap > 0 and germination_cost is None:
+            raise ValueError("ppo.param_cap needs the env's germination_cost (VecEnv.germination_cost)")
+        self.germination_cost = germination_cost
+
+    def legal(self, step: StepInput) -> TensorDict:
+        """The env's legality, narrowed to what keeps the seeds within ``ppo.param_cap`` when set."""
+        if self.param_cap <= 0:
+            return step.legal
+        cost = self.germination_cost.to(step.legal.device)
+        return within_param_cap(step.legal, step.slots["seed_params"], cost, self.param_cap)
 
     def begin(self, n_envs: int) -> None:
         self.state = self.policy.initial_state(n_envs, self.device)
@@ -83,14 +97,16 @@ class PPOController:
                 torch.Generator(device=self.device).manual_seed(derive_seed("act", s)) for s in host_seeds
             ]
 
-    def policy_input(self, step: StepInput) -> torch.Tensor:
-        return torch.cat([self.trainer.normalize_obs(step.raw_obs), step.legal["op"].float()], dim=-1)
+    def policy_input(self, step: StepInput, legal: TensorDict | None = None) -> torch.Tensor:
+        legal = self.legal(step) if legal is None else legal
+        return torch.cat([self.trainer.normalize_obs(step.raw_obs), legal["op"].float()], dim=-1)
 
     def act(self, step: StepInput) -> TensorDict:
-        x = self.policy_input(step)
+        legal = self.legal(step)
+        x = self.policy_input(step, legal)
         h, c = self.state
         out, self.state = self.policy.act(
-            x, self.state, step.legal, generator=self.env_generators if self.per_env else self.generator,
+            x, self.state, legal, generator=self.env_generators if self.per_env else self.generator,
             deterministic=self.deterministic,
         )
         out["observation"] = x

@@ -25,7 +25,7 @@ from tensordict import TensorDict
 
 from esper.core import distributions as dist
 from esper.core.lifecycle import LifecycleConfig, gate_readiness
-from esper.core.masks import action_masks
+from esper.core.masks import action_masks, slot_mask
 from esper.core.spec import ALPHA_TARGETS, DEFAULT_BLEND, HEADS, Op, Style, Tempo
 from esper.shell.rollout import StepInput
 
@@ -78,8 +78,10 @@ class RandomController(_NoLearning):
         legal = step.legal
         device = legal["op"].device
         op = self._uniform(legal["op"])
-        used = action_masks(legal, op)
-        out = {h: (op if h == "op" else self._uniform(used[h])) for h in HEADS}
+        slot = self._uniform(slot_mask(legal, op))
+        used = action_masks(legal, op, slot)
+        out = {"op": op, "slot": slot}
+        out.update({h: self._uniform(used[h]) for h in HEADS if h not in out})  # HEADS order: same draws
         return _actions(out, op.shape[0], device)
 
     def _uniform(self, mask: torch.Tensor) -> torch.Tensor:

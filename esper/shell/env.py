@@ -232,6 +232,8 @@ class VecEnv:
         probe = self.task.make_host()
         self.slot_names = probe.slot_names
         self.blueprint_names = probe.blueprint_names
+        #: ``[S, n_blueprints]``: the most parameters each germination can add (a controller's cap).
+        self.germination_cost = probe.germination_cost().to(self.device)
         self.spec = ActionSpec(
             n_slots=probe.n_slots,
             n_blueprints=len(probe.blueprint_names),

@@ -109,7 +109,10 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         policy.eval()
         generator = torch.Generator(device=device).manual_seed(seed)
         mode = PPO_READOUTS[name][0]
-        return PPOController(policy, trainer, generator=generator, deterministic=mode, learns=False)
+        return PPOController(
+            policy, trainer, generator=generator, deterministic=mode, learns=False,
+            germination_cost=env.germination_cost,
+        )  # fmt: skip
     if name == "static":
         return StaticController()
     if name == "random":
@@ -348,6 +351,7 @@ def evaluate_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int
             "param_weight": cfg.reward.param_weight,
             "param_budget": cfg.reward.param_budget,
             "param_over_weight": cfg.reward.param_over_weight,
+            "ppo_param_cap": cfg.ppo.param_cap,  # the learned controller's hard cap (0: none)
             "reward_mode": cfg.reward.mode.name,
             "trained_updates": int(checkpoint["progress"]["update"]) if checkpoint else None,
             "torch_threads": torch.get_num_threads(),  # the numbers repeat at the same seed and threads
@@ -462,7 +466,12 @@ def report_markdown(results: dict, plots: Sequence[Path]) -> str:
         f"{meta['eval_seed']}; the same host seeds for every controller; {meta['torch_threads']} torch "
         f"thread(s): another count trains the hosts to other numbers), task `{meta['task']}`; "
         f"{meta['ppo_acts']}. Accuracy is the final host's **test** accuracy (held out "
-        "from host training and from the controller); intervals are 95 % Student-t over episodes.",
+        "from host training and from the controller); intervals are 95 % Student-t over episodes."
+        + (
+            f" The learned controller may hold at most {meta['ppo_param_cap']:g} seed parameters "
+            "(`ppo.param_cap`); the baselines have no cap."
+            if meta.get("ppo_param_cap", 0) > 0 else ""
+        ),
         "",
         "| controller | test acc % | 95 % CI | gain over static | params added | return | fossilized |",
         "|---|---:|---|---:|---:|---:|---:|",

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from esper.core.spec import Stage, Style
-from esper.shell.blueprints import BLUEPRINTS, CausalSelfAttention, build_blueprint
-from esper.shell.seeds import SeedSlot
+from esper.shell.blueprints import BLUEPRINTS, CausalSelfAttention, build_blueprint, param_count
+from esper.shell.seeds import Gate, SeedSlot
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -61,6 +61,18 @@ class Host(nn.Module, ABC):
             if s.name == name:
                 return s.width
         raise KeyError(f"no slot {name!r}; slots: {', '.join(self.slot_names)}")
+
+    def germination_cost(self) -> torch.Tensor:
+        """``[S, n_blueprints]`` float: the most parameters germinating blueprint ``b`` in slot ``s`` can
+        add, the seed's plus a GATED_GATE gate's (the style is chosen after the blueprint, so a
+        parameter cap that must hold whatever the style counts the gate). Builds each seed once."""
+
+        def cost(blueprint: str, width: int) -> int:
+            seed = build_blueprint(self.family, blueprint, width)
+            return param_count(seed) + param_count(Gate(width, self.family))
+
+        rows = [[cost(b, s.width) for b in self.blueprint_names] for s in self.slots]
+        return torch.tensor(rows, dtype=torch.float32)
 
     def slot(self, slot_index: int) -> SeedSlot:
         if not 0 <= slot_index < len(self.slots):

@@ -38,7 +38,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from esper.core import distributions as dist
-from esper.core.masks import action_masks
+from esper.core.masks import action_masks, slot_mask
 from esper.core.spec import DEFAULT_BLEND, HEADS, ActionSpec, Op
 
 RecurrentState = tuple[torch.Tensor, torch.Tensor]
@@ -182,10 +182,11 @@ class FactoredRecurrentActorCritic(nn.Module):
         feats = feats.squeeze(1)
         op_logits = self.heads["op"](feats)
         op = _sample(op_logits, legal["op"], generator, "op" in mode)
-        used = action_masks(legal, op)
-        check_masks(used["slot"], "slot")
+        slots_ok = slot_mask(legal, op)
+        check_masks(slots_ok, "slot")
         slot_logits = self.slot_logits(feats, op)
-        slot = _sample(slot_logits, used["slot"], generator, "slot" in mode)
+        slot = _sample(slot_logits, slots_ok, generator, "slot" in mode)
+        used = action_masks(legal, op, slot)  # the blueprint mask may depend on the slot (a param cap)
         logits = {"op": op_logits, "slot": slot_logits, **self._later_logits(feats, op, slot)}
         sampled = {"op": op, "slot": slot}
         out = TensorDict({}, batch_size=obs.shape[:1], device=obs.device)

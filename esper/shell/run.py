@@ -223,7 +223,9 @@ class Run:
             cfg.ppo, self.env.spec, device=torch.device(device), seed=cfg.seed, compile=cfg.compile, dist=dist
         )
         if cfg.policy == "ppo":  # actions sampled per env, from the global env index: see PPOController
-            self.controller = PPOController(self.policy, self.trainer, per_env=True)
+            self.controller = PPOController(
+                self.policy, self.trainer, per_env=True, germination_cost=self.env.germination_cost
+            )
         else:
             self.controller = HeuristicController(self.env.blueprint_names, cfg.lifecycle)
         self.detector = AnomalyDetector(cfg.anomaly, target_kl=cfg.ppo.target_kl)

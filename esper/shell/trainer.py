@@ -142,6 +142,14 @@ class PPOConfig:
         "untrained policy acts on the first legal slot, growing b0 first, as the fixed schedules do "
         "(0: uniform over the legal slots)",
     )
+    param_cap: float = doc(
+        0.0,
+        "a hard budget on the learned controller's seeds: it may germinate only where the env's seed "
+        "parameters stay at most this many, counting each germination at its most (a gate included; "
+        "esper.core.masks.within_param_cap). 0: no cap. Only the learned controller is capped; "
+        "the baselines are not",
+        ge=0,
+    )
     replay: int = doc(
         0,
         "earlier batches each update re-uses (0: on-policy PPO). A replayed batch is re-scored at the "

@@ -28,3 +28,19 @@ def test_seed_pays_compiles(compile_check):
     slots["alpha"] = torch.tensor([[1.0, 0.5], [0.0, 0.0]])
     slots["contribution"] = torch.tensor([[5.0, float("nan")], [9.0, 0.0]])
     compile_check(lambda slots: masks.seed_pays(slots, 1.0), slots)
+
+
+def test_within_param_cap_compiles(compile_check):
+    S = Stage
+    spec = ActionSpec(n_slots=3, n_blueprints=4, masked_blueprints=(0,))
+    slots = _slots([[S.DORMANT, S.TRAINING, S.DORMANT], [S.DORMANT, S.DORMANT, S.DORMANT]])
+    seed_params = torch.tensor([[0.0, 50.0, 0.0], [0.0, 0.0, 0.0]])
+    cost = torch.tensor([[1.0, 10.0, 40.0, 90.0]] * 3)
+    op = torch.tensor([int(Op.GERMINATE), int(Op.GERMINATE)])
+    slot = torch.tensor([0, 2])
+
+    def fn(slots, seed_params, cost, op, slot):
+        legal = masks.within_param_cap(masks.legal_masks(slots, spec), seed_params, cost, 100.0)
+        return masks.action_masks(legal, op, slot)
+
+    compile_check(fn, slots, seed_params, cost, op, slot)

@@ -1,0 +1,75 @@
+"""A controller's hard parameter cap (esper.core.masks.within_param_cap): the blueprint mask is
+conditioned on the slot, GERMINATE is legal only where something fits, and the rest is untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from esper.core import masks
+from esper.core.spec import ActionSpec, Op, Stage
+from tests.core.test_masks import _slots
+
+S = Stage
+SPEC = ActionSpec(n_slots=3, n_blueprints=4, masked_blueprints=(0,))
+#: Slot 2 is wider: its blueprints cost twice as much.
+COST = torch.tensor([[1.0, 10.0, 40.0, 90.0], [1.0, 10.0, 40.0, 90.0], [2.0, 20.0, 80.0, 180.0]])
+
+
+def _capped(seed_params, cap, stages=None):
+    stages = stages or [[S.DORMANT, S.TRAINING, S.DORMANT]] * len(seed_params)
+    legal = masks.legal_masks(_slots(stages), SPEC)
+    return legal, masks.within_param_cap(legal, torch.tensor(seed_params), COST, cap)
+
+
+def test_blueprints_that_would_pass_the_cap_are_masked_per_slot():
+    legal, capped = _capped([[0.0, 50.0, 0.0]], 100.0)  # 50 spent: 50 left
+    by_slot = capped["blueprint_by_slot"][0]
+    assert by_slot[0].tolist() == [False, True, True, False]  # 10 and 40 fit, 90 does not, noop masked
+    assert by_slot[2].tolist() == [False, True, False, False]  # the wide slot: only 20 fits
+    germ = int(Op.GERMINATE)
+    assert capped["slot_by_op"][0, germ].tolist() == [True, False, True]
+    assert legal["slot_by_op"][0, germ].tolist() == [True, False, True]
+    # the cap touches nothing but GERMINATE and the blueprint
+    other = [o for o in range(len(Op)) if o != germ]
+    assert torch.equal(capped["slot_by_op"][:, other], legal["slot_by_op"][:, other])
+    for head in ("style", "tempo", "blueprint"):
+        assert torch.equal(capped[head], legal[head])
+
+
+def test_germinate_is_illegal_where_nothing_fits_and_the_head_keeps_a_choice():
+    legal, capped = _capped([[0.0, 95.0, 0.0]], 100.0)  # 5 left: only the masked noop would fit
+    assert not capped["slot_by_op"][0, int(Op.GERMINATE)].any()
+    assert not capped["op"][0, int(Op.GERMINATE)] and legal["op"][0, int(Op.GERMINATE)]
+    assert capped["op"][0, int(Op.WAIT)]
+    # no slot affords a legal blueprint, so every row falls back to the unconditioned mask
+    assert torch.equal(capped["blueprint_by_slot"][0], legal["blueprint"][0].expand(3, -1))
+
+
+def test_exactly_at_the_cap_fits():
+    _, capped = _capped([[0.0, 10.0, 0.0]], 100.0)
+    assert capped["blueprint_by_slot"][0, 0, 3]  # 10 + 90 == 100
+
+
+def test_action_masks_take_the_sampled_slots_row():
+    _, capped = _capped([[0.0, 50.0, 0.0], [0.0, 0.0, 0.0]], 100.0, [[S.DORMANT, S.TRAINING, S.DORMANT]] * 2)
+    op = torch.tensor([int(Op.GERMINATE)] * 2)
+    used = masks.action_masks(capped, op, torch.tensor([2, 0]))
+    assert used["blueprint"].tolist() == [[False, True, False, False], [False, True, True, True]]
+    with pytest.raises(ValueError, match="pass the sampled slot"):
+        masks.action_masks(capped, op)
+
+
+def test_without_a_cap_the_slot_is_optional_and_changes_nothing():
+    legal = masks.legal_masks(_slots([[S.DORMANT, S.TRAINING, S.DORMANT]]), SPEC)
+    op = torch.tensor([int(Op.GERMINATE)])
+    a, b = masks.action_masks(legal, op), masks.action_masks(legal, op, torch.tensor([2]))
+    assert all(torch.equal(a[h], b[h]) for h in a.keys())
+
+
+def test_bad_shapes_raise():
+    legal = masks.legal_masks(_slots([[S.DORMANT, S.TRAINING, S.DORMANT]]), SPEC)
+    with pytest.raises(ValueError, match="seed_params"):
+        masks.within_param_cap(legal, torch.zeros(1, 2), COST, 10.0)
+    with pytest.raises(ValueError, match="cost"):
+        masks.within_param_cap(legal, torch.zeros(1, 3), COST[:, :3], 10.0)
