@@ -1,7 +1,8 @@
 """The learning controller: Tamiyo's network acting for every env at once.
 
 What the policy sees is ``cat(normalize(raw_obs), op_legality)``: the observation normalized with the
-trainer's statistics, frozen during the rollout, plus one bit per op saying whether it is legal now.
+trainer's statistics, frozen during the rollout, plus one bit per op saying whether it is legal now
+for this controller (with ``ppo.param_cap``, after the cap's narrowing: :meth:`PPOController.legal`).
 That input is what is stored as ``observation`` (finding S2), so the PPO update re-scores exactly the
 inputs the actions were sampled from; the value therefore also depends on the legality masks, and the
 truncation bootstrap uses the post-action ones (finding H4).
