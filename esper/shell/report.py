@@ -429,6 +429,11 @@ def summary_markdown(run: Run, run_dir: Path, plots: Sequence[Path]) -> str:
             f"added vs the static host {_fmt(h.get('static_test_acc'))} %; gain {_fmt(h.get('gain'))} "
             f"points (95 % CI {_fmt((h.get('gain_ci95') or [None])[0])} to "
             f"{_fmt((h.get('gain_ci95') or [None, None])[-1])})"
+            + (
+                f"; its most likely actions (ppo_greedy) {_fmt(h['greedy_test_acc'])} % with "
+                f"{_fmt(h.get('greedy_params_added'))} parameters"
+                if h.get("greedy_test_acc") is not None else ""
+            )
         )
     returns = run.per_update("return")
     if returns:

@@ -430,25 +430,36 @@ class Run:
 
         cfg = self.cfg
         checkpoint = {"trainer": self.trainer.state_dict(replay=False), "progress": {"update": cfg.updates}}
+        # the learned controller is read twice: sampled as trained, and by its most likely actions
+        greedy = ["ppo_greedy"] if cfg.policy == "ppo" else []
         res = evaluate_config(
-            cfg, [cfg.policy, "static"], episodes=cfg.eval_episodes, seed=HELDOUT_SEED + cfg.seed,
+            cfg, [cfg.policy, *greedy, "static"], episodes=cfg.eval_episodes, seed=HELDOUT_SEED + cfg.seed,
             checkpoint=checkpoint, show_progress=cfg.progress, task=self.env.task,
         )  # fmt: skip
         grown, static = res["controllers"][cfg.policy], res["controllers"]["static"]
         paired = [g["final_test_acc"] - s["final_test_acc"]
                   for g, s in zip(grown["per_episode"], static["per_episode"])]  # fmt: skip
         gain, (lo, hi) = mean_ci95(paired)
+        also, extra = "", {}
+        if greedy:
+            g = res["controllers"]["ppo_greedy"]
+            also = (
+                f" (sampled, as trained; its most likely actions, ppo_greedy: {g['test_acc_mean']:.1f} % "
+                f"with {g['params_added_mean']:.0f})"
+            )
+            extra = {"greedy_test_acc": g["test_acc_mean"], "greedy_params_added": g["params_added_mean"]}
         text = (
-            f"held-out check on {cfg.eval_episodes} fresh hosts (the same for both): the {cfg.policy} "
+            f"held-out check on {cfg.eval_episodes} fresh hosts (the same for all): the {cfg.policy} "
             f"controller's final hosts reach {grown['test_acc_mean']:.1f} % test accuracy with "
-            f"{grown['params_added_mean']:.0f} parameters added; the static host "
+            f"{grown['params_added_mean']:.0f} parameters added{also}; the static host "
             f"{static['test_acc_mean']:.1f} %; "
             f"growth paid {gain:+.1f} points (95 % CI {lo:+.1f} to {hi:+.1f}). "
             f"Full comparison: python -m esper.shell.evaluate {self.dir}"
         )
         return {"text": text, "episodes": cfg.eval_episodes, "controller": cfg.policy,
                 "test_acc": grown["test_acc_mean"], "static_test_acc": static["test_acc_mean"],
-                "params_added": grown["params_added_mean"], "gain": gain, "gain_ci95": [lo, hi]}  # fmt: skip
+                "params_added": grown["params_added_mean"], "gain": gain, "gain_ci95": [lo, hi],
+                **extra}  # fmt: skip
 
     def _log_episodes(self, update: int, result) -> None:
         for ev in result.epochs:

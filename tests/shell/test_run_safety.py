@@ -134,7 +134,8 @@ def test_a_refused_resume_touches_no_file(done_run, capsys):
     status, err = cli(capsys, "--resume", done_run, *more)
     assert status == 0, err[-3000:]  # the optimizer's hyperparameters (and the end-of-run check) may change
     assert load_checkpoint(done_run / "checkpoint.pt")["progress"]["update"] == 3
-    assert len(read_events(done_run / "events.jsonl", "heldout_check")) == 1
+    (check,) = read_events(done_run / "events.jsonl", "heldout_check")
+    assert check["controller"] == "ppo" and "greedy_test_acc" in check  # both readouts of the controller
 
 
 def test_damaged_or_foreign_checkpoints_are_refused_in_one_line(done_run, capsys):
