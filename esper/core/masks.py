@@ -174,11 +174,15 @@ def within_param_cap(
     return out
 
 
+def _row(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table [*E, K, n]``, ``index [*E]`` -> ``[*E, n]``: each env's row ``index``."""
+    idx = index.reshape(*index.shape, 1, 1).expand(*index.shape, 1, table.shape[-1])
+    return table.gather(-2, idx).squeeze(-2)
+
+
 def slot_mask(legal: TensorDict, op: torch.Tensor) -> torch.Tensor:
     """``[*E, S]``: the slots legal for the sampled ``op [*E]`` (its row of ``slot_by_op``)."""
-    by_op = legal["slot_by_op"]
-    idx = op.reshape(*op.shape, 1, 1).expand(*op.shape, 1, by_op.shape[-1])
-    return by_op.gather(-2, idx).squeeze(-2)
+    return _row(legal["slot_by_op"], op)
 
 
 def action_masks(legal: TensorDict, op: torch.Tensor, slot: torch.Tensor | None = None) -> TensorDict:
@@ -194,9 +198,7 @@ def action_masks(legal: TensorDict, op: torch.Tensor, slot: torch.Tensor | None 
             raise ValueError(
                 "action_masks: these masks condition the blueprint on the slot; pass the sampled slot"
             )
-        by_slot = legal["blueprint_by_slot"]
-        idx = slot.reshape(*slot.shape, 1, 1).expand(*slot.shape, 1, by_slot.shape[-1])
-        out["blueprint"] = by_slot.gather(-2, idx).squeeze(-2)
+        out["blueprint"] = _row(legal["blueprint_by_slot"], slot)
     return TensorDict({h: out[h] for h in HEADS}, batch_size=legal.batch_size)
 
 
