@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import torch
 
+from esper.core.rewards import parameter_cost
 from esper.shell.baselines import GrowAllController, StaticController
 from esper.shell.config import preset
 from esper.shell.env import VecEnv
@@ -62,4 +64,7 @@ def test_shaped_reward_is_kept_as_an_option():
 def test_the_default_preset_is_the_objective_reward():
     cfg = preset("default")
     assert cfg.reward.mode.name == "OBJECTIVE" and cfg.env.task == "mnist1d"
-    assert dataclasses.replace(cfg.reward).param_weight > 0
+    # growth is charged: free up to the budget, then at param_over_weight points per host-size
+    charged = torch.tensor([0.0, cfg.reward.param_budget, 1200.0])
+    cost = parameter_cost(charged, torch.full_like(charged, 274.0), dataclasses.replace(cfg.reward))
+    assert cfg.reward.param_budget > 0 and cost[0] == 0 and cost[1] == 0 and cost[2] > 10
