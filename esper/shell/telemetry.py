@@ -56,7 +56,9 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
 ``heldout_check``
     after the last update when ``eval_episodes`` > 0: ``episodes``, ``controller``, ``test_acc`` and
     ``static_test_acc`` (mean final test accuracy on the same fresh hosts), ``params_added``,
-    ``gain`` and ``gain_ci95`` (paired difference, points).
+    ``gain`` and ``gain_ci95`` (paired difference, points), all of the controller sampled as trained;
+    for ``ppo`` also ``greedy_test_acc``, ``greedy_params_added``, ``greedy_gain`` and
+    ``greedy_gain_ci95``, the same of its most likely actions (``ppo_greedy``).
 ``run_end``
     ``interrupted``, ``updates``; ``summary`` (dict) after a finished run, ``status`` (exit status)
     and ``reason`` after an interrupted or stopped one.

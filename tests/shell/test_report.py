@@ -100,7 +100,7 @@ def _write_run(
         log.write(
             "heldout_check", episodes=4, controller="ppo", test_acc=71.5, static_test_acc=45.25,
             params_added=400.0, gain=26.25, gain_ci95=[20.0, 32.5], greedy_test_acc=73.5,
-            greedy_params_added=520.0,
+            greedy_params_added=520.0, greedy_gain=28.25, greedy_gain_ci95=[22.0, 34.5],
         )  # fmt: skip
         log.write("run_end", summary={"best_val_acc": 0.85})
 
@@ -122,7 +122,7 @@ def test_report_writes_plots_and_summary(tmp_path):
     assert "final test accuracy (update 2, mean over 2 envs): 70, 150 parameters added" in md
     assert "held-out check (4 fresh hosts): ppo 71.5 % test accuracy with 400 parameters added vs the " \
         "static host 45.25 %; gain 26.25 points (95 % CI 20 to 32.5); its most likely actions " \
-        "(ppo_greedy) 73.5 % with 520 parameters" in md  # fmt: skip
+        "(ppo_greedy) 73.5 % with 520 parameters, gain 28.25 points (95 % CI 22 to 34.5)" in md  # fmt: skip
     assert "mean return: 1.5 (update 0) → 3.5 (update 2); slope 1 per update" in md
     assert "fossilize 6" in md and "germinate 6" in md
     assert "governor rollbacks: 1 (spike 1)" in md

@@ -136,6 +136,9 @@ def test_a_refused_resume_touches_no_file(done_run, capsys):
     assert load_checkpoint(done_run / "checkpoint.pt")["progress"]["update"] == 3
     (check,) = read_events(done_run / "events.jsonl", "heldout_check")
     assert check["controller"] == "ppo" and "greedy_test_acc" in check  # both readouts of the controller
+    lo, hi = check["greedy_gain_ci95"]
+    assert lo <= check["greedy_gain"] <= hi and check["greedy_test_acc"] - check["static_test_acc"] == \
+        pytest.approx(check["greedy_gain"], abs=1e-4)  # paired over the same hosts
 
 
 def test_damaged_or_foreign_checkpoints_are_refused_in_one_line(done_run, capsys):
