@@ -16,6 +16,10 @@ Three questions, each over every run given:
    from one epoch to the next and is back within ``back`` points the epoch after, with what the
    controller did on the epoch before the dip (the action whose effect the dipping epoch measures),
    and whether that was an ``alpha_set`` that changed the seed's style (possible before 6365c26).
+4. **Exposure to a placement** (:func:`exposure`, ``--plan b0=conv_heavy+b2=self_attention``): how many
+   training episodes ended on a host that holds every seed of the plan, in updates ``1..early``, in
+   all updates, and in the last update: whether a controller that misses a placement never saw what it
+   pays, or saw it and left it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +108,34 @@ def dips(path: str | Path, drop: float = 15.0, back: float = 5.0) -> list[dict[s
     return out
 
 
-def summary(paths: list[str], window: int = 5, last_update: int = 8) -> str:
+def _holds(grown: str, plan: str) -> bool:
+    """Whether a final host (``grown``, the fixed placements' notation) holds every ``slot=blueprint``
+    of ``plan`` (other seeds may be there too)."""
+    have = set(grown.split("+")) if grown else set()
+    return set(plan.split("+")) <= have
+
+
+def exposure(path: str | Path, plan: str, early: int = 5) -> dict[str, int]:
+    """Training episodes whose final host holds ``plan`` (``b0=conv_heavy+b2=self_attention``):
+    ``early`` (updates ``1..early``) of ``early_episodes``, ``all`` of ``episodes``, ``last`` of
+    ``last_episodes`` (the run's last update)."""
+    if not plan or any(part.count("=") != 1 for part in plan.split("+")):
+        raise ValueError(f"plan must read slot=blueprint[+slot=blueprint...], got {plan!r}")
+    eps = [e for e in _events(path) if e["event"] == "episode"]
+    if not eps:
+        raise ValueError(f"{path} has no episode events")
+    last = max(e["update"] for e in eps)
+    held = [(e["update"], _holds(e.get("grown") or "", plan)) for e in eps]
+    return {
+        "early": sum(h for u, h in held if u <= early), "early_episodes": sum(u <= early for u, _ in held),
+        "all": sum(h for _, h in held), "episodes": len(held),
+        "last": sum(h for u, h in held if u == last), "last_episodes": sum(u == last for u, _ in held),
+    }  # fmt: skip
+
+
+def summary(
+    paths: list[str], window: int = 5, last_update: int = 8, plans: Sequence[str] = (), early: int = 5
+) -> str:
     prunes = [p for path in paths for p in deadline_prunes(path, window)]
     lines = [f"{len(paths)} runs, {len(prunes)} deadline prunes"]
     for after in (True, False):
@@ -133,6 +165,14 @@ def summary(paths: list[str], window: int = 5, last_update: int = 8) -> str:
         f"after a re-style {sum(d['restyled'] for d in found)}, "
         f"after no lifecycle event {sum(not d['kinds'] for d in found)}"
     )
+    for plan in plans:
+        lines.append(
+            f"training episodes whose final host holds {plan} (updates 1-{early} / all / last update):"
+        )
+        for path in paths:
+            x = exposure(path, plan, early)
+            lines.append(f"  {Path(path).parent.name or path}: {x['early']}/{x['early_episodes']}, "
+                         f"{x['all']}/{x['episodes']}, {x['last']}/{x['last_episodes']}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -141,8 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("events", nargs="+", help="events.jsonl of training runs")
     p.add_argument("--window", type=int, default=5, help="epochs searched for alpha_set")
     p.add_argument("--last-update", type=int, default=8, help="b0 returns over updates 1..N")
+    p.add_argument(
+        "--plan",
+        action="append",
+        default=[],
+        help="a placement (b0=conv_heavy+b2=self_attention): training episodes that ended holding it",
+    )
+    p.add_argument("--early", type=int, default=5, help="the plan's early window: updates 1..N")
     args = p.parse_args(argv)
-    print(summary(args.events, args.window, args.last_update))
+    print(summary(args.events, args.window, args.last_update, args.plan, args.early))
     return 0
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.diagnose import b0_returns, deadline_prunes, dips, summary
+from bench.diagnose import b0_returns, deadline_prunes, dips, exposure, summary
 
 
 def _write(path, events):
@@ -80,3 +80,24 @@ def test_dips_find_one_epoch_drops_that_recover_and_what_came_before(tmp_path):
     assert [d["epoch"] for d in dips(path, drop=21.0)] == [6]
     assert "one-epoch dips (>= 15 points, back within 5): 2 (per run 2); after an alpha_set 1, " \
         "after a re-style 1, after no lifecycle event 1" in summary([str(path)])
+
+
+def test_exposure_counts_training_episodes_whose_final_host_holds_the_whole_plan(tmp_path):
+    heavy, attn = "b0=conv_heavy", "b2=self_attention"
+    plan = f"{heavy}+{attn}"
+    grown = [(1, plan), (1, heavy), (2, f"{heavy}+b1=norm+{attn}"), (3, ""), (3, attn), (4, plan),
+             (4, f"b0=conv_light+{attn}")]  # fmt: skip
+    events = [{"event": "episode", "update": u, "return": 0.0, "grown": g} for u, g in grown]
+    (tmp_path / "seed7").mkdir()
+    path = _write(tmp_path / "seed7" / "events.jsonl", events)
+    got = exposure(path, plan, early=2)
+    assert got == {"early": 2, "early_episodes": 3, "all": 3, "episodes": 7, "last": 1, "last_episodes": 2}
+    assert exposure(path, heavy, early=1) == {
+        "early": 2, "early_episodes": 2, "all": 4, "episodes": 7, "last": 1, "last_episodes": 2
+    }  # fmt: skip
+    assert "seed7: 2/3, 3/7, 1/2" in summary([str(path)], plans=[plan], early=2)
+    for bad in ("", "b0", "b0=conv_heavy+b2"):
+        with pytest.raises(ValueError, match="slot=blueprint"):
+            exposure(path, bad)
+    with pytest.raises(ValueError, match="no episode events"):
+        exposure(_write(tmp_path / "empty.jsonl", [_epoch(1, 1, [1.0])]), plan)

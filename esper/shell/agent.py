@@ -31,10 +31,11 @@ def policy_input_dim(raw_obs_dim: int) -> int:
 
 def build_learner(
     ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str, seed: int, compile: bool = False,
-    dist: Dist = SINGLE,
+    dist: Dist = SINGLE, germination_cost: torch.Tensor | None = None,
 ) -> tuple[FactoredRecurrentActorCritic, PPOTrainer]:
     """Tamiyo's network for an action space and its PPO trainer (statistics, optimizer), freshly
-    initialized from ``seed``'s generators; load a checkpoint's ``trainer`` entry to restore one."""
+    initialized from ``seed``'s generators; load a checkpoint's ``trainer`` entry to restore one.
+    ``germination_cost`` (the env's ``[S, n_blueprints]``) is needed with ``ppo.size_bias``."""
     raw_dim = obs_dim(spec.n_slots, spec.n_blueprints)
     policy = FactoredRecurrentActorCritic(
         policy_input_dim(raw_dim), spec, hidden=ppo.hidden, head_hidden=ppo.head_hidden,
@@ -43,12 +44,30 @@ def build_learner(
         blend_bias=ppo.blend_bias,
         slot_bias=ppo.slot_bias,
         slot_order_bias=ppo.slot_order_bias,
+        blueprint_prior=size_prior(ppo.size_bias, germination_cost, spec),
     ).to(device)  # fmt: skip
     trainer = PPOTrainer(
         policy, ppo, raw_obs_dim=raw_dim, compile=compile, generator=torch.Generator().manual_seed(seed + 1),
         dist=dist,
     )
     return policy, trainer
+
+
+def size_prior(
+    size_bias: float, germination_cost: torch.Tensor | None, spec: ActionSpec
+) -> torch.Tensor | None:
+    """The blueprint head's starting logits for ``ppo.size_bias``: ``size_bias * ln(cost)``, the log of
+    each blueprint's germination cost (parameters, at least 1) averaged over the slots, shifted so the
+    largest is 0. None where ``size_bias`` is 0 (uniform)."""
+    if size_bias <= 0:
+        return None
+    if germination_cost is None:
+        raise ValueError("ppo.size_bias needs the env's germination_cost (VecEnv.germination_cost)")
+    if germination_cost.shape != (spec.n_slots, spec.n_blueprints):
+        shape = list(germination_cost.shape)
+        raise ValueError(f"germination_cost must be [{spec.n_slots}, {spec.n_blueprints}], got {shape}")
+    logits = size_bias * germination_cost.detach().float().cpu().clamp(min=1.0).log().mean(0)
+    return logits - logits.max()
 
 
 class PPOController:

@@ -104,7 +104,9 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         if checkpoint is None:
             raise ValueError(f"controller {name!r} needs the run's checkpoint")
         device = torch.device(cfg.env.device)
-        policy, trainer = build_learner(cfg.ppo, env.spec, device=device, seed=cfg.seed)
+        policy, trainer = build_learner(
+            cfg.ppo, env.spec, device=device, seed=cfg.seed, germination_cost=env.germination_cost
+        )
         trainer.load_state_dict(checkpoint["trainer"])
         policy.eval()
         generator = torch.Generator(device=device).manual_seed(seed)

@@ -68,6 +68,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         blend_bias: float = 0.0,
         slot_bias: bool = False,
         slot_order_bias: float = 0.0,
+        blueprint_prior: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         if obs_dim < 1 or hidden < 1 or head_hidden < 1:
@@ -116,6 +117,14 @@ class FactoredRecurrentActorCritic(nn.Module):
             # Slot s starts s * slot_order_bias logits below slot 0 (0: uniform over the legal slots).
             order = torch.arange(spec.n_slots, dtype=self.heads["slot"][2].bias.dtype)
             self.heads["slot"][2].bias.sub_(float(slot_order_bias) * order)  # 0 leaves +0.0, bit for bit
+            # The blueprint head starts on ``blueprint_prior`` ([n_blueprints] logits; None: uniform).
+            if blueprint_prior is not None:
+                prior = torch.as_tensor(blueprint_prior, dtype=torch.float32)
+                if prior.shape != (spec.n_blueprints,) or not torch.isfinite(prior).all():
+                    raise ValueError(
+                        f"blueprint_prior must be {spec.n_blueprints} finite logits, got {prior.tolist()}"
+                    )
+                self.heads["blueprint"][2].bias.copy_(prior)
 
     # ------------------------------------------------------------------------------------ building blocks
     def initial_state(self, batch: int, device: torch.device | str | None = None) -> RecurrentState:

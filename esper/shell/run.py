@@ -220,7 +220,8 @@ class Run:
         env_cfg = dataclasses.replace(cfg.env, n_envs=n, device=device, devices=devices)
         self.env = VecEnv(env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, first_env=first)
         self.policy, self.trainer = build_learner(
-            cfg.ppo, self.env.spec, device=torch.device(device), seed=cfg.seed, compile=cfg.compile, dist=dist
+            cfg.ppo, self.env.spec, device=torch.device(device), seed=cfg.seed, compile=cfg.compile,
+            dist=dist, germination_cost=self.env.germination_cost,
         )
         if cfg.policy == "ppo":  # actions sampled per env, from the global env index: see PPOController
             self.controller = PPOController(

@@ -142,6 +142,13 @@ class PPOConfig:
         "untrained policy acts on the first legal slot, growing b0 first, as the fixed schedules do "
         "(0: uniform over the legal slots)",
     )
+    size_bias: float = doc(
+        0.0,
+        "a capacity prior: the blueprint head starts this x ln(parameters) logits on each blueprint (its "
+        "germination cost, the log averaged over the slots), so an untrained policy grows a seed about in "
+        "proportion to its size at 1 (0: uniform over the legal blueprints)",
+        ge=0,
+    )
     param_cap: float = doc(
         0.0,
         "a hard budget on the learned controller's seeds: it may germinate only where the env's seed "

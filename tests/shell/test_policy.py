@@ -252,3 +252,40 @@ def test_slot_order_bias_reaches_the_policy_from_the_ppo_config():
     torch.testing.assert_close(policy.heads["slot"][2].bias.detach(), torch.tensor([0.0, -2.0, -4.0]))
     policy, _ = build_learner(PPOConfig(hidden=16, head_hidden=8), SPEC, device="cpu", seed=0)
     assert policy.heads["slot"][2].bias.abs().sum() == 0
+
+
+def test_size_bias_starts_the_blueprint_head_in_proportion_to_each_seeds_cost():
+    # Costs per slot [S=3, n=5]: blueprint 0 costs nothing (a noop: counted as 1), slot 2 is wider.
+    cost = torch.tensor([[0.0, 10.0, 40.0, 100.0, 400.0]] * 2 + [[0.0, 20.0, 80.0, 200.0, 800.0]])
+    policy, _ = build_learner(PPOConfig(size_bias=1.0, hidden=16, head_hidden=8), SPEC, device="cpu", seed=0,
+                              germination_cost=cost)  # fmt: skip
+    bias = policy.heads["blueprint"][2].bias.detach()
+    log_mean = cost.clamp(min=1).log().mean(0)
+    torch.testing.assert_close(bias, log_mean - log_mean.max())
+    # At size_bias 1 an untrained policy grows each legal blueprint about in proportion to its cost.
+    feats = torch.randn(64, 16)
+    germinate, slot0 = torch.full((64,), int(Op.GERMINATE)), torch.zeros(64, dtype=torch.long)
+    logits = policy.head_logits(feats, germinate, slot0)
+    probs = logits["blueprint"].softmax(-1).mean(0)
+    share = torch.tensor([10.0, 40.0, 100.0, 400.0])  # the geometric mean over slots: 2^(1/3) x each
+    torch.testing.assert_close(probs[1:] / probs[1:].sum(), share / share.sum(), atol=0.02, rtol=0)
+    # Half the bias, half the log-odds; 0 leaves the head as before, bit for bit.
+    half, _ = build_learner(PPOConfig(size_bias=0.5, hidden=16, head_hidden=8), SPEC, device="cpu", seed=0,
+                            germination_cost=cost)  # fmt: skip
+    torch.testing.assert_close(half.heads["blueprint"][2].bias.detach(), bias / 2)
+    plain, _ = build_learner(PPOConfig(hidden=16, head_hidden=8), SPEC, device="cpu", seed=0,
+                             germination_cost=cost)  # fmt: skip
+    assert plain.heads["blueprint"][2].bias.abs().sum() == 0
+
+
+def test_size_bias_refuses_a_missing_or_misshapen_cost_and_a_negative_bias():
+    cfg = PPOConfig(size_bias=1.0, hidden=16, head_hidden=8)
+    with pytest.raises(ValueError, match="germination_cost"):
+        build_learner(cfg, SPEC, device="cpu", seed=0)
+    with pytest.raises(ValueError, match=r"must be \[3, 5\]"):
+        build_learner(cfg, SPEC, device="cpu", seed=0, germination_cost=torch.ones(3, 4))
+    with pytest.raises(ValueError):
+        PPOConfig(size_bias=-1.0)
+    with pytest.raises(ValueError, match="finite"):
+        bad = torch.tensor([0.0, 1.0, float("nan"), 0.0, 0.0])
+        FactoredRecurrentActorCritic(8, SPEC, hidden=16, head_hidden=8, blueprint_prior=bad)
