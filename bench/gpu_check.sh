@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks only a GPU machine can run, in one go (about 8 minutes on an H100):
 #   1. the Triton kernels compiled for the GPU against the core (tests/kernels), and the env on real
-#      CUDA streams and CUDA AMP (tests/shell/test_env_cuda.py); CI has no GPU, so these skip there;
+#      CUDA streams and CUDA AMP (tests/shell/env/test_env_cuda.py); CI has no GPU, so these skip there;
 #   2. bench rows that need a GPU: GAE with the fused kernel, the 8-head loss with the fused
 #      masked-categorical kernel (bench.run --suite gae, then --suite loss, --device cuda);
 #   3. the CLI end to end on CUDA, alone and under torchrun (NCCL, one rank), and with ppo.replay,
@@ -42,7 +42,7 @@ import torch, triton, tensordict, torchrl
 print(\"torch\", torch.__version__, \"triton\", triton.__version__, \"tensordict\", tensordict.__version__,
       \"torchrl\", torchrl.__version__, torch.cuda.get_device_name())"'
 step tests 240 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra --durations=5" \
-    ${TESTS:-tests/kernels tests/shell/test_env_cuda.py tests/shell/test_trainer_cuda.py}
+    ${TESTS:-tests/kernels tests/shell/env/test_env_cuda.py tests/shell/agent/test_trainer_cuda.py}
 step bench-gae 230 python3 -m bench.run --suite gae --device cuda --out "$OUT_DIR" --tag gpu-kernels-gae
 step bench-loss 300 python3 -m bench.run --suite loss --quick --device cuda --out "$OUT_DIR" --tag gpu-kernels-loss
 step run-cuda 60 python3 -m esper.shell.run --preset smoke --env.device cuda --run_dir /tmp/esper-gpu-run

@@ -51,7 +51,7 @@ def run_once(ranks: int, workers: int, threads: int, updates: int, extra: list[s
         errors = [ln for ln in done.stderr.splitlines() if "error:" in ln] or done.stderr.splitlines()
         print(done.stderr[-4000:], file=sys.stderr)
         raise RuntimeError(f"{ranks} process(es) failed: {' | '.join(errors[-3:])}")
-    from esper.shell.checkpoint import load_checkpoint
+    from esper.shell.runtime.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(root / name / "checkpoint.pt")
     rows = ckpt["progress"]["rows"]

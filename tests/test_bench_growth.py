@@ -104,7 +104,7 @@ def _learn_file(path, per_run_acc: list[list[float]], train_args: str = "", cpu:
 
 def test_pool_counts_each_files_runs_as_runs_of_their_own(tmp_path):
     from bench.growth import markdown, pool, verdict
-    from esper.shell.stats import grouped_mean_ci95
+    from esper.shell.eval.stats import grouped_mean_ci95
 
     a = _learn_file(tmp_path / "a.json", [[40.0, 42.0], [50.0, 52.0]])
     b = _learn_file(tmp_path / "b.json", [[60.0, 64.0]], cpu="cpu B")
@@ -313,7 +313,7 @@ def _learned_from(path, planned: dict, plan: str, offsets: list[float], *, grow_
 
 def test_plans_run_fixed_schedules_on_the_learn_stages_hosts_and_pair_the_learned_controllers(tmp_path):
     from bench.growth import _against_learned, plans, plans_markdown
-    from esper.shell.config import preset
+    from esper.shell.config.presets import preset
     from esper.shell.evaluate import evaluate_config
 
     plan = "grow:b0=conv_heavy@STANDARD@0.7"

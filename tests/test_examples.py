@@ -98,7 +98,7 @@ def _compiled_equals_eager(monkeypatch, backend) -> list:
     import torch
 
     import examples.cartpole_ppo as ex
-    from esper.shell.wholestep import compile_step
+    from esper.shell.agent.wholestep import compile_step
 
     graphs = []
 

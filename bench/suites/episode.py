@@ -85,7 +85,7 @@ def default_config(**env_overrides):
 
 def build_run(cfg, run_dir: Path):
     """``esper.shell.run.Run`` and the ``EpisodeRunner`` its ``train`` loop would use (no progress bar)."""
-    from esper.shell.rollout import EpisodeRunner
+    from esper.shell.env.rollout import EpisodeRunner
     from esper.shell.run import Run
 
     run = Run(cfg, run_dir, resume=False)

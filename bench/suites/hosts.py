@@ -3,7 +3,7 @@ as E separate modules (what ``EnvModel.train_epoch`` does, env by env) against o
 convolutions are grouped over the E envs (each env its own input channel, its own weights and its
 own batch of signals), at the default's host shape.
 
-The model is a stand-in, not esper's host: the default :class:`~esper.shell.hosts.CNN1dHost`
+The model is a stand-in, not esper's host: the default :class:`~esper.shell.host.hosts.CNN1dHost`
 (1 -> 8 -> 8 -> 8 pointwise convolutions, batch norm, ReLU, max-pools 2, 2, 1, a linear head on the
 mean over positions) with a ``conv_heavy``-shaped seed after the first block (k3 conv -> group norm ->
 ReLU -> k3 conv, added), fully blended. Grouping it is exact (:func:`grouped_from`; a test checks the

@@ -19,7 +19,7 @@ covers the actor forward on both sides (TorchRL's loss runs the actor and critic
   (the loss's forward and backward alone).
 - single head, whole step: the MLPs' forward, the loss, backward, ``clip_grad_norm_`` and Adam, with
   the CartPole example's step functions (``examples.cartpole_ppo``). Esper eager (``optimizer.step()``)
-  and compiled as one graph (:mod:`esper.shell.wholestep`); TorchRL eager, and with its loss compiled
+  and compiled as one graph (:mod:`esper.shell.agent.wholestep`); TorchRL eager, and with its loss compiled
   (``torch.compile(loss_module)``, backward and Adam eager: what TorchRL offers for a step).
 """
 

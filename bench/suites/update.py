@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-import esper.shell.trainer as trainer_mod
+import esper.shell.agent.trainer as trainer_mod
 from bench.harness import Context, Row, Stats, SuiteResult, Target, round_ratio, suite
 from bench.suites.episode import build_run, default_config
 

@@ -3,7 +3,7 @@
 Everything is vectorized over the list of gradients (``torch._foreach_*`` ops, then ``torch.stack``):
 no per-tensor accumulation into Python numbers, no ``.item()``, no branch on values, so both
 functions compile with ``fullgraph=True`` (finding C6). The shell reads a report with one host
-transfer (:func:`esper.shell.readout.read_scalars`, finding M14).
+transfer (:func:`esper.shell.telemetry.readout.read_scalars`, finding M14).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Per-step rewards, every component returned separately (reference §7 adapted to the 8-head space).
+"""Per-step rewards, every component returned separately (the original system's reward, adapted to the
+8-head space).
 
 **OBJECTIVE** mode (the default) pays for what a user of a grown network wants: held-out accuracy per
 parameter. With the objective of a host state
@@ -23,7 +24,7 @@ that caused it only weakly, so a low alpha target looks cheaper than it is. ``pa
 charges a seed in full from its first epoch with alpha > 0, exactly as the final host is charged, so
 ``Phi`` is one function of the host state throughout and every alpha target pays the same price at the
 same time. ``s_{t+1}`` is measured one epoch after the action, so the shell adds this term when the next
-measurement arrives (:class:`esper.shell.rollout.EpisodeRunner`); in OBJECTIVE mode
+measurement arrives (:class:`esper.shell.env.rollout.EpisodeRunner`); in OBJECTIVE mode
 :func:`compute_reward` itself returns zeros (the component ``objective`` is the shell's).
 The reference's modes below stay available.
 

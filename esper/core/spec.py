@@ -88,7 +88,7 @@ class AlphaCurve(IntEnum):
 TEMPO_EPOCHS: tuple[int, ...] = (3, 5, 8)
 #: Alpha value for each choice of the alpha_target head.
 ALPHA_TARGETS: tuple[float, ...] = (0.5, 0.7, 1.0)
-#: The fixed blend ``{head: choice}`` of the growth schedules (:class:`esper.shell.baselines.
+#: The fixed blend ``{head: choice}`` of the growth schedules (:class:`esper.shell.baselines.simple.
 #: GrowAllController`): add the seed's output linearly, over TEMPO FAST's 3 epochs, up to alpha 1.
 #: ``ppo.blend_bias`` starts the policy's blend heads on it.
 DEFAULT_BLEND: Mapping[str, int] = MappingProxyType(

@@ -7,10 +7,10 @@ The run's controller is loaded from ``RUN_DIR/checkpoint.pt`` and frozen (no upd
 statistics as saved) and run twice: ``ppo`` samples its policy as in training (seeded), ``ppo_greedy``
 takes each head's most likely choice (``--controllers ppo_mixed`` adds a third readout: sampled op and
 slot, the most likely blueprint and blend). They and the baselines of
-:mod:`esper.shell.baselines` — ``static`` (always WAIT), ``random`` (uniform over legal actions),
+:mod:`esper.shell.baselines.simple` — ``static`` (always WAIT), ``random`` (uniform over legal actions),
 ``heuristic`` (the reference's rules), ``grow_all`` (germinate the task's best blueprint everywhere,
 blend and fossilize as fast as the gates allow) — each run the **same** episodes: host seeds derived
-from ``--seed`` under a purpose of their own (:func:`esper.shell.env.eval_host_seeds`), so no
+from ``--seed`` under a purpose of their own (:func:`esper.shell.env.vecenv.eval_host_seeds`), so no
 evaluation host is a training host, and every controller meets the same hosts and data orders.
 
 The verdict is the held-out **test** accuracy of each episode's final host (a split neither the host's
@@ -44,18 +44,23 @@ import torch
 
 from esper.core.rewards import RewardConfig, parameter_cost
 from esper.core.spec import ALPHA_TARGETS, HEADS, Style, Tempo
-from esper.shell.agent import PPOController, build_learner
-from esper.shell.baselines import GROW_ALL_BLUEPRINT, GrowAllController, RandomController, StaticController
-from esper.shell.checkpoint import load_checkpoint
-from esper.shell.cli import OneLineParser, repeat_line, report
-from esper.shell.config import RunConfig
-from esper.shell.configtools import from_dict
-from esper.shell.data import Task
-from esper.shell.env import BLEND_SETTINGS, VecEnv, eval_host_seeds
-from esper.shell.heuristic import HeuristicController
-from esper.shell.rollout import EpisodeRunner
-from esper.shell.stats import mean_ci95, spearman
-from esper.shell.telemetry import progress
+from esper.shell.agent.controller import PPOController, build_learner
+from esper.shell.baselines.heuristic import HeuristicController
+from esper.shell.baselines.simple import (
+    GROW_ALL_BLUEPRINT,
+    GrowAllController,
+    RandomController,
+    StaticController,
+)
+from esper.shell.config.fields import from_dict
+from esper.shell.config.presets import RunConfig
+from esper.shell.data.tasks import Task
+from esper.shell.env.rollout import EpisodeRunner
+from esper.shell.env.vecenv import BLEND_SETTINGS, VecEnv, eval_host_seeds
+from esper.shell.eval.stats import mean_ci95, spearman
+from esper.shell.runtime.checkpoint import load_checkpoint
+from esper.shell.runtime.cli import OneLineParser, repeat_line, report
+from esper.shell.telemetry.events import progress
 
 PROG = "python -m esper.shell.evaluate"
 #: The heads ``ppo_mixed`` takes the mode of.
@@ -80,7 +85,8 @@ PPO_READOUTS: dict[str, tuple[bool | tuple[str, ...], str]] = {
 PPO_CONTROLLERS = tuple(PPO_READOUTS)
 CONTROLLERS = ("ppo", "ppo_greedy", "static", "random", "heuristic", "grow_all")
 #: Fixed placements: ``grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]`` grows only those slots, each with its
-#: blueprint, as fast as the gates allow (:class:`~esper.shell.baselines.GrowAllController` with a plan).
+#: blueprint, as fast as the gates allow (:class:`~esper.shell.baselines.simple.GrowAllController`
+#: with a plan).
 PLAN_PREFIX = "grow:"
 #: A fixed schedule blends as :data:`~esper.core.spec.DEFAULT_BLEND` says (LINEAR_ADD, FAST, alpha 1.0)
 #: unless its name ends in settings, each after an ``@``: any of a style, a tempo and an alpha target, in
@@ -145,7 +151,7 @@ def _blueprint_index(name: str, blueprint: str, env: VecEnv) -> int:
 
 def parse_blend(name: str, settings: str) -> dict[str, Style | Tempo | float]:
     """The blend settings after ``@`` in a fixed schedule's name, as
-    :class:`~esper.shell.baselines.GrowAllController` keywords: ``"STANDARD@0.7"`` ->
+    :class:`~esper.shell.baselines.simple.GrowAllController` keywords: ``"STANDARD@0.7"`` ->
     ``{"tempo": Tempo.STANDARD, "alpha_target": 0.7}`` (a style, a tempo and an alpha target, each at
     most once, in any order; the ones left out keep the fixed schedule's)."""
     out: dict[str, Style | Tempo | float] = {}

@@ -1,6 +1,6 @@
 """Plots and a markdown summary of a finished (or interrupted) run: ``python -m esper.shell.report RUN_DIR``.
 
-Reads ``RUN_DIR/events.jsonl`` (schema in :mod:`esper.shell.telemetry`) and writes into
+Reads ``RUN_DIR/events.jsonl`` (schema in :mod:`esper.shell.telemetry.events`) and writes into
 ``RUN_DIR/plots/``:
 
 * ``returns.png``: mean episode return per update, with the min-max band over envs;
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from esper.core.spec import Stage
-from esper.shell.cli import OneLineParser, describe
-from esper.shell.telemetry import scan_events
+from esper.shell.runtime.cli import OneLineParser, describe
+from esper.shell.telemetry.events import scan_events
 
 STAGE_COLORS = {
     "DORMANT": "#e6e6e6",

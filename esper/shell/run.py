@@ -8,7 +8,7 @@
     python -m esper.shell.run --resume runs/default-20261122-101500 --updates 12
 
 Every config field is an option (``--section.field VALUE``; see ``--help``); unknown options and bad
-values are refused with one line (:mod:`esper.shell.cli`). The run directory holds ``config.json``,
+values are refused with one line (:mod:`esper.shell.runtime.cli`). The run directory holds ``config.json``,
 ``provenance.json`` (versions, git revision, machine), ``events.jsonl`` (every epoch, episode, lifecycle
 event, PPO update and anomaly), ``checkpoint.pt`` (policy, optimizer, normalizer statistics, RNG
 states, config, progress; written atomically with a content hash, loaded with ``weights_only=True``),
@@ -20,7 +20,7 @@ What holds whatever happens:
   parsed; the device must exist; a ``--resume`` loads and verifies the checkpoint, checks it against
   the config (only the fields in :data:`RESUMABLE` may change) and refuses fewer ``--updates`` than
   done, all before a file of the run directory is written.
-* **One process per run directory** (:class:`~esper.shell.rundir.RunDirLock`): a second run of the
+* **One process per run directory** (:class:`~esper.shell.runtime.rundir.RunDirLock`): a second run of the
   same ``--name``, or a ``--resume`` of a running run, is refused; a crashed run leaves no stale lock.
 * **A checkpoint is always the state at an update boundary.** The state after each update (RNG states
   included) is kept in memory; the checkpoint is written from it every ``checkpoint_every`` updates,
@@ -30,7 +30,7 @@ What holds whatever happens:
   refuses NaN/Inf, and a run that cannot continue (``ppo.max_bad_updates`` rolled-back updates in a
   row, or a non-finite rollout) stops with one line, its last checkpoint intact and resumable with
   saner options.
-* **Many processes, one run** (``torchrun ... -m esper.shell.run``, :mod:`esper.shell.distributed`):
+* **Many processes, one run** (``torchrun ... -m esper.shell.run``, :mod:`esper.shell.runtime.distributed`):
   each process runs its slice of the envs; every step of the start-up is agreed (a request refused on
   one process is refused on all, rank 0 saying why), rank 0 alone locks and writes the run directory
   and reads a resumed run's checkpoint for all, and a process that loses another stops with one line
@@ -55,24 +55,30 @@ from pathlib import Path
 
 import torch
 
-from esper.shell.agent import PPOController, build_learner
-from esper.shell.checkpoint import (
+from esper.shell.agent.controller import PPOController, build_learner
+from esper.shell.baselines.heuristic import HeuristicController
+from esper.shell.config.fields import fields_flat, from_dict, to_dict, with_overrides
+from esper.shell.config.presets import PRESETS, RunConfig, preset
+from esper.shell.env.rollout import EpisodeResult, EpisodeRunner, merge_results
+from esper.shell.env.vecenv import VecEnv, check_devices
+from esper.shell.eval.stats import mean_ci95
+from esper.shell.runtime.checkpoint import (
     load_checkpoint,
     remove_stale_temporaries,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
-from esper.shell.cli import STOPPED, CliError, OneLineParser, describe, repeat_line, report
-from esper.shell.config import PRESETS, RunConfig, preset
-from esper.shell.configtools import fields_flat, from_dict, to_dict, with_overrides
-from esper.shell.distributed import DEFAULT_TIMEOUT, SINGLE, Dist, PeerLost, init, rank_device
-from esper.shell.env import VecEnv, check_devices
-from esper.shell.heuristic import HeuristicController
-from esper.shell.rollout import EpisodeResult, EpisodeRunner, merge_results
-from esper.shell.rundir import RunDirBusy, RunDirLock, StopSignals, Terminated
-from esper.shell.stats import mean_ci95
-from esper.shell.telemetry import AnomalyDetector, EventLog, progress, rewind_events, summary_table
+from esper.shell.runtime.cli import STOPPED, CliError, OneLineParser, describe, repeat_line, report
+from esper.shell.runtime.distributed import DEFAULT_TIMEOUT, SINGLE, Dist, PeerLost, init, rank_device
+from esper.shell.runtime.rundir import RunDirBusy, RunDirLock, StopSignals, Terminated
+from esper.shell.telemetry.events import (
+    AnomalyDetector,
+    EventLog,
+    progress,
+    rewind_events,
+    summary_table,
+)
 
 PROG = "python -m esper.shell.run"
 CHECKPOINT = "checkpoint.pt"
@@ -299,7 +305,7 @@ class Run:
         self.log.write(event, **fields)  # type: ignore[union-attr]
 
     def train(self) -> int:
-        """Run the remaining updates; returns the exit status (0, or see :mod:`esper.shell.cli`)."""
+        """Run the remaining updates; returns the exit status (0, or see :mod:`esper.shell.runtime.cli`)."""
         cfg = self.cfg
         if self.log is None and self.dist.is_main:
             self.open_log(resume=False)
@@ -514,7 +520,7 @@ def _episode_means(episodes: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI; returns the exit status (usage errors exit through ``SystemExit(2)``). Under torchrun
-    every process runs it (see :mod:`esper.shell.distributed`)."""
+    every process runs it (see :mod:`esper.shell.runtime.distributed`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from esper.shell.policy import FactoredRecurrentActorCritic
-from esper.shell.trainer import PPOConfig, PPOTrainer
-from tests.shell.test_trainer import RAW, SPEC, make_rollout
+from esper.shell.agent.policy import FactoredRecurrentActorCritic
+from esper.shell.agent.trainer import PPOConfig, PPOTrainer
+from tests.shell.agent.test_trainer import RAW, SPEC, make_rollout
 
 
 class CountingBackend:

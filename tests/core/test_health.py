@@ -1,4 +1,4 @@
-"""Gradient and LSTM health (findings C6, H14; M14 is in tests/shell/test_readout.py)."""
+"""Gradient and LSTM health (findings C6, H14; M14 is in tests/shell/telemetry/test_readout.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Controllers a learned one is judged against: static, random, grow_all and fixed plans, the heuristic."""

@@ -1,0 +1,196 @@
+"""The heuristic controller: the reference's hand-written rules, on the same action space as the policy.
+
+Per env, each epoch (the original system's heuristic, adapted to ADVANCE-driven stage changes):
+
+- **No live seed.** WAIT during a 5-epoch cooldown after a prune; WAIT until the host has stabilised
+  (latched after 3 consecutive epochs whose validation loss fell by less than 3 % and never rose by
+  half); WAIT before epoch 5; GERMINATE once validation accuracy has plateaued for 3 epochs (gain
+  under 0.5 points each), into the first empty slot, with the next blueprint of a rotation (heavier
+  convolutions first, then attention, norm, depthwise, ...; never ``noop``) that skips blueprints
+  recently pruned (a prune adds 2 to a blueprint's penalty, which halves every epoch; skipped at 3).
+  Blend style SIGMOID_ADD, standard tempo, alpha target 1.0.
+- **GERMINATED** (the step after GERMINATE; G1 makes it TRAINING at this step's end). WAIT.
+- **TRAINING / BLENDING.** PRUNE a seed that has lost more than 2 points over 5 epochs in its stage;
+  otherwise ADVANCE once the stage's minimum dwell passed (and, in BLENDING, the ramp finished) —
+  the lifecycle's gate decides whether it goes through.
+- **HOLDING.** PRUNE on "ransomware" (contribution > 0.1 while the host is worse than at
+  germination); FOSSILIZE when the contribution reaches the G5 threshold; PRUNE when it is <= 0;
+  otherwise WAIT (the holding timeout will prune it).
+
+Every choice is checked against the legality masks (an illegal choice becomes WAIT, and WAIT goes to an
+enabled slot) and explained in ``last_reasons``, which the run logs with each epoch.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from esper.core.lifecycle import LifecycleConfig
+from esper.core.spec import ALPHA_TARGETS, HEADS, AlphaCurve, AlphaSpeed, Op, Stage, Style, Tempo
+from esper.shell.env.rollout import StepInput
+
+#: Preferred germination order; names a host family does not have are skipped.
+ROTATION = ("conv_light", "conv_heavy", "attention", "norm", "depthwise", "bottleneck", "conv_small",
+            "mlp", "lora", "lora_large", "mlp_small")  # fmt: skip
+
+#: Stages whose seed the heuristic manages; while one exists it germinates nothing.
+_SEEDED = (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING)
+
+
+class HeuristicController:
+    learns = False
+
+    def __init__(
+        self,
+        blueprint_names: tuple[str, ...],
+        lifecycle: LifecycleConfig,
+        *,
+        cooldown: int = 5,
+        min_epoch: int = 5,
+        plateau_epochs: int = 3,
+        plateau_threshold: float = 0.5,
+        prune_loss: float = 2.0,
+        prune_after: int = 5,
+    ) -> None:
+        self.names = blueprint_names
+        self.lc = lifecycle
+        self.cooldown, self.min_epoch = cooldown, min_epoch
+        self.plateau_epochs, self.plateau_threshold = plateau_epochs, plateau_threshold
+        self.prune_loss, self.prune_after = prune_loss, prune_after
+        order = [n for n in ROTATION if n in blueprint_names]
+        order += [n for n in blueprint_names if n not in order and n != "noop"]
+        self.rotation = [blueprint_names.index(n) for n in order] or [0]
+        self.last_reasons: list[str] = []
+        self.begin(0)
+
+    def begin(self, n_envs: int) -> None:
+        self.n = n_envs
+        self.env_state = [
+            {"cooldown": 0, "stable": 0, "stabilised": False, "plateau": 0, "prev_loss": None,
+             "prev_acc": None, "next_bp": 0, "penalty": {}}
+            for _ in range(n_envs)
+        ]  # fmt: skip
+
+    def bootstrap(self, step: StepInput) -> None:
+        return None
+
+    def act(self, step: StepInput) -> TensorDict:
+        slots, sig = step.slots, step.signals
+        host = {  # sync point: the heuristic reads its inputs once per step
+            k: slots[k].tolist()
+            for k in ("stage", "epochs_in_stage", "contribution", "acc_at_stage_start", "acc_at_germination",
+                      "ramp_pos", "ramp_len", "enabled", "blueprint")
+        }  # fmt: skip
+        val_acc, val_loss, epoch = sig["val_acc"].tolist(), sig["val_loss"].tolist(), sig["epoch"].tolist()
+        legal = step.legal["slot_by_op"].tolist()
+        actions = {h: [0] * self.n for h in HEADS}
+        self.last_reasons = []
+        for i in range(self.n):
+            op, slot, bp, reason = self._decide(i, host, val_acc[i], val_loss[i], epoch[i])
+            if op != Op.WAIT and not legal[i][op][slot]:
+                op, reason = Op.WAIT, f"{Op(op).name} not legal on slot {slot}: wait"
+            if op == Op.WAIT and not legal[i][Op.WAIT][slot]:  # WAIT is legal on enabled slots only
+                slot = next((k for k, ok in enumerate(legal[i][Op.WAIT]) if ok), slot)
+            actions["op"][i], actions["slot"][i] = int(op), slot
+            if op == Op.GERMINATE:
+                actions["blueprint"][i] = bp
+                actions["style"][i] = int(Style.SIGMOID_ADD)
+                actions["tempo"][i] = int(Tempo.STANDARD)
+                actions["alpha_target"][i] = ALPHA_TARGETS.index(1.0)
+            if op == Op.PRUNE:
+                actions["alpha_speed"][i] = int(AlphaSpeed.INSTANT)
+                actions["alpha_curve"][i] = int(AlphaCurve.LINEAR)
+                self.env_state[i]["cooldown"] = self.cooldown
+                self._penalize(i, host["blueprint"][i][slot])
+            self.last_reasons.append(reason)
+        device = step.raw_obs.device
+        return TensorDict(
+            {h: TensorDict({"action": torch.tensor(v, device=device)}, [self.n]) for h, v in actions.items()},
+            batch_size=[self.n],
+        )
+
+    # ------------------------------------------------------------------------------------------ rules
+    def _decide(self, i: int, s: dict, acc: float, loss: float, epoch: int) -> tuple[int, int, int, str]:
+        st = self.env_state[i]
+        self._track(st, acc, loss)
+        for name in list(st["penalty"]):
+            st["penalty"][name] *= 0.5
+            if st["penalty"][name] < 0.1:
+                del st["penalty"][name]
+        stages = s["stage"][i]
+        live = [k for k, g in enumerate(stages) if g in _SEEDED]
+        if live:
+            k = live[0]
+            stage, eis = Stage(stages[k]), s["epochs_in_stage"][i][k]
+            if stage == Stage.GERMINATED:  # germinated last step; G1 makes it TRAINING at this step's end
+                return Op.WAIT, k, 0, "seed germinated: wait for it to train"
+            gain = acc - s["acc_at_stage_start"][i][k]
+            if stage in (Stage.TRAINING, Stage.BLENDING):
+                if eis >= self.prune_after and gain < -self.prune_loss:
+                    return Op.PRUNE, k, 0, f"{stage.name} seed lost {-gain:.1f} pts in {eis} epochs: prune"
+                dwell = self.lc.g2_min_epochs if stage == Stage.TRAINING else self.lc.g3_min_epochs
+                ramped = s["ramp_pos"][i][k] >= s["ramp_len"][i][k]
+                if eis >= dwell and (stage == Stage.TRAINING or ramped):
+                    return Op.ADVANCE, k, 0, f"{stage.name} dwell {eis} >= {dwell}: advance (gate decides)"
+                return Op.WAIT, k, 0, f"{stage.name} seed dwelling ({eis} epochs)"
+            contrib = s["contribution"][i][k]
+            total = acc - s["acc_at_germination"][i][k]
+            if contrib > 0.1 and total < 0:
+                return (
+                    Op.PRUNE,
+                    k,
+                    0,
+                    f"ransomware: contribution {contrib:.2f} but host {total:.2f} pts: prune",
+                )
+            if contrib >= self.lc.g5_min_contribution:
+                return (
+                    Op.FOSSILIZE,
+                    k,
+                    0,
+                    f"contribution {contrib:.2f} >= {self.lc.g5_min_contribution}: fossilize",
+                )
+            if contrib <= 0:
+                return Op.PRUNE, k, 0, f"contribution {contrib:.2f} <= 0: prune"
+            return Op.WAIT, k, 0, f"holding, contribution {contrib:.2f}"
+        if st["cooldown"] > 0:
+            st["cooldown"] -= 1
+            return Op.WAIT, 0, 0, f"cooldown after prune ({st['cooldown'] + 1} left)"
+        if not st["stabilised"]:
+            return Op.WAIT, 0, 0, "host not yet stabilised"
+        if epoch < self.min_epoch:
+            return Op.WAIT, 0, 0, f"epoch {epoch} < {self.min_epoch}"
+        if st["plateau"] < self.plateau_epochs:
+            return Op.WAIT, 0, 0, f"improving (plateau {st['plateau']} < {self.plateau_epochs})"
+        empty = [k for k, g in enumerate(stages) if g == Stage.DORMANT and s["enabled"][i][k]]
+        if not empty:
+            return Op.WAIT, 0, 0, "no empty slot"
+        bp = self._next_blueprint(st)
+        return Op.GERMINATE, empty[0], bp, f"plateau {st['plateau']}: germinate {self.names[bp]}"
+
+    def _penalize(self, i: int, blueprint: int) -> None:
+        """A pruned blueprint is skipped by the rotation for a few epochs."""
+        name = self.names[blueprint]
+        self.env_state[i]["penalty"][name] = self.env_state[i]["penalty"].get(name, 0.0) + 2.0
+
+    def _next_blueprint(self, st: dict) -> int:
+        for _ in range(len(self.rotation)):
+            bp = self.rotation[st["next_bp"] % len(self.rotation)]
+            st["next_bp"] += 1
+            if st["penalty"].get(self.names[bp], 0.0) < 3.0:
+                return bp
+        return self.rotation[0]
+
+    def _track(self, st: dict, acc: float, loss: float) -> None:
+        prev_loss, prev_acc = st["prev_loss"], st["prev_acc"]
+        if prev_loss is not None:
+            delta = prev_loss - loss
+            calm = delta >= 0 and delta / max(prev_loss, 1e-8) < 0.03 and loss < 1.5 * prev_loss
+            st["stable"] = st["stable"] + 1 if calm else 0
+            st["stabilised"] = st["stabilised"] or st["stable"] >= 3
+        if prev_acc is not None:
+            st["plateau"] = st["plateau"] + 1 if acc - prev_acc < self.plateau_threshold else 0
+        st["prev_loss"], st["prev_acc"] = loss, acc
+
+
+__all__ = ["HeuristicController"]

@@ -1,0 +1,163 @@
+"""Baseline controllers a learned controller is judged against (``python -m esper.shell.evaluate``).
+
+- :class:`StaticController` (``static``): always WAIT; the host never grows.
+- :class:`RandomController` (``random``): uniform over legal actions: the op uniformly among the
+  legal ops, the slot uniformly among the slots legal for that op, every other head uniformly.
+- :class:`GrowAllController` (``grow_all``): a fixed schedule: germinate one blueprint (the best one
+  for the task, :data:`GROW_ALL_BLUEPRINT`) in every empty enabled slot, blend each seed in as soon
+  as its gate allows, fossilize it as soon as G5 allows. Each step it does the first that applies,
+  on the first slot where it applies: FOSSILIZE a ready HOLDING seed, ADVANCE a seed whose gate
+  (G2 or G3) would pass, GERMINATE into an empty slot; else WAIT. Given a *plan* (slot -> blueprint,
+  ``grow:b0=conv_heavy+b2=depthwise`` in :mod:`esper.shell.evaluate`) it grows only the planned
+  slots, each with its own blueprint: the fixed placements a learned controller can be held against.
+- ``heuristic``: the reference's rules, :class:`esper.shell.baselines.heuristic.HeuristicController`.
+
+All act from the same :class:`~esper.shell.env.rollout.StepInput` as the policy, legal actions only, and
+are vectorized over envs (no per-env Python loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from tensordict import TensorDict
+
+from esper.core import distributions as dist
+from esper.core.lifecycle import LifecycleConfig, gate_readiness
+from esper.core.masks import action_masks, slot_mask
+from esper.core.spec import ALPHA_TARGETS, DEFAULT_BLEND, HEADS, Op, Style, Tempo
+from esper.shell.env.rollout import StepInput
+
+#: The blueprint ``grow_all`` germinates, per host family: the one with the largest mean gain in
+#: held-out accuracy when grown into every slot (bench suite ``growth``; see bench/results).
+GROW_ALL_BLUEPRINT = {"cnn1d": "conv_heavy", "cnn": "conv_light", "transformer": "mlp"}
+
+
+def _actions(ops: dict[str, torch.Tensor], n: int, device: torch.device) -> TensorDict:
+    """``{head: [E] int64}`` (missing heads 0) as the controller output TensorDict."""
+    zeros = torch.zeros(n, dtype=torch.int64, device=device)
+    return TensorDict(
+        {h: TensorDict({"action": ops.get(h, zeros)}, batch_size=[n]) for h in HEADS}, batch_size=[n]
+    )
+
+
+def _first(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the first True along the last dim (0 where none)."""
+    return mask.to(torch.int8).argmax(-1)
+
+
+class _NoLearning:
+    learns = False
+
+    def begin(self, n_envs: int) -> None:
+        self.n = n_envs
+
+    def bootstrap(self, step: StepInput) -> None:
+        return None
+
+
+class StaticController(_NoLearning):
+    """Always WAIT (on the first enabled slot; the slot head is irrelevant under WAIT)."""
+
+    def act(self, step: StepInput) -> TensorDict:
+        legal = step.legal["slot_by_op"]  # [E, N_OPS, S]
+        n = legal.shape[0]
+        wait = torch.full((n,), int(Op.WAIT), dtype=torch.int64, device=legal.device)
+        return _actions({"op": wait, "slot": _first(legal[:, int(Op.WAIT)])}, n, legal.device)
+
+
+class RandomController(_NoLearning):
+    """Uniform over legal actions, drawn from its own CPU generator: reproducible for a seed, and the
+    same draws whatever device the envs are on (the draws are made on the CPU, then moved)."""
+
+    def __init__(self, *, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def act(self, step: StepInput) -> TensorDict:
+        legal = step.legal
+        device = legal["op"].device
+        op = self._uniform(legal["op"])
+        slot = self._uniform(slot_mask(legal, op))
+        used = action_masks(legal, op, slot)
+        out = {"op": op, "slot": slot}
+        out.update({h: self._uniform(used[h]) for h in HEADS if h not in out})  # HEADS order: same draws
+        return _actions(out, op.shape[0], device)
+
+    def _uniform(self, mask: torch.Tensor) -> torch.Tensor:
+        race = torch.empty(mask.shape).exponential_(generator=self.generator).to(mask.device)
+        return dist.sample(torch.zeros(mask.shape, device=mask.device), mask, race=race)
+
+
+class GrowAllController(_NoLearning):
+    """Germinate ``blueprint`` everywhere, blend and fossilize as fast as the gates allow.
+
+    ``blueprint``: one blueprint index for every slot, or a plan ``{slot index: blueprint index}``:
+    only the planned slots are grown, each with its own blueprint (in slot order, one per step)."""
+
+    def __init__(
+        self,
+        blueprint: int | Mapping[int, int],
+        lifecycle: LifecycleConfig,
+        *,
+        style: Style | int = DEFAULT_BLEND["style"],
+        tempo: Tempo | int = DEFAULT_BLEND["tempo"],
+        alpha_target: float = ALPHA_TARGETS[DEFAULT_BLEND["alpha_target"]],
+    ) -> None:
+        if isinstance(blueprint, Mapping):
+            if not blueprint or min(blueprint) < 0 or min(blueprint.values()) < 0:
+                raise ValueError(f"GrowAllController: a plan maps slot indices to blueprint indices, got "
+                                 f"{dict(blueprint)}")  # fmt: skip
+            self.plan: dict[int, int] | None = dict(blueprint)
+            self.blueprint: int | None = None
+        else:
+            self.plan, self.blueprint = None, int(blueprint)
+        self.lc = lifecycle
+        self.style, self.tempo = int(style), int(tempo)
+        self.alpha_target = ALPHA_TARGETS.index(alpha_target)
+
+    def _planned(self, n_slots: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(allowed [S] bool, blueprint [S] int64)`` of the plan (every slot, one blueprint without)."""
+        if self.blueprint is not None:
+            return (torch.ones(n_slots, dtype=torch.bool, device=device),
+                    torch.full((n_slots,), self.blueprint, dtype=torch.int64, device=device))  # fmt: skip
+        assert self.plan is not None
+        if max(self.plan) >= n_slots:
+            raise ValueError(f"GrowAllController: plan names slot {max(self.plan)}, the host has {n_slots}")
+        allowed = torch.zeros(n_slots, dtype=torch.bool, device=device)
+        bps = torch.zeros(n_slots, dtype=torch.int64, device=device)
+        for slot, bp in self.plan.items():
+            allowed[slot], bps[slot] = True, bp
+        return allowed, bps
+
+    def act(self, step: StepInput) -> TensorDict:
+        legal = step.legal["slot_by_op"]  # [E, N_OPS, S]
+        n, device = legal.shape[0], legal.device
+        gates = gate_readiness(step.slots, step.signals["val_acc"], self.lc)
+        fossilize = gates["g5"] & legal[:, int(Op.FOSSILIZE)]
+        advance = (gates["g2"] | gates["g3"]) & legal[:, int(Op.ADVANCE)]
+        allowed, plan_bp = self._planned(legal.shape[-1], device)
+        germinate = legal[:, int(Op.GERMINATE)] & allowed
+        wait = legal[:, int(Op.WAIT)]
+        op = torch.full((n,), int(Op.WAIT), dtype=torch.int64, device=device)
+        slot = _first(wait)
+        for o, mask in ((Op.GERMINATE, germinate), (Op.ADVANCE, advance), (Op.FOSSILIZE, fossilize)):
+            any_ = mask.any(-1)  # later entries take precedence
+            op = torch.where(any_, int(o), op)
+            slot = torch.where(any_, _first(mask), slot)
+        full = lambda v: torch.full((n,), v, dtype=torch.int64, device=device)
+        return _actions(
+            {
+                "op": op,
+                "slot": slot,
+                "blueprint": plan_bp[slot],
+                "style": full(self.style),
+                "tempo": full(self.tempo),
+                "alpha_target": full(self.alpha_target),
+            },
+            n,
+            device,
+        )
+
+
+__all__ = ["GROW_ALL_BLUEPRINT", "GrowAllController", "RandomController", "StaticController"]

@@ -1,0 +1,1 @@
+"""The environment: many hosts stepped side by side, the governor, and one batch of episodes (the rollout)."""

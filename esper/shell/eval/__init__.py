@@ -1,0 +1,1 @@
+"""Judging controllers on fresh hosts: evaluation, its statistics and its report."""

@@ -1,0 +1,342 @@
+"""Host networks with named seed slots: a small CNN classifier and a byte-level causal transformer LM.
+
+Both implement :class:`Host`: the slot bookkeeping (germinate, remove, set alpha/stage, parameter
+partition, counterfactual) lives in the base class; a host adds its family, its forward and
+``loss_and_correct``. Seeds are built from the family's registry (:mod:`esper.shell.host.blueprints`) with
+the global torch RNG; seed it (``torch.manual_seed`` or ``torch.random.fork_rng``) for reproducible
+germinations.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from esper.core.spec import Stage, Style
+from esper.shell.host.blueprints import BLUEPRINTS, CausalSelfAttention, build_blueprint, param_count
+from esper.shell.host.slots import Gate, SeedSlot
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Host(nn.Module, ABC):
+    """A network with named injection slots, ``self.slots[i]`` after the i-th stage of the network.
+
+    Slot indices follow :attr:`slot_names`; the slot head of the policy uses the same order.
+    """
+
+    #: "cnn", "cnn1d" or "transformer": picks the blueprint registry.
+    family: str
+
+    def __init__(self, slot_names: tuple[str, ...], widths: tuple[int, ...]):
+        super().__init__()
+        if len(slot_names) != len(widths) or not slot_names:
+            raise ValueError(f"Host: need one width per slot, got {slot_names} / {widths}")
+        if len(set(slot_names)) != len(slot_names):
+            raise ValueError(f"Host: duplicate slot names {slot_names}")
+        self.slots = nn.ModuleList(SeedSlot(n, w, self.family) for n, w in zip(slot_names, widths))
+
+    # ------------------------------------------------------------------------------------ the API
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.slots)
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.slots)
+
+    @property
+    def blueprint_names(self) -> tuple[str, ...]:
+        """The family's blueprints, in blueprint-head index order."""
+        return BLUEPRINTS[self.family]
+
+    def slot_width(self, name: str) -> int:
+        for s in self.slots:
+            if s.name == name:
+                return s.width
+        raise KeyError(f"no slot {name!r}; slots: {', '.join(self.slot_names)}")
+
+    def germination_cost(self) -> torch.Tensor:
+        """``[S, n_blueprints]`` float: the most parameters germinating blueprint ``b`` in slot ``s`` can
+        add, the seed's plus a GATED_GATE gate's (the style is chosen after the blueprint, so a
+        parameter cap that must hold whatever the style counts the gate). Builds each seed once."""
+
+        def cost(blueprint: str, width: int) -> int:
+            seed = build_blueprint(self.family, blueprint, width)
+            return param_count(seed) + param_count(Gate(width, self.family))
+
+        rows = [[cost(b, s.width) for b in self.blueprint_names] for s in self.slots]
+        return torch.tensor(rows, dtype=torch.float32)
+
+    def slot(self, slot_index: int) -> SeedSlot:
+        if not 0 <= slot_index < len(self.slots):
+            raise IndexError(f"slot index {slot_index} out of range for {len(self.slots)} slots")
+        return self.slots[slot_index]
+
+    def germinate(self, slot_index: int, blueprint_index: int, style: Style | int) -> list[nn.Parameter]:
+        """Build blueprint ``blueprint_names[blueprint_index]`` into the (empty) slot, on the host's
+        device and dtype; the slot becomes GERMINATED with alpha 0. Returns the seed's trainable
+        parameters, the gate's included."""
+        names = self.blueprint_names
+        if not 0 <= blueprint_index < len(names):
+            raise IndexError(f"blueprint index {blueprint_index} out of range for {self.family}: {names}")
+        slot = self.slot(slot_index)
+        seed = build_blueprint(self.family, names[blueprint_index], slot.width)
+        slot.install(seed, style, names[blueprint_index])
+        ref = next(iter(self.host_parameters()))
+        slot.to(device=ref.device, dtype=ref.dtype)
+        return slot.seed_parameters()
+
+    def remove_seed(self, slot_index: int) -> None:
+        """Remove the slot's seed (its parameters leave the model); the slot becomes DORMANT."""
+        self.slot(slot_index).remove()
+
+    def set_slot(self, slot_index: int, *, alpha: float, stage: Stage | int) -> None:
+        self.slot(slot_index).set(alpha=alpha, stage=stage)
+
+    def seed_parameters(self, slot_index: int) -> list[nn.Parameter]:
+        return self.slot(slot_index).seed_parameters()
+
+    def host_parameters(self) -> list[nn.Parameter]:
+        """Every parameter that is not in a slot (seeds and gates excluded)."""
+        return [p for n, p in self.named_parameters() if not n.startswith("slots.")]
+
+    def counterfactual(self, slot_index: int) -> AbstractContextManager[None]:
+        """Inside the block, slot ``slot_index`` composes with alpha 0 (its seed is skipped)."""
+        return self.slot(slot_index).force_alpha(0.0)
+
+    def incubating_slots(self) -> list[int]:
+        """Indices of the slots whose seed incubates (GERMINATED, TRAINING)."""
+        return [i for i, s in enumerate(self.slots) if s.incubating]
+
+    @contextmanager
+    def incubating(self, slot_indices: Sequence[int]) -> Iterator[None]:
+        """The what-if pass of incubating seeds: inside the block the listed slots compose at alpha 1
+        on the detached host activation, and batch-norm running statistics do not move (the what-if
+        activations must not leak into the host's evaluation statistics)."""
+        norms = [m for m in self.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        saved = [m.momentum for m in norms]
+        with ExitStack() as stack:
+            for i in slot_indices:
+                stack.enter_context(self.slot(i).force_alpha(1.0))
+            try:
+                for m in norms:
+                    m.momentum = 0.0  # running = (1 - 0) * running + 0 * batch: unchanged
+                yield
+            finally:
+                for m, momentum in zip(norms, saved):
+                    m.momentum = momentum
+
+    @abstractmethod
+    def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """``(mean cross-entropy [with grad], n_correct [0-d int64 tensor], n_items)``; no host sync."""
+
+
+def _loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    # logits: [M, K], y: [M]
+    loss = F.cross_entropy(logits, y)
+    correct = (logits.detach().argmax(dim=-1) == y).sum()
+    return loss, correct, y.numel()
+
+
+# ---------------------------------------------------------------------------------------------- CNN
+class CNNHost(Host):
+    """``len(channels)`` blocks of conv3×3 (no bias) → BN → ReLU → maxpool2, a seed slot after each
+    block (``"b0"``, ``"b1"``, ...; widths = ``channels``), global average pool, linear classifier.
+
+    Input ``[N, in_channels, image_size, image_size]``; ``image_size >= 2 ** len(channels)``.
+    """
+
+    family = "cnn"
+
+    def __init__(
+        self,
+        in_channels: int = 3,
+        image_size: int = 32,
+        channels: tuple[int, ...] = (16, 32, 64),
+        n_classes: int = 10,
+    ):
+        channels = tuple(channels)
+        if not channels:
+            raise ValueError("CNNHost: channels must not be empty")
+        if image_size < 2 ** len(channels):
+            raise ValueError(f"CNNHost: image_size {image_size} < 2**{len(channels)} (one pool per block)")
+        super().__init__(tuple(f"b{i}" for i in range(len(channels))), channels)
+        self.in_channels = in_channels
+        self.image_size = image_size
+        self.n_classes = n_classes
+        blocks, c_in = [], in_channels
+        for c in channels:
+            blocks.append(
+                nn.Sequential(
+                    nn.Conv2d(c_in, c, 3, padding=1, bias=False),
+                    nn.BatchNorm2d(c),
+                    nn.ReLU(inplace=True),
+                    nn.MaxPool2d(2),
+                )
+            )
+            c_in = c
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(c_in, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [N, C_in, S, S] -> logits [N, n_classes]
+        for block, slot in zip(self.blocks, self.slots):
+            x = slot(block(x))
+        return self.head(x.mean(dim=(2, 3)))
+
+    def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x, y = batch
+        return _loss_and_correct(self(x), y)
+
+
+class CNN1dHost(Host):
+    """A 1-D CNN for signals ``[N, in_channels, length]``: ``len(channels)`` blocks of
+    conv (kernel ``kernels[i]``, no bias) → BN → ReLU → maxpool ``pools[i]`` (none when 1), a seed slot
+    after each block (``"b0"``, ``"b1"``, ...; widths = ``channels``), global average pool over the
+    length, linear classifier.
+
+    The default is deliberately small: pointwise convolutions (kernel 1) see one position each, so the
+    host's receptive field is only what its pools merge, and it cannot read the shape of a signal. The
+    seeds (:data:`~esper.shell.host.blueprints.BLUEPRINTS` ``["cnn1d"]``) add what it lacks: spatial
+    context (convolutions, depthwise, self-attention over positions) and channel mixing.
+    """
+
+    family = "cnn1d"
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        length: int = 40,
+        channels: tuple[int, ...] = (8, 8, 8),
+        n_classes: int = 10,
+        kernels: tuple[int, ...] = (1, 1, 1),
+        pools: tuple[int, ...] = (2, 2, 1),
+    ):
+        channels, kernels, pools = tuple(channels), tuple(kernels), tuple(pools)
+        if not channels or len(kernels) != len(channels) or len(pools) != len(channels):
+            raise ValueError(
+                f"CNN1dHost: need one kernel and one pool per block, got channels {channels}, "
+                f"kernels {kernels}, pools {pools}"
+            )
+        if min(channels) < 1 or min(kernels) < 1 or min(pools) < 1:
+            raise ValueError(f"CNN1dHost: channels, kernels and pools must be >= 1, got {channels}, "
+                             f"{kernels}, {pools}")  # fmt: skip
+        if length < math.prod(pools):
+            raise ValueError(f"CNN1dHost: length {length} < the product of the pools {pools}")
+        super().__init__(tuple(f"b{i}" for i in range(len(channels))), channels)
+        self.in_channels, self.length, self.n_classes = in_channels, length, n_classes
+        blocks, c_in = [], in_channels
+        for c, k, p in zip(channels, kernels, pools):
+            blocks.append(
+                nn.Sequential(
+                    nn.Conv1d(c_in, c, k, padding=k // 2, bias=False),
+                    nn.BatchNorm1d(c),
+                    nn.ReLU(inplace=True),
+                    nn.MaxPool1d(p) if p > 1 else nn.Identity(),
+                )
+            )
+            c_in = c
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(c_in, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [N, C_in, L] -> logits [N, n_classes]
+        for block, slot in zip(self.blocks, self.slots):
+            x = slot(block(x))
+        return self.head(x.mean(dim=-1))
+
+    def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x, y = batch
+        return _loss_and_correct(self(x), y)
+
+
+# -------------------------------------------------------------------------------------- transformer
+class Block(nn.Module):
+    """Pre-LN transformer block: ``x + attn(LN(x))``, then ``x + mlp(LN(x))``."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads, dropout)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model), nn.Dropout(dropout)
+        )
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.mlp(self.ln2(x))
+
+
+class TransformerHost(Host):
+    """Byte-level causal LM: token + learned position embeddings, ``n_layers`` pre-LN blocks, final
+    LN, output head tied to the token embedding. A seed slot on the residual stream after every
+    ``slot_every`` layers (``"s0"``, ``"s1"``, ...; width ``d_model``), so the default 4 layers give
+    two slots. Input ``[N, L]`` int64 tokens with ``L <= ctx``; logits ``[N, L, vocab]``.
+    """
+
+    family = "transformer"
+
+    def __init__(
+        self,
+        vocab: int = 256,
+        d_model: int = 64,
+        n_layers: int = 4,
+        n_heads: int = 4,
+        ctx: int = 64,
+        dropout: float = 0.0,
+        slot_every: int = 2,
+    ):
+        if not 1 <= slot_every <= n_layers:
+            raise ValueError(f"TransformerHost: slot_every must be in [1, {n_layers}], got {slot_every}")
+        slot_after = tuple(i for i in range(n_layers) if (i + 1) % slot_every == 0)
+        n = len(slot_after)
+        super().__init__(tuple(f"s{i}" for i in range(n)), (d_model,) * n)
+        self.slot_after = slot_after  # layer indices followed by a slot
+        self.vocab, self.d_model, self.n_layers, self.ctx = vocab, d_model, n_layers, ctx
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(ctx, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(Block(d_model, n_heads, dropout) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # GPT-2 style: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layers).
+        for name, p in self.named_parameters():
+            if name.startswith("slots."):
+                continue
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() >= 2:
+                residual = name.endswith(("proj.weight", "mlp.2.weight"))
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.n_layers) if residual else 0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        # idx: [N, L] int64 -> logits [N, L, vocab]
+        length = idx.shape[1]
+        if length > self.ctx:
+            raise ValueError(f"TransformerHost: sequence length {length} > ctx {self.ctx}")
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(length, device=idx.device)))
+        slot_iter = iter(self.slots)
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i in self.slot_after:
+                x = next(slot_iter)(x)
+        return F.linear(self.ln_f(x), self.tok.weight)  # tied head
+
+    def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x, y = batch  # [N, L] inputs, [N, L] next bytes
+        logits = self(x)
+        return _loss_and_correct(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+__all__ = ["Batch", "Block", "CNN1dHost", "CNNHost", "Host", "TransformerHost"]

@@ -1,0 +1,257 @@
+"""The per-env model: one host, its optimizer, one optimizer per live seed, and the epoch loops.
+
+``EnvModel`` is what one environment steps once per RL step: :meth:`EnvModel.train_epoch`, then
+:meth:`EnvModel.evaluate` (validation and every live seed's counterfactual in one loop). The lifecycle
+(alpha, stage) is decided elsewhere (``esper.core``) and pushed in with ``host.set_slot``.
+
+Numbers come back as tensors on the host's device, not Python floats, so a vectorized env loop can
+queue several envs before its one sync point; call ``float()`` / ``.tolist()`` there. Accuracies are
+percentages (0-100), contributions percentage points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from esper.core.spec import Style
+from esper.shell.host.hosts import Batch, Host
+
+#: Cap of the parameter-normalized seed/host gradient ratio (as in the reference G2 gate).
+GRAD_RATIO_CAP = 10.0
+#: Below this host-gradient norm the ratio is reported as 0.
+HOST_NORM_FLOOR = 1e-8
+
+
+def _grad_norm(params: Sequence[nn.Parameter], device: torch.device) -> torch.Tensor:
+    """L2 norm over the gradients of ``params`` (missing gradients count as 0); 0-d float32."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=device)
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
+
+
+def _backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None, inputs=None) -> None:
+    (scaler.scale(loss) if scaler is not None else loss).backward(inputs=inputs)
+
+
+def _n_params(params: Sequence[nn.Parameter]) -> int:
+    return sum(p.numel() for p in params)
+
+
+class EnvModel:
+    """One env's host and optimizers. Host: SGD(host_lr, momentum, weight_decay, Nesterov off). Each
+    seed: its own SGD(seed_lr, momentum, seed_weight_decay), created at germination and dropped, with
+    its state, at prune. Seeds of every live stage (FOSSILIZED included) are stepped."""
+
+    def __init__(
+        self,
+        host: Host,
+        *,
+        host_lr: float = 0.01,
+        seed_lr: float = 0.01,
+        momentum: float = 0.9,
+        weight_decay: float = 5e-4,
+        seed_weight_decay: float = 0.0,
+    ):
+        self.host = host
+        self.host_lr, self.seed_lr = host_lr, seed_lr
+        self.momentum, self.seed_weight_decay = momentum, seed_weight_decay
+        #: Multiplier of every learning rate (the episode's schedule, :meth:`set_lr_scale`).
+        self.lr_scale = 1.0
+        self._host_params = host.host_parameters()
+        self.host_opt = torch.optim.SGD(
+            self._host_params, lr=host_lr, momentum=momentum, weight_decay=weight_decay
+        )
+        #: slot index -> that seed's optimizer (absent for a seed with no parameters, e.g. noop).
+        self.seed_opts: dict[int, torch.optim.SGD] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self._host_params[0].device
+
+    # ------------------------------------------------------------------------------- seed lifecycle
+    def germinate(self, slot_index: int, blueprint_index: int, style: Style | int) -> int:
+        """Build a seed into the slot and give it an optimizer; returns its parameter count."""
+        params = self.host.germinate(slot_index, blueprint_index, style)
+        if params:
+            self.seed_opts[slot_index] = torch.optim.SGD(
+                params, lr=self.seed_lr * self.lr_scale, momentum=self.momentum,
+                weight_decay=self.seed_weight_decay
+            )
+        return _n_params(params)
+
+    def prune(self, slot_index: int) -> None:
+        """Remove the slot's seed from the model and drop its optimizer (momentum state included)."""
+        self.host.remove_seed(slot_index)
+        self.seed_opts.pop(slot_index, None)
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Scale every learning rate to ``scale`` times its base (host_lr for the host, seed_lr for
+        the seeds); seeds germinated later start at the current scale."""
+        if not (math.isfinite(scale) and scale >= 0.0):
+            raise ValueError(f"set_lr_scale: scale must be finite and >= 0, got {scale}")
+        self.lr_scale = scale
+        bases = [(self.host_opt, self.host_lr)] + [(o, self.seed_lr) for o in self.seed_opts.values()]
+        for opt, base in bases:
+            for group in opt.param_groups:
+                group["lr"] = base * scale
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.host_opt, *self.seed_opts.values()]
+
+    # ----------------------------------------------------------------------------------- training
+    def train_epoch(
+        self,
+        batches: Iterable[Batch],
+        *,
+        autocast_dtype: torch.dtype | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """One pass over ``batches`` (train mode): every optimizer steps on every batch.
+
+        Per batch: the host pass (incubating seeds skipped) back-propagates into the host and every
+        blended seed; then, if some seed incubates (GERMINATED, TRAINING), a what-if pass with those
+        seeds at alpha 1 (:meth:`~esper.shell.host.hosts.Host.incubating`) back-propagates into their
+        parameters only. The reported loss and accuracy are the host pass's.
+
+        Mixed precision: ``autocast_dtype`` runs the forward under ``torch.autocast``; ``scaler`` (this
+        env's own GradScaler, finding H12: never shared between envs or streams) scales the loss and
+        unscales before every optimizer step.
+
+        Returns 0-d tensors ``loss`` (item-weighted mean), ``acc`` (%), ``n_items``, and
+        ``grad_ratio [S]``: per slot, ``(seed_norm / host_norm) · sqrt(host_params / seed_params)`` from
+        the last batch's gradients (SGD leaves ``.grad`` untouched), 0 for an empty or parameterless
+        slot or when ``host_norm < 1e-8``, capped at 10.
+        """
+        host, opts = self.host, self.optimizers()
+        host.train()
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        n_items = 0
+        amp = torch.autocast(self.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
+        incubating = host.incubating_slots()
+        what_if = [p for i in incubating for p in host.seed_parameters(i)]
+        for batch in batches:
+            for opt in opts:
+                opt.zero_grad(set_to_none=True)
+            with amp:
+                loss, n_correct, n = host.loss_and_correct(batch)
+            _backward(loss, scaler)
+            if what_if:  # incubating seeds learn from a pass with them blended in at alpha 1
+                with host.incubating(incubating), amp:
+                    seed_loss, _, _ = host.loss_and_correct(batch)
+                _backward(seed_loss, scaler, inputs=what_if)
+            if scaler is not None:
+                for opt in opts:
+                    scaler.step(opt)
+                scaler.update()
+            else:
+                for opt in opts:
+                    opt.step()
+            loss_sum += loss.detach().float() * n
+            correct += n_correct
+            n_items += n
+        if n_items == 0:
+            raise ValueError("EnvModel.train_epoch: no batches")
+        return {
+            "loss": loss_sum / n_items,
+            "acc": correct.float() * (100.0 / n_items),
+            "n_items": torch.tensor(n_items, device=self.device),
+            "grad_ratio": self.grad_ratios(),
+        }
+
+    def grad_ratios(self) -> torch.Tensor:
+        """``[S]`` parameter-normalized seed/host gradient ratio from the current ``.grad``s."""
+        host_norm = _grad_norm(self._host_params, self.device)
+        n_host = _n_params(self._host_params)
+        out = torch.zeros(self.host.n_slots, device=self.device)
+        for i in range(self.host.n_slots):
+            params = self.host.seed_parameters(i)
+            n_seed = _n_params(params)
+            if n_seed == 0:
+                continue
+            ratio = _grad_norm(params, self.device) / host_norm.clamp_min(HOST_NORM_FLOOR)
+            ratio = ratio * math.sqrt(n_host / n_seed)
+            out[i] = torch.where(host_norm < HOST_NORM_FLOOR, 0.0, ratio.clamp_max(GRAD_RATIO_CAP))
+        return out
+
+    # --------------------------------------------------------------------------------- validation
+    def evaluate(
+        self, batches: Iterable[Batch], live_slots: Sequence[int] | torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Validation and counterfactuals in one loop over ``batches`` (eval mode, inference mode).
+
+        ``live_slots``: slot indices, or a bool ``[S]`` mask, of the seeds to measure; ``None`` means
+        every slot holding a seed. Every listed slot must hold a seed (else ``ValueError``).
+        Returns ``(loss, acc %, contribution [S])`` with ``contribution[i] = acc − acc(slot i at
+        alpha 0)`` in percentage points for each listed slot, 0 elsewhere.
+
+        Finding M18: every live seed gets a finite contribution, alpha 0 included. A seed that cannot
+        change the forward value (alpha 0, or GERMINATED/TRAINING, whose output is the host's) has a
+        forced pass identical to the real one, so its contribution is exactly 0 and the pass is
+        skipped (the real pass's result is reused).
+        """
+        host = self.host
+        slots = self._live_slot_indices(live_slots)
+        measured = [i for i in slots if host.slot(i).contributes]
+        was_training = host.training
+        host.eval()
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        cf_correct = torch.zeros(len(measured), dtype=torch.int64, device=self.device)
+        n_items = 0
+        try:
+            with torch.inference_mode():
+                for batch in batches:
+                    loss, n_correct, n = host.loss_and_correct(batch)
+                    loss_sum += loss * n
+                    correct += n_correct
+                    n_items += n
+                    for k, i in enumerate(measured):
+                        with host.counterfactual(i):
+                            cf_correct[k] += host.loss_and_correct(batch)[1]
+        finally:
+            host.train(was_training)
+        if n_items == 0:
+            raise ValueError("EnvModel.evaluate: no batches")
+        acc = correct.float() * (100.0 / n_items)
+        contribution = torch.zeros(host.n_slots, device=self.device)
+        if measured:
+            cf_acc = cf_correct.float() * (100.0 / n_items)
+            contribution[torch.tensor(measured, device=self.device)] = acc - cf_acc
+        return loss_sum / n_items, acc, contribution
+
+    def validate(self, batches: Iterable[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss, acc %)`` with the real alphas (no counterfactual passes)."""
+        loss, acc, _ = self.evaluate(batches, live_slots=())
+        return loss, acc
+
+    def counterfactuals(
+        self, batches: Iterable[Batch], live_slots: Sequence[int] | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``[S]`` contributions (see :meth:`evaluate`)."""
+        return self.evaluate(batches, live_slots)[2]
+
+    def _live_slot_indices(self, live_slots: Sequence[int] | torch.Tensor | None) -> list[int]:
+        n = self.host.n_slots
+        if live_slots is None:
+            return [i for i in range(n) if self.host.slot(i).occupied]
+        if isinstance(live_slots, torch.Tensor) and live_slots.dtype == torch.bool:
+            if live_slots.shape != (n,):
+                raise ValueError(f"live_slots mask must have shape [{n}], got {list(live_slots.shape)}")
+            indices = live_slots.nonzero().flatten().tolist()
+        else:
+            indices = [int(i) for i in live_slots]
+        for i in indices:
+            if not self.host.slot(i).occupied:
+                raise ValueError(
+                    f"slot {i} ({self.host.slot_names[i]!r}) is listed as live but holds no seed"
+                )
+        return sorted(set(indices))
+
+
+__all__ = ["GRAD_RATIO_CAP", "HOST_NORM_FLOOR", "EnvModel"]

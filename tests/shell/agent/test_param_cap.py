@@ -1,0 +1,92 @@
+"""``ppo.param_cap``: the learned controller's hard parameter budget, end to end on the default task's
+host. The cost table bounds what a germination adds; a capped controller never holds more seed
+parameters than the cap, where the same controller uncapped does; the baselines stay uncapped."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from esper.core.lifecycle import LifecycleConfig
+from esper.core.observation import obs_dim
+from esper.core.rewards import RewardConfig
+from esper.core.spec import Style
+from esper.shell.agent.controller import PPOController, policy_input_dim
+from esper.shell.agent.policy import FactoredRecurrentActorCritic
+from esper.shell.agent.trainer import PPOConfig, PPOTrainer
+from esper.shell.env.governor import GovernorConfig
+from esper.shell.env.rollout import EpisodeRunner
+from esper.shell.env.vecenv import EnvConfig, VecEnv
+from esper.shell.host.hosts import CNN1dHost
+
+ENV = EnvConfig(task="mnist1d", n_envs=2, batch_size=64, train_batches=1, val_batches=1)
+LIFECYCLE = LifecycleConfig(max_epochs=5, auto_advance=True)
+CAP = 300.0
+
+
+def test_germination_cost_bounds_every_germination_and_is_met_with_a_gate():
+    host = CNN1dHost()
+    cost = host.germination_cost()
+    assert cost.shape == (host.n_slots, len(host.blueprint_names))
+    for s in range(host.n_slots):
+        for b in range(len(host.blueprint_names)):
+            for style in Style:
+                n = sum(p.numel() for p in host.germinate(s, b, style))
+                assert n <= cost[s, b], (s, b, style)
+                assert (n == cost[s, b]) == (style == Style.GATED_GATE), (s, b, style)
+                host.remove_seed(s)
+
+
+class _Watch:
+    """The controller, recording the seed parameters the env holds at every step."""
+
+    def __init__(self, inner: PPOController) -> None:
+        self.inner, self.learns, self.held = inner, False, []
+
+    def begin(self, n_envs: int) -> None:
+        self.inner.begin(n_envs)
+
+    def act(self, step):
+        self.held.append(step.slots["seed_params"].sum(-1))
+        return self.inner.act(step)
+
+    def bootstrap(self, step):
+        self.held.append(step.slots["seed_params"].sum(-1))
+        return self.inner.bootstrap(step)
+
+
+def _held(cap: float) -> torch.Tensor:
+    env = VecEnv(ENV, LIFECYCLE, GovernorConfig(), seed=3)
+    ppo = PPOConfig(hidden=16, head_hidden=16, germinate_bias=6.0, param_cap=cap)
+    raw = obs_dim(env.spec.n_slots, env.spec.n_blueprints)
+    torch.manual_seed(0)
+    policy = FactoredRecurrentActorCritic(
+        policy_input_dim(raw), env.spec, hidden=16, head_hidden=16, germinate_bias=6.0
+    )
+    trainer = PPOTrainer(policy, ppo, raw_obs_dim=raw)
+    ctl = _Watch(
+        PPOController(
+            policy, trainer, generator=torch.Generator().manual_seed(1), learns=False,
+            germination_cost=env.germination_cost,
+        )
+    )  # fmt: skip
+    EpisodeRunner(env, ctl, lifecycle=LIFECYCLE, reward=RewardConfig(), gamma=0.99).run(0)
+    return torch.stack(ctl.held)
+
+
+def test_a_capped_controller_never_holds_more_than_the_cap():
+    uncapped, capped = _held(0.0), _held(CAP)
+    assert uncapped.max() > CAP  # the same policy and hosts overspend without the cap
+    assert capped.max() <= CAP
+    assert capped.max() > 0  # it still grows
+
+
+def test_a_cap_needs_the_cost_table():
+    env_spec = VecEnv(dataclasses.replace(ENV, n_envs=1), LIFECYCLE, GovernorConfig(), seed=0).spec
+    raw = obs_dim(env_spec.n_slots, env_spec.n_blueprints)
+    policy = FactoredRecurrentActorCritic(policy_input_dim(raw), env_spec, hidden=8, head_hidden=8)
+    trainer = PPOTrainer(policy, PPOConfig(hidden=8, head_hidden=8, param_cap=CAP), raw_obs_dim=raw)
+    with pytest.raises(ValueError, match="germination_cost"):
+        PPOController(policy, trainer)

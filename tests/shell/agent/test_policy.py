@@ -1,0 +1,291 @@
+"""The factored recurrent actor-critic: legal sampling, op-conditioned slot masks, and act/evaluate
+consistency (the first PPO epoch must see ratio 1)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from esper.core import distributions as D
+from esper.core.lifecycle import LifecycleConfig
+from esper.core.masks import action_masks, legal_masks
+from esper.core.spec import DEFAULT_BLEND, HEADS, SLOT_FIELDS, ActionSpec, Op, Stage
+from esper.shell.agent.controller import build_learner
+from esper.shell.agent.policy import FactoredRecurrentActorCritic
+from esper.shell.agent.trainer import PPOConfig
+from esper.shell.baselines.simple import GrowAllController
+
+SPEC = ActionSpec(n_slots=3, n_blueprints=5)
+
+
+def _slots(E: int, seed: int) -> TensorDict:
+    g = torch.Generator().manual_seed(seed)
+    td = TensorDict({k: torch.zeros(E, 3, dtype=dt) for k, (dt, _) in SLOT_FIELDS.items()}, [E, 3])
+    td["enabled"] = torch.ones(E, 3, dtype=torch.bool)
+    td["stage"] = torch.randint(0, len(Stage), (E, 3), generator=g)
+    td["age"] = torch.full((E, 3), 4)
+    return td
+
+
+def test_act_samples_legal_actions_with_op_conditioned_slot_mask():
+    torch.manual_seed(0)
+    net = FactoredRecurrentActorCritic(10, SPEC, hidden=32, head_hidden=16)
+    E = 16
+    legal = legal_masks(_slots(E, 1), SPEC)
+    out, (h, _c) = net.act(torch.randn(E, 10), net.initial_state(E), legal)
+    assert h.shape == (1, E, 32) and out["state_value"].shape == (E,)
+    expected = action_masks(legal, out["op", "action"])
+    for head in HEADS:
+        a, mask = out[head, "action"], out[head, "action_mask"]
+        assert torch.equal(mask, expected[head])
+        assert mask.gather(-1, a.unsqueeze(-1)).all(), head
+    assert (
+        legal["slot_by_op"]
+        .gather(1, out["op", "action"].view(E, 1, 1).expand(E, 1, 3))
+        .squeeze(1)
+        .gather(-1, out["slot", "action"].unsqueeze(-1))
+        .all()
+    )
+
+
+def test_act_then_evaluate_gives_the_same_log_probs_and_values():
+    torch.manual_seed(1)
+    net = FactoredRecurrentActorCritic(7, SPEC, hidden=24, head_hidden=16)
+    E, T = 4, 6
+    state0 = net.initial_state(E)
+    state = state0
+    obs_seq, steps = [], []
+    for t in range(T):
+        obs = torch.randn(E, 7)
+        out, state = net.act(obs, state, legal_masks(_slots(E, 10 + t), SPEC))
+        obs_seq.append(obs)
+        steps.append(out)
+    rollout = torch.stack(steps, dim=1)  # [E, T]
+    current = net.evaluate(
+        torch.stack(obs_seq, 1), state0, rollout["op", "action"], rollout["slot", "action"]
+    )
+    for head in HEADS:
+        lp = D.log_prob(current[head, "logits"], rollout[head, "action"], rollout[head, "action_mask"])
+        torch.testing.assert_close(lp, rollout[head, "action_log_prob"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(current["state_value"], rollout["state_value"], rtol=1e-5, atol=1e-5)
+
+
+def test_evaluate_gives_gradient_to_every_head_and_the_trunk():
+    net = FactoredRecurrentActorCritic(5, SPEC, hidden=16, head_hidden=8)
+    E, T = 2, 3
+    op = torch.tensor([[int(Op.GERMINATE)] * T] * E)
+    slot = torch.tensor([[0, 1, 2]] * E)
+    out = net.evaluate(torch.randn(E, T, 5), net.initial_state(E), op, slot)
+    loss = sum(out[h, "logits"].square().sum() for h in HEADS) + out["state_value"].sum()
+    loss.backward()
+    for name, p in net.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_deterministic_act_takes_the_most_likely_legal_choice():
+    torch.manual_seed(2)
+    net = FactoredRecurrentActorCritic(5, SPEC, hidden=16, head_hidden=8)
+    legal = legal_masks(_slots(6, 2), SPEC)
+    obs, state = torch.randn(6, 5), net.initial_state(6)
+    out, _ = net.act(obs, state, legal, deterministic=True)
+    feats, _ = net.features(obs.unsqueeze(1), state)
+    logits = net.head_logits(feats.squeeze(1), out["op", "action"], out["slot", "action"])
+    for head in HEADS:
+        masked = torch.where(out[head, "action_mask"], logits[head], -torch.inf)
+        assert torch.equal(out[head, "action"], masked.argmax(-1)), head
+
+
+def test_deterministic_heads_take_the_mode_and_the_rest_sample_as_before():
+    """``deterministic=heads``: those heads take their most likely legal choice; op and slot, drawn first
+    from the same generator, are the draws a fully sampled act makes."""
+    torch.manual_seed(3)
+    net = FactoredRecurrentActorCritic(5, SPEC, hidden=16, head_hidden=8)
+    E = 64
+    legal = legal_masks(_slots(E, 4), SPEC)
+    obs, state = torch.randn(E, 5), net.initial_state(E)
+    later = [h for h in HEADS if h not in ("op", "slot")]
+    mixed, _ = net.act(obs, state, legal, generator=torch.Generator().manual_seed(7), deterministic=later)
+    sampled, _ = net.act(obs, state, legal, generator=torch.Generator().manual_seed(7))
+    greedy, _ = net.act(obs, state, legal, deterministic=True)
+    for head in ("op", "slot"):
+        assert torch.equal(mixed[head, "action"], sampled[head, "action"]), head
+    assert not torch.equal(mixed["op", "action"], greedy["op", "action"])  # op really is sampled
+    feats, _ = net.features(obs.unsqueeze(1), state)
+    logits = net.head_logits(feats.squeeze(1), mixed["op", "action"], mixed["slot", "action"])
+    for head in later:
+        masked = torch.where(mixed[head, "action_mask"], logits[head], -torch.inf)
+        assert torch.equal(mixed[head, "action"], masked.argmax(-1)), head
+    with pytest.raises(ValueError, match="unknown head"):
+        net.act(obs, state, legal, deterministic=["blueprint", "colour"])
+    with pytest.raises(TypeError, match="collection of head names"):
+        net.act(obs, state, legal, deterministic="blueprint")
+
+
+def test_all_illegal_op_row_raises_before_sampling():
+    net = FactoredRecurrentActorCritic(5, SPEC, hidden=16, head_hidden=8)
+    legal = legal_masks(_slots(2, 3), SPEC)
+    legal["op"] = torch.zeros_like(legal["op"])
+    with pytest.raises(RuntimeError, match=r"no legal choice for head 'op' in env\(s\) \[0, 1\]"):
+        net.act(torch.randn(2, 5), net.initial_state(2), legal)
+
+
+def test_bad_observation_shape_is_reported():
+    net = FactoredRecurrentActorCritic(5, SPEC, hidden=16, head_hidden=8)
+    with pytest.raises(ValueError, match=r"observation must be \[E, T, 5\], got \[2, 1, 4\]"):
+        net.act(torch.randn(2, 4), net.initial_state(2), legal_masks(_slots(2, 4), SPEC))
+
+
+def test_bf16_autocast_act_is_finite():
+    net = FactoredRecurrentActorCritic(5, SPEC, hidden=16, head_hidden=8)
+    legal = legal_masks(_slots(4, 5), SPEC)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = net.act(torch.randn(4, 5) * 50, net.initial_state(4), legal)
+    for head in HEADS:
+        assert torch.isfinite(out[head, "action_log_prob"]).all()
+
+
+@pytest.mark.parametrize("bias", [0.0, 2.0])
+def test_wait_bias_sets_the_initial_preference_for_wait(bias):
+    """The op head starts near uniform over the legal ops, WAIT ``bias`` logits above the rest: a
+    cautious start (p(WAIT) = e^b / (e^b + k - 1) with k legal ops)."""
+    torch.manual_seed(0)
+    net = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8, wait_bias=bias)
+    feats, _ = net.features(torch.randn(64, 1, 6), net.initial_state(64))
+    with torch.no_grad():
+        probs = torch.softmax(net.heads["op"](feats.squeeze(1)), -1)
+    k = len(Op)
+    expected = torch.tensor(bias).exp() / (torch.tensor(bias).exp() + k - 1)
+    torch.testing.assert_close(probs[:, int(Op.WAIT)].mean(), expected, atol=0.02, rtol=0)
+    others = torch.cat([probs[:, :int(Op.WAIT)], probs[:, int(Op.WAIT) + 1 :]], -1)
+    assert float(others.std()) < 0.02  # the other ops start equal
+
+
+@pytest.mark.parametrize(("wait", "germinate"), [(0.0, 0.0), (2.0, 2.0), (1.0, 3.0)])
+def test_germinate_bias_sets_the_initial_preference_for_germinate(wait, germinate):
+    """WAIT starts ``wait`` logits and GERMINATE ``germinate`` logits above the ops that change a
+    live seed, which start equal among themselves."""
+    torch.manual_seed(0)
+    net = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8, wait_bias=wait,
+                                       germinate_bias=germinate)  # fmt: skip
+    feats, _ = net.features(torch.randn(64, 1, 6), net.initial_state(64))
+    with torch.no_grad():
+        probs = torch.softmax(net.heads["op"](feats.squeeze(1)), -1).mean(0)
+    z = math.exp(wait) + math.exp(germinate) + len(Op) - 2
+    torch.testing.assert_close(probs[int(Op.WAIT)], torch.tensor(math.exp(wait) / z), atol=0.02, rtol=0)
+    p_germinate = torch.tensor(math.exp(germinate) / z)
+    torch.testing.assert_close(probs[int(Op.GERMINATE)], p_germinate, atol=0.02, rtol=0)
+    rest = [int(o) for o in Op if o not in (Op.WAIT, Op.GERMINATE)]
+    torch.testing.assert_close(probs[rest], torch.full((len(rest),), 1 / z), atol=0.02, rtol=0)
+
+
+@pytest.mark.parametrize("bias", [0.0, 2.0])
+def test_blend_bias_starts_the_blend_heads_on_the_fixed_schedules_blend(bias):
+    """Each blend head (style, tempo, alpha target) starts ``bias`` logits above its other choices on
+    DEFAULT_BLEND, the blend the growth schedules use; the other heads stay uniform."""
+    torch.manual_seed(0)
+    net = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8, blend_bias=bias)
+    feats, _ = net.features(torch.randn(64, 1, 6), net.initial_state(64))
+    later = torch.cat([feats.squeeze(1), torch.zeros(64, net.op_embedding.embedding_dim
+                                                     + net.slot_embedding.embedding_dim)], -1)  # fmt: skip
+    assert set(DEFAULT_BLEND) == {"style", "tempo", "alpha_target"}
+    with torch.no_grad():
+        for head in ("style", "tempo", "alpha_target", "alpha_speed", "alpha_curve"):
+            probs = torch.softmax(net.heads[head](later), -1).mean(0)
+            k = probs.numel()
+            b = bias if head in DEFAULT_BLEND else 0.0
+            expected = torch.full((k,), 1 / (math.exp(b) + k - 1))
+            if head in DEFAULT_BLEND:
+                expected[DEFAULT_BLEND[head]] = math.exp(b) / (math.exp(b) + k - 1)
+            torch.testing.assert_close(probs, expected, atol=0.02, rtol=0)
+    grow = GrowAllController(0, LifecycleConfig())
+    assert (grow.style, grow.tempo) == (DEFAULT_BLEND["style"], DEFAULT_BLEND["tempo"])
+    assert grow.alpha_target == DEFAULT_BLEND["alpha_target"]
+
+
+def test_slot_bias_gives_each_slot_its_own_blueprint_preference():
+    """With ``slot_bias`` the heads after the slot head add a learned bias per slot (zero at the start,
+    so the initial policy is unchanged): a gradient step that favours conv in slot 0 moves slot 0's
+    blueprint logits through its own table row and leaves slot 1's row untouched."""
+    torch.manual_seed(0)
+    plain = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8)
+    torch.manual_seed(0)
+    net = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8, slot_bias=True)
+    assert plain.slot_bias is None and set(net.slot_bias) == set(HEADS) - {"op", "slot"}
+    obs, state = torch.randn(4, 3, 6), net.initial_state(4)
+    op = torch.full((4, 3), int(Op.GERMINATE))
+    slot = torch.zeros(4, 3, dtype=torch.long)
+    a, b = plain.evaluate(obs, state, op, slot), net.evaluate(obs, state, op, slot)
+    for h in HEADS:
+        torch.testing.assert_close(a[h, "logits"], b[h, "logits"])  # zero bias: the same policy
+    loss = -torch.log_softmax(b["blueprint", "logits"], -1)[..., 1].mean()
+    loss.backward()
+    grad = net.slot_bias["blueprint"].weight.grad
+    assert grad[0].abs().sum() > 0 and grad[1:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("bias", [0.0, 3.0])
+def test_slot_order_bias_starts_the_slot_head_on_the_first_legal_slot(bias):
+    """``slot_order_bias`` starts slot s ``s * bias`` logits below slot 0, whatever the op: with every
+    slot legal an untrained policy germinates into ``b0`` first, with ``b0`` taken into ``b1``, the
+    order in which ``grow_all`` fills slots (its first legal slot); 0 keeps the slot head uniform."""
+    torch.manual_seed(0)
+    net = FactoredRecurrentActorCritic(6, SPEC, hidden=16, head_hidden=8, slot_order_bias=bias)
+    feats, _ = net.features(torch.randn(64, 1, 6), net.initial_state(64))
+    feats = feats.squeeze(1)
+    order = torch.exp(-bias * torch.arange(SPEC.n_slots, dtype=torch.float32))
+    with torch.no_grad():
+        for op in (Op.GERMINATE, Op.ADVANCE):
+            logits = net.slot_logits(feats, torch.full((64,), int(op)))
+            for legal in ([True, True, True], [False, True, True], [False, False, True]):
+                mask = torch.tensor(legal).expand(64, -1)
+                probs = D.log_softmax(logits, mask).exp().mean(0)
+                expected = order * mask[0]
+                torch.testing.assert_close(probs, expected / expected.sum(), atol=0.02, rtol=0)
+
+
+def test_slot_order_bias_reaches_the_policy_from_the_ppo_config():
+    cfg = PPOConfig(slot_order_bias=2.0, hidden=16, head_hidden=8)
+    policy, _ = build_learner(cfg, SPEC, device="cpu", seed=0)
+    torch.testing.assert_close(policy.heads["slot"][2].bias.detach(), torch.tensor([0.0, -2.0, -4.0]))
+    policy, _ = build_learner(PPOConfig(hidden=16, head_hidden=8), SPEC, device="cpu", seed=0)
+    assert policy.heads["slot"][2].bias.abs().sum() == 0
+
+
+def test_size_bias_starts_the_blueprint_head_in_proportion_to_each_seeds_cost():
+    # Costs per slot [S=3, n=5]: blueprint 0 costs nothing (a noop: counted as 1), slot 2 is wider.
+    cost = torch.tensor([[0.0, 10.0, 40.0, 100.0, 400.0]] * 2 + [[0.0, 20.0, 80.0, 200.0, 800.0]])
+    policy, _ = build_learner(PPOConfig(size_bias=1.0, hidden=16, head_hidden=8), SPEC, device="cpu", seed=0,
+                              germination_cost=cost)  # fmt: skip
+    bias = policy.heads["blueprint"][2].bias.detach()
+    log_mean = cost.clamp(min=1).log().mean(0)
+    torch.testing.assert_close(bias, log_mean - log_mean.max())
+    # At size_bias 1 an untrained policy grows each legal blueprint about in proportion to its cost.
+    feats = torch.randn(64, 16)
+    germinate, slot0 = torch.full((64,), int(Op.GERMINATE)), torch.zeros(64, dtype=torch.long)
+    logits = policy.head_logits(feats, germinate, slot0)
+    probs = logits["blueprint"].softmax(-1).mean(0)
+    share = torch.tensor([10.0, 40.0, 100.0, 400.0])  # the geometric mean over slots: 2^(1/3) x each
+    torch.testing.assert_close(probs[1:] / probs[1:].sum(), share / share.sum(), atol=0.02, rtol=0)
+    # Half the bias, half the log-odds; 0 leaves the head as before, bit for bit.
+    half, _ = build_learner(PPOConfig(size_bias=0.5, hidden=16, head_hidden=8), SPEC, device="cpu", seed=0,
+                            germination_cost=cost)  # fmt: skip
+    torch.testing.assert_close(half.heads["blueprint"][2].bias.detach(), bias / 2)
+    plain, _ = build_learner(PPOConfig(hidden=16, head_hidden=8), SPEC, device="cpu", seed=0,
+                             germination_cost=cost)  # fmt: skip
+    assert plain.heads["blueprint"][2].bias.abs().sum() == 0
+
+
+def test_size_bias_refuses_a_missing_or_misshapen_cost_and_a_negative_bias():
+    cfg = PPOConfig(size_bias=1.0, hidden=16, head_hidden=8)
+    with pytest.raises(ValueError, match="germination_cost"):
+        build_learner(cfg, SPEC, device="cpu", seed=0)
+    with pytest.raises(ValueError, match=r"must be \[3, 5\]"):
+        build_learner(cfg, SPEC, device="cpu", seed=0, germination_cost=torch.ones(3, 4))
+    with pytest.raises(ValueError):
+        PPOConfig(size_bias=-1.0)
+    with pytest.raises(ValueError, match="finite"):
+        bad = torch.tensor([0.0, 1.0, float("nan"), 0.0, 0.0])
+        FactoredRecurrentActorCritic(8, SPEC, hidden=16, head_hidden=8, blueprint_prior=bad)

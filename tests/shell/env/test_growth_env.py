@@ -1,0 +1,237 @@
+"""The pieces the held-out evaluation rests on: MNIST-1D data, three disjoint splits (the test split is
+read only by the final evaluation), host seeds that never repeat between training and evaluation,
+the learning-rate schedule, the OBJECTIVE reward as the runner pays it, concurrent CPU envs that
+change nothing but speed, and the baseline controllers."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from esper.core.lifecycle import LifecycleConfig
+from esper.core.rewards import RewardConfig, RewardMode, objective
+from esper.core.spec import Op, Stage
+from esper.shell.baselines.simple import GrowAllController, RandomController, StaticController
+from esper.shell.data.tasks import load_mnist1d
+from esper.shell.env.governor import GovernorConfig
+from esper.shell.env.rollout import EpisodeRunner
+from esper.shell.env.vecenv import (
+    EnvConfig,
+    VecEnv,
+    derive_seed,
+    eval_host_seeds,
+    lr_scale,
+    train_host_seeds,
+)
+
+
+def _env(n_envs=2, *, max_epochs=6, workers=1, task="mnist1d", **env) -> VecEnv:
+    cfg = EnvConfig(task=task, n_envs=n_envs, batch_size=128, train_batches=4, workers=workers, **env)
+    return VecEnv(cfg, LifecycleConfig(max_epochs=max_epochs, g2_min_epochs=1, g3_min_epochs=1),
+                  GovernorConfig(), seed=3)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- data
+def test_mnist1d_splits_are_deterministic_disjoint_and_leave_global_rngs_alone():
+    random.seed(5)
+    np.random.seed(5)  # noqa: NPY002 (checking the legacy global generator is left alone)
+    before = (random.random(), np.random.rand())  # noqa: NPY002
+    random.seed(5)
+    np.random.seed(5)  # noqa: NPY002
+    (tx, ty), (vx, _), (sx, sy) = load_mnist1d()
+    assert (random.random(), np.random.rand()) == before  # noqa: NPY002
+    assert tx.shape == (4000, 1, 40) and vx.shape == (1000, 1, 40) and sx.shape == (1000, 1, 40)
+    assert tx.dtype == torch.float32 and ty.dtype == torch.int64 and set(ty.tolist()) == set(range(10))
+    (tx2, _), _, (sx2, sy2) = load_mnist1d()
+    assert torch.equal(tx, tx2) and torch.equal(sx, sx2) and torch.equal(sy, sy2)
+    rows = [{tuple(r.tolist()) for r in x[:, 0]} for x in (tx, vx, sx)]
+    assert not (rows[0] & rows[1]) and not (rows[0] & rows[2]) and not (rows[1] & rows[2])
+    with pytest.raises(ValueError, match="splits"):
+        load_mnist1d(splits=(100, 5, 100))
+
+
+# ------------------------------------------------------------------------------------------ seeds
+def test_training_and_evaluation_hosts_never_share_a_seed():
+    train = {s for run in range(5) for ep in range(200) for s in train_host_seeds(run, ep, range(16))}
+    evals = {s for ev in range(5) for s in eval_host_seeds(ev, range(500))}
+    assert len(train) == 5 * 200 * 16 and len(evals) == 5 * 500  # no collision inside either set
+    assert not train & evals
+    assert derive_seed("eval", 1, 2) == derive_seed("eval", 1, 2) and 0 <= derive_seed("x") < 2**63
+
+
+def test_env_hosts_follow_the_given_seeds():
+    env = _env(2)
+    env.reset(0, host_seeds=[11, 12])
+    a = [p.detach().clone() for p in env.models[0].host.parameters()]
+    env.reset(7, host_seeds=[11, 99])
+    assert all(torch.equal(x, y) for x, y in zip(a, env.models[0].host.parameters()))
+    assert env.host_seeds == [11, 99]
+    with pytest.raises(ValueError, match="host seeds"):
+        env.reset(0, host_seeds=[1])
+
+
+# ---------------------------------------------------------------------------------- test isolation
+def test_the_test_split_is_read_only_by_the_final_evaluation(monkeypatch):
+    env = _env(2, max_epochs=4)
+    runner = EpisodeRunner(env, GrowAllController(5, env.lifecycle), lifecycle=env.lifecycle,
+                           reward=RewardConfig(), gamma=0.99)  # fmt: skip
+    reads = []
+    real_reset = env.reset
+
+    class Spy:
+        def __init__(self, i, batches):
+            self.i, self.batches = i, batches
+
+        def __iter__(self):
+            reads.append((self.i, env.epoch))
+            return iter(self.batches)
+
+    def spy_reset(*args, **kwargs):
+        real_reset(*args, **kwargs)
+        env.loaders = [ld._replace(test=Spy(i, ld.test)) for i, ld in enumerate(env.loaders)]
+
+    monkeypatch.setattr(env, "reset", spy_reset)
+    result = runner.run(0)
+    assert sorted(reads) == [(0, 4), (1, 4)]  # once per env, after the last epoch
+    assert all(0 <= ep["final_test_acc"] <= 100 for ep in result.episodes)
+    assert all("test" not in k for ev in result.epochs for k in ev)  # the controller's view has no test
+
+
+# --------------------------------------------------------------------------------------- schedule
+def test_cosine_schedule_runs_from_one_to_near_zero():
+    assert lr_scale("constant", 7, 25) == 1.0
+    scales = [lr_scale("cosine", e, 25) for e in range(1, 26)]
+    assert scales[0] == 1.0 and scales[-1] < 0.01 and all(a > b for a, b in itertools.pairwise(scales))
+    env = _env(1, max_epochs=4, lr_schedule="cosine")
+    env.reset(0)
+    env.models[0].germinate(0, 3, 0)
+    for epoch in range(1, 5):
+        env.measure()
+        lrs = [g["lr"] for opt in env.models[0].optimizers() for g in opt.param_groups]
+        assert lrs == pytest.approx([env.cfg.host_lr * lr_scale("cosine", epoch, 4)] + [
+            env.cfg.seed_lr * lr_scale("cosine", epoch, 4)] * (len(lrs) - 1))  # fmt: skip
+    with pytest.raises(ValueError, match="lr_schedule"):
+        EnvConfig(lr_schedule="linear")
+
+
+# ------------------------------------------------------------------------------------------ runner
+def test_objective_return_is_the_final_objective_minus_the_first_measurement(monkeypatch):
+    env = _env(2, max_epochs=6)
+    cfg = RewardConfig(param_weight=2.0)
+    firsts = []
+    real_measure = env.measure
+
+    def spy():
+        s = real_measure()
+        if env.epoch == 1:
+            firsts.append(objective(s, cfg))
+        return s
+
+    monkeypatch.setattr(env, "measure", spy)
+    runner = EpisodeRunner(env, GrowAllController(5, env.lifecycle), lifecycle=env.lifecycle, reward=cfg,
+                           gamma=0.99)  # fmt: skip
+    result = runner.run(0)
+    for i, ep in enumerate(result.episodes):
+        expected = ep["objective"] - float(firsts[0][i])
+        assert ep["return"] == pytest.approx(expected, abs=1e-3)
+        assert ep["reward_components"]["objective"] == pytest.approx(ep["return"], abs=1e-3)
+        assert ep["objective"] == pytest.approx(
+            ep["final_val_acc"] - 2.0 * ep["params_added"] / ep["host_params"], abs=1e-3
+        )
+    assert any(ep["params_added"] > 0 for ep in result.episodes)  # grow_all grew something
+
+
+def test_shaped_mode_still_runs_and_pays_no_objective_term():
+    env = _env(2, max_epochs=4)
+    runner = EpisodeRunner(env, GrowAllController(5, env.lifecycle), lifecycle=env.lifecycle,
+                           reward=RewardConfig(mode=RewardMode.SHAPED), gamma=0.99)  # fmt: skip
+    for ep in runner.run(0).episodes:
+        assert ep["reward_components"]["objective"] == 0.0 and "final_test_acc" in ep
+
+
+# ----------------------------------------------------------------------------------------- workers
+def test_concurrent_cpu_envs_give_the_same_episodes_as_sequential_ones():
+    def episode(workers):
+        torch.manual_seed(0)
+        env = _env(3, max_epochs=5, workers=workers)
+        runner = EpisodeRunner(env, RandomController(seed=4), lifecycle=env.lifecycle, reward=RewardConfig(),
+                               gamma=0.99)  # fmt: skip
+        try:
+            return runner.run(0), env
+        finally:
+            env.close()
+
+    (seq, seq_env), (par, par_env) = episode(1), episode(2)
+    assert seq_env._pool is None and par_env._pool is None  # closed
+    for a, b in zip(seq.episodes, par.episodes):
+        for k in ("return", "final_val_acc", "final_test_acc", "params_added", "op_counts"):
+            assert a[k] == b[k], k
+    with pytest.raises(ValueError, match="workers"):
+        EnvConfig(workers=0)
+
+
+def test_workers_stay_sequential_for_hosts_with_dropout():
+    env = VecEnv(EnvConfig(task="stdlib_text", n_envs=2, workers=2), LifecycleConfig(max_epochs=2),
+                 GovernorConfig(), seed=0, task=_dropout_text_task())  # fmt: skip
+    assert env._pool is None
+
+
+def _dropout_text_task():
+    from esper.shell.data.tasks import make_task
+
+    return make_task("stdlib_text", max_bytes=20_000, ctx=16, batch_size=2, d_model=16, n_layers=2,
+                     n_heads=2, dropout=0.1)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------- baselines
+def _legal_ops(result):
+    return [op for ev in result.epochs for op in ev["op"]]
+
+
+def test_static_waits_and_grow_all_fills_every_slot_then_fossilizes():
+    env = _env(2, max_epochs=14)
+    static = EpisodeRunner(env, StaticController(), lifecycle=env.lifecycle, reward=RewardConfig(),
+                           gamma=0.99)  # fmt: skip
+    res = static.run(0)
+    assert set(_legal_ops(res)) == {"WAIT"} and all(ep["params_added"] == 0 for ep in res.episodes)
+    lc = dataclasses.replace(env.lifecycle, g2_min_gain=-100.0, g5_min_contribution=-100.0)
+    env.lifecycle = lc
+    grow = EpisodeRunner(env, GrowAllController(5, lc), lifecycle=lc, reward=RewardConfig(), gamma=0.99)
+    res = grow.run(1)
+    ops = [ev["op"][0] for ev in res.epochs]
+    assert ops[:3] == ["GERMINATE"] * 3 and "FOSSILIZE" in ops and "PRUNE" not in ops
+    assert [ev["blueprint"][0] for ev in res.epochs[:3]] == [env.blueprint_names[5]] * 3
+    final = res.epochs[-1]["stage"][0]
+    assert final.count("FOSSILIZED") == 3, final
+
+
+def test_random_controller_only_takes_legal_actions_and_is_reproducible():
+    env = _env(3, max_epochs=8)
+
+    def run(seed):
+        runner = EpisodeRunner(env, RandomController(seed=seed), lifecycle=env.lifecycle,
+                               reward=RewardConfig(), gamma=0.99)  # fmt: skip
+        return runner.run(0)
+
+    a, b, c = run(1), run(1), run(2)
+    assert _legal_ops(a) == _legal_ops(b) and _legal_ops(a) != _legal_ops(c)
+    assert not any(e["kind"] == "illegal" for e in a.lifecycle)
+    assert len(set(_legal_ops(a))) >= 3  # it explores several ops
+    assert Op.WAIT.name in _legal_ops(a) and Stage.DORMANT.name  # WAIT is always legal
+
+
+def test_env_masks_the_noop_blueprint_and_no_controller_germinates_it():
+    env = _env(3, max_epochs=8)
+    noop = env.blueprint_names.index("noop")
+    assert env.spec.masked_blueprints == (noop,)
+    for seed in (1, 2, 3):
+        runner = EpisodeRunner(env, RandomController(seed=seed), lifecycle=env.lifecycle,
+                               reward=RewardConfig(), gamma=0.99)  # fmt: skip
+        res = runner.run(seed)
+        germinated = [e["blueprint"] for e in res.lifecycle if e["kind"] == "germinated"]
+        assert germinated and "noop" not in germinated, germinated

@@ -1,0 +1,231 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from esper.core.spec import Stage, Style
+from esper.shell.host.blueprints import BLUEPRINTS
+from esper.shell.host.hosts import CNNHost
+from esper.shell.host.model import GRAD_RATIO_CAP, EnvModel
+
+BP = {n: i for i, n in enumerate(BLUEPRINTS["cnn"])}
+
+
+def _batches(n_batches: int = 3, size: int = 8, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(16, 1, size, size, generator=g), torch.randint(0, 10, (16,), generator=g))
+        for _ in range(n_batches)
+    ]
+
+
+def _model(**kw) -> EnvModel:
+    torch.manual_seed(0)
+    return EnvModel(CNNHost(1, 8), **kw)
+
+
+def _ids(params) -> set[int]:
+    return {id(p) for p in params}
+
+
+def _optimizer_ids(model: EnvModel) -> set[int]:
+    ids = set()
+    for opt in model.optimizers():
+        ids |= _ids(p for group in opt.param_groups for p in group["params"])
+        ids |= _ids(opt.state.keys())
+    return ids
+
+
+def _perturb(params) -> None:
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn_like(p) * 0.5)
+
+
+def test_train_epoch_returns_finite_tensors_and_learns():
+    m = _model()
+    data = _batches()
+    first = m.train_epoch(data)
+    assert set(first) == {"loss", "acc", "n_items", "grad_ratio"}
+    assert first["grad_ratio"].shape == (3,) and torch.equal(first["grad_ratio"], torch.zeros(3))
+    assert int(first["n_items"]) == 48 and 0 <= float(first["acc"]) <= 100
+    for _ in range(10):
+        last = m.train_epoch(data)
+    assert float(last["loss"]) < float(first["loss"])
+    with pytest.raises(ValueError, match="no batches"):
+        m.train_epoch([])
+
+
+def test_prune_removes_seed_from_model_and_optimizers():
+    m = _model()
+    m.germinate(1, BP["conv_light"], Style.GATED_GATE)
+    params = m.host.seed_parameters(1)
+    m.host.set_slot(1, alpha=0.5, stage=Stage.BLENDING)
+    m.train_epoch(_batches())  # momentum buffers now exist
+    assert _ids(params) <= _optimizer_ids(m)
+    assert 1 in m.seed_opts and len(m.seed_opts[1].state) == len(params)
+    m.prune(1)
+    assert not (_ids(params) & _ids(m.host.parameters()))
+    assert not (_ids(params) & _optimizer_ids(m))
+    assert 1 not in m.seed_opts
+    m.train_epoch(_batches())  # still trains without it
+
+
+def test_fossilized_seed_stays_keeps_training_and_contributing():
+    m = _model()
+    m.germinate(0, BP["conv_small"], Style.LINEAR_ADD)
+    params = m.host.seed_parameters(0)
+    _perturb(params)
+    m.host.set_slot(0, alpha=1.0, stage=Stage.FOSSILIZED)
+    before = [p.detach().clone() for p in params]
+    m.train_epoch(_batches())
+    assert _ids(params) <= _ids(m.host.parameters()) and _ids(params) <= _optimizer_ids(m)
+    assert any(not torch.equal(a, p) for a, p in zip(before, params))  # seeds train after fossilization
+    x = _batches(1)[0][0]
+    m.host.eval()
+    with torch.no_grad(), m.host.counterfactual(0):
+        cf = m.host(x)
+    with torch.no_grad():
+        assert not torch.allclose(m.host(x), cf)
+
+
+def test_gated_gate_parameters_get_gradient_and_an_optimizer():
+    m = _model()
+    m.germinate(2, BP["noop"], Style.GATED_GATE)  # noop seed: the gate is the only trainable part
+    gate_params = list(m.host.slot(2).gate.parameters())
+    assert gate_params and _ids(gate_params) <= _ids(
+        p for g in m.seed_opts[2].param_groups for p in g["params"]
+    )
+    m.germinate(0, BP["conv_light"], Style.GATED_GATE)
+    _perturb(m.host.seed_parameters(0))
+    m.host.set_slot(0, alpha=0.0, stage=Stage.TRAINING)
+    gate0 = list(m.host.slot(0).gate.parameters())
+    before = [p.detach().clone() for p in gate0]
+    m.train_epoch(_batches())
+    assert all(p.grad is not None for p in gate0) and sum(float(p.grad.abs().sum()) for p in gate0) > 0
+    assert any(not torch.equal(a, p) for a, p in zip(before, gate0))
+
+
+def test_grad_ratio_formula_and_cap():
+    m = _model()
+    m.germinate(0, BP["depthwise"], Style.LINEAR_ADD)
+    m.host.set_slot(0, alpha=0.0, stage=Stage.TRAINING)
+    out = m.train_epoch(_batches())
+    host_p, seed_p = m.host.host_parameters(), m.host.seed_parameters(0)
+    norm = lambda ps: math.sqrt(sum(float(p.grad.pow(2).sum()) for p in ps if p.grad is not None))
+    n = lambda ps: sum(p.numel() for p in ps)
+    expected = min(GRAD_RATIO_CAP, norm(seed_p) / norm(host_p) * math.sqrt(n(host_p) / n(seed_p)))
+    assert float(out["grad_ratio"][0]) == pytest.approx(expected, rel=1e-4)
+    assert float(out["grad_ratio"][0]) > 0 and out["grad_ratio"][1:].eq(0).all()
+    with torch.no_grad():
+        for p in seed_p:
+            p.grad.mul_(1e6)
+    assert float(m.grad_ratios()[0]) == GRAD_RATIO_CAP
+    for p in host_p:
+        p.grad = None
+    assert float(m.grad_ratios()[0]) == 0.0  # host_norm < 1e-8
+
+
+def test_M18_counterfactual_for_every_live_seed_alpha_zero_included():
+    m = _model()
+    data = _batches(2)
+    m.germinate(0, BP["conv_light"], Style.LINEAR_ADD)
+    m.germinate(1, BP["conv_heavy"], Style.GATED_GATE)
+    m.germinate(2, BP["bottleneck"], Style.LINEAR_MULTIPLY)
+    for i in range(3):
+        _perturb(m.host.seed_parameters(i))
+    m.host.set_slot(0, alpha=0.0, stage=Stage.TRAINING)
+    m.host.set_slot(1, alpha=0.0, stage=Stage.BLENDING)  # alpha 0: the reference skipped this one
+    m.host.set_slot(2, alpha=0.7, stage=Stage.HOLDING)
+    # Label the data with the host's own predictions without seed 2: its counterfactual scores 100 %,
+    # so any prediction the seed changes makes its contribution nonzero.
+    m.host.eval()
+    with torch.no_grad(), m.host.counterfactual(2):
+        data = [(x, m.host(x).argmax(-1)) for x, _ in data]
+    loss, acc, contrib = m.evaluate(data)
+    assert torch.isfinite(loss) and contrib.shape == (3,) and torch.isfinite(contrib).all()
+    # Every live slot measured against an explicit forced-alpha-0 pass over the same batches.
+    for i in range(3):
+        with m.host.counterfactual(i):
+            _, cf_acc = m.validate(data)
+        assert float(contrib[i]) == pytest.approx(float(acc - cf_acc), abs=1e-4)
+    assert float(contrib[0]) == 0.0 and float(contrib[1]) == 0.0  # forced pass == real pass
+    assert float(contrib[2]) < 0.0  # a random bottleneck at alpha 0.7 changes predictions
+    torch.testing.assert_close(m.counterfactuals(data, [0, 1, 2]), contrib)
+    mask = torch.tensor([False, True, True])
+    assert torch.equal(m.counterfactuals(data, mask), torch.tensor([0.0, 0.0, float(contrib[2])]))
+
+
+def test_evaluate_modes_and_errors():
+    m = _model()
+    data = _batches(2)
+    m.host.train()
+    bn = m.host.blocks[0][1]
+    stats = bn.running_mean.clone()
+    loss, acc = m.validate(data)
+    assert m.host.training  # mode restored
+    assert torch.equal(bn.running_mean, stats)  # eval mode: BN statistics untouched
+    assert loss.shape == () and 0 <= float(acc) <= 100
+    with pytest.raises(ValueError, match="holds no seed"):
+        m.counterfactuals(data, [1])
+    with pytest.raises(ValueError, match="no batches"):
+        m.validate([])
+    assert torch.equal(m.counterfactuals(data), torch.zeros(3))  # no live seed: all zero
+
+
+def test_digits_epoch_learns():
+    from esper.shell.data.tasks import make_task
+
+    task = make_task("digits", image_size=8)
+    torch.manual_seed(0)
+    m = EnvModel(task.make_host())
+    train, val, _ = task.make_loaders(0)
+    for _ in range(3):
+        m.train_epoch(train)
+    _, acc = m.validate(val)
+    assert float(acc) > 80.0
+
+
+def test_incubation_trains_the_seed_on_its_own_effect():
+    """An incubating seed learns from a what-if pass (its delta blended in at alpha 1), so its training
+    loss responds to what it does: on a fixed task it falls below the host's own, and the host's
+    training is exactly what it would be without the seed. (A straight-through forward evaluated the
+    loss at the host's output whatever the seed did: the seed followed one gradient direction without
+    feedback, its delta grew without bound and blending it in wrecked the host.)"""
+    from esper.shell.host.hosts import CNN1dHost
+
+    # AR(1) signals with correlation +0.8 or -0.8: same marginals, so a pointwise host is at chance;
+    # the class is in how neighbours move together, which a seed with a kernel of 3 can read
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 2, (256,), generator=g)
+    rho = torch.where(y == 1, 0.8, -0.8)
+    noise = torch.randn(256, 16, generator=g)
+    steps = [noise[:, 0]]
+    for t in range(1, 16):
+        steps.append(rho * steps[-1] + (1 - rho**2).sqrt() * noise[:, t])
+    x = torch.stack(steps, -1).unsqueeze(1)
+    batches = [(x[i : i + 32], y[i : i + 32]) for i in range(0, 256, 32)]
+
+    def host_only(model):
+        torch.manual_seed(1)
+        return EnvModel(model, host_lr=0.05, seed_lr=0.05)
+
+    torch.manual_seed(0)
+    plain = host_only(CNN1dHost(1, 16, (4, 4, 4), 2, pools=(1, 1, 1)))
+    torch.manual_seed(0)
+    grown = host_only(CNN1dHost(1, 16, (4, 4, 4), 2, pools=(1, 1, 1)))
+    grown.germinate(0, BLUEPRINTS["cnn1d"].index("conv_heavy"), Style.LINEAR_ADD)
+    grown.host.set_slot(0, alpha=0.0, stage=Stage.TRAINING)
+    for _ in range(15):
+        plain_stats = plain.train_epoch(batches)
+        grown_stats = grown.train_epoch(batches)
+        assert torch.equal(plain_stats["loss"], grown_stats["loss"])  # the host trains as if alone
+    host_loss, _ = grown.validate(batches)
+    grown.host.set_slot(0, alpha=1.0, stage=Stage.BLENDING)
+    blended_loss, _ = grown.validate(batches)
+    assert float(blended_loss) < float(host_loss) - 0.05  # blending the incubated seed in helps
+    with torch.no_grad():
+        delta = grown.host.slot(0).seed(torch.randn(32, 4, 16, generator=g))
+    assert float(delta.abs().max()) < 100.0  # bounded: trained with feedback

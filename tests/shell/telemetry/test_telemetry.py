@@ -1,0 +1,272 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from esper.core.spec import HEADS, Op, Stage
+from esper.shell.telemetry.events import (
+    AnomalyConfig,
+    AnomalyDetector,
+    EventLog,
+    discarded_path,
+    jsonable,
+    progress,
+    read_events,
+    rewind_events,
+    scan_events,
+    summary_table,
+)
+
+
+def _metrics(**over) -> dict:
+    """A healthy ``ppo_update`` metrics dict, overridable."""
+    m = {
+        "update": 0,
+        "loss_objective": -0.01,
+        "loss_critic": 0.3,
+        "loss_entropy": -0.05,
+        "entropy": 4.0,
+        "kl_approx": 0.01,
+        "clip_fraction": 0.1,
+        "value_clip_fraction": 0.0,
+        "explained_variance": 0.4,
+        "max_ratio": 1.3,
+        "min_ratio": 0.7,
+        "grad_norm": 0.4,
+        "head_entropy": dict.fromkeys(HEADS, 0.6),
+        "head_weight": dict.fromkeys(HEADS, 0.5),
+        "head_kl": dict.fromkeys(HEADS, 0.001),
+    }
+    m.update(over)
+    return m
+
+
+def _kinds(anomalies) -> list[str]:
+    return [a.kind for a in anomalies]
+
+
+# ------------------------------------------------------------------------------------------ event log
+def test_event_log_writes_flushed_json_safe_lines(tmp_path):
+    path = tmp_path / "run" / "events.jsonl"
+    with EventLog(path) as log:
+        log.write(
+            "epoch",
+            update=0,
+            val_acc=torch.tensor([0.5, 0.25]),
+            val_loss=[float("nan"), 1.0],
+            reward=np.float32(1.5),
+            stage=[[Stage.TRAINING, Stage.DORMANT]],
+            op=Op.GERMINATE,
+            counts={Op.WAIT: np.int64(3)},
+            t_scalar=torch.tensor(float("inf")),
+        )
+        # flushed per line: readable before close
+        assert read_events(path)[0]["val_acc"] == [0.5, 0.25]
+        log.write("run_end", summary={"best": 0.9})
+    assert log.closed
+    events = read_events(path)
+    assert [e["event"] for e in events] == ["epoch", "run_end"]
+    e = events[0]
+    assert e["val_loss"] == [None, 1.0] and e["reward"] == 1.5 and e["t_scalar"] is None
+    assert e["stage"] == [["TRAINING", "DORMANT"]] and e["op"] == "GERMINATE" and e["counts"] == {"WAIT": 3}
+    assert 0.0 <= e["t"] <= events[1]["t"]
+    assert read_events(path, kind="run_end")[0]["summary"] == {"best": 0.9}
+    for line in path.read_text().splitlines():
+        json.loads(line)  # strict JSON: no NaN tokens
+
+
+def test_event_log_rejects_reserved_fields_and_writes_after_close(tmp_path):
+    log = EventLog(tmp_path / "e.jsonl")
+    with pytest.raises(ValueError, match="reserved"):
+        log.write("epoch", t=1)
+    with pytest.raises(ValueError, match="reserved"):
+        log.write("epoch", event="x")
+    log.write("anomaly", kind="kl_spike")  # a field may be called "kind"
+    assert read_events(tmp_path / "e.jsonl")[0]["kind"] == "kl_spike"
+    log.close()
+    with pytest.raises(ValueError, match="closed"):
+        log.write("epoch")
+
+
+def test_event_log_append_mode_keeps_previous_events(tmp_path):
+    path = tmp_path / "e.jsonl"
+    with EventLog(path) as log:
+        log.write("run_start", config={})
+    with EventLog(path, append=True) as log:
+        log.write("run_end", summary={})
+    assert [e["event"] for e in read_events(path)] == ["run_start", "run_end"]
+
+
+def test_read_events_tolerates_a_truncated_last_line_only(tmp_path):
+    path = tmp_path / "e.jsonl"
+    with EventLog(path) as log:
+        for i in range(3):
+            log.write("episode", update=i, env=0)
+    full = path.read_text()
+    path.write_text(full[:-7])  # crash mid-line
+    with pytest.warns(UserWarning, match="torn last line"):  # skipped, and said so
+        assert [e["update"] for e in read_events(path)] == [0, 1]
+    events, torn = scan_events(path)
+    assert [e["update"] for e in events] == [0, 1] and torn == full.splitlines()[2][:-6]
+    lines = full.splitlines()
+    path.write_text("\n".join([lines[0], lines[1][:5], lines[2]]) + "\n")
+    with pytest.raises(ValueError, match=":2:"):
+        read_events(path)
+
+
+def test_appending_after_a_torn_tail_starts_on_a_fresh_line(tmp_path):
+    """Issue 10: a resume appended onto the torn line, and the log became unreadable."""
+    path = tmp_path / "events.jsonl"
+    with EventLog(path) as log:
+        log.write("episode", update=1, env=0)
+    with open(path, "a") as f:
+        f.write('{"event":"episode","upd')  # power loss mid-line
+    with EventLog(path, append=True) as log:
+        assert log.repaired == '{"event":"episode","upd'
+        log.write("run_start", resumed_from=1)
+    assert [e["event"] for e in read_events(path)] == ["episode", "run_start"]  # no warning, no error
+    assert discarded_path(path).read_text() == '{"event":"episode","upd\n'
+    with EventLog(path, append=True) as log:  # an intact log is left alone
+        assert log.repaired is None
+    assert len(read_events(path)) == 2
+
+
+def test_rewind_moves_the_events_after_the_checkpoint_out_of_the_log(tmp_path):
+    """A run died after logging update 3's episodes but before update 3's checkpoint: the resumed
+    run logs update 3 again, so the first copy goes to the side file (and a torn tail with it)."""
+    path = tmp_path / "events.jsonl"
+    with EventLog(path) as log:
+        log.write("run_start", resumed_from=0)
+        for u in (1, 2, 3):
+            log.write("episode", update=u, env=0)
+            if u < 3:
+                log.write("checkpoint", update=u, path="c")
+        log.write("anomaly", update=3, kind="x")
+    with open(path, "a") as f:
+        f.write('{"event":"epi')
+    assert rewind_events(path, 2) == 3
+    kept = read_events(path)
+    assert [(e["event"], e.get("update")) for e in kept] == [
+        ("run_start", None), ("episode", 1), ("checkpoint", 1), ("episode", 2), ("checkpoint", 2),
+    ]  # fmt: skip
+    side = discarded_path(path).read_text().splitlines()
+    assert len(side) == 3 and '"update":3' in side[0] and side[2] == '{"event":"epi'
+    before = path.stat()
+    assert rewind_events(path, 2) == 0  # nothing to move: the file is not rewritten
+    assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_ino == before.st_ino
+    assert rewind_events(tmp_path / "missing.jsonl", 0) == 0
+
+
+def test_jsonable_handles_dataclasses_and_unknown_objects():
+    @dataclasses.dataclass
+    class C:
+        a: float = math.nan
+        b: tuple = (1, 2)
+
+    assert jsonable(C()) == {"a": None, "b": [1, 2]}
+    assert jsonable(object()).startswith("<object")
+    assert jsonable(np.array([[1, 2]])) == [[1, 2]]
+    assert jsonable(True) is True
+
+
+# ---------------------------------------------------------------------------------------- anomalies
+def test_healthy_update_has_no_anomaly():
+    det = AnomalyDetector(target_kl=0.015)
+    for _ in range(6):
+        assert det.check(_metrics()) == []
+
+
+def test_H1_entropy_collapse_is_flagged():
+    det = AnomalyDetector()
+    ent = dict.fromkeys(HEADS, 0.6)
+    ent["blueprint"] = 0.02  # collapsed, and it mattered
+    ent["alpha_curve"] = 0.0  # "collapsed" but never mattered in this batch
+    weight = dict.fromkeys(HEADS, 0.5)
+    weight["alpha_curve"] = 0.0
+    found = det.check(_metrics(head_entropy=ent, head_weight=weight))
+    assert _kinds(found) == ["entropy_collapse"]
+    assert "blueprint" in found[0].detail and found[0].value == 0.02 and found[0].threshold == 0.1
+    # the threshold is configurable
+    assert det.check(_metrics(head_entropy=ent, head_weight=weight)) != []
+    loose = AnomalyDetector(AnomalyConfig(entropy_collapse=0.01))
+    assert loose.check(_metrics(head_entropy=ent, head_weight=weight)) == []
+    with pytest.raises(KeyError, match="head_weight"):
+        det.check({"head_entropy": ent})
+
+
+def test_H2_kl_spike_is_flagged():
+    det = AnomalyDetector()  # no target: EMA test only
+    for kl in (0.010, 0.012, 0.009, 0.011, 0.010):
+        assert det.check(_metrics(kl_approx=kl)) == []
+    found = det.check(_metrics(kl_approx=0.08))
+    assert _kinds(found) == ["kl_spike"]
+    assert found[0].value == 0.08 and found[0].threshold == pytest.approx(3.0 * 0.0104, rel=0.05)
+    # during the warm-up a large KL is not judged against the EMA
+    fresh = AnomalyDetector()
+    assert fresh.check(_metrics(kl_approx=0.01)) == []
+    assert fresh.check(_metrics(kl_approx=0.5)) == []
+    # with a KL target, 4 x target is a spike from the first update
+    targeted = AnomalyDetector(target_kl=0.015)
+    assert _kinds(targeted.check(_metrics(kl_approx=0.07))) == ["kl_spike"]
+    # the EMA state survives a checkpoint
+    restored = AnomalyDetector()
+    restored.load_state_dict(det.state_dict())
+    assert restored.kl_ema == det.kl_ema and restored.n_seen == det.n_seen
+
+
+def test_M21_ratio_thresholds_are_configurable():
+    m = _metrics(max_ratio=4.0, min_ratio=0.15)
+    assert AnomalyDetector().check(m) == []  # defaults 5.0 / 0.1
+    strict = AnomalyDetector(AnomalyConfig(ratio_explosion=3.0, ratio_collapse=0.2))
+    assert sorted(_kinds(strict.check(m))) == ["ratio_collapse", "ratio_explosion"]
+    big = _metrics(max_ratio=6.0, min_ratio=0.05)
+    assert sorted(_kinds(AnomalyDetector().check(big))) == ["ratio_collapse", "ratio_explosion"]
+    loose = AnomalyDetector(AnomalyConfig(ratio_explosion=10.0, ratio_collapse=0.01))
+    assert loose.check(big) == []
+    with pytest.raises(ValueError, match="ratio_explosion"):
+        AnomalyConfig(ratio_explosion=0.5)
+
+
+def test_nonfinite_and_value_collapse_are_flagged():
+    det = AnomalyDetector()
+    found = det.check(
+        _metrics(loss_critic=float("nan"), head_kl={"op": float("inf")}, explained_variance=-0.9)
+    )
+    assert sorted(_kinds(found)) == ["nonfinite", "nonfinite", "value_collapse"]
+    details = " ".join(a.detail for a in found)
+    assert "loss_critic" in details and "head_kl.op" in details
+    assert det.kl_ema is not None and det.check(_metrics(kl_approx=float("nan")))  # nonfinite, EMA kept
+    ev = found[-1].as_dict()
+    assert ev["kind"] == "value_collapse" and ev["threshold"] == -0.5
+
+
+def test_a_rolled_back_update_is_flagged():
+    det = AnomalyDetector()
+    assert "rolled_back" not in _kinds(det.check(_metrics(rolled_back=False, nonfinite_steps=0)))
+    found = [a for a in det.check(_metrics(rolled_back=True, nonfinite_steps=1)) if a.kind == "rolled_back"]
+    assert len(found) == 1 and found[0].value == 1 and "rolled back" in found[0].detail
+
+
+# ----------------------------------------------------------------------------------- console output
+def test_summary_table_aligns_columns():
+    rows = [{"update": 1, "acc": 0.912345, "name": "conv"}, {"update": 10, "acc": float("nan")}]
+    text = summary_table(rows, ["update", "acc", "name"])
+    lines = text.splitlines()
+    assert lines[0].split() == ["update", "acc", "name"]
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    assert lines[2].split() == ["1", "0.9123", "conv"] and lines[3].split() == ["10", "nan", "-"]
+    assert lines[2].index("1") == lines[3].index("10") + 1  # numbers right-aligned
+
+
+def test_progress_bar_can_be_disabled(capsys):
+    with progress(3, "updates", enabled=False) as bar:
+        bar.update(3)
+    assert capsys.readouterr().err == ""
+    with progress(2, "updates") as bar:
+        bar.update(2)
+    assert "updates" in capsys.readouterr().err
