@@ -34,7 +34,7 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 import esper.core as ec
-from esper.shell.wholestep import adam_step, compile_step, init_adam_state
+from esper.shell.agent.wholestep import adam_step, compile_step, init_adam_state
 
 #: the curve's return is the mean over this many last finished episodes
 RETURN_WINDOW = 20
@@ -115,7 +115,7 @@ def make_agent(obs_dim: int, n_actions: int, hidden: int, action_spec=None):
 # ---------------------------------------------------------------------------------- minibatch steps
 def make_esper_step(actor_net, critic_net, optimizer, args: Args, *, compiled: bool = False):
     """``step(mb) -> metrics``: forward of both MLPs, ``ppo_loss``, backward, clip, Adam. Compiled, it
-    is one graph (:mod:`esper.shell.wholestep`)."""
+    is one graph (:mod:`esper.shell.agent.wholestep`)."""
     params = [*actor_net.parameters(), *critic_net.parameters()]
     loss_args = esper_loss_args(args)
 
