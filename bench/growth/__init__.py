@@ -33,8 +33,9 @@ Three stages, each on the embedded default (``python -m esper.shell.run``'s pres
 ``--stage plans`` trains nothing: it runs fixed schedules (``--plans``) on the learn stage's evaluation
 hosts, seed by seed, and with ``--learned`` pairs the learned controllers of those seeds with each one.
 
-Writes ``bench/results/<date>-<host>-growth.{md,json}`` and ``...-growth-*.png`` (test accuracy vs
-parameters added; test accuracy over the training updates of every seed).
+Writes ``bench/results/growth/<date>-<host>-growth.{md,json}`` and ``...-growth-*.png`` (test accuracy
+vs parameters added; test accuracy over the training updates of every seed); ``--out`` elsewhere.
+``bench/results/README.md`` indexes the committed ones.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         "stage with them to add them without re-evaluating the rest",
     )
     p.add_argument("--runs", type=Path, default=BENCH / "runs" / "growth", help="where the training runs go")
-    p.add_argument("--out", type=Path, default=BENCH / "results")
+    p.add_argument("--out", type=Path, default=BENCH / "results" / "growth")
     p.add_argument(
         "--pool",
         type=Path,
