@@ -20,7 +20,7 @@ Scenarios: ``kill -9`` at a random moment (``--trials`` of them, uniform over th
 it started), ``kill -9`` in the middle of writing the second checkpoint, SIGTERM mid-run followed by a
 torn last log line, a diverging run (``--ppo.lr 1e20``) resumed with a sane learning rate, damaged
 checkpoints (bytes flipped, truncated, foreign) and a mismatched one (``--ppo.hidden 32``), and two
-runs of the same name started together. Writes ``bench/results/<date>-<host>-faults.{md,json}``.
+runs of the same name started together. Writes ``bench/results/faults/<date>-<host>-faults.{md,json}``.
 """
 
 from __future__ import annotations
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=10, help="random kill -9 points (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill points and the flipped bytes")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "faults")
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--keep", action="store_true", help="keep the run directories (their path is printed)")
     args = p.parse_args(argv)

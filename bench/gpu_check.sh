@@ -6,12 +6,12 @@
 #      masked-categorical kernel (bench.run --suite gae, then --suite loss, --device cuda);
 #   3. the CLI end to end on CUDA, alone and under torchrun (NCCL, one rank), and with ppo.replay,
 #      then resumed from its checkpoint for two more updates.
-# Usage, from the repository root: bash bench/gpu_check.sh [OUT_DIR]   (default: bench/results)
+# Usage, from the repository root: bash bench/gpu_check.sh [OUT_DIR]   (default: bench/results/gpu)
 # ONLY="tests bench-gae" runs some steps; TESTS="path ..." replaces the test selection.
 # Packages the machine lacks can sit as wheels in .whl/ (installed to /tmp/site, nothing else touched).
 set -u
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
-OUT_DIR=${1:-bench/results}
+OUT_DIR=${1:-bench/results/gpu}
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/gpu-check.log"
 : >"$LOG"

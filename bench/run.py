@@ -7,10 +7,10 @@
 
 Options: ``--device cuda`` (default: cuda when available, else cpu; the ``update`` and ``episode`` suites
 always run the embedded default, on CPU), ``--threads N`` (torch intra-op threads; default: torch's),
-``--episodes N`` (measured episodes of the ``episode`` suite), ``--out DIR`` (default ``bench/results``),
-``--tag NAME``, ``--no-write``.
+``--episodes N`` (measured episodes of the ``episode`` suite), ``--out DIR`` (default ``bench/results/perf``,
+``bench/results/gpu`` with a CUDA device), ``--tag NAME``, ``--no-write``.
 
-Writes ``bench/results/<YYYY-MM-DD>-<host>-<device>[-quick][-t<threads>][-<tag>].md`` (tables, targets,
+Writes ``<out>/<YYYY-MM-DD>-<host>-<device>[-quick][-t<threads>][-<tag>].md`` (tables, targets,
 machine) and a ``.json`` beside it with the raw numbers. Every time is the median (and p10/p90) of
 interleaved samples taken after warm-up; every ratio compares timings from the same run. Add a suite
 in ``bench/suites/`` (see :mod:`bench.harness`).
@@ -29,6 +29,8 @@ import torch
 from bench import suites  # noqa: F401  (registers the suites)
 from bench.harness import SUITES, Context, console, machine_info, markdown, write
 
+RESULTS = Path(__file__).resolve().parent / "results"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
@@ -36,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small cases, few samples (< 1 minute)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results folder (default: bench/results/perf, or gpu on CUDA)"
+    )
     parser.add_argument(
         "--episodes", type=int, default=0, help="measured episodes of the episode suite (0: 5, --quick: 2)"
     )
@@ -58,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)
+    out = args.out or RESULTS / ("gpu" if device.type == "cuda" else "perf")
     if args.episodes < 0:
         parser.error("--episodes must be >= 0")
     ctx = Context(device=device, quick=args.quick, episodes=args.episodes)
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             for t in ("quick" if args.quick else "", f"t{args.threads}" if args.threads else "", args.tag)
             if t
         )
-        path = write(args.out, info, results, markdown(info, results, command.strip(), wall), tag)
+        path = write(out, info, results, markdown(info, results, command.strip(), wall), tag)
         print(f"\nwrote {path} (+ .json)")
     return 0
 

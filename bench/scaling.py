@@ -14,7 +14,7 @@ Throughput is ``n_envs * updates / seconds``, the seconds being the run's own pe
 final report excluded), as rank 0 records it in the checkpoint. ``--repeats`` rounds run every layout
 once each, interleaved; a speed-up is the median of the per-round ratios. The issue's target: at
 least 1.5x with 2 processes, here checked against the *better* of the two one-process layouts.
-Writes ``bench/results/<date>-<host>-scaling.{md,json}``.
+Writes ``bench/results/perf/<date>-<host>-scaling.{md,json}``.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="world sizes (1 must be among them)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores shared out (default: all)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (every layout once per round)")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "perf")
     p.add_argument("--no-write", action="store_true", help="print only")
     args = p.parse_args(own)
     if 1 not in args.ranks:

@@ -43,7 +43,7 @@ class _FailedRun:
 
 
 def test_learn_passes_train_args_to_every_training_run(tmp_path, monkeypatch):
-    import bench.growth as bg
+    import bench.growth.training as bg  # the module whose subprocess and _train learn calls
 
     seen: list[list[str]] = []
     monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or _FailedRun())
@@ -68,7 +68,7 @@ def test_markdown_names_the_variant_a_learn_stage_trained():
 
 
 def test_learn_refuses_a_runs_folder_trained_with_other_flags(tmp_path, monkeypatch):
-    import bench.growth as bg
+    import bench.growth.training as bg  # the module whose subprocess and _train learn calls
 
     monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: _FailedRun())
     with pytest.raises(RuntimeError, match="training seed 0 failed"):
@@ -139,7 +139,7 @@ def test_pool_refuses_runs_of_another_variant_or_evaluation(tmp_path):
 
 
 def test_learn_trains_seeds_from_first_seed_and_evaluates_each_on_its_own_hosts(tmp_path, monkeypatch):
-    import bench.growth as bg
+    import bench.growth.training as bg  # the module whose subprocess and _train learn calls
 
     seen: list[list[str]] = []
     monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or _FailedRun())
@@ -154,7 +154,8 @@ def test_learn_evaluates_more_controllers_on_the_same_hosts_apart_and_adds_them_
     """``--more-controllers ppo_mixed``: evaluated on the run's own hosts (seed 1000 + k) into
     ``eval-more``, merged into the stage with its own verdict; a finished stage given them later
     evaluates only them, and the default set's evaluation is kept as it was."""
-    import bench.growth as bg
+    import bench.growth.training as bg  # the module whose subprocess and _train learn calls
+    from bench.growth import verdict
 
     calls: list[dict] = []
 
@@ -187,7 +188,7 @@ def test_learn_evaluates_more_controllers_on_the_same_hosts_apart_and_adds_them_
     assert calls == [{"names": ["ppo_mixed"], "out": "eval-more", "seed": s} for s in ("1003", "1004")]
     assert stage["controllers"]["ppo"] == plain["controllers"]["ppo"]  # the default set's eval is kept
     assert stage["controllers"]["ppo_mixed"]["test_acc_mean"] == 40.0
-    assert stage["verdict_mixed"] == bg.verdict(stage["controllers"], "ppo_mixed")
+    assert stage["verdict_mixed"] == verdict(stage["controllers"], "ppo_mixed")
     md = markdown({"date": "2026-11-27"}, None, stage, [], "python -m bench.growth")
     assert "Targets (ppo_mixed)" in md
     calls.clear()
@@ -312,8 +313,9 @@ def _learned_from(path, planned: dict, plan: str, offsets: list[float], *, grow_
 
 
 def test_plans_run_fixed_schedules_on_the_learn_stages_hosts_and_pair_the_learned_controllers(tmp_path):
+    from esper.shell.config.presets.presets import preset
+
     from bench.growth import _against_learned, plans, plans_markdown
-    from esper.shell.config.presets import preset
     from esper.shell.evaluate import evaluate_config
 
     plan = "grow:b0=conv_heavy@STANDARD@0.7"

@@ -48,7 +48,7 @@ def test_every_preset_builds_a_valid_frozen_config(name):
     ("name", "expect"),
     [
         # the default's controller is the candidate the seeds 80-89 rule judged, with the capacity prior the
-        # seeds 100-109 rule judged (docs/growth-experiments.md):
+        # seeds 100-109 rule judged (docs/experiment-log.md):
         # a change here needs a new rule on fresh seeds, not only a green suite
         ("default", {"env.task": "mnist1d", "reward.mode": RewardMode.OBJECTIVE, "updates": 22,
                      "env.n_envs": 8, "ppo.replay": 3, "ppo.blend_bias": 3.0,

@@ -1,0 +1,5 @@
+"""``python -m bench.growth``: see :mod:`bench.growth`."""
+
+from bench.growth.cli import main
+
+raise SystemExit(main())
