@@ -26,7 +26,7 @@ ENTRY_POINTS = {"main"}
 
 #: ``module: name`` -> why it stays although neither the package nor its users reference it.
 ALLOWED: dict[str, str] = {
-    "esper.shell.env.vecenv.governor: PANIC_REASONS": (
+    "esper.shell.env.governor: PANIC_REASONS": (
         "public API (in __all__): the documented vocabulary of Governor.check's return value and of the "
         "'reason' field of 'governor' events, for readers of events.jsonl"
     ),

@@ -96,9 +96,9 @@ def _compiled_equals_eager(monkeypatch, backend) -> list:
     """Six minibatches (two "batches" of three) through the eager and the compiled example step;
     returns the graphs the compiled one built."""
     import torch
-    from esper.shell.agent.controller.wholestep import compile_step
 
     import examples.cartpole_ppo as ex
+    from esper.shell.agent.wholestep import compile_step
 
     graphs = []
 

@@ -146,7 +146,7 @@ def test_readme_test_command_is_the_one_ci_runs():
 
 
 def test_readme_lists_the_real_presets():
-    from esper.shell.config.presets.presets import PRESETS
+    from esper.shell.config.presets import PRESETS
 
     match = re.search(r"# presets: ([\w, ]+)", README)
     assert match, "the CLI section lists the presets"
