@@ -313,9 +313,8 @@ def _learned_from(path, planned: dict, plan: str, offsets: list[float], *, grow_
 
 
 def test_plans_run_fixed_schedules_on_the_learn_stages_hosts_and_pair_the_learned_controllers(tmp_path):
-    from esper.shell.config.presets import preset
-
     from bench.growth import _against_learned, plans, plans_markdown
+    from esper.shell.config.presets import preset
     from esper.shell.evaluate import evaluate_config
 
     plan = "grow:b0=conv_heavy@STANDARD@0.7"
