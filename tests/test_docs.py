@@ -113,7 +113,7 @@ def _markdown_files() -> list[Path]:
     files = [
         ROOT / "README.md",
         *(ROOT / "docs").rglob("*.md"),
-        *(ROOT / "bench" / "results").rglob("README.md"),
+        *(ROOT / "bench" / "results").rglob("*.md"),
     ]
     return sorted({p for p in files if p.is_file()})
 

@@ -137,7 +137,7 @@ def _default() -> dict[str, Any]:
         # annealed 0.03 -> 0.003 so the slot and blueprint heads explore first and commit by the end,
         # the blueprint head's weighed 3x: which blueprint is a noisy bandit at 8 episodes an update, and
         # at 1x runs committed to the first blueprint that paid well enough in b0 (README, growth bench).
-        # Adopted 2026-11-28 by a rule written before the run (docs/growth-experiments.md, seeds 80-89):
+        # Adopted 2026-11-28 by a rule written before the run (docs/experiment-log.md, seeds 80-89):
         # each update also learns from the last 3 updates' episodes (replay) and the blend heads start on
         # the fixed schedules' blend (blend_bias); the episode's last epoch is terminal, not a truncation
         # to bootstrap from the critic, with lambda 1 (terminal_at_limit, gae_lambda: the critic's guess
