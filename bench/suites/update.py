@@ -19,7 +19,7 @@ Ratio: the median over rounds of eager / row, both timed in the same round.
 
 Split: a few more updates per trainer with the pieces wrapped by timers (their own rows, not the timed
 samples): ``prepare`` (finite check, statistics, reward scaling, GAE, the anchor V re-scoring, advantage
-normalization), per minibatch the LSTM re-scoring (``_evaluate``), the loss, zero_grad + backward, the
+normalization), per minibatch the LSTM re-scoring (``policy.rescore``), the loss, zero_grad + backward, the
 gradient-health statistics, ``clip_grad_norm_``, the AdamW step (eager), or the compiled step as a
 whole (compiled: its pieces are one graph); ``other`` is the rest of the update (minibatch indexing,
 the KL-flag sync, metric stacking and the one readout).
@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+import esper.shell.agent.steps as steps_mod
 import esper.shell.agent.trainer as trainer_mod
 from bench.harness import Context, Row, Stats, SuiteResult, Target, round_ratio, suite
 from bench.suites.episode import build_run, default_config
@@ -43,7 +44,7 @@ from bench.suites.episode import build_run, default_config
 CASE = "default 4x25"
 SPLIT = (
     ("prepare (checks, stats, GAE, anchor V, adv. norm)", "prepare"),
-    ("minibatch re-scoring (policy.evaluate, LSTM)", "evaluate"),
+    ("minibatch re-scoring (policy.rescore, LSTM)", "evaluate"),
     ("loss (ppo_loss, factored)", "loss"),
     ("zero_grad + backward", "backward"),
     ("gradient health", "grad_health"),
@@ -68,10 +69,10 @@ def run(ctx: Context) -> SuiteResult:
         rollout = runner.run(0).rollout  # acting leaves the policy as it was: the behaviour policy
         run_.log.close()
     eager = run_.trainer
+    agent = copy.deepcopy(run_.agent)
     compiled = trainer_mod.PPOTrainer(
-        copy.deepcopy(run_.policy), cfg.ppo, raw_obs_dim=eager.state.obs_stats["mean"].shape[-1],
-        compile=True, generator=torch.Generator().manual_seed(cfg.seed + 1),
-    )  # fmt: skip
+        agent, cfg.ppo, compile=True, generator=torch.Generator().manual_seed(cfg.seed + 1)
+    )
     start = copy.deepcopy(eager.state_dict())  # before any update
     trainers = {"eager": eager, "compiled (--compile)": compiled}
     first: dict[str, str] = {}
@@ -143,7 +144,7 @@ def _graphs() -> int:
 
 def _split(res: SuiteResult, name: str, tr, rollout, restore, n: int) -> None:
     samples: list[Counter] = []
-    split = SPLIT if tr.train_step is None else SPLIT_COMPILED
+    split = SPLIT_COMPILED if isinstance(tr.step, steps_mod.CompiledStep) else SPLIT
     with _instrumented(tr) as acc:
         for _ in range(n):
             restore(tr)
@@ -214,21 +215,21 @@ def _instrumented(tr):
         return wrapper
 
     with ExitStack() as stack:
-        if tr.train_step is not None:  # compiled: the step is one graph, timed as a whole
+        if isinstance(tr.step, steps_mod.CompiledStep):  # compiled: the step is one graph, timed as a whole
             for obj, attr, fn in [
                 (tr, "prepare", prepare(tr.prepare)),
-                (tr, "train_step", timed(tr.train_step, "train_step")),
+                (tr.step, "graph", timed(tr.step.graph, "train_step")),
             ]:
                 stack.enter_context(_patched(obj, attr, fn))
             yield acc
             return
         patches = [
             (tr, "prepare", prepare(tr.prepare)),
-            (tr, "_evaluate", timed(tr._evaluate, "evaluate", skip_in_prepare=True)),
-            (tr, "loss_fn", timed(tr.loss_fn, "loss")),
+            (tr.step.learner, "rescore", timed(tr.step.learner.rescore, "evaluate", skip_in_prepare=True)),
+            (tr.step.learner, "loss_fn", timed(tr.step.learner.loss_fn, "loss")),
             (tr.optimizer, "zero_grad", zero_grad(tr.optimizer.zero_grad)),
             (tr.optimizer, "step", timed(tr.optimizer.step, "step")),
-            (trainer_mod, "grad_health", grad_health(trainer_mod.grad_health)),
+            (steps_mod, "grad_health", grad_health(steps_mod.grad_health)),
             (torch.nn.utils, "clip_grad_norm_", timed(torch.nn.utils.clip_grad_norm_, "clip")),
         ]
         for obj, attr, fn in patches:

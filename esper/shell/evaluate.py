@@ -10,7 +10,7 @@ slot, the most likely blueprint and blend). They and the baselines of
 :mod:`esper.shell.baselines.simple` — ``static`` (always WAIT), ``random`` (uniform over legal actions),
 ``heuristic`` (the reference's rules), ``grow_all`` (germinate the task's best blueprint everywhere,
 blend and fossilize as fast as the gates allow) — each run the **same** episodes: host seeds derived
-from ``--seed`` under a purpose of their own (:func:`esper.shell.env.vecenv.eval_host_seeds`), so no
+from ``--seed`` under a purpose of their own (:func:`esper.shell.env.seeding.eval_host_seeds`), so no
 evaluation host is a training host, and every controller meets the same hosts and data orders.
 
 The verdict is the held-out **test** accuracy of each episode's final host (a split neither the host's
@@ -44,7 +44,8 @@ import torch
 
 from esper.core.rewards import RewardConfig, parameter_cost
 from esper.core.spec import ALPHA_TARGETS, HEADS, Style, Tempo
-from esper.shell.agent.controller import PPOController, build_learner
+from esper.shell.agent.agent import build_agent
+from esper.shell.agent.controller import PPOController
 from esper.shell.baselines.heuristic import HeuristicController
 from esper.shell.baselines.simple import (
     GROW_ALL_BLUEPRINT,
@@ -56,7 +57,8 @@ from esper.shell.config.fields import from_dict
 from esper.shell.config.presets import RunConfig
 from esper.shell.data.tasks import Task
 from esper.shell.env.rollout import EpisodeRunner
-from esper.shell.env.vecenv import BLEND_SETTINGS, VecEnv, eval_host_seeds
+from esper.shell.env.seeding import eval_host_seeds
+from esper.shell.env.vecenv import BLEND_SETTINGS, VecEnv
 from esper.shell.eval.stats import mean_ci95, spearman
 from esper.shell.runtime.checkpoint import load_checkpoint
 from esper.shell.runtime.cli import OneLineParser, repeat_line, report
@@ -110,17 +112,11 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         if checkpoint is None:
             raise ValueError(f"controller {name!r} needs the run's checkpoint")
         device = torch.device(cfg.env.device)
-        policy, trainer = build_learner(
-            cfg.ppo, env.spec, device=device, seed=cfg.seed, germination_cost=env.germination_cost
-        )
-        trainer.load_state_dict(checkpoint["trainer"])
-        policy.eval()
+        agent = build_agent(cfg.ppo, env.spec, device=device, germination_cost=env.germination_cost)
+        agent.load(checkpoint["trainer"])
+        agent.policy.eval()
         generator = torch.Generator(device=device).manual_seed(seed)
-        mode = PPO_READOUTS[name][0]
-        return PPOController(
-            policy, trainer, generator=generator, deterministic=mode, learns=False,
-            germination_cost=env.germination_cost,
-        )  # fmt: skip
+        return PPOController(agent, generator=generator, deterministic=PPO_READOUTS[name][0], learns=False)
     if name == "static":
         return StaticController()
     if name == "random":

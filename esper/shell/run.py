@@ -55,12 +55,14 @@ from pathlib import Path
 
 import torch
 
-from esper.shell.agent.controller import PPOController, build_learner
+from esper.shell.agent.controller import PPOController
+from esper.shell.agent.trainer import build_learner
 from esper.shell.baselines.heuristic import HeuristicController
 from esper.shell.config.fields import fields_flat, from_dict, to_dict, with_overrides
 from esper.shell.config.presets import PRESETS, RunConfig, preset
+from esper.shell.env.config import check_devices
 from esper.shell.env.rollout import EpisodeResult, EpisodeRunner, merge_results
-from esper.shell.env.vecenv import VecEnv, check_devices
+from esper.shell.env.vecenv import VecEnv
 from esper.shell.eval.stats import mean_ci95
 from esper.shell.runtime.checkpoint import (
     load_checkpoint,
@@ -225,14 +227,12 @@ class Run:
         devices = cfg.env.devices if not dist.active else ()
         env_cfg = dataclasses.replace(cfg.env, n_envs=n, device=device, devices=devices)
         self.env = VecEnv(env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, first_env=first)
-        self.policy, self.trainer = build_learner(
+        self.agent, self.trainer = build_learner(
             cfg.ppo, self.env.spec, device=torch.device(device), seed=cfg.seed, compile=cfg.compile,
             dist=dist, germination_cost=self.env.germination_cost,
         )
         if cfg.policy == "ppo":  # actions sampled per env, from the global env index: see PPOController
-            self.controller = PPOController(
-                self.policy, self.trainer, per_env=True, germination_cost=self.env.germination_cost
-            )
+            self.controller = PPOController(self.agent, per_env=True)
         else:
             self.controller = HeuristicController(self.env.blueprint_names, cfg.lifecycle)
         self.detector = AnomalyDetector(cfg.anomaly, target_kl=cfg.ppo.target_kl)

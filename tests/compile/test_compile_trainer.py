@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
-from esper.shell.agent.trainer import PPOConfig, PPOTrainer
-from tests.shell.agent.test_trainer import RAW, SPEC, make_rollout
+from esper.shell.agent.trainer import PPOTrainer
+from tests.shell.agent.test_trainer import RAW, SPEC, _agent, make_rollout
 
 
 class CountingBackend:
@@ -32,9 +33,8 @@ def _pair(cfg: PPOConfig, backend):
         torch.manual_seed(0)
         policy = FactoredRecurrentActorCritic(RAW + 6, SPEC, hidden=cfg.hidden, head_hidden=cfg.head_hidden)
         trainer = PPOTrainer(
-            policy,
+            _agent(policy, cfg),
             cfg,
-            raw_obs_dim=RAW,
             compile=compile,
             compile_backend=backend,
             generator=torch.Generator().manual_seed(0),

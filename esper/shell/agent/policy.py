@@ -21,7 +21,7 @@ Two entry points, named for what they return:
 
 - :meth:`act` — one step for all envs: sample every head under its legality mask, return the
   per-head action / log-prob / mask actually used, V(s) and the next recurrent state.
-- :meth:`evaluate` — whole ``[E, T]`` sequences from a stored initial state, re-scoring stored ops:
+- :meth:`rescore` — whole ``[E, T]`` sequences from a stored initial state, re-scoring stored ops:
   per-head logits and V, ready to go under ``"current"`` for :func:`esper.core.ppo_loss`.
 
 Masks are applied inside :mod:`esper.core.distributions` (upcast, most-negative-finite fill), so
@@ -211,7 +211,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         out["state_value"] = self.value(feats)
         return out, new_state
 
-    def evaluate(
+    def rescore(
         self, obs: torch.Tensor, state: RecurrentState, op: torch.Tensor, slot: torch.Tensor
     ) -> TensorDict:
         """Re-score stored ``[E, T]`` sequences that start at ``state``: per-head logits ``[E, T, n]``

@@ -22,7 +22,7 @@ With ``ppo.replay K`` the last K rollouts join the batch after step 4, each re-s
 policy and critic and re-based for decoupled PPO (:func:`esper.core.decouple`); step 5 normalizes over
 all of it, then scales each replayed step's advantage by its truncated behaviour weight. Step 2's
 statistics see only the new rollout. With several processes each keeps its own envs' rollouts, and
-the update is the one process's (:func:`local_rows`).
+the update is the one process's (:func:`esper.shell.agent.steps.local_rows`).
 
 With several processes (``dist``, each holding the rollout of its slice of the envs) the update is
 the same update of the whole batch: 2. merges the statistics of every process's part exactly
@@ -35,14 +35,15 @@ finiteness flag, so every process takes the same decisions and the same optimize
 Metrics stay on the device until the end, then one :func:`read_scalars` call brings them back; the
 only other host reads are one per minibatch step (the KL flag and the finiteness flag together).
 
-With ``compile=True`` each minibatch step of 6. is one graph (:mod:`esper.shell.agent.wholestep`): the LSTM
+The minibatch step of 6. is chosen once, when the trainer is built (:mod:`esper.shell.agent.steps`):
+eager, compiled, or shared by several processes. With ``compile=True`` it is one graph (the LSTM
 re-scoring, the loss, backward, the gradient-health statistics, the clip and the AdamW step, compiled
-with ``fullgraph=True`` and reused by every minibatch and update (no recompiles: the entropy coefficient
-goes in as a tensor; with ``ppo.replay K``, one graph per batch size while the kept rollouts fill up,
-K + 1 in all, then none). The KL and finiteness flags are data there: the step is applied only where the
-KL flag is False and the loss and gradients are finite; the loop then reads both flags (the same one
-sync as eager), so both paths skip the same step. GAE is compiled on its own; the rest of ``prepare``
-stays eager. Eager (the default) is unchanged.
+with ``fullgraph=True``; with ``ppo.replay K``, one graph per batch size while the kept rollouts fill
+up, K + 1 in all, then none). Both paths skip the same step. GAE is compiled on its own; the rest of
+``prepare`` stays eager.
+
+The trainer updates its :class:`~esper.shell.agent.agent.Agent`: the policy's weights and the
+observation statistics the agent normalizes its input with.
 """
 
 from __future__ import annotations
@@ -58,156 +59,32 @@ from tensordict import TensorDict, TensorDictBase
 from esper import kernels
 from esper.core.advantage import gae, gae_tensors, normalize_advantage
 from esper.core.distributions import masked_categorical
-from esper.core.health import GradHealthConfig, grad_health
-from esper.core.loss import decouple, loss_counts, ppo_loss
+from esper.core.health import GradHealthConfig
+from esper.core.loss import decouple, ppo_loss
 from esper.core.minibatch import env_minibatches
 from esper.core.normalize import (
     batch_stats,
     merge_running_stats,
-    normalize,
     running_stats,
     scale,
     update_running_stats,
 )
-from esper.core.spec import HEADS, KEYS
-from esper.shell.agent.policy import FactoredRecurrentActorCritic
-from esper.shell.agent.wholestep import adam_step, compile_step, init_adam_state
-from esper.shell.config.fields import check_fields, doc
+from esper.core.spec import HEADS, ActionSpec
+from esper.shell.agent.agent import Agent, build_agent
+from esper.shell.agent.config import PPOConfig
+from esper.shell.agent.steps import GRAD_GROUPS, Learner, make_step
 from esper.shell.runtime.distributed import SINGLE, Dist
 from esper.shell.telemetry.readout import read_scalars
 
 #: Parameter groups whose gradient norms are reported separately.
-GRAD_GROUPS = ("trunk", *HEADS, "value")
-
-
-@dataclass(frozen=True, slots=True)
-class PPOConfig:
-    gamma: float = doc(
-        0.995, "discount; also the potential-based shaping gamma (one value, finding C1)", ge=0, le=1
-    )
-    gae_lambda: float = doc(0.97, "GAE lambda", ge=0, le=1)
-    clip_epsilon: float = doc(0.2, "surrogate ratio clip", gt=0)
-    value_clip: float | None = doc(10.0, "bound on |V_new - V_anchor| in the value loss (none: off)", gt=0)
-    value_coef: float = doc(0.5, "weight of the value loss (applied to 0.5 * squared error)", ge=0)
-    entropy_coef: float = doc(0.05, "entropy bonus coefficient at the first update", ge=0)
-    entropy_coef_end: float | None = doc(
-        None, "entropy coefficient after annealing (none: no annealing)", ge=0
-    )
-    entropy_anneal_updates: int = doc(
-        0, "updates over which the entropy coefficient moves linearly to its end", ge=0
-    )
-    head_entropy_weights: tuple[float, ...] = doc(
-        (), "per-head entropy weights in HEADS order (empty: all 1)", ge=0
-    )
-    lr: float = doc(3e-4, "AdamW learning rate (at the first update, when annealed)", gt=0)
-    lr_end: float | None = doc(None, "AdamW learning rate after annealing (none: constant)", ge=0)
-    lr_anneal_updates: int = doc(0, "updates over which the learning rate moves linearly to lr_end", ge=0)
-    adam_eps: float = doc(1e-5, "AdamW epsilon", gt=0)
-    critic_weight_decay: float = doc(0.0, "weight decay on the value head only", ge=0)
-    max_grad_norm: float = doc(0.5, "global gradient-norm clip", gt=0)
-    n_epochs: int = doc(4, "passes over each batch", ge=1)
-    n_minibatches: int = doc(
-        2, "minibatches per pass; each holds whole env sequences (must divide n_envs)", ge=1
-    )
-    target_kl: float | None = doc(
-        0.015, "stop the update when kl_approx > 1.5 * target_kl (none: never)", gt=0
-    )
-    normalize_advantage: bool = doc(True, "normalize advantages over the batch")
-    obs_clip: float = doc(10.0, "clip of normalized observations", gt=0)
-    reward_clip: float = doc(10.0, "clip of scaled rewards", gt=0)
-    obs_momentum: float | None = doc(
-        None, "EMA momentum of observation statistics (none: exact Welford)", ge=0, le=1
-    )
-    hidden: int = doc(128, "LSTM / trunk width", ge=1)
-    head_hidden: int = doc(64, "hidden width of each head", ge=1)
-    wait_bias: float = doc(0.0, "initial logit of WAIT above the other ops (0: uniform over the legal ops)")
-    germinate_bias: float = doc(
-        0.0,
-        "initial logit of GERMINATE above the ops other than WAIT (equal to wait_bias: an untrained "
-        "policy germinates as often as it waits where it can, and rarely prunes or re-targets)",
-    )
-    blend_bias: float = doc(
-        0.0,
-        "initial logit of the fixed schedules' blend (style LINEAR_ADD, tempo FAST, alpha target 1.0) "
-        "above each blend head's other choices (0: uniform)",
-    )
-    slot_bias: bool = doc(
-        False,
-        "a learned logit bias per slot for the heads after the slot head (blueprint, blend): what to "
-        "grow where gets a term per slot, not only the heads' shared output bias",
-    )
-    slot_order_bias: float = doc(
-        0.0,
-        "initial logit of each slot above the next one (slot s starts s x this below slot 0): an "
-        "untrained policy acts on the first legal slot, growing b0 first, as the fixed schedules do "
-        "(0: uniform over the legal slots)",
-    )
-    size_bias: float = doc(
-        0.0,
-        "a capacity prior: the blueprint head starts this x ln(parameters) logits on each blueprint (its "
-        "germination cost, the log averaged over the slots), so an untrained policy grows a seed about in "
-        "proportion to its size at 1 (0: uniform over the legal blueprints)",
-        ge=0,
-    )
-    param_cap: float = doc(
-        0.0,
-        "a hard budget on the learned controller's seeds: it may germinate only where the env's seed "
-        "parameters stay at most this many, counting each germination at its most (a gate included; "
-        "esper.core.masks.within_param_cap). 0: no cap. Only the learned controller is capped; "
-        "the baselines are not",
-        ge=0,
-    )
-    replay: int = doc(
-        0,
-        "earlier batches each update re-uses (0: on-policy PPO). A replayed batch is re-scored at the "
-        "update's start: rewards re-scaled with the current statistics, values and GAE from the current "
-        "critic (its last step's bootstrap stays the rollout's), the surrogate clipped around the policy at "
-        "the update's start and its advantage weighted by min(1, that policy's ratio to the one that "
-        "acted): decoupled PPO (esper.core.decouple). Observation and reward statistics see each batch once",
-        ge=0,
-    )
-    grad_explode_factor: float = doc(
-        10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'", gt=0
-    )
-    max_bad_updates: int = doc(
-        3,
-        "stop the run after this many consecutive updates rolled back for a non-finite loss or gradient",
-        ge=1,
-    )
-
-    def __post_init__(self) -> None:
-        check_fields(self, "ppo")
-        if self.head_entropy_weights and len(self.head_entropy_weights) != len(HEADS):
-            raise ValueError(
-                f"ppo.head_entropy_weights needs {len(HEADS)} values ({', '.join(HEADS)}), "
-                f"got {len(self.head_entropy_weights)}"
-            )
-
-    def entropy_coef_at(self, update: int) -> float:
-        return _anneal(self.entropy_coef, self.entropy_coef_end, self.entropy_anneal_updates, update)
-
-    def lr_at(self, update: int) -> float:
-        """The learning rate of update ``update`` (0-based): ``lr`` moving linearly to ``lr_end`` over
-        ``lr_anneal_updates`` (the late updates of a short run take small steps, so a policy that has
-        found what pays does not drift away from it on the noise of 8 episodes)."""
-        return _anneal(self.lr, self.lr_end, self.lr_anneal_updates, update)
-
-
-def _anneal(start: float, end: float | None, updates: int, update: int) -> float:
-    if end is None or updates == 0:
-        return start
-    frac = min(1.0, update / updates)
-    return (1.0 - frac) * start + frac * end  # exactly ``end`` once annealed
 
 
 @dataclass(slots=True)
 class TrainerState:
-    """Everything of the learner that a checkpoint must carry besides the network and optimizer."""
+    """Everything of the learner that a checkpoint must carry besides the agent and the optimizer."""
 
-    obs_stats: TensorDict
     reward_stats: TensorDict
     updates: int = 0
-    history: list = field(default_factory=list)
     #: The last ``ppo.replay`` rollouts as they came in (newest first), for decoupled re-use.
     replay: list = field(default_factory=list)
 
@@ -215,17 +92,14 @@ class TrainerState:
 class PPOTrainer:
     def __init__(
         self,
-        policy: FactoredRecurrentActorCritic,
+        agent: Agent,
         cfg: PPOConfig,
         *,
-        raw_obs_dim: int,
         compile: bool = False,
         compile_backend: str | Callable = "inductor",
         generator: torch.Generator | None = None,
         dist: Dist = SINGLE,
     ) -> None:
-        if dist.active and compile:
-            raise ValueError("compile is not supported with several processes yet; run without --compile")
         limit = torch._dynamo.config.recompile_limit
         if compile and cfg.replay + 1 > limit:
             raise ValueError(
@@ -233,7 +107,8 @@ class PPOTrainer:
                 f"while the kept rollouts fill up), over torch._dynamo's recompile_limit of {limit}; use "
                 f"--ppo.replay {limit - 1} or less, or run without --compile"
             )
-        self.policy, self.cfg, self.dist = policy, cfg, dist
+        policy = agent.policy
+        self.agent, self.policy, self.cfg, self.dist = agent, policy, cfg, dist
         device = next(policy.parameters()).device
         critic = list(policy.value_head.parameters())
         critic_ids = {id(p) for p in critic}
@@ -246,16 +121,11 @@ class PPOTrainer:
             lr=cfg.lr,
             eps=cfg.adam_eps,
         )
-        self.state = TrainerState(
-            obs_stats=running_stats((raw_obs_dim,), device=device),
-            reward_stats=running_stats((), device=device),
-        )
+        self.state = TrainerState(reward_stats=running_stats((), device=device))
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
         #: Consecutive updates rolled back for a non-finite loss, gradient or parameter.
         self.bad_streak = 0
-        self.health_cfg = GradHealthConfig.for_clipped_ppo(cfg.max_grad_norm, factor=cfg.grad_explode_factor)
-        self.params = [p for p in policy.parameters()]
-        self.groups = _group_index(policy)
+        self.params = list(policy.parameters())
         weights = cfg.head_entropy_weights or (1.0,) * len(HEADS)
         head_weights = dict(zip(HEADS, weights))
 
@@ -286,15 +156,13 @@ class PPOTrainer:
         self._categorical = categorical
         compiled = lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, backend=compile_backend)
         self.gae_fn = compiled(gae_fn) if compile else gae_fn
-        #: the whole minibatch step as one graph (None: eager)
-        self.train_step = None
-        if compile:
-            self.train_step = compile_step(self._train_step, backend=compile_backend)
-
-    # ------------------------------------------------------------------------------------ observation
-    def normalize_obs(self, raw: torch.Tensor) -> torch.Tensor:
-        """What the policy sees: raw observations normalized with the current (frozen) statistics."""
-        return normalize(self.state.obs_stats, raw, clip=self.cfg.obs_clip)
+        learner = Learner(
+            policy, self.optimizer, loss_fn, self._rescore,
+            GradHealthConfig.for_clipped_ppo(cfg.max_grad_norm, factor=cfg.grad_explode_factor),
+            cfg.max_grad_norm, cfg.target_kl,
+        )  # fmt: skip
+        #: The minibatch step, chosen once: eager, compiled or shared by several processes.
+        self.step = make_step(learner, compile=compile, dist=dist, base_lr=cfg.lr, backend=compile_backend)
 
     # ----------------------------------------------------------------------------------------- update
     def prepare(self, batch: TensorDictBase, *, replayed: list[TensorDictBase] = ()) -> TensorDictBase:
@@ -306,7 +174,8 @@ class PPOTrainer:
         st = self.state
         # C5: statistics include this batch before the update (the stored observations are not
         # re-normalized: they are what the policy saw, S2).
-        st.obs_stats = self._update_stats(st.obs_stats, batch["raw_observation"], momentum=cfg.obs_momentum)
+        agent = self.agent
+        agent.obs_stats = self._update_stats(agent.obs_stats, batch["raw_observation"], cfg.obs_momentum)
         # Rewards are divided by the spread of discounted returns (what the critic must predict), not
         # of single rewards: a sparse terminal bonus would otherwise dominate the scale.
         raw = batch["next", "raw_reward"]
@@ -324,7 +193,7 @@ class PPOTrainer:
         with torch.no_grad():
             self.gae_fn(batch)
             # C4: the value-clip anchor is V under the same hidden reconstruction the update uses.
-            batch["state_value"] = self._evaluate(batch)["state_value"]
+            batch["state_value"] = self._rescore(batch)["state_value"]
             weight = None
             if replayed:
                 old = [self._rescore_replayed(td) for td in replayed]
@@ -347,7 +216,7 @@ class PPOTrainer:
         cfg, st = self.cfg, self.state
         td = old.clone()
         td["next", "reward"] = scale(st.reward_stats, td["next", "raw_reward"], clip=cfg.reward_clip)
-        prox = self._evaluate(td)
+        prox = self._rescore(td)
         values = prox["state_value"]
         boot = td["next", "state_value"][:, -1:]
         td["state_value"] = values
@@ -412,59 +281,21 @@ class PPOTrainer:
         batch = self.prepare(batch, replayed=self.state.replay)
         if cfg.replay:
             self.state.replay = [incoming, *self.state.replay][: cfg.replay]
-        coef = self.cfg.entropy_coef_at(self.state.updates)
-        coef_t = torch.tensor(coef, device=batch.device)  # a tensor: a new value never recompiles
-        lr = self.cfg.lr_at(self.state.updates)
-        if self.train_step is None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-        # compiled: the optimizer keeps cfg.lr (a float in the graph) and the step is scaled by a tensor
-        lr_scale = torch.tensor(lr / self.cfg.lr, device=batch.device)
+        coef = cfg.entropy_coef_at(self.state.updates)
+        lr = cfg.lr_at(self.state.updates)
+        self.step.begin_update(lr, block=block)
         self.optimizer.zero_grad(set_to_none=True)
-        if self.train_step is not None:
-            init_adam_state(self.optimizer)  # a no-op unless a loaded state_dict had none yet
         start = self._learner_state()
         steps: list[TensorDict] = []
         stopped = nonfinite = False
         epochs_run = 0
         for _ in range(cfg.n_epochs):
             for idx in env_minibatches(n_envs, cfg.n_minibatches, generator=self.generator):
-                idx = idx.to(batch.device)
-                if self.dist.active:
-                    stopped, ok, step_metrics = self._shared_step(batch, idx, block, coef)
-                    if stopped or not ok:
-                        nonfinite = not stopped
-                        break
-                    steps.append(step_metrics)
-                    continue
-                if self.train_step is not None:
-                    step_metrics, flags = self.train_step(batch, idx, coef_t, lr_scale)
-                    # sync point: the KL and finiteness flags (where either fails, no step was applied)
-                    stopped, ok = flags.tolist()
-                    if stopped or not ok:
-                        nonfinite = not stopped
-                        break
-                    steps.append(step_metrics)
-                    continue
-                mb = batch[idx]
-                mb["current"] = self._evaluate(mb)
-                losses = self.loss_fn(mb)
-                total = _total_loss(losses, coef)
-                self.optimizer.zero_grad(set_to_none=True)
-                total.backward()
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-                health = grad_health(
-                    grads, groups=self.groups, n_groups=len(GRAD_GROUPS), cfg=self.health_cfg
-                )
-                finite = torch.isfinite(total) & health["finite"]
-                # sync point: the KL flag (checked before the step) and the finiteness flag, one read
-                stopped, ok = torch.stack([losses["early_stop"], finite]).tolist()
+                stopped, ok, metrics = self.step(batch, idx.to(batch.device), coef)
                 if stopped or not ok:
                     nonfinite = not stopped
                     break
-                torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-                self.optimizer.step()
-                steps.append(_step_metrics(losses, health, coef))
+                steps.append(metrics)
             if stopped or nonfinite:
                 break
             epochs_run += 1
@@ -490,59 +321,6 @@ class PPOTrainer:
             seconds=time.perf_counter() - t0,
         )
         return out
-
-    def _shared_step(
-        self, batch: TensorDictBase, idx: torch.Tensor, block: int, coef: float
-    ) -> tuple[bool, bool, TensorDict]:
-        """One minibatch step with several processes: ``idx`` are global env indices (the same on every
-        process; ``block`` envs of each rollout in ``batch`` are this process's, :func:`local_rows`);
-        this one re-scores those in its slice, with the loss denominators summed over every
-        process (:func:`esper.core.loss.loss_counts`), so the sum of the processes' gradients is the
-        whole minibatch's gradient. One all-reduce carries the gradients, the KL and the finiteness
-        flag; every process then takes the same decision and the same step. Returns ``(early_stop,
-        finite, metrics)`` (metrics of this process's part; :meth:`_reduce_report` combines them)."""
-        mine = local_rows(idx, block, self.dist)  # sync point: the slice's envs
-        if mine.numel():
-            mb = batch[mine]
-        else:  # none of this minibatch is here: a masked-out stand-in adds nothing but joins the sums
-            mb = batch[:1].clone()
-            mb.set(KEYS.valid, torch.zeros(mb.batch_size, dtype=torch.bool, device=batch.device))
-        mb["current"] = self._evaluate(mb)
-        counts = loss_counts(mb, factored=True)
-        names = sorted(counts.keys())
-        # one all-reduce: the loss denominators and the sums behind the whole minibatch's explained variance
-        local = torch.cat([torch.stack([counts[k].double() for k in names]), _ev_sums(mb)])
-        summed = self.dist.all_reduce_sum(local)
-        denominators = summed[: len(names)].float().unbind()
-        losses = self.loss_fn(mb, TensorDict(dict(zip(names, denominators)), batch_size=[]))
-        ev = _ev_from_sums(summed[len(names) :])
-        losses["explained_variance"] = ev.to(losses["explained_variance"].dtype)
-        total = _total_loss(losses, coef)
-        self.optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        has = [p.grad is not None for p in self.params]
-        flat = torch.cat(
-            [(p.grad if h else torch.zeros_like(p)).reshape(-1) for p, h in zip(self.params, has)]
-            + [losses["kl_approx"].detach().float().reshape(1), (~torch.isfinite(total)).float().reshape(1)]
-        )
-        flat = self.dist.all_reduce_sum(flat)
-        grads, offset = [], 0
-        for p, h in zip(self.params, has):
-            g = flat[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
-            grads.append(g)
-            if h:
-                p.grad = g.clone()
-        kl, bad = flat[-2], flat[-1]
-        target = self.cfg.target_kl
-        stop = kl > 1.5 * target if target is not None else torch.zeros((), dtype=torch.bool)
-        health = grad_health(grads, groups=self.groups, n_groups=len(GRAD_GROUPS), cfg=self.health_cfg)
-        finite = (bad == 0) & health["finite"]
-        stopped, ok = torch.stack([stop.to(finite.device), finite]).tolist()  # sync point: the shared flags
-        if not stopped and ok:
-            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-            self.optimizer.step()
-        return bool(stopped), bool(ok), _step_metrics(losses, health, coef)
 
     def _reduce_report(self, report: TensorDict) -> TensorDict:
         """The mean step metrics of the whole batch from every process's: sums of the shares (loss
@@ -571,33 +349,12 @@ class PPOTrainer:
         self.policy.load_state_dict(state[0])
         self.optimizer.load_state_dict(state[1])
 
-    def _train_step(
-        self, batch: TensorDictBase, idx: torch.Tensor, coef: torch.Tensor, lr_scale: torch.Tensor
-    ) -> tuple[TensorDict, torch.Tensor]:
-        """One minibatch step, the body of the compiled graph: gather the envs ``idx`` of ``batch``,
-        re-score, loss, backward, gradient health, clip, AdamW at ``lr_scale`` x the optimizer's
-        learning rate (not applied where the KL flag is set or the loss or a gradient is not finite).
-        Returns the step's metrics and the flags
-        ``[early_stop, finite]``. Every ``.grad`` is None on entry and on exit."""
-        td = batch[idx]
-        td["current"] = self._evaluate(td)
-        losses = self.loss_fn(td)
-        total = _total_loss(losses, coef)
-        total.backward()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        health = grad_health(grads, groups=self.groups, n_groups=len(GRAD_GROUPS), cfg=self.health_cfg)
-        finite = torch.isfinite(total) & health["finite"]
-        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-        stop = losses["early_stop"]
-        adam_step(self.optimizer, skip=stop | ~finite, scale=lr_scale)
-        for p in self.params:
-            p.grad = None
-        return _step_metrics(losses, health, coef), torch.stack([stop, finite])
-
-    def _evaluate(self, td: TensorDictBase) -> TensorDict:
+    def _rescore(self, td: TensorDictBase) -> TensorDict:
+        """Per-head logits and V of the stored sequences of ``td``, re-scored from their initial
+        recurrent state (the stored ops and slots condition the later heads)."""
         h0 = td["recurrent_state", "h"][:, 0].unsqueeze(0).contiguous()
         c0 = td["recurrent_state", "c"][:, 0].unsqueeze(0).contiguous()
-        out = self.policy.evaluate(td["observation"], (h0, c0), td["op", "action"], td["slot", "action"])
+        out = self.policy.rescore(td["observation"], (h0, c0), td["op", "action"], td["slot", "action"])
         return out
 
     # ------------------------------------------------------------------------------------- checkpoint
@@ -609,7 +366,7 @@ class PPOTrainer:
         return {
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "obs_stats": self.state.obs_stats.to_dict(),
+            "obs_stats": self.agent.obs_stats.to_dict(),
             "reward_stats": self.state.reward_stats.to_dict(),
             "updates": self.state.updates,
             "generator": self.generator.get_state(),
@@ -631,7 +388,7 @@ class PPOTrainer:
         for group, decay in zip(self.optimizer.param_groups, (0.0, self.cfg.critic_weight_decay)):
             group.update(lr=self.cfg.lr, eps=self.cfg.adam_eps, weight_decay=decay)
         device = next(self.policy.parameters()).device
-        self.state.obs_stats = TensorDict(sd["obs_stats"], batch_size=[]).to(device)
+        self.agent.obs_stats = TensorDict(sd["obs_stats"], batch_size=[]).to(device)
         self.state.reward_stats = TensorDict(sd["reward_stats"], batch_size=[]).to(device)
         self.state.updates = int(sd["updates"])
         self.generator.set_state(sd["generator"])
@@ -645,18 +402,6 @@ class PPOTrainer:
         self.state.replay = kept
 
 
-def local_rows(idx: torch.Tensor, block: int, dist: Dist) -> torch.Tensor:
-    """The rows of this process's prepared batch that hold the global envs ``idx`` (in ``idx``'s
-    order). The whole batch is laid out as one process would hold it: the new rollout's envs, then
-    each replayed rollout's, each block ``block * dist.world`` envs in rank order; this process holds
-    ``block`` envs of every block, stacked the same way. Without replay this is ``idx - rank * block``
-    for the envs of this process's slice."""
-    width = block * dist.world
-    blk, within = idx // width, idx % width
-    here = within // block == dist.rank
-    return blk[here] * block + within[here] % block
-
-
 def check_finite(td: TensorDictBase) -> None:
     """Raise naming every non-finite floating key (one host sync for the whole batch)."""
     keys = [k for k in td.keys(True, True) if td[k].is_floating_point()]
@@ -666,66 +411,6 @@ def check_finite(td: TensorDictBase) -> None:
     if not bool(flags.all()):  # sync point
         bad = [k for k, ok in zip(keys, flags.tolist()) if not ok]
         raise FloatingPointError(f"non-finite values in the rollout under {bad}; refusing to update")
-
-
-def _ev_sums(td: TensorDictBase) -> torch.Tensor:
-    """``[n, sum t, sum t^2, sum r, sum r^2]`` (float64) over the valid steps of ``td``, ``t`` the value
-    target and ``r`` the critic's residual: summed over processes, :func:`_ev_from_sums` gives the
-    explained variance of their whole minibatch."""
-    pred = td["current", "state_value"].detach().double()
-    target = td["value_target"].double().reshape(pred.shape)
-    w = td.get(KEYS.valid, torch.ones_like(pred, dtype=torch.bool)).reshape(pred.shape).double()
-    res = target - pred
-    return torch.stack([w.sum(), (w * target).sum(), (w * target.square()).sum(), (w * res).sum(),
-                        (w * res.square()).sum()])  # fmt: skip
-
-
-def _ev_from_sums(sums: torch.Tensor) -> torch.Tensor:
-    """``1 - Var(r) / Var(t)`` from :func:`_ev_sums`'s sums; 0 when the target has no variance (as
-    :func:`esper.core.loss.ppo_loss` reports it)."""
-    n, st, st2, sr, sr2 = sums.unbind()
-    n = n.clamp(min=1.0)
-    var_t, var_r = (st2 - st.square() / n) / n, (sr2 - sr.square() / n) / n
-    ok = var_t > 1e-12
-    return torch.where(ok, 1.0 - var_r / torch.where(ok, var_t, 1.0), 0.0)
-
-
-def _group_index(policy: FactoredRecurrentActorCritic) -> list[int]:
-    """Group of each parameter, in ``policy.parameters()`` order (see GRAD_GROUPS)."""
-    index = {id(p): GRAD_GROUPS.index("value") for p in policy.value_head.parameters()}
-    for h in HEADS:
-        index.update({id(p): GRAD_GROUPS.index(h) for p in policy.heads[h].parameters()})
-    for h, table in (policy.slot_bias or {}).items():
-        index.update({id(p): GRAD_GROUPS.index(h) for p in table.parameters()})
-    return [index.get(id(p), GRAD_GROUPS.index("trunk")) for p in policy.parameters()]
-
-
-def _total_loss(losses: TensorDict, coef: float | torch.Tensor) -> torch.Tensor:
-    """What the update minimizes: the per-head-weighted entropy term scaled by the annealed coefficient."""
-    return losses["loss_objective"] + losses["loss_critic"] + coef * losses["loss_entropy"]
-
-
-def _step_metrics(losses: TensorDict, health: TensorDict, coef: float | torch.Tensor) -> TensorDict:
-    keep = [
-        "loss_objective",
-        "loss_critic",
-        "loss_entropy",
-        "entropy",
-        "kl_approx",
-        "clip_fraction",
-        "value_clip_fraction",
-        "explained_variance",
-        "max_ratio",
-        "min_ratio",
-        "ESS",
-        *HEADS,
-    ]
-    out = losses.select(*keep).detach().float()
-    out["loss_entropy"] = out["loss_entropy"] * coef
-    out["grad"] = health.select("global_norm", "group_norms", "nan_count", "inf_count").float()
-    out["grad", "vanishing_frac"] = health["vanishing_frac"].float()
-    out["grad", "exploding_frac"] = health["exploding_frac"].float()
-    return out
 
 
 def _flatten_update_metrics(m: dict) -> dict:
@@ -750,4 +435,18 @@ def _flatten_update_metrics(m: dict) -> dict:
     return out
 
 
-__all__ = ["GRAD_GROUPS", "PPOConfig", "PPOTrainer", "TrainerState", "check_finite"]
+def build_learner(
+    ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str, seed: int, compile: bool = False,
+    dist: Dist = SINGLE, germination_cost: torch.Tensor | None = None,
+) -> tuple[Agent, PPOTrainer]:  # fmt: skip
+    """A fresh agent for an action space (:func:`~esper.shell.agent.agent.build_agent`) and its PPO
+    trainer, whose minibatch order is drawn from ``seed``'s generator; load a checkpoint's ``trainer``
+    entry into the trainer to restore both."""
+    agent = build_agent(ppo, spec, device=device, germination_cost=germination_cost)
+    trainer = PPOTrainer(
+        agent, ppo, compile=compile, generator=torch.Generator().manual_seed(seed + 1), dist=dist
+    )
+    return agent, trainer
+
+
+__all__ = ["PPOTrainer", "TrainerState", "build_learner", "check_finite"]

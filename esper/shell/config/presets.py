@@ -18,10 +18,10 @@ from typing import Any
 
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig
-from esper.shell.agent.trainer import PPOConfig
+from esper.shell.agent.config import PPOConfig
 from esper.shell.config.fields import check_fields, doc, with_overrides
+from esper.shell.env.config import EnvConfig
 from esper.shell.env.governor import GovernorConfig
-from esper.shell.env.vecenv import EnvConfig
 from esper.shell.telemetry.events import AnomalyConfig
 
 POLICIES = ("ppo", "heuristic")

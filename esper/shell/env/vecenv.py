@@ -17,13 +17,10 @@ On CPU the same code runs without streams.
 
 from __future__ import annotations
 
-import hashlib
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,9 +29,11 @@ from tensordict import TensorDict
 from esper.core.lifecycle import EVENT_KINDS as LIFECYCLE_EVENT_KINDS
 from esper.core.lifecycle import LifecycleConfig, clear_seeds, init_slots
 from esper.core.spec import ActionSpec, Stage, Style, Tempo
-from esper.shell.config.fields import check_fields, doc
-from esper.shell.data.tasks import Task, make_task
+from esper.shell.data.tasks import Task
+from esper.shell.env.config import EnvConfig, check_devices, lr_scale
 from esper.shell.env.governor import Governor, GovernorConfig
+from esper.shell.env.seeding import derive_seed, train_host_seeds
+from esper.shell.env.streams import EnvStreams
 from esper.shell.host.model import EnvModel
 
 #: Lifecycle events that record how the seed will be blended: its style and tempo (chosen at germination,
@@ -43,167 +42,8 @@ BLEND_SETTING_EVENTS = frozenset({"germinated", "alpha_set"})
 #: The blend settings a germination records (and episode summaries and evaluations count).
 BLEND_SETTINGS = ("style", "tempo", "alpha_target")
 
-TASKS = ("mnist1d", "digits", "stdlib_text", "cifar10", "tinystories")
-#: Tasks whose data is read from --env.data_path (nothing is ever downloaded).
-LOCAL_TASKS = ("cifar10", "tinystories")
-LR_SCHEDULES = ("constant", "cosine")
-#: Tasks whose host is a CNN with three blocks (``env.channels`` sets their widths).
-CNN_TASKS = ("mnist1d", "digits", "cifar10")
-
-
-@dataclass(frozen=True, slots=True)
-class EnvConfig:
-    task: str = doc("mnist1d", "task: mnist1d | digits | stdlib_text | cifar10 | tinystories")
-    data_path: str | None = doc(
-        None, "local data path (cifar10: the binary batches' folder; tinystories: a .txt)"
-    )
-    n_envs: int = doc(4, "hosts trained side by side; one PPO batch is one episode of each", ge=1)
-    batch_size: int = doc(0, "host training batch size (0: the task's default)", ge=0)
-    train_batches: int = doc(0, "training batches per epoch per env (0: the task's default)", ge=0)
-    val_batches: int = doc(0, "validation batches per epoch (0: the task's default)", ge=0)
-    image_size: int = doc(16, "digits: side the 8x8 images are resized to", ge=8)
-    channels: tuple[int, ...] = doc((), "CNN hosts: channels of the three blocks (empty: the task's default)")
-    host_lr: float = doc(0.01, "host SGD learning rate", gt=0)
-    seed_lr: float = doc(0.01, "seed SGD learning rate", gt=0)
-    momentum: float = doc(0.9, "SGD momentum (host and seeds)", ge=0, lt=1)
-    weight_decay: float = doc(5e-4, "host weight decay", ge=0)
-    slots: tuple[int, ...] = doc((), "enabled slot indices (empty: all of the host's slots)", ge=0)
-    device: str = doc("cpu", "device of the policy (and of the hosts unless devices is set)")
-    devices: tuple[str, ...] = doc((), "devices for the hosts, assigned round-robin (empty: device)")
-    amp: bool = doc(
-        False, "mixed precision for host training: fp16 + a GradScaler per env on CUDA, bf16 on CPU"
-    )
-    workers: int = doc(
-        1, "CPU: envs trained concurrently by this many threads (1: one after the other)", ge=1
-    )
-    lr_schedule: str = doc(
-        "constant", "host and seed learning rates over an episode: constant | cosine (1 -> 0 over the epochs)"
-    )
-
-    def __post_init__(self) -> None:
-        if self.task not in TASKS:  # first: the checks below depend on the task
-            raise ValueError(f"env.task must be one of {TASKS}, got {self.task!r}")
-        check_fields(self, "env")
-        for name, value in (("env.device", self.device), *(("env.devices", d) for d in self.devices)):
-            parse_device(value, name)
-        bad_channels = self.task not in CNN_TASKS or len(self.channels) != 3 or min(self.channels) < 1
-        if self.channels and bad_channels:
-            raise ValueError(f"env.channels: three widths >= 1, for {CNN_TASKS} only; got {self.channels}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"env.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
-        if self.task in LOCAL_TASKS and not self.data_path:
-            raise ValueError(f"task {self.task!r} reads local files: pass --env.data_path PATH")
-        if self.task not in LOCAL_TASKS and self.data_path:
-            raise ValueError(f"task {self.task!r} ships with the code; --env.data_path is not used by it")
-
-    def build_task(self) -> Task:
-        kwargs: dict = {}
-        if self.batch_size:
-            kwargs["batch_size"] = self.batch_size
-        if self.train_batches:
-            kwargs["max_batches"] = self.train_batches
-        if self.val_batches:
-            kwargs["val_max_batches"] = self.val_batches
-        if self.task == "digits":
-            kwargs["image_size"] = self.image_size
-        if self.channels:
-            kwargs["channels"] = self.channels
-        if self.task in LOCAL_TASKS:
-            kwargs["path"] = self.data_path
-        return make_task(self.task, **kwargs)
-
-
-def parse_device(value: str, name: str = "device") -> torch.device:
-    """``value`` as a :class:`torch.device`, or a one-line ``ValueError`` naming the option."""
-    try:
-        return torch.device(value)
-    except (RuntimeError, ValueError, TypeError):
-        raise ValueError(f"{name}: {value!r} is not a device (e.g. cpu, cuda, cuda:1, mps)") from None
-
-
-def check_devices(cfg: EnvConfig) -> None:
-    """Refuse, in one line, a device this machine does not have (``cuda`` on a CPU-only machine or
-    build, ``cuda:3`` with two GPUs, ``mps`` off Apple silicon). Config parsing cannot do this: a
-    config is valid on the GPU machine it was written for."""
-    for name, value in (("env.device", cfg.device), *(("env.devices", d) for d in cfg.devices)):
-        dev = parse_device(value, name)
-        if dev.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ValueError(
-                    f"{name} {value!r}: CUDA is not available on this machine (no GPU, or a CPU-only torch "
-                    "build); use --env.device cpu"
-                )
-            if dev.index is not None and dev.index >= torch.cuda.device_count():
-                n = torch.cuda.device_count()
-                raise ValueError(f"{name} {value!r}: this machine has {n} CUDA device(s)")
-        elif dev.type == "mps" and not torch.backends.mps.is_available():
-            raise ValueError(f"{name} {value!r}: MPS is not available on this machine; use --env.device cpu")
-        elif dev.type not in ("cpu", "cuda", "mps"):
-            raise ValueError(f"{name} {value!r}: esper runs on cpu, cuda or mps devices")
-
-
 def _uses_dropout(module: torch.nn.Module) -> bool:
     return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in module.modules())
-
-
-def lr_scale(schedule: str, epoch: int, max_epochs: int) -> float:
-    """Learning-rate multiplier for training epoch ``epoch`` (1-based) of ``max_epochs``: 1 for
-    ``constant``; for ``cosine`` a half cosine from 1 at the first epoch to 0 after the last."""
-    if schedule == "constant":
-        return 1.0
-    return 0.5 * (1.0 + math.cos(math.pi * (epoch - 1) / max(max_epochs, 1)))
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from ``parts`` (a purpose string first: ``"train"``, ``"eval"``): distinct parts
-    give unrelated seeds, and seeds of different purposes never coincide in practice (a hash, not
-    arithmetic that two (run, episode, env) triples could share)."""
-    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
-
-
-def train_host_seeds(run_seed: int, episode: int, env_indices: Sequence[int]) -> list[int]:
-    """Host seeds of a training episode (host init, seed modules and data order), per global env index."""
-    return [derive_seed("train", run_seed, episode, i) for i in env_indices]
-
-
-def eval_host_seeds(eval_seed: int, episodes: Sequence[int]) -> list[int]:
-    """Host seeds of evaluation episodes (by index): another purpose than training's, so no evaluation
-    host is a training host."""
-    return [derive_seed("eval", eval_seed, e) for e in episodes]
-
-
-class EnvStreams:
-    """One CUDA stream per env (none on CPU), with an event per env marking the end of its queued
-    work. Results produced inside :meth:`run` are only read after :meth:`join` made the consumer's
-    current stream wait on that env's event (finding S1)."""
-
-    def __init__(self, devices: list[torch.device]) -> None:
-        self.devices = devices
-        self.streams = [torch.cuda.Stream(device=d) if d.type == "cuda" else None for d in devices]
-        self.events: list = [None] * len(devices)
-
-    @contextmanager
-    def run(self, i: int) -> Iterator[None]:
-        stream = self.streams[i]
-        if stream is None:
-            yield
-            return
-        stream.wait_stream(torch.cuda.current_stream(self.devices[i]))  # inputs queued on the default
-        with torch.cuda.stream(stream):
-            yield
-        event = torch.cuda.Event()
-        event.record(stream)
-        self.events[i] = event
-
-    def join(self, i: int, tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-        """Env ``i``'s ``tensors`` made safe to use on ``device``'s current stream."""
-        if self.events[i] is not None:
-            consumer = torch.cuda.current_stream(self.devices[i])
-            consumer.wait_event(self.events[i])
-            for t in tensors:
-                t.record_stream(consumer)  # the allocator must not reuse them while the consumer reads
-        return [t.to(device, non_blocking=True) for t in tensors]
 
 
 class VecEnv:
@@ -523,4 +363,4 @@ class VecEnv:
         }
 
 
-__all__ = ["EnvConfig", "EnvStreams", "VecEnv", "derive_seed", "eval_host_seeds", "train_host_seeds"]
+__all__ = ["BLEND_SETTINGS", "BLEND_SETTING_EVENTS", "VecEnv"]

@@ -10,15 +10,18 @@ import pytest
 import torch
 
 from esper.core.lifecycle import LifecycleConfig
+from esper.core.normalize import running_stats
 from esper.core.observation import obs_dim
 from esper.core.rewards import RewardConfig
 from esper.core.spec import Style
-from esper.shell.agent.controller import PPOController, policy_input_dim
+from esper.shell.agent.agent import Agent, policy_input_dim
+from esper.shell.agent.config import PPOConfig
+from esper.shell.agent.controller import PPOController
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
-from esper.shell.agent.trainer import PPOConfig, PPOTrainer
+from esper.shell.env.config import EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
-from esper.shell.env.vecenv import EnvConfig, VecEnv
+from esper.shell.env.vecenv import VecEnv
 from esper.shell.host.hosts import CNN1dHost
 
 ENV = EnvConfig(task="mnist1d", n_envs=2, batch_size=64, train_batches=1, val_batches=1)
@@ -65,13 +68,11 @@ def _held(cap: float) -> torch.Tensor:
     policy = FactoredRecurrentActorCritic(
         policy_input_dim(raw), env.spec, hidden=16, head_hidden=16, germinate_bias=6.0
     )
-    trainer = PPOTrainer(policy, ppo, raw_obs_dim=raw)
-    ctl = _Watch(
-        PPOController(
-            policy, trainer, generator=torch.Generator().manual_seed(1), learns=False,
-            germination_cost=env.germination_cost,
-        )
+    agent = Agent(
+        policy, running_stats((raw,)), obs_clip=ppo.obs_clip, param_cap=ppo.param_cap,
+        germination_cost=env.germination_cost,
     )  # fmt: skip
+    ctl = _Watch(PPOController(agent, generator=torch.Generator().manual_seed(1), learns=False))
     EpisodeRunner(env, ctl, lifecycle=LIFECYCLE, reward=RewardConfig(), gamma=0.99).run(0)
     return torch.stack(ctl.held)
 
@@ -87,6 +88,5 @@ def test_a_cap_needs_the_cost_table():
     env_spec = VecEnv(dataclasses.replace(ENV, n_envs=1), LIFECYCLE, GovernorConfig(), seed=0).spec
     raw = obs_dim(env_spec.n_slots, env_spec.n_blueprints)
     policy = FactoredRecurrentActorCritic(policy_input_dim(raw), env_spec, hidden=8, head_hidden=8)
-    trainer = PPOTrainer(policy, PPOConfig(hidden=8, head_hidden=8, param_cap=CAP), raw_obs_dim=raw)
     with pytest.raises(ValueError, match="germination_cost"):
-        PPOController(policy, trainer)
+        Agent(policy, running_stats((raw,)), obs_clip=10.0, param_cap=CAP)

@@ -13,9 +13,9 @@ from esper.core import distributions as D
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.masks import action_masks, legal_masks
 from esper.core.spec import DEFAULT_BLEND, HEADS, SLOT_FIELDS, ActionSpec, Op, Stage
-from esper.shell.agent.controller import build_learner
+from esper.shell.agent.agent import build_agent
+from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
-from esper.shell.agent.trainer import PPOConfig
 from esper.shell.baselines.simple import GrowAllController
 
 SPEC = ActionSpec(n_slots=3, n_blueprints=5)
@@ -64,7 +64,7 @@ def test_act_then_evaluate_gives_the_same_log_probs_and_values():
         obs_seq.append(obs)
         steps.append(out)
     rollout = torch.stack(steps, dim=1)  # [E, T]
-    current = net.evaluate(
+    current = net.rescore(
         torch.stack(obs_seq, 1), state0, rollout["op", "action"], rollout["slot", "action"]
     )
     for head in HEADS:
@@ -78,7 +78,7 @@ def test_evaluate_gives_gradient_to_every_head_and_the_trunk():
     E, T = 2, 3
     op = torch.tensor([[int(Op.GERMINATE)] * T] * E)
     slot = torch.tensor([[0, 1, 2]] * E)
-    out = net.evaluate(torch.randn(E, T, 5), net.initial_state(E), op, slot)
+    out = net.rescore(torch.randn(E, T, 5), net.initial_state(E), op, slot)
     loss = sum(out[h, "logits"].square().sum() for h in HEADS) + out["state_value"].sum()
     loss.backward()
     for name, p in net.named_parameters():
@@ -217,7 +217,7 @@ def test_slot_bias_gives_each_slot_its_own_blueprint_preference():
     obs, state = torch.randn(4, 3, 6), net.initial_state(4)
     op = torch.full((4, 3), int(Op.GERMINATE))
     slot = torch.zeros(4, 3, dtype=torch.long)
-    a, b = plain.evaluate(obs, state, op, slot), net.evaluate(obs, state, op, slot)
+    a, b = plain.rescore(obs, state, op, slot), net.rescore(obs, state, op, slot)
     for h in HEADS:
         torch.testing.assert_close(a[h, "logits"], b[h, "logits"])  # zero bias: the same policy
     loss = -torch.log_softmax(b["blueprint", "logits"], -1)[..., 1].mean()
@@ -246,19 +246,23 @@ def test_slot_order_bias_starts_the_slot_head_on_the_first_legal_slot(bias):
                 torch.testing.assert_close(probs, expected / expected.sum(), atol=0.02, rtol=0)
 
 
+def _policy(cfg: PPOConfig, cost: torch.Tensor | None = None):
+    """The network a run builds for ``cfg`` (``cost``: the env's germination cost, for the size prior)."""
+    return build_agent(cfg, SPEC, device="cpu", germination_cost=cost).policy
+
+
 def test_slot_order_bias_reaches_the_policy_from_the_ppo_config():
     cfg = PPOConfig(slot_order_bias=2.0, hidden=16, head_hidden=8)
-    policy, _ = build_learner(cfg, SPEC, device="cpu", seed=0)
+    policy = _policy(cfg)
     torch.testing.assert_close(policy.heads["slot"][2].bias.detach(), torch.tensor([0.0, -2.0, -4.0]))
-    policy, _ = build_learner(PPOConfig(hidden=16, head_hidden=8), SPEC, device="cpu", seed=0)
+    policy = _policy(PPOConfig(hidden=16, head_hidden=8))
     assert policy.heads["slot"][2].bias.abs().sum() == 0
 
 
 def test_size_bias_starts_the_blueprint_head_in_proportion_to_each_seeds_cost():
     # Costs per slot [S=3, n=5]: blueprint 0 costs nothing (a noop: counted as 1), slot 2 is wider.
     cost = torch.tensor([[0.0, 10.0, 40.0, 100.0, 400.0]] * 2 + [[0.0, 20.0, 80.0, 200.0, 800.0]])
-    policy, _ = build_learner(PPOConfig(size_bias=1.0, hidden=16, head_hidden=8), SPEC, device="cpu", seed=0,
-                              germination_cost=cost)  # fmt: skip
+    policy = _policy(PPOConfig(size_bias=1.0, hidden=16, head_hidden=8), cost)
     bias = policy.heads["blueprint"][2].bias.detach()
     log_mean = cost.clamp(min=1).log().mean(0)
     torch.testing.assert_close(bias, log_mean - log_mean.max())
@@ -270,20 +274,18 @@ def test_size_bias_starts_the_blueprint_head_in_proportion_to_each_seeds_cost():
     share = torch.tensor([10.0, 40.0, 100.0, 400.0])  # the geometric mean over slots: 2^(1/3) x each
     torch.testing.assert_close(probs[1:] / probs[1:].sum(), share / share.sum(), atol=0.02, rtol=0)
     # Half the bias, half the log-odds; 0 leaves the head as before, bit for bit.
-    half, _ = build_learner(PPOConfig(size_bias=0.5, hidden=16, head_hidden=8), SPEC, device="cpu", seed=0,
-                            germination_cost=cost)  # fmt: skip
+    half = _policy(PPOConfig(size_bias=0.5, hidden=16, head_hidden=8), cost)
     torch.testing.assert_close(half.heads["blueprint"][2].bias.detach(), bias / 2)
-    plain, _ = build_learner(PPOConfig(hidden=16, head_hidden=8), SPEC, device="cpu", seed=0,
-                             germination_cost=cost)  # fmt: skip
+    plain = _policy(PPOConfig(hidden=16, head_hidden=8), cost)
     assert plain.heads["blueprint"][2].bias.abs().sum() == 0
 
 
 def test_size_bias_refuses_a_missing_or_misshapen_cost_and_a_negative_bias():
     cfg = PPOConfig(size_bias=1.0, hidden=16, head_hidden=8)
     with pytest.raises(ValueError, match="germination_cost"):
-        build_learner(cfg, SPEC, device="cpu", seed=0)
+        _policy(cfg)
     with pytest.raises(ValueError, match=r"must be \[3, 5\]"):
-        build_learner(cfg, SPEC, device="cpu", seed=0, germination_cost=torch.ones(3, 4))
+        _policy(cfg, torch.ones(3, 4))
     with pytest.raises(ValueError):
         PPOConfig(size_bias=-1.0)
     with pytest.raises(ValueError, match="finite"):

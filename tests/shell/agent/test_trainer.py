@@ -15,10 +15,13 @@ from tensordict import TensorDict
 from esper.core import distributions as D
 from esper.core.advantage import gae
 from esper.core.masks import head_relevance, legal_masks
-from esper.core.normalize import scale
+from esper.core.normalize import running_stats, scale
 from esper.core.spec import HEAD_INDEX, HEADS, SLOT_FIELDS, ActionSpec, Stage
+from esper.shell.agent.agent import Agent
+from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
-from esper.shell.agent.trainer import GRAD_GROUPS, PPOConfig, PPOTrainer, local_rows
+from esper.shell.agent.steps import GRAD_GROUPS, local_rows
+from esper.shell.agent.trainer import PPOTrainer
 from esper.shell.runtime.distributed import SINGLE, Dist
 
 SPEC = ActionSpec(n_slots=2, n_blueprints=3)
@@ -33,6 +36,12 @@ def _slots(E: int, g: torch.Generator) -> TensorDict:
     return td
 
 
+def _agent(policy, cfg: PPOConfig | None = None) -> Agent:
+    """A fresh agent of ``policy`` with empty observation statistics (``RAW`` features)."""
+    device = next(policy.parameters()).device
+    return Agent(policy, running_stats((RAW,), device=device), obs_clip=(cfg or PPOConfig()).obs_clip)
+
+
 def make_rollout(policy, trainer, E=4, T=5, seed=0, state=None) -> TensorDict:
     """What EpisodeRunner + PPOController store, with random observations and slot states; ``state``:
     the recurrent state before the first step (default: the policy's initial, zero state)."""
@@ -42,7 +51,7 @@ def make_rollout(policy, trainer, E=4, T=5, seed=0, state=None) -> TensorDict:
     for _ in range(T):
         raw = torch.randn(E, RAW, generator=g) * 3 + 1
         legal = legal_masks(_slots(E, g), SPEC)
-        x = torch.cat([trainer.normalize_obs(raw), legal["op"].float()], -1)
+        x = torch.cat([trainer.agent.normalize(raw), legal["op"].float()], -1)
         h, c = state
         out, state = policy.act(x, state, legal, generator=g)
         out["observation"] = x
@@ -71,7 +80,7 @@ def _make(cfg: PPOConfig | None = None, seed: int = 0):
     torch.manual_seed(seed)
     cfg = cfg or PPOConfig(hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None)
     policy = FactoredRecurrentActorCritic(RAW + 6, SPEC, hidden=cfg.hidden, head_hidden=cfg.head_hidden)
-    return policy, PPOTrainer(policy, cfg, raw_obs_dim=RAW, generator=torch.Generator().manual_seed(seed))
+    return policy, PPOTrainer(_agent(policy, cfg), cfg, generator=torch.Generator().manual_seed(seed))
 
 
 def test_update_runs_and_reports_the_ppo_update_event():
@@ -93,16 +102,16 @@ def test_C3_minibatches_are_whole_env_sequences_shuffled_each_epoch(monkeypatch)
     policy, trainer = _make()
     rollout = make_rollout(policy, trainer, E=4, T=5)
     seen = []
-    real_eval = trainer._evaluate
+    real_rescore = trainer.step.learner.rescore
 
     def spy(td):
         seen.append(td["raw_observation"][:, :, 0].clone())  # [k, T]: identifies the env sequences
-        return real_eval(td)
+        return real_rescore(td)
 
-    monkeypatch.setattr(trainer, "_evaluate", spy)
+    monkeypatch.setattr(trainer.step.learner, "rescore", spy)  # the minibatch steps' re-scoring
     trainer.update(rollout)
     env_rows = rollout["raw_observation"][:, :, 0]
-    minibatches = seen[1:]  # seen[0] is the anchor recomputation over the whole batch
+    minibatches = seen
     assert len(minibatches) == 4
     orders = []
     for mb in minibatches:
@@ -128,12 +137,12 @@ def test_C4_H5_value_clip_anchor_is_the_update_start_recomputation(monkeypatch):
         anchors.append((td["raw_observation"][:, 0, 0].clone(), td["state_value"].clone()))
         return real_loss(td)
 
-    monkeypatch.setattr(trainer, "loss_fn", spy)
+    monkeypatch.setattr(trainer.step.learner, "loss_fn", spy)  # the minibatch steps' loss
     with torch.no_grad():
         h0 = rollout["recurrent_state", "h"][:, 0].unsqueeze(0)
         c0 = rollout["recurrent_state", "c"][:, 0].unsqueeze(0)
         actions = rollout["op", "action"], rollout["slot", "action"]
-        expected = policy.evaluate(rollout["observation"], (h0, c0), *actions)["state_value"]
+        expected = policy.rescore(rollout["observation"], (h0, c0), *actions)["state_value"]
     trainer.update(rollout)
     assert len(anchors) == 6
     first_obs = rollout["raw_observation"][:, 0, 0]
@@ -157,7 +166,7 @@ def test_H5_every_epoch_rescores_whole_sequences_with_the_current_weights(monkey
         with torch.no_grad():
             h0 = td["recurrent_state", "h"][:, 0].unsqueeze(0)
             c0 = td["recurrent_state", "c"][:, 0].unsqueeze(0)
-            fresh = policy.evaluate(td["observation"], (h0, c0), td["op", "action"], td["slot", "action"])
+            fresh = policy.rescore(td["observation"], (h0, c0), td["op", "action"], td["slot", "action"])
         torch.testing.assert_close(td["current", "op", "logits"], fresh["op", "logits"])
         torch.testing.assert_close(td["current", "state_value"], fresh["state_value"])
         first = rollout["observation"][:, 0]
@@ -166,7 +175,7 @@ def test_H5_every_epoch_rescores_whole_sequences_with_the_current_weights(monkey
         seen.append((rows, td["current", "op", "logits"].detach().clone()))
         return real_loss(td)
 
-    monkeypatch.setattr(trainer, "loss_fn", spy)
+    monkeypatch.setattr(trainer.step.learner, "loss_fn", spy)  # the minibatch steps' loss
     trainer.update(rollout)
     assert len(seen) == 6
     by_env = {}
@@ -193,16 +202,16 @@ def test_H5_rescoring_starts_from_the_stored_initial_state_not_from_zeros(monkey
         with torch.no_grad():
             first = td["recurrent_state"][:, 0]
             stored = (first["h"].unsqueeze(0), first["c"].unsqueeze(0))
-            fresh = policy.evaluate(td["observation"], stored, td["op", "action"], td["slot", "action"])
+            fresh = policy.rescore(td["observation"], stored, td["op", "action"], td["slot", "action"])
             zero = policy.initial_state(td.shape[0])
-            zeros = policy.evaluate(td["observation"], zero, td["op", "action"], td["slot", "action"])
+            zeros = policy.rescore(td["observation"], zero, td["op", "action"], td["slot", "action"])
         torch.testing.assert_close(td["current", "op", "logits"], fresh["op", "logits"])
         torch.testing.assert_close(td["current", "state_value"], fresh["state_value"])
         assert not torch.allclose(fresh["op", "logits"], zeros["op", "logits"]), "must tell them apart"
         checked.append(1)
         return real_loss(td)
 
-    monkeypatch.setattr(trainer, "loss_fn", spy)
+    monkeypatch.setattr(trainer.step.learner, "loss_fn", spy)  # the minibatch steps' loss
     trainer.update(rollout)
     assert len(checked) == 4
 
@@ -215,7 +224,7 @@ def test_C5_S2_statistics_updated_before_the_update_and_observations_untouched(m
     real_step = trainer.optimizer.step
 
     def spy(*a, **k):
-        counts_at_step.append(float(trainer.state.obs_stats["count"]))
+        counts_at_step.append(float(trainer.agent.obs_stats["count"]))
         return real_step(*a, **k)
 
     monkeypatch.setattr(trainer.optimizer, "step", spy)
@@ -224,7 +233,7 @@ def test_C5_S2_statistics_updated_before_the_update_and_observations_untouched(m
     assert counts_at_step and all(c == n for c in counts_at_step), "the batch was in the stats at every step"
     torch.testing.assert_close(rollout["observation"], stored)
     mean = rollout["raw_observation"].reshape(-1, RAW).double().mean(0)
-    torch.testing.assert_close(trainer.state.obs_stats["mean"], mean)
+    torch.testing.assert_close(trainer.agent.obs_stats["mean"], mean)
 
 
 def test_first_minibatch_sees_ratio_one():
@@ -232,7 +241,7 @@ def test_first_minibatch_sees_ratio_one():
     cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=1, n_minibatches=1, target_kl=None)
     policy, trainer = _make(cfg)
     rollout = trainer.prepare(make_rollout(policy, trainer))
-    rollout["current"] = trainer._evaluate(rollout)
+    rollout["current"] = trainer._rescore(rollout)
     losses = trainer.loss_fn(rollout)
     assert losses["max_ratio"].item() == pytest.approx(1.0, abs=1e-4)
     assert losses["kl_approx"].item() == pytest.approx(0.0, abs=1e-6)
@@ -305,7 +314,7 @@ def test_checkpoint_state_round_trip():
     for a, b in zip(policy.parameters(), policy2.parameters()):
         assert torch.equal(a, b)
     assert trainer2.state.updates == 1
-    torch.testing.assert_close(trainer2.state.obs_stats["mean"], trainer.state.obs_stats["mean"])
+    torch.testing.assert_close(trainer2.agent.obs_stats["mean"], trainer.agent.obs_stats["mean"])
     # the optimizer resumes too (Adam's step and moments, the lr schedule): the next update on the same
     # rollout lands both learners on the same parameters (a fresh Adam would take another step)
     trainer.update(make_rollout(policy, trainer, seed=7))
@@ -352,14 +361,14 @@ def test_a_nonfinite_loss_is_never_applied_the_update_rolls_back(monkeypatch):
             out["loss_objective"] = out["loss_objective"] * float("nan")
         return out
 
-    monkeypatch.setattr(trainer, "loss_fn", second_step_nan)
+    monkeypatch.setattr(trainer.step.learner, "loss_fn", second_step_nan)
     metrics = trainer.update(rollout)
     assert metrics["rolled_back"] is True and metrics["nonfinite_steps"] == 1
     assert metrics["minibatch_steps"] == 1 and len(calls) == 2, "the update ends at the bad step"
     _assert_same_learner(policy, trainer, start)  # the good first step is undone too
     assert trainer.bad_streak == 1
     assert all(math.isfinite(v) for v in (metrics["loss_objective"], metrics["grad_norm"]))
-    monkeypatch.setattr(trainer, "loss_fn", real_loss)
+    monkeypatch.setattr(trainer.step.learner, "loss_fn", real_loss)
     healthy = trainer.update(make_rollout(policy, trainer, seed=3))
     assert healthy["rolled_back"] is False and trainer.bad_streak == 0
 
@@ -491,7 +500,7 @@ def test_a_replayed_rollout_is_rescored_by_the_current_policy_critic_and_statist
         torch.testing.assert_close(batch[:4][key], plain[key])
     part = batch[4:]
     with torch.no_grad():
-        now = trainer2._evaluate(old)
+        now = trainer2._rescore(old)
     ref = old.clone()
     stats = trainer2.state.reward_stats
     ref["next", "reward"] = scale(stats, old["next", "raw_reward"], clip=cfg.reward_clip)
@@ -522,7 +531,7 @@ def test_replay_rebases_the_kl_so_stale_batches_do_not_stop_the_update():
         trainer.update(make_rollout(policy, trainer, seed=30 + i))
     batch = trainer.prepare(make_rollout(policy, trainer, seed=32), replayed=trainer.state.replay)
     assert batch.batch_size[0] == 12
-    batch["current"] = trainer._evaluate(batch)
+    batch["current"] = trainer._rescore(batch)
     losses = trainer.loss_fn(batch)
     assert losses["kl_approx"].item() == pytest.approx(0.0, abs=1e-6)
     assert losses["max_ratio"].item() == pytest.approx(1.0, abs=1e-4)
@@ -551,8 +560,8 @@ def test_replay_past_the_recompile_limit_is_refused_with_compile_in_one_line():
     policy = FactoredRecurrentActorCritic(RAW + 6, SPEC, hidden=16, head_hidden=8)
     limit = torch._dynamo.config.recompile_limit
     with pytest.raises(ValueError, match=rf"ppo.replay={limit} with --compile needs {limit + 1} graphs"):
-        PPOTrainer(policy, _replay_cfg(replay=limit), raw_obs_dim=RAW, compile=True)
-    PPOTrainer(policy, _replay_cfg(replay=limit - 1), raw_obs_dim=RAW, compile=True)  # within it
+        PPOTrainer(_agent(policy), _replay_cfg(replay=limit), compile=True)
+    PPOTrainer(_agent(policy), _replay_cfg(replay=limit - 1), compile=True)  # within it
 
 
 def test_local_rows_find_each_process_envs_in_the_one_process_layout():
@@ -581,7 +590,7 @@ def test_replay_checkpoint_is_whole_and_each_process_keeps_its_slice():
     assert [d["is_init"].shape[0] for d in sd["replay"]] == [4, 4]
     assert trainer.state_dict(replay=False)["replay"] == []
     policy2 = FactoredRecurrentActorCritic(RAW + 6, SPEC, hidden=16, head_hidden=8)
-    half = PPOTrainer(policy2, _replay_cfg(), raw_obs_dim=RAW, dist=Dist(rank=1, world=2))
+    half = PPOTrainer(_agent(policy2), _replay_cfg(), dist=Dist(rank=1, world=2))
     half.load_state_dict(sd)
     assert len(half.state.replay) == len(trainer.state.replay) == 2
     for whole, part in zip(trainer.state.replay, half.state.replay):

@@ -18,9 +18,10 @@ import io
 import pytest
 import torch
 
+from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
-from esper.shell.agent.trainer import PPOConfig, PPOTrainer
-from tests.shell.agent.test_trainer import RAW, SPEC, make_rollout
+from esper.shell.agent.trainer import PPOTrainer
+from tests.shell.agent.test_trainer import RAW, SPEC, _agent, make_rollout
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -43,9 +44,8 @@ def _trainer(cfg: PPOConfig, device: str, *, compile: bool = False, seed: int = 
     torch.manual_seed(seed)
     policy = FactoredRecurrentActorCritic(RAW + 6, SPEC, hidden=cfg.hidden, head_hidden=cfg.head_hidden)
     policy.to(device)
-    trainer = PPOTrainer(
-        policy, cfg, raw_obs_dim=RAW, compile=compile, generator=torch.Generator().manual_seed(seed)
-    )
+    generator = torch.Generator().manual_seed(seed)
+    trainer = PPOTrainer(_agent(policy, cfg), cfg, compile=compile, generator=generator)
     return policy, trainer
 
 

@@ -4,20 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from esper.shell.data.tasks import (
+from esper.shell.data.batches import TensorBatches, WindowBatches
+from esper.shell.data.datasets import (
     CIFAR_RECORD,
     ImageTransform,
-    Task,
-    TensorBatches,
-    WindowBatches,
     load_cifar10,
     load_digits,
     load_text_file,
-    make_task,
     random_crop_flip,
     split_bytes,
     stdlib_source_bytes,
 )
+from esper.shell.data.tasks import Task, make_task
 
 
 # ---------------------------------------------------------------------------------------- fixtures

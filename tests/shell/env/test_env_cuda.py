@@ -15,9 +15,10 @@ import torch
 
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig
+from esper.shell.env.config import EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
-from esper.shell.env.vecenv import EnvConfig, VecEnv
+from esper.shell.env.vecenv import VecEnv
 from tests.shell.env.test_env import _Scripted
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

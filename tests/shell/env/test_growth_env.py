@@ -17,17 +17,12 @@ from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig, RewardMode, objective
 from esper.core.spec import Op, Stage
 from esper.shell.baselines.simple import GrowAllController, RandomController, StaticController
-from esper.shell.data.tasks import load_mnist1d
+from esper.shell.data.datasets import load_mnist1d
+from esper.shell.env.config import EnvConfig, lr_scale
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
-from esper.shell.env.vecenv import (
-    EnvConfig,
-    VecEnv,
-    derive_seed,
-    eval_host_seeds,
-    lr_scale,
-    train_host_seeds,
-)
+from esper.shell.env.seeding import derive_seed, eval_host_seeds, train_host_seeds
+from esper.shell.env.vecenv import VecEnv
 
 
 def _env(n_envs=2, *, max_epochs=6, workers=1, task="mnist1d", **env) -> VecEnv:

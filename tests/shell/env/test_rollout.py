@@ -12,18 +12,21 @@ import esper.shell.agent.trainer as trainer_mod
 import esper.shell.env.rollout as rollout_mod
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.masks import legal_masks
-from esper.core.normalize import update_running_stats
+from esper.core.normalize import running_stats, update_running_stats
 from esper.core.observation import obs_dim, observe
 from esper.core.rewards import RewardConfig
 from esper.core.spec import Op, Stage
-from esper.shell.agent.controller import PPOController, policy_input_dim
+from esper.shell.agent.agent import Agent, policy_input_dim
+from esper.shell.agent.config import PPOConfig
+from esper.shell.agent.controller import PPOController
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
-from esper.shell.agent.trainer import PPOConfig, PPOTrainer
+from esper.shell.agent.trainer import PPOTrainer
 from esper.shell.config.fields import fields_flat, with_overrides
 from esper.shell.config.presets import RunConfig
+from esper.shell.env.config import EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner, StepInput
-from esper.shell.env.vecenv import EnvConfig, VecEnv
+from esper.shell.env.vecenv import VecEnv
 
 T = 3
 ENV = EnvConfig(
@@ -40,13 +43,12 @@ def _build(lifecycle: LifecycleConfig | None = None, governor: GovernorConfig | 
     policy = FactoredRecurrentActorCritic(
         policy_input_dim(raw), env.spec, hidden=PPO.hidden, head_hidden=PPO.head_hidden
     )
-    trainer = PPOTrainer(policy, PPO, raw_obs_dim=raw, generator=torch.Generator().manual_seed(seed))
+    agent = Agent(policy, running_stats((raw,)), obs_clip=PPO.obs_clip)
+    trainer = PPOTrainer(agent, PPO, generator=torch.Generator().manual_seed(seed))
     # non-trivial statistics, so "normalized" and "raw" observations differ
     g = torch.Generator().manual_seed(seed + 1)
-    trainer.state.obs_stats = update_running_stats(
-        trainer.state.obs_stats, torch.randn(64, raw, generator=g) * 3.0 + 2.0
-    )
-    ctl = PPOController(policy, trainer, generator=torch.Generator().manual_seed(seed))
+    agent.obs_stats = update_running_stats(agent.obs_stats, torch.randn(64, raw, generator=g) * 3.0 + 2.0)
+    ctl = PPOController(agent, generator=torch.Generator().manual_seed(seed))
     return env, policy, trainer, ctl
 
 
@@ -113,7 +115,7 @@ def test_H4_truncation_bootstrap_uses_post_action_obs_masks_and_state():
     assert (legal_post["op"] != last.legal["op"]).any(-1).all(), "the test needs masks that changed"
     assert not legal_post["op"][:, Op.GERMINATE].any() and legal_post["op"][:, Op.PRUNE].all()
 
-    norm = trainer.normalize_obs(raw_post)
+    norm = trainer.agent.normalize(raw_post)
     post_state = ctl.state  # the recurrent state after the last act
     expected = policy.bootstrap_value(torch.cat([norm, legal_post["op"].float()], -1), post_state)
     boot = td["next", "state_value"][:, -1]
@@ -185,15 +187,15 @@ def test_S2_stored_observation_is_exactly_the_normalized_policy_input(monkeypatc
 
     raw = td["raw_observation"]
     n_raw = raw.shape[-1]
-    torch.testing.assert_close(td["observation"][..., :n_raw], trainer.normalize_obs(raw), rtol=0, atol=0)
+    torch.testing.assert_close(td["observation"][..., :n_raw], trainer.agent.normalize(raw), rtol=0, atol=0)
     assert not torch.allclose(td["observation"][..., :n_raw], raw), "normalized, not raw"
     assert torch.equal(td["observation"][..., n_raw:], td["op", "action_mask"].float())
 
     # the update changes the statistics but never the stored observations
     stored = td["observation"].clone()
-    count = float(trainer.state.obs_stats["count"])
+    count = float(trainer.agent.obs_stats["count"])
     trainer.update(td)
-    assert float(trainer.state.obs_stats["count"]) > count
+    assert float(trainer.agent.obs_stats["count"]) > count
     assert torch.equal(td["observation"], stored)
 
 

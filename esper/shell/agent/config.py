@@ -1,0 +1,132 @@
+"""The PPO learner's configuration (``--ppo.*``): the update's hyperparameters, the network's sizes and
+initial biases, replay, and the parameter cap on what the learned controller may grow."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from esper.core.spec import HEADS
+from esper.shell.config.fields import check_fields, doc
+
+
+@dataclass(frozen=True, slots=True)
+class PPOConfig:
+    gamma: float = doc(
+        0.995, "discount; also the potential-based shaping gamma (one value, finding C1)", ge=0, le=1
+    )
+    gae_lambda: float = doc(0.97, "GAE lambda", ge=0, le=1)
+    clip_epsilon: float = doc(0.2, "surrogate ratio clip", gt=0)
+    value_clip: float | None = doc(10.0, "bound on |V_new - V_anchor| in the value loss (none: off)", gt=0)
+    value_coef: float = doc(0.5, "weight of the value loss (applied to 0.5 * squared error)", ge=0)
+    entropy_coef: float = doc(0.05, "entropy bonus coefficient at the first update", ge=0)
+    entropy_coef_end: float | None = doc(
+        None, "entropy coefficient after annealing (none: no annealing)", ge=0
+    )
+    entropy_anneal_updates: int = doc(
+        0, "updates over which the entropy coefficient moves linearly to its end", ge=0
+    )
+    head_entropy_weights: tuple[float, ...] = doc(
+        (), "per-head entropy weights in HEADS order (empty: all 1)", ge=0
+    )
+    lr: float = doc(3e-4, "AdamW learning rate (at the first update, when annealed)", gt=0)
+    lr_end: float | None = doc(None, "AdamW learning rate after annealing (none: constant)", ge=0)
+    lr_anneal_updates: int = doc(0, "updates over which the learning rate moves linearly to lr_end", ge=0)
+    adam_eps: float = doc(1e-5, "AdamW epsilon", gt=0)
+    critic_weight_decay: float = doc(0.0, "weight decay on the value head only", ge=0)
+    max_grad_norm: float = doc(0.5, "global gradient-norm clip", gt=0)
+    n_epochs: int = doc(4, "passes over each batch", ge=1)
+    n_minibatches: int = doc(
+        2, "minibatches per pass; each holds whole env sequences (must divide n_envs)", ge=1
+    )
+    target_kl: float | None = doc(
+        0.015, "stop the update when kl_approx > 1.5 * target_kl (none: never)", gt=0
+    )
+    normalize_advantage: bool = doc(True, "normalize advantages over the batch")
+    obs_clip: float = doc(10.0, "clip of normalized observations", gt=0)
+    reward_clip: float = doc(10.0, "clip of scaled rewards", gt=0)
+    obs_momentum: float | None = doc(
+        None, "EMA momentum of observation statistics (none: exact Welford)", ge=0, le=1
+    )
+    hidden: int = doc(128, "LSTM / trunk width", ge=1)
+    head_hidden: int = doc(64, "hidden width of each head", ge=1)
+    wait_bias: float = doc(0.0, "initial logit of WAIT above the other ops (0: uniform over the legal ops)")
+    germinate_bias: float = doc(
+        0.0,
+        "initial logit of GERMINATE above the ops other than WAIT (equal to wait_bias: an untrained "
+        "policy germinates as often as it waits where it can, and rarely prunes or re-targets)",
+    )
+    blend_bias: float = doc(
+        0.0,
+        "initial logit of the fixed schedules' blend (style LINEAR_ADD, tempo FAST, alpha target 1.0) "
+        "above each blend head's other choices (0: uniform)",
+    )
+    slot_bias: bool = doc(
+        False,
+        "a learned logit bias per slot for the heads after the slot head (blueprint, blend): what to "
+        "grow where gets a term per slot, not only the heads' shared output bias",
+    )
+    slot_order_bias: float = doc(
+        0.0,
+        "initial logit of each slot above the next one (slot s starts s x this below slot 0): an "
+        "untrained policy acts on the first legal slot, growing b0 first, as the fixed schedules do "
+        "(0: uniform over the legal slots)",
+    )
+    size_bias: float = doc(
+        0.0,
+        "a capacity prior: the blueprint head starts this x ln(parameters) logits on each blueprint (its "
+        "germination cost, the log averaged over the slots), so an untrained policy grows a seed about in "
+        "proportion to its size at 1 (0: uniform over the legal blueprints)",
+        ge=0,
+    )
+    param_cap: float = doc(
+        0.0,
+        "a hard budget on the learned controller's seeds: it may germinate only where the env's seed "
+        "parameters stay at most this many, counting each germination at its most (a gate included; "
+        "esper.core.masks.within_param_cap). 0: no cap. Only the learned controller is capped; "
+        "the baselines are not",
+        ge=0,
+    )
+    replay: int = doc(
+        0,
+        "earlier batches each update re-uses (0: on-policy PPO). A replayed batch is re-scored at the "
+        "update's start: rewards re-scaled with the current statistics, values and GAE from the current "
+        "critic (its last step's bootstrap stays the rollout's), the surrogate clipped around the policy at "
+        "the update's start and its advantage weighted by min(1, that policy's ratio to the one that "
+        "acted): decoupled PPO (esper.core.decouple). Observation and reward statistics see each batch once",
+        ge=0,
+    )
+    grad_explode_factor: float = doc(
+        10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'", gt=0
+    )
+    max_bad_updates: int = doc(
+        3,
+        "stop the run after this many consecutive updates rolled back for a non-finite loss or gradient",
+        ge=1,
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self, "ppo")
+        if self.head_entropy_weights and len(self.head_entropy_weights) != len(HEADS):
+            raise ValueError(
+                f"ppo.head_entropy_weights needs {len(HEADS)} values ({', '.join(HEADS)}), "
+                f"got {len(self.head_entropy_weights)}"
+            )
+
+    def entropy_coef_at(self, update: int) -> float:
+        return _anneal(self.entropy_coef, self.entropy_coef_end, self.entropy_anneal_updates, update)
+
+    def lr_at(self, update: int) -> float:
+        """The learning rate of update ``update`` (0-based): ``lr`` moving linearly to ``lr_end`` over
+        ``lr_anneal_updates`` (the late updates of a short run take small steps, so a policy that has
+        found what pays does not drift away from it on the noise of 8 episodes)."""
+        return _anneal(self.lr, self.lr_end, self.lr_anneal_updates, update)
+
+
+def _anneal(start: float, end: float | None, updates: int, update: int) -> float:
+    if end is None or updates == 0:
+        return start
+    frac = min(1.0, update / updates)
+    return (1.0 - frac) * start + frac * end  # exactly ``end`` once annealed
+
+
+__all__ = ["PPOConfig"]

@@ -1,0 +1,297 @@
+"""One PPO minibatch step, chosen once when the trainer is built (:func:`make_step`).
+
+Every step takes the prepared batch, the global env indices of one minibatch and the annealed entropy
+coefficient, and returns ``(early_stop, finite, metrics)``: whether the KL flag stopped the update before
+this step, whether the loss and every gradient were finite (when either fails, no optimizer step was
+taken), and the step's metrics (device tensors; None when the step was not taken). Three versions:
+
+- :class:`EagerStep`: re-score, :func:`esper.core.ppo_loss`, backward, gradient health, one read of
+  the two flags, clip, AdamW.
+- :class:`CompiledStep`: the same as one graph (:mod:`esper.shell.agent.wholestep`); the flags are data
+  inside it (the step is applied only where both pass), then read once, as eager reads them.
+- :class:`SharedStep`: several processes (torchrun): each re-scores the minibatch's envs it holds, the
+  loss denominators and gradients are summed over processes, and every process takes the same step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from esper.core.health import GradHealthConfig, grad_health
+from esper.core.loss import loss_counts
+from esper.core.spec import HEADS, KEYS
+from esper.shell.agent.policy import FactoredRecurrentActorCritic
+from esper.shell.agent.wholestep import adam_step, compile_step, init_adam_state
+from esper.shell.runtime.distributed import Dist
+
+#: Parameter groups whose gradient norms are reported separately.
+GRAD_GROUPS = ("trunk", *HEADS, "value")
+
+StepResult = tuple[bool, bool, TensorDict | None]
+
+
+@dataclass
+class Learner:
+    """What a minibatch step works on: the network, its optimizer, the loss and the re-scoring of stored
+    sequences (both closures of the trainer's config), and the gradient-health settings."""
+
+    policy: FactoredRecurrentActorCritic
+    optimizer: torch.optim.Optimizer
+    loss_fn: Callable[..., TensorDict]
+    rescore: Callable[[TensorDictBase], TensorDict]
+    health_cfg: GradHealthConfig
+    max_grad_norm: float
+    target_kl: float | None
+
+    def __post_init__(self) -> None:
+        self.params = list(self.policy.parameters())
+        self.groups = group_index(self.policy)
+
+    def health(self, grads: list[torch.Tensor]) -> TensorDict:
+        return grad_health(grads, groups=self.groups, n_groups=len(GRAD_GROUPS), cfg=self.health_cfg)
+
+
+class EagerStep:
+    """The minibatch step in eager mode (the default)."""
+
+    def __init__(self, learner: Learner) -> None:
+        self.learner = learner
+
+    def begin_update(self, lr: float, *, block: int) -> None:
+        """Called before each update's first step: the update's learning rate, and how many envs of each
+        rollout in the batch this process holds (all of them with one process)."""
+        for group in self.learner.optimizer.param_groups:
+            group["lr"] = lr
+
+    def __call__(self, batch: TensorDictBase, idx: torch.Tensor, coef: float) -> StepResult:
+        lr = self.learner
+        mb = batch[idx]
+        mb["current"] = lr.rescore(mb)
+        losses = lr.loss_fn(mb)
+        total = total_loss(losses, coef)
+        lr.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        health = lr.health([p.grad if p.grad is not None else torch.zeros_like(p) for p in lr.params])
+        finite = torch.isfinite(total) & health["finite"]
+        # sync point: the KL flag (checked before the step) and the finiteness flag, one read
+        stopped, ok = torch.stack([losses["early_stop"], finite]).tolist()
+        if stopped or not ok:
+            return bool(stopped), bool(ok), None
+        torch.nn.utils.clip_grad_norm_(lr.params, lr.max_grad_norm)
+        lr.optimizer.step()
+        return False, True, step_metrics(losses, health, coef)
+
+
+class CompiledStep:
+    """The minibatch step as one graph, reused by every minibatch and update (no recompiles: the entropy
+    coefficient and the learning-rate scale go in as tensors; the optimizer keeps ``ppo.lr``)."""
+
+    def __init__(self, learner: Learner, *, base_lr: float, backend: str | Callable = "inductor") -> None:
+        self.learner, self.base_lr = learner, base_lr
+        self.graph = compile_step(self._body, backend=backend)
+        self.lr_scale: torch.Tensor | None = None
+
+    def begin_update(self, lr: float, *, block: int) -> None:
+        init_adam_state(self.learner.optimizer)  # a no-op unless a loaded state_dict had none yet
+        device = self.learner.params[0].device
+        self.lr_scale = torch.tensor(lr / self.base_lr, device=device)
+
+    def __call__(self, batch: TensorDictBase, idx: torch.Tensor, coef: float) -> StepResult:
+        coef_t = torch.tensor(coef, device=batch.device)  # a tensor: a new value never recompiles
+        metrics, flags = self.graph(batch, idx, coef_t, self.lr_scale)
+        # sync point: the KL and finiteness flags (where either fails, no step was applied)
+        stopped, ok = flags.tolist()
+        return bool(stopped), bool(ok), (metrics if not stopped and ok else None)
+
+    def _body(
+        self, batch: TensorDictBase, idx: torch.Tensor, coef: torch.Tensor, lr_scale: torch.Tensor
+    ) -> tuple[TensorDict, torch.Tensor]:
+        """The compiled graph: gather the envs ``idx`` of ``batch``, re-score, loss, backward, gradient
+        health, clip, AdamW at ``lr_scale`` x the optimizer's learning rate (not applied where the KL
+        flag is set or the loss or a gradient is not finite). Returns the step's metrics and the flags
+        ``[early_stop, finite]``. Every ``.grad`` is None on entry and on exit."""
+        lr = self.learner
+        td = batch[idx]
+        td["current"] = lr.rescore(td)
+        losses = lr.loss_fn(td)
+        total = total_loss(losses, coef)
+        total.backward()
+        health = lr.health([p.grad if p.grad is not None else torch.zeros_like(p) for p in lr.params])
+        finite = torch.isfinite(total) & health["finite"]
+        torch.nn.utils.clip_grad_norm_(lr.params, lr.max_grad_norm)
+        stop = losses["early_stop"]
+        adam_step(lr.optimizer, skip=stop | ~finite, scale=lr_scale)
+        for p in lr.params:
+            p.grad = None
+        return step_metrics(losses, health, coef), torch.stack([stop, finite])
+
+
+class SharedStep:
+    """The minibatch step with several processes: ``idx`` are global env indices (the same on every
+    process; ``block`` envs of each rollout in the batch are this process's, :func:`local_rows`). This
+    process re-scores those in its slice, with the loss denominators summed over every process
+    (:func:`esper.core.loss.loss_counts`), so the sum of the processes' gradients is the whole
+    minibatch's gradient. One all-reduce carries the gradients, the KL and the finiteness flag; every
+    process then takes the same decision and the same step. The metrics are this process's part
+    (:func:`reduce_report` combines them)."""
+
+    def __init__(self, learner: Learner, dist: Dist) -> None:
+        self.learner, self.dist = learner, dist
+        self.block = 0
+
+    def begin_update(self, lr: float, *, block: int) -> None:
+        for group in self.learner.optimizer.param_groups:
+            group["lr"] = lr
+        self.block = block
+
+    def __call__(self, batch: TensorDictBase, idx: torch.Tensor, coef: float) -> StepResult:
+        lr, dist = self.learner, self.dist
+        mine = local_rows(idx, self.block, dist)  # sync point: the slice's envs
+        if mine.numel():
+            mb = batch[mine]
+        else:  # none of this minibatch is here: a masked-out stand-in adds nothing but joins the sums
+            mb = batch[:1].clone()
+            mb.set(KEYS.valid, torch.zeros(mb.batch_size, dtype=torch.bool, device=batch.device))
+        mb["current"] = lr.rescore(mb)
+        counts = loss_counts(mb, factored=True)
+        names = sorted(counts.keys())
+        # one all-reduce: the loss denominators and the sums behind the whole minibatch's explained variance
+        local = torch.cat([torch.stack([counts[k].double() for k in names]), _ev_sums(mb)])
+        summed = dist.all_reduce_sum(local)
+        denominators = summed[: len(names)].float().unbind()
+        losses = lr.loss_fn(mb, TensorDict(dict(zip(names, denominators)), batch_size=[]))
+        ev = _ev_from_sums(summed[len(names) :])
+        losses["explained_variance"] = ev.to(losses["explained_variance"].dtype)
+        total = total_loss(losses, coef)
+        lr.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        has = [p.grad is not None for p in lr.params]
+        flat = torch.cat(
+            [(p.grad if h else torch.zeros_like(p)).reshape(-1) for p, h in zip(lr.params, has)]
+            + [losses["kl_approx"].detach().float().reshape(1), (~torch.isfinite(total)).float().reshape(1)]
+        )
+        flat = dist.all_reduce_sum(flat)
+        grads, offset = [], 0
+        for p, h in zip(lr.params, has):
+            g = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+            grads.append(g)
+            if h:
+                p.grad = g.clone()
+        kl, bad = flat[-2], flat[-1]
+        stop = kl > 1.5 * lr.target_kl if lr.target_kl is not None else torch.zeros((), dtype=torch.bool)
+        health = lr.health(grads)
+        finite = (bad == 0) & health["finite"]
+        stopped, ok = torch.stack([stop.to(finite.device), finite]).tolist()  # sync point: the shared flags
+        if stopped or not ok:
+            return bool(stopped), bool(ok), None
+        torch.nn.utils.clip_grad_norm_(lr.params, lr.max_grad_norm)
+        lr.optimizer.step()
+        return False, True, step_metrics(losses, health, coef)
+
+
+MinibatchStep = EagerStep | CompiledStep | SharedStep
+
+
+def make_step(
+    learner: Learner, *, compile: bool, dist: Dist, base_lr: float, backend: str | Callable = "inductor"
+) -> MinibatchStep:
+    """The trainer's one minibatch step: distributed, compiled or eager."""
+    if dist.active:
+        if compile:
+            raise ValueError("compile is not supported with several processes yet; run without --compile")
+        return SharedStep(learner, dist)
+    if compile:
+        return CompiledStep(learner, base_lr=base_lr, backend=backend)
+    return EagerStep(learner)
+
+
+def group_index(policy: FactoredRecurrentActorCritic) -> list[int]:
+    """Group of each parameter, in ``policy.parameters()`` order (see GRAD_GROUPS)."""
+    index = {id(p): GRAD_GROUPS.index("value") for p in policy.value_head.parameters()}
+    for h in HEADS:
+        index.update({id(p): GRAD_GROUPS.index(h) for p in policy.heads[h].parameters()})
+    for h, table in (policy.slot_bias or {}).items():
+        index.update({id(p): GRAD_GROUPS.index(h) for p in table.parameters()})
+    return [index.get(id(p), GRAD_GROUPS.index("trunk")) for p in policy.parameters()]
+
+
+def local_rows(idx: torch.Tensor, block: int, dist: Dist) -> torch.Tensor:
+    """The rows of this process's prepared batch that hold the global envs ``idx`` (in ``idx``'s
+    order). The whole batch is laid out as one process would hold it: the new rollout's envs, then
+    each replayed rollout's, each block ``block * dist.world`` envs in rank order; this process holds
+    ``block`` envs of every block, stacked the same way. Without replay this is ``idx - rank * block``
+    for the envs of this process's slice."""
+    width = block * dist.world
+    blk, within = idx // width, idx % width
+    here = within // block == dist.rank
+    return blk[here] * block + within[here] % block
+
+
+def _ev_sums(td: TensorDictBase) -> torch.Tensor:
+    """``[n, sum t, sum t^2, sum r, sum r^2]`` (float64) over the valid steps of ``td``, ``t`` the value
+    target and ``r`` the critic's residual: summed over processes, :func:`_ev_from_sums` gives the
+    explained variance of their whole minibatch."""
+    pred = td["current", "state_value"].detach().double()
+    target = td["value_target"].double().reshape(pred.shape)
+    w = td.get(KEYS.valid, torch.ones_like(pred, dtype=torch.bool)).reshape(pred.shape).double()
+    res = target - pred
+    return torch.stack([w.sum(), (w * target).sum(), (w * target.square()).sum(), (w * res).sum(),
+                        (w * res.square()).sum()])  # fmt: skip
+
+
+def _ev_from_sums(sums: torch.Tensor) -> torch.Tensor:
+    """``1 - Var(r) / Var(t)`` from :func:`_ev_sums`'s sums; 0 when the target has no variance (as
+    :func:`esper.core.loss.ppo_loss` reports it)."""
+    n, st, st2, sr, sr2 = sums.unbind()
+    n = n.clamp(min=1.0)
+    var_t, var_r = (st2 - st.square() / n) / n, (sr2 - sr.square() / n) / n
+    ok = var_t > 1e-12
+    return torch.where(ok, 1.0 - var_r / torch.where(ok, var_t, 1.0), 0.0)
+
+
+def total_loss(losses: TensorDict, coef: float | torch.Tensor) -> torch.Tensor:
+    """What the update minimizes: the per-head-weighted entropy term scaled by the annealed coefficient."""
+    return losses["loss_objective"] + losses["loss_critic"] + coef * losses["loss_entropy"]
+
+
+def step_metrics(losses: TensorDict, health: TensorDict, coef: float | torch.Tensor) -> TensorDict:
+    keep = [
+        "loss_objective",
+        "loss_critic",
+        "loss_entropy",
+        "entropy",
+        "kl_approx",
+        "clip_fraction",
+        "value_clip_fraction",
+        "explained_variance",
+        "max_ratio",
+        "min_ratio",
+        "ESS",
+        *HEADS,
+    ]
+    out = losses.select(*keep).detach().float()
+    out["loss_entropy"] = out["loss_entropy"] * coef
+    out["grad"] = health.select("global_norm", "group_norms", "nan_count", "inf_count").float()
+    out["grad", "vanishing_frac"] = health["vanishing_frac"].float()
+    out["grad", "exploding_frac"] = health["exploding_frac"].float()
+    return out
+
+
+__all__ = [
+    "GRAD_GROUPS",
+    "CompiledStep",
+    "EagerStep",
+    "Learner",
+    "MinibatchStep",
+    "SharedStep",
+    "group_index",
+    "local_rows",
+    "make_step",
+    "step_metrics",
+    "total_loss",
+]

@@ -1,0 +1,29 @@
+"""Seeds of everything an env draws at random, derived from names (a purpose, the run seed, the episode,
+the global env index) so that an env's episode does not depend on which process or batch runs it."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from ``parts`` (a purpose string first: ``"train"``, ``"eval"``): distinct parts
+    give unrelated seeds, and seeds of different purposes never coincide in practice (a hash, not
+    arithmetic that two (run, episode, env) triples could share)."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def train_host_seeds(run_seed: int, episode: int, env_indices: Sequence[int]) -> list[int]:
+    """Host seeds of a training episode (host init, seed modules and data order), per global env index."""
+    return [derive_seed("train", run_seed, episode, i) for i in env_indices]
+
+
+def eval_host_seeds(eval_seed: int, episodes: Sequence[int]) -> list[int]:
+    """Host seeds of evaluation episodes (by index): another purpose than training's, so no evaluation
+    host is a training host."""
+    return [derive_seed("eval", eval_seed, e) for e in episodes]
+
+
+__all__ = ["derive_seed", "eval_host_seeds", "train_host_seeds"]
