@@ -139,9 +139,9 @@ def reference(root: Path) -> Reference:
 def audit(run_dir: Path, ref: Reference | None) -> list[str]:
     """What was lost or damaged in a finished run directory (empty: nothing); ``ref`` None skips the
     policy comparison (a run whose hyperparameters differ from the reference's)."""
-    from esper.shell.report import write_report
     from esper.shell.runtime.checkpoint import load_checkpoint
     from esper.shell.telemetry.events import scan_events
+    from esper.shell.telemetry.report import write_report
 
     lost: list[str] = []
     try:

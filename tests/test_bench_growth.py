@@ -315,7 +315,7 @@ def _learned_from(path, planned: dict, plan: str, offsets: list[float], *, grow_
 def test_plans_run_fixed_schedules_on_the_learn_stages_hosts_and_pair_the_learned_controllers(tmp_path):
     from bench.growth import _against_learned, plans, plans_markdown
     from esper.shell.config.presets import preset
-    from esper.shell.evaluate import evaluate_config
+    from esper.shell.eval.episodes import compare_on_config
 
     plan = "grow:b0=conv_heavy@STANDARD@0.7"
     short = {"lifecycle.max_epochs": 3, "env.train_batches": 1}
@@ -327,7 +327,7 @@ def test_plans_run_fixed_schedules_on_the_learn_stages_hosts_and_pair_the_learne
             for g in e["germinations"]] == [(0, "STANDARD", 0.7)] * 4  # fmt: skip
     # seed 4's hosts are evaluation seed 1004's, as the learn stage scores training seed 4 on
     cfg = preset("smoke", {**short, "seed": 4})
-    ref = evaluate_config(cfg, ["static"], episodes=2, seed=1004, show_progress=False)
+    ref = compare_on_config(cfg, ["static"], episodes=2, seed=1004, show_progress=False)
     assert [e["host_seed"] for e in out["per_episode"]["static"][2:]] == [
         e["host_seed"] for e in ref["controllers"]["static"]["per_episode"]
     ]

@@ -132,7 +132,8 @@ def compare_markdown(info: dict, cmp: dict, command: str) -> str:
 def _plots(out: Path, stem: str, learned: dict | None) -> list[str]:
     if not learned:
         return []
-    from esper.shell.evaluate import COLORS, finish_figure, new_figure, plot_acc_vs_params
+    from esper.shell.eval.output import COLORS, plot_acc_vs_params
+    from esper.shell.telemetry.plots import finish_figure, new_figure
 
     unit = "runs" if learned.get("pooled_from") else "seeds"
     title = f"{learned['seeds']} training {unit} x {learned['episodes_per_seed']} fresh hosts each"
@@ -273,7 +274,7 @@ def markdown(info: dict, swept: dict | None, learned: dict | None, plots: list[s
         fmt = lambda v: ", ".join(
             f"{k} = {val:.2f}" if isinstance(val, float) else f"{k} = {val}" for k, val in v.items()
         )
-        from esper.shell.evaluate import PPO_READOUTS
+        from esper.shell.eval.controllers import PPO_READOUTS
 
         greedy, mixed = learned.get("verdict_greedy"), learned.get("verdict_mixed")
         shown = ("ppo", "ppo_greedy", *(("ppo_mixed",) if mixed else ()))

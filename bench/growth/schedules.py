@@ -47,12 +47,12 @@ def placement(episodes: int, seed: int) -> dict[str, Any]:
 
 def _fixed_schedules(names: list[str], episodes: int, seed: int) -> dict[str, Any]:
     """``names`` (``static`` first) on the same ``episodes`` fresh hosts; gains paired with static's."""
-    from esper.shell.evaluate import evaluate_config
+    from esper.shell.eval.episodes import compare_on_config
 
     cfg = preset("default")
     torch.set_num_threads(cfg.torch_threads())  # as a run would: two env threads, one intra-op thread each
     t0 = time.perf_counter()
-    res = evaluate_config(cfg, names, episodes=episodes, seed=seed, show_progress=True)
+    res = compare_on_config(cfg, names, episodes=episodes, seed=seed, show_progress=True)
     static = res["controllers"]["static"]
     rows = []
     for name, s in res["controllers"].items():
@@ -100,7 +100,7 @@ def plans(
     seed's mean over its hosts). The files' episodes must be on the same host seeds; ``hosts`` says
     whether ``grow_all`` scored identically there, episode for episode (the same machine and code), and
     if not by how much its per-seed means differ (another CPU's float sums)."""
-    from esper.shell.evaluate import evaluate_config
+    from esper.shell.eval.episodes import compare_on_config
 
     if not names:
         raise ValueError("plans: no fixed schedule to measure")
@@ -111,7 +111,7 @@ def plans(
     for k in ks:
         cfg = preset(preset_name, {**(overrides or {}), "seed": k})
         torch.set_num_threads(cfg.torch_threads())  # as the learn stage's evaluation does
-        res = evaluate_config(cfg, measured, episodes=episodes, seed=1000 + k, show_progress=True)
+        res = compare_on_config(cfg, measured, episodes=episodes, seed=1000 + k, show_progress=True)
         for n in measured:
             episodes_by[n].append(res["controllers"][n]["per_episode"])
     seed_mean = lambda n, field: [float(np.mean([e[field] for e in eps])) for eps in episodes_by[n]]
@@ -169,7 +169,7 @@ def _against_learned(files: list[Path], ks: list[int], episodes_by: dict[str, li
             for n in plans_}
         for c in learned_names
     }  # fmt: skip
-    from esper.shell.evaluate import PLAN_PREFIX, STYLE_SEP
+    from esper.shell.eval.controllers import PLAN_PREFIX, STYLE_SEP
 
     flat = lambda per_seed: [e for eps in per_seed for e in eps]
     bare = [n for n in plans_ if n.startswith(PLAN_PREFIX) and STYLE_SEP not in n]  # placements, no blend

@@ -54,7 +54,7 @@ def _train(k: int, run_root: Path, extra: list[str]) -> tuple[Path, float]:
 def _evaluate(run_dir: Path, k: int, episodes: int, names: Sequence[str] = (), out: str = "eval") -> dict:
     """Evaluate training seed k's run on its hosts (evaluation seed 1000 + k): ``names`` (default:
     evaluate's default set) into ``RUN_DIR/out``, or the results already there if they hold them alike."""
-    from esper.shell.evaluate import CONTROLLERS
+    from esper.shell.eval.controllers import CONTROLLERS
 
     names = tuple(names) or CONTROLLERS
     saved = run_dir / out / "results.json"

@@ -4,12 +4,13 @@ runs them: wall time split by phase, and the share of it that is neither host tr
 The run is built exactly as ``python -m esper.shell.run`` builds it with no arguments: the config is
 ``resolve_config`` of an empty command line (the ``default`` preset: digits at 8x8, 4 envs x 25
 epochs, CNN host with channels 4/8/16, policy 64/32, everything on CPU) and the objects come from
-:class:`esper.shell.run.Run` (in a temporary run directory). One measured iteration is the body of
-``Run.train``'s loop: the episode (``EpisodeRunner.run``: every env runs ``max_epochs`` RL steps), its
-event-log writes, ``PPOTrainer.update``, the update's event and anomaly check, and the checkpoint
-(``checkpoint_every`` is 1 in the default). Left out: the progress bar (``on_epoch`` callback) and the
-end-of-run report. The first iteration (update 0, the run's first) is a warm-up and not measured; then
-``--episodes`` N are (default 5, 2 with ``--quick``): with the warm-up, the 6 updates of the default run.
+:class:`esper.shell.runtime.training.TrainingRun` (in a temporary run directory). One measured
+iteration is the body of ``TrainingRun.train``'s loop: the episode (``EpisodeRunner.run``: every env
+runs ``max_epochs`` RL steps), its event-log writes, ``PPOTrainer.update``, the update's event and
+anomaly check, and the checkpoint (``checkpoint_every`` is 1 in the default). Left out: the progress
+bar (``on_epoch`` callback) and the end-of-run report. The first iteration (update 0, the run's
+first) is a warm-up and not measured; then ``--episodes`` N are (default 5, 2 with ``--quick``): with
+the warm-up, the 6 updates of the default run.
 
 Phases of the episode are the rollout's own timings (``EpisodeResult.timings``, seconds summed over the
 steps): ``host_training`` (``EnvModel.train_epoch`` of every env), ``validation`` (``EnvModel.evaluate``:
@@ -84,14 +85,13 @@ def default_config(**env_overrides):
 
 
 def build_run(cfg, run_dir: Path):
-    """``esper.shell.run.Run`` and the ``EpisodeRunner`` its ``train`` loop would use (no progress bar)."""
+    """``esper.shell.runtime.training.TrainingRun`` and the ``EpisodeRunner`` its ``train`` loop would use (no
+    progress bar)."""
     from esper.shell.env.rollout import EpisodeRunner
-    from esper.shell.run import Run
+    from esper.shell.runtime.training import TrainingRun
 
-    run = Run(cfg, run_dir, resume=False)
-    runner = EpisodeRunner(
-        run.env, run.controller, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma
-    )
+    run = TrainingRun(cfg, run_dir, resume=False)
+    runner = EpisodeRunner(run.env, run.controller)
     return run, runner
 
 
@@ -115,7 +115,7 @@ class Clock:
 
 
 def iteration(run, runner, update: int, clock: Clock) -> dict[str, float]:
-    """One iteration of ``Run.train``'s loop, timed by phase (seconds); ``wall`` is the whole."""
+    """One iteration of ``TrainingRun.train``'s loop, timed by phase (seconds); ``wall`` is the whole."""
     clock.acc.clear()
     t0 = time.perf_counter()
     result = runner.run(update)

@@ -311,7 +311,7 @@ def parameter_cost(charged: torch.Tensor, host: torch.Tensor, cfg: RewardConfig)
     """The accuracy points OBJECTIVE charges for ``charged`` seed parameters on a host of ``host``
     parameters (``[*E]`` each, float; host >= 1): ``param_weight`` per host-size, plus
     ``param_over_weight`` per host-size of what exceeds ``param_budget`` when a budget is set. One home
-    for the price: the reward's ``Phi`` and the held-out objective of :mod:`esper.shell.evaluate` both
+    for the price: the reward's ``Phi`` and the held-out objective of :mod:`esper.shell.eval.episodes` both
     call it."""
     cost = cfg.param_weight * charged / host
     if cfg.param_budget > 0:

@@ -23,7 +23,7 @@ from esper.core.observation import obs_dim
 from esper.core.spec import ActionSpec, Op
 from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
-from esper.shell.env.rollout import StepInput
+from esper.shell.env.vecenv import StepInput
 
 
 def policy_input_dim(raw_obs_dim: int) -> int:

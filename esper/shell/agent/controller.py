@@ -14,8 +14,8 @@ import torch
 from tensordict import TensorDict
 
 from esper.shell.agent.agent import Agent
-from esper.shell.env.rollout import StepInput
 from esper.shell.env.seeding import derive_seed
+from esper.shell.env.vecenv import StepInput
 
 
 class PPOController:
@@ -62,6 +62,9 @@ class PPOController:
         out["raw_observation"] = step.raw_obs
         out["recurrent_state"] = TensorDict({"h": h[0], "c": c[0]}, batch_size=x.shape[:1])
         return out
+
+    def explain(self) -> None:
+        return None
 
     def bootstrap(self, step: StepInput) -> torch.Tensor:
         return self.policy.bootstrap_value(self.agent.policy_input(step), self.state)

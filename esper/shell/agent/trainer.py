@@ -63,14 +63,17 @@ from esper.core.health import GradHealthConfig
 from esper.core.loss import decouple, ppo_loss
 from esper.core.minibatch import env_minibatches
 from esper.core.normalize import (
-    batch_stats,
-    merge_running_stats,
     running_stats,
     scale,
-    update_running_stats,
 )
 from esper.core.spec import HEADS, ActionSpec
 from esper.shell.agent.agent import Agent, build_agent
+from esper.shell.agent.collective import (
+    check_finite_everywhere,
+    reduce_report,
+    update_stats,
+    whole_rollout,
+)
 from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.steps import GRAD_GROUPS, Learner, make_step
 from esper.shell.runtime.distributed import SINGLE, Dist
@@ -170,12 +173,12 @@ class PPOTrainer:
         earlier rollouts (``ppo.replay``), re-scored by :meth:`_rescore_replayed` and appended along
         the env dim after step 4; step 5 normalizes over all of it."""
         cfg = self.cfg
-        self._check_finite(batch)
+        check_finite_everywhere(batch, self.dist)
         st = self.state
         # C5: statistics include this batch before the update (the stored observations are not
         # re-normalized: they are what the policy saw, S2).
         agent = self.agent
-        agent.obs_stats = self._update_stats(agent.obs_stats, batch["raw_observation"], cfg.obs_momentum)
+        agent.obs_stats = update_stats(agent.obs_stats, batch["raw_observation"], self.dist, cfg.obs_momentum)
         # Rewards are divided by the spread of discounted returns (what the critic must predict), not
         # of single rewards: a sparse terminal bonus would otherwise dominate the scale.
         raw = batch["next", "raw_reward"]
@@ -188,7 +191,7 @@ class PPOTrainer:
             gamma=cfg.gamma,
             lmbda=1.0,
         )
-        st.reward_stats = self._update_stats(st.reward_stats, returns)
+        st.reward_stats = update_stats(st.reward_stats, returns, self.dist)
         batch["next", "reward"] = scale(st.reward_stats, raw, clip=cfg.reward_clip)
         with torch.no_grad():
             self.gae_fn(batch)
@@ -228,32 +231,6 @@ class PPOTrainer:
         weight = rebased.pop("behaviour_weight")
         td.update(rebased)
         return td, weight.reshape(td["advantage"].shape)
-
-    def _check_finite(self, batch: TensorDictBase) -> None:
-        """:func:`check_finite`, and with several processes every one raises if one's rollout is bad."""
-        try:
-            check_finite(batch)
-        except FloatingPointError:
-            if self.dist.active:
-                self.dist.all_reduce_sum(torch.ones(1, device=batch.device))
-            raise
-        if self.dist.active and self.dist.all_reduce_sum(torch.zeros(1, device=batch.device)).item():
-            raise FloatingPointError("non-finite values in another process's rollout; refusing to update")
-
-    def _update_stats(self, stats: TensorDict, x: torch.Tensor, momentum: float | None = None) -> TensorDict:
-        """``stats`` updated with the batch ``x``; with several processes, with the whole batch (every
-        process's part, merged exactly in rank order), so every process holds the same statistics."""
-        if not self.dist.active:
-            return update_running_stats(stats, x, momentum=momentum)
-        part = batch_stats(x, stats["mean"].dim())
-        flat = torch.cat([part["count"].reshape(1), part["mean"].reshape(-1), part["var"].reshape(-1)])
-        whole = None
-        for row in self.dist.gather_tensors(flat):
-            n, rest = row[0], row[1:]
-            mean, var = rest.chunk(2)
-            p = TensorDict({"mean": mean.view_as(part["mean"]), "var": var.view_as(part["var"]), "count": n})
-            whole = p if whole is None else merge_running_stats(whole, p)
-        return merge_running_stats(stats, whole, momentum=momentum)
 
     def update(self, batch: TensorDictBase) -> dict[str, float | list[float]]:
         """One PPO update on a rollout ``[n_envs, T]``. Returns host-side metrics (one sync per
@@ -301,7 +278,9 @@ class PPOTrainer:
             epochs_run += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.state.updates += 1
-        report = self._reduce_report(torch.stack(steps).mean(0)) if steps else TensorDict({}, batch_size=[])
+        report = TensorDict({}, batch_size=[])
+        if steps:
+            report = reduce_report(torch.stack(steps).mean(0), self.dist)
         report["params_finite"] = torch.stack([torch.isfinite(p).all() for p in self.params]).all()
         metrics = read_scalars(report)  # sync point: one read
         rolled_back = nonfinite or not metrics.pop("params_finite")
@@ -321,24 +300,6 @@ class PPOTrainer:
             seconds=time.perf_counter() - t0,
         )
         return out
-
-    def _reduce_report(self, report: TensorDict) -> TensorDict:
-        """The mean step metrics of the whole batch from every process's: sums of the shares (loss
-        terms, KL, entropy, clip fractions, ``mean_ratio``), max / min of the ratio extremes, the mean
-        over processes of ``ESS`` (an average of the parts', not the whole's); gradient statistics,
-        head weights and the explained variance are already the whole minibatch's everywhere."""
-        if not self.dist.active:
-            return report
-        for key in report.keys(True, True):
-            path = key if isinstance(key, tuple) else (key,)
-            if path[0] == "grad" or path[-1] in ("weight", "explained_variance"):
-                continue
-            op = {"max_ratio": "max", "min_ratio": "min"}.get(path[-1], "sum")
-            value = self.dist.all_reduce(report[key].clone(), op)
-            if path[-1] == "ESS":
-                value = value / self.dist.world
-            report[key] = value
-        return report
 
     def _learner_state(self) -> tuple[dict, dict]:
         """Copies of the policy's and the optimizer's state (to roll an update back)."""
@@ -370,15 +331,8 @@ class PPOTrainer:
             "reward_stats": self.state.reward_stats.to_dict(),
             "updates": self.state.updates,
             "generator": self.generator.get_state(),
-            "replay": [self._whole(td).to_dict() for td in self.state.replay] if replay else [],
+            "replay": [whole_rollout(td, self.dist).to_dict() for td in self.state.replay] if replay else [],
         }
-
-    def _whole(self, part: TensorDictBase) -> TensorDictBase:
-        """A kept rollout with every process's envs, in rank order (this process's part alone)."""
-        if not self.dist.active:
-            return part
-        parts = self.dist.gather_objects(part.cpu().to_dict())
-        return torch.cat([TensorDict(d, batch_size=part.batch_size) for d in parts], 0)
 
     def load_state_dict(self, sd: dict) -> None:
         self.policy.load_state_dict(sd["policy"])
@@ -400,17 +354,6 @@ class PPOTrainer:
             first, count = self.dist.shard(whole.batch_size[0])
             kept.append(whole[first : first + count].to(device))
         self.state.replay = kept
-
-
-def check_finite(td: TensorDictBase) -> None:
-    """Raise naming every non-finite floating key (one host sync for the whole batch)."""
-    keys = [k for k in td.keys(True, True) if td[k].is_floating_point()]
-    if not keys:
-        return
-    flags = torch.stack([torch.isfinite(td[k]).all() for k in keys])
-    if not bool(flags.all()):  # sync point
-        bad = [k for k, ok in zip(keys, flags.tolist()) if not ok]
-        raise FloatingPointError(f"non-finite values in the rollout under {bad}; refusing to update")
 
 
 def _flatten_update_metrics(m: dict) -> dict:
@@ -449,4 +392,4 @@ def build_learner(
     return agent, trainer
 
 
-__all__ = ["PPOTrainer", "TrainerState", "build_learner", "check_finite"]
+__all__ = ["PPOTrainer", "TrainerState", "build_learner"]

@@ -18,7 +18,8 @@ Per env, each epoch (the original system's heuristic, adapted to ADVANCE-driven 
   otherwise WAIT (the holding timeout will prune it).
 
 Every choice is checked against the legality masks (an illegal choice becomes WAIT, and WAIT goes to an
-enabled slot) and explained in ``last_reasons``, which the run logs with each epoch.
+enabled slot) and explained in ``last_reasons`` (:meth:`HeuristicController.explain`), which the run
+logs with each epoch.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from tensordict import TensorDict
 
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.spec import ALPHA_TARGETS, HEADS, AlphaCurve, AlphaSpeed, Op, Stage, Style, Tempo
-from esper.shell.env.rollout import StepInput
+from esper.shell.baselines.simple import FixedController
+from esper.shell.env.vecenv import StepInput
 
 #: Preferred germination order; names a host family does not have are skipped.
 ROTATION = ("conv_light", "conv_heavy", "attention", "norm", "depthwise", "bottleneck", "conv_small",
@@ -38,8 +40,7 @@ ROTATION = ("conv_light", "conv_heavy", "attention", "norm", "depthwise", "bottl
 _SEEDED = (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING)
 
 
-class HeuristicController:
-    learns = False
+class HeuristicController(FixedController):
 
     def __init__(
         self,
@@ -72,8 +73,9 @@ class HeuristicController:
             for _ in range(n_envs)
         ]  # fmt: skip
 
-    def bootstrap(self, step: StepInput) -> None:
-        return None
+    def explain(self) -> list[str]:
+        """Why it took its last actions, per env (the run logs them with each epoch)."""
+        return list(self.last_reasons)
 
     def act(self, step: StepInput) -> TensorDict:
         slots, sig = step.slots, step.signals

@@ -8,11 +8,11 @@
   as its gate allows, fossilize it as soon as G5 allows. Each step it does the first that applies,
   on the first slot where it applies: FOSSILIZE a ready HOLDING seed, ADVANCE a seed whose gate
   (G2 or G3) would pass, GERMINATE into an empty slot; else WAIT. Given a *plan* (slot -> blueprint,
-  ``grow:b0=conv_heavy+b2=depthwise`` in :mod:`esper.shell.evaluate`) it grows only the planned
+  ``grow:b0=conv_heavy+b2=depthwise`` in :mod:`esper.shell.eval.controllers`) it grows only the planned
   slots, each with its own blueprint: the fixed placements a learned controller can be held against.
 - ``heuristic``: the reference's rules, :class:`esper.shell.baselines.heuristic.HeuristicController`.
 
-All act from the same :class:`~esper.shell.env.rollout.StepInput` as the policy, legal actions only, and
+All act from the same :class:`~esper.shell.env.vecenv.StepInput` as the policy, legal actions only, and
 are vectorized over envs (no per-env Python loop).
 """
 
@@ -27,7 +27,7 @@ from esper.core import distributions as dist
 from esper.core.lifecycle import LifecycleConfig, gate_readiness
 from esper.core.masks import action_masks, slot_mask
 from esper.core.spec import ALPHA_TARGETS, DEFAULT_BLEND, HEADS, Op, Style, Tempo
-from esper.shell.env.rollout import StepInput
+from esper.shell.env.vecenv import StepInput
 
 #: The blueprint ``grow_all`` germinates, per host family: the one with the largest mean gain in
 #: held-out accuracy when grown into every slot (bench suite ``growth``; see bench/results).
@@ -47,17 +47,26 @@ def _first(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.int8).argmax(-1)
 
 
-class _NoLearning:
+class FixedController:
+    """The part every controller that does not learn shares: no rollout kept, no per-env sampling
+    state, no reasons to give, nothing to bootstrap."""
+
     learns = False
 
     def begin(self, n_envs: int) -> None:
         self.n = n_envs
 
+    def seed_envs(self, host_seeds: list[int]) -> None:
+        return None
+
+    def explain(self) -> list[str] | None:
+        return None
+
     def bootstrap(self, step: StepInput) -> None:
         return None
 
 
-class StaticController(_NoLearning):
+class StaticController(FixedController):
     """Always WAIT (on the first enabled slot; the slot head is irrelevant under WAIT)."""
 
     def act(self, step: StepInput) -> TensorDict:
@@ -67,7 +76,7 @@ class StaticController(_NoLearning):
         return _actions({"op": wait, "slot": _first(legal[:, int(Op.WAIT)])}, n, legal.device)
 
 
-class RandomController(_NoLearning):
+class RandomController(FixedController):
     """Uniform over legal actions, drawn from its own CPU generator: reproducible for a seed, and the
     same draws whatever device the envs are on (the draws are made on the CPU, then moved)."""
 
@@ -89,7 +98,7 @@ class RandomController(_NoLearning):
         return dist.sample(torch.zeros(mask.shape, device=mask.device), mask, race=race)
 
 
-class GrowAllController(_NoLearning):
+class GrowAllController(FixedController):
     """Germinate ``blueprint`` everywhere, blend and fossilize as fast as the gates allow.
 
     ``blueprint``: one blueprint index for every slot, or a plan ``{slot index: blueprint index}``:
@@ -160,4 +169,6 @@ class GrowAllController(_NoLearning):
         )
 
 
-__all__ = ["GROW_ALL_BLUEPRINT", "GrowAllController", "RandomController", "StaticController"]
+__all__ = [
+    "GROW_ALL_BLUEPRINT", "FixedController", "GrowAllController", "RandomController", "StaticController"
+]

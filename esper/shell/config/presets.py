@@ -22,7 +22,7 @@ from esper.shell.agent.config import PPOConfig
 from esper.shell.config.fields import check_fields, doc, with_overrides
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.governor import GovernorConfig
-from esper.shell.telemetry.events import AnomalyConfig
+from esper.shell.telemetry.anomaly import AnomalyConfig
 
 POLICIES = ("ppo", "heuristic")
 #: A run name is one directory name: at most this many characters ...

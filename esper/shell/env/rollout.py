@@ -1,27 +1,29 @@
 """One batch of episodes: every env runs ``max_epochs`` RL steps side by side.
 
-Per step (docs/design.md, the loop): train + validate + counterfactual (:meth:`VecEnv.measure`), governor
-check and rollback, then the pure core — record the signals into the slot state, update the signal
-history, build the observation and the legality masks — one batched controller forward, the core's
-lifecycle step and reward, and :meth:`VecEnv.apply` to make the models match.
+The loop reads forward: :meth:`VecEnv.reset`, then per step the controller acts on the time step and
+:meth:`VecEnv.step` applies the action and measures the next epoch (docs/design.md, the loop). Each
+step keeps what it produced as data — the controller's output, the reward terms the step decided, the
+measurement, the governor's panics, and a telemetry TensorDict — and at the end of the episode:
 
-For a learning controller the steps are stored as a TensorDict ``[n_envs, T]`` with the keys of
-docs/design.md (the contracts): ``observation`` is exactly what the policy saw (normalized observation
-+ op-legality bits, finding S2), ``raw_observation`` feeds the normalizer, ``(head, action | action_log_prob |
-action_mask)`` per head, ``state_value``, ``is_init``, the pre-step recurrent state, and under
-``next``: ``raw_reward``, ``done`` (True on the last step), ``truncated``/``terminated`` (the last
-step is truncated by the time limit, or terminal with ``lifecycle.terminal_at_limit``: then nothing
-follows the final host and GAE does not bootstrap there) and ``state_value``. The last step's
-``("next", "state_value")`` is V of the post-action observation built from the post-step slot
-state with the post-action legality masks and the post-step recurrent state (finding H4).
+- :func:`episode_rewards` computes every step's reward once, from the measurements stacked over the
+  episode: the step's own terms, the OBJECTIVE reward ``Phi(m_{t+1}) - Phi(m_t)`` of the measurement
+  that followed it (the last step's from the final hosts), and a governor rollback's penalty charged
+  to the transition that led into the panic (the transitions are kept, so the learner sees it);
+- :func:`epoch_events` turns the stacked telemetry and those rewards into the ``epoch`` events (one
+  host sync);
+- for a learning controller the steps are stored as a TensorDict ``[n_envs, T]`` with the keys of
+  docs/design.md (the contracts): ``observation`` is exactly what the policy saw (normalized
+  observation + op-legality bits, finding S2), ``raw_observation`` feeds the normalizer, ``(head,
+  action | action_log_prob | action_mask)`` per head, ``state_value``, ``is_init``, the pre-step
+  recurrent state, and under ``next``: ``raw_reward``, ``done`` (True on the last step),
+  ``truncated``/``terminated`` (the last step is truncated by the time limit, or terminal with
+  ``lifecycle.terminal_at_limit``: then nothing follows the final host and GAE does not bootstrap
+  there) and ``state_value``. The last step's ``("next", "state_value")`` is V of the post-action
+  observation built from the post-step slot state with the post-action legality masks and the
+  post-step recurrent state (finding H4).
 
-A governor rollback's penalty is added to the reward of the transition that led into the panic and
-the transitions are kept, so the learner sees it.
-
-In OBJECTIVE reward mode (the default) step t's reward is :func:`esper.core.rewards.objective_delta`
-between this epoch's measurement and the next one; it is added to step t when the next measurement
-arrives, and the last step's uses the evaluation of the final host (:meth:`VecEnv.finish`, which also
-reads the held-out test split for the episode summary: never seen by the controller).
+The final measurement also reads the held-out test split for the episode summary: never seen by the
+controller.
 """
 
 from __future__ import annotations
@@ -34,34 +36,28 @@ from typing import Protocol
 import torch
 from tensordict import TensorDict
 
-from esper.core.lifecycle import LifecycleConfig, gate_readiness, lifecycle_step, record_signals
-from esper.core.masks import legal_masks
-from esper.core.observation import init_history, observe, update_history
-from esper.core.rewards import RewardConfig, RewardMode, compute_reward, objective, objective_delta
+from esper.core.rewards import RewardConfig, RewardMode, objective, objective_delta
 from esper.core.spec import HEADS, Op, Stage
-from esper.shell.env.vecenv import BLEND_SETTINGS, VecEnv
-
-
-@dataclass
-class StepInput:
-    """What a controller may look at when it acts."""
-
-    raw_obs: torch.Tensor  # [E, obs_dim]
-    legal: TensorDict  # legal_masks(...) [E]
-    slots: TensorDict  # [E, S]
-    signals: TensorDict  # [E]
-    history: TensorDict  # [E]
+from esper.shell.env.vecenv import BLEND_SETTINGS, StepInput, VecEnv
 
 
 class Controller(Protocol):
+    """What acts in an env: ``learns`` (keep a rollout for a PPO update), ``begin`` (a new batch of
+    episodes), ``seed_envs`` (the envs' host seeds, for a controller that samples per env), ``act``
+    (``[E]`` TD with ``(head, "action")`` for every head; a learner adds log-probs, masks,
+    ``state_value``, ``observation`` and the pre-step ``recurrent_state``), ``explain`` (a rule-based
+    controller's reason per env for its last actions, else None) and ``bootstrap`` (V of the
+    post-action observation, or None)."""
+
     learns: bool
 
     def begin(self, n_envs: int) -> None: ...
 
-    def act(self, step: StepInput) -> TensorDict:
-        """``[E]`` TD with ``(head, "action")`` for every head (a learner adds log-probs, masks,
-        ``state_value``, ``observation`` and the pre-step ``recurrent_state``)."""
-        ...
+    def seed_envs(self, host_seeds: list[int]) -> None: ...
+
+    def act(self, step: StepInput) -> TensorDict: ...
+
+    def explain(self) -> list[str] | None: ...
 
     def bootstrap(self, step: StepInput) -> torch.Tensor | None: ...
 
@@ -73,7 +69,7 @@ class EpisodeResult:
     epochs: list[dict] = field(default_factory=list)  # one "epoch" event payload per step
     lifecycle: list[dict] = field(default_factory=list)  # lifecycle events
     governor: list[dict] = field(default_factory=list)  # panics
-    final: TensorDict | None = None  # VecEnv.finish(): the final hosts' val/test metrics [E]
+    final: TensorDict | None = None  # the final hosts' val/test metrics [E]
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, whole batch
 
 
@@ -108,147 +104,133 @@ def merge_results(parts: list[EpisodeResult]) -> EpisodeResult:
     )
 
 
-class EpisodeRunner:
-    def __init__(
-        self,
-        env: VecEnv,
-        controller: Controller,
-        *,
-        lifecycle: LifecycleConfig,
-        reward: RewardConfig,
-        gamma: float,
-        on_epoch=None,
-    ) -> None:
-        self.env, self.controller = env, controller
-        self.lifecycle, self.reward_cfg, self.gamma = lifecycle, reward, gamma
-        self.on_epoch = on_epoch  # progress callback, called once per step
+def episode_rewards(
+    terms: TensorDict, measurements: TensorDict, final: TensorDict, panicked: torch.Tensor,
+    cfg: RewardConfig, penalty: float,
+) -> tuple[torch.Tensor, TensorDict]:  # fmt: skip
+    """Every step's reward ``[E, T]`` and its components, computed once at the end of the episode.
 
-    def _observe(self, signals: TensorDict, history: TensorDict, slots: TensorDict):
-        env = self.env
-        raw_obs = observe(
-            signals,
-            history,
-            slots,
-            max_epochs=self.lifecycle.max_epochs,
-            n_blueprints=env.spec.n_blueprints,
-            lifecycle_cfg=self.lifecycle,
-        )
-        lc = self.lifecycle
-        gates = gate_readiness(slots, signals["val_acc"], lc) if lc.gate_masks else None
-        legal = legal_masks(
-            slots, env.spec, max_seeds=lc.max_seeds, min_prune_age=lc.min_prune_age, gates=gates,
-            auto_advance=lc.auto_advance, prune_below=lc.prune_floor,
+    ``terms``: the steps' :func:`esper.core.rewards.compute_reward` outputs stacked ``[E, T]``;
+    ``measurements``: the measurement each step acted on ``[E, T]``; ``final``: the final hosts' ``[E]``;
+    ``panicked`` ``[E, T]``: the governor rolled the env back at that measurement. A panic charges
+    ``penalty`` to the transition that led into it (the first measurement's, to the first step); in
+    OBJECTIVE mode step t also earns ``Phi(m_{t+1}) - Phi(m_t)``, the last step against the final hosts,
+    charged in full. The terms are added in that order, as the reward of a transition became known."""
+    total = terms["total"].clone()
+    total[:, 0] = total[:, 0] - penalty * panicked[:, 0].float()
+    total[:, :-1] = total[:, :-1] - penalty * panicked[:, 1:].float()
+    components = terms.exclude("total")
+    if cfg.mode is RewardMode.OBJECTIVE:
+        delta = torch.cat(
+            [objective_delta(measurements[:, :-1], measurements[:, 1:], cfg),
+             objective_delta(measurements[:, -1], final, cfg, final=True).unsqueeze(1)], dim=1,
         )  # fmt: skip
-        return raw_obs, legal
+        total = total + delta
+        components["objective"] = components["objective"] + delta
+    return total, components
+
+
+def epoch_events(
+    telemetry: TensorDict, rewards: torch.Tensor, slot_names, blueprint_names, timings: list[dict],
+    reasons: list[list[str] | None],
+) -> list[dict]:  # fmt: skip
+    """The ``epoch`` events of an episode from its telemetry ``[E, T]`` (``val_acc``, ``val_loss``,
+    ``train_loss``, ``op``, ``slot``, ``blueprint`` and, per slot, the post-step ``stage`` and ``alpha``)
+    and its rewards ``[E, T]``; ``timings`` and ``reasons`` are per step. One host sync."""
+    scalars = torch.stack(
+        [telemetry[k].float() for k in ("val_acc", "val_loss", "train_loss")] + [rewards.float()]
+        + [telemetry[k].float() for k in ("op", "slot", "blueprint")]
+    ).transpose(1, 2).tolist()  # sync point: the episode's telemetry, once; [field][t][env]
+    per_slot = torch.stack([telemetry["stage"].float(), telemetry["alpha"].float()]).transpose(1, 2).tolist()
+    events = []
+    for t in range(rewards.shape[1]):
+        ev = {
+            "epoch": t + 1,
+            "val_acc": scalars[0][t],
+            "val_loss": scalars[1][t],
+            "train_loss": scalars[2][t],
+            "reward": scalars[3][t],
+            "op": [Op(int(o)).name for o in scalars[4][t]],
+            "slot": [slot_names[int(s)] for s in scalars[5][t]],
+            "blueprint": [blueprint_names[int(b)] for b in scalars[6][t]],
+            "slot_names": list(slot_names),
+            "stage": [[Stage(int(s)).name for s in row] for row in per_slot[0][t]],
+            "alpha": per_slot[1][t],
+            "timings": timings[t],
+        }
+        if reasons[t] is not None:  # a rule-based controller explains each choice
+            ev["reasons"] = list(reasons[t])
+        events.append(ev)
+    return events
+
+
+class EpisodeRunner:
+    def __init__(self, env: VecEnv, controller: Controller, *, on_epoch=None) -> None:
+        self.env, self.controller = env, controller
+        self.on_epoch = on_epoch  # progress callback, called once per step with {"epoch", "envs"}
 
     def run(self, update: int, *, host_seeds: list[int] | None = None) -> EpisodeResult:
         """One episode of every env: ``update`` numbers it (training host seeds derive from it unless
         ``host_seeds`` gives them, as evaluation does)."""
-        env, ctl, lc = self.env, self.controller, self.lifecycle
-        T, E = lc.max_epochs, env.n
-        by_objective = self.reward_cfg.mode is RewardMode.OBJECTIVE
-        env.reset(update, host_seeds=host_seeds)
+        env, ctl = self.env, self.controller
+        T, E = env.lifecycle.max_epochs, env.n
+        ts = env.reset(update, host_seeds=host_seeds)
         ctl.begin(E)
-        if hasattr(ctl, "seed_envs"):  # a controller that samples per env seeds from the host seeds
-            ctl.seed_envs(env.host_seeds)
-        history = init_history(E, device=env.device)
+        ctl.seed_envs(env.host_seeds)
+        steps, terms, measured, telemetry, panics, timings, reasons = [], [], [], [], [], [], []
         result = EpisodeResult(rollout=None)
-        timings: Counter = Counter()
-        steps: list[TensorDict] = []
-        rewards: list[torch.Tensor] = []
-        components: list[TensorDict] = []
-        op_counts = [Counter() for _ in range(E)]
-        prev: TensorDict | None = None  # the previous measurement (OBJECTIVE reward)
-        best_acc = [0.0] * E
-        removed = [0] * E
+        policy_seconds = 0.0
         for t in range(T):
-            signals = env.measure()
-            timings.update(env.timings)
             t0 = time.perf_counter()
-            signals, reasons = env.govern(signals)
-            step_penalty = torch.zeros(E, device=env.device)
-            for i, reason in enumerate(reasons):
-                if reason is None:
-                    continue
-                result.governor.append({"epoch": t + 1, "env": env.first_env + i, "reason": reason})
-                if rewards:  # charge the transition that led into the panic
-                    rewards[-1][i] -= env.governor.cfg.penalty
-                else:  # a panic on the first epoch: charge this step
-                    step_penalty[i] -= env.governor.cfg.penalty
-            if by_objective and prev is not None:  # the previous step's reward: what its action led to
-                self._add_objective(rewards, components, objective_delta(prev, signals, self.reward_cfg))
-            prev = signals
-            slots = record_signals(env.slots, signals, lc)
-            history = update_history(history, signals)
-            raw_obs, legal = self._observe(signals, history, slots)
-            t1 = time.perf_counter()
-            out = ctl.act(StepInput(raw_obs, legal, slots, signals, history))
-            t2 = time.perf_counter()
+            out = ctl.act(ts.obs)
+            policy_seconds += time.perf_counter() - t0
+            reasons.append(ctl.explain())
             # a controller may act on another device than the env's (a CPU script driving CUDA hosts)
             action = TensorDict({h: out[h, "action"].to(env.device) for h in HEADS}, batch_size=[E])
-            new_slots, events = lifecycle_step(slots, action, signals, lc, n_blueprints=env.spec.n_blueprints)
-            reward = compute_reward(
-                slots, action, new_slots, events, signals, history, gamma=self.gamma, cfg=self.reward_cfg,
-                max_epochs=T,
-            )  # fmt: skip
-            t3 = time.perf_counter()
-            happened = env.apply(new_slots, events)
-            t4 = time.perf_counter()
-            total = reward["total"] + step_penalty
-            rewards.append(total)
-            components.append(reward.exclude("total"))
+            tr = env.step(action)
             if ctl.learns:
                 steps.append(out)
-            timings.update(
-                {
-                    "governor_and_observation": t1 - t0,
-                    "policy": t2 - t1,
-                    "lifecycle_reward": t3 - t2,
-                    "apply": t4 - t3,
-                }
-            )
-            result.epochs.append(self._epoch_event(t + 1, signals, action, total, new_slots))
-            if hasattr(ctl, "last_reasons"):  # a rule-based controller explains each choice
-                result.epochs[-1]["reasons"] = list(ctl.last_reasons)
-            for i, evs in enumerate(happened):
-                removed[i] += sum(e["kind"] == "removed" for e in evs)
-                for e in evs:
-                    result.lifecycle.append({"epoch": t + 1, "env": env.first_env + i, **e})
-            for i, op in enumerate(result.epochs[-1]["op"]):
-                op_counts[i][op] += 1
-            best_acc = [max(b, a) for b, a in zip(best_acc, result.epochs[-1]["val_acc"])]
+            terms.append(tr.reward)
+            measured.append(ts.measurement)
+            panics.append([r is not None for r in ts.panics])
+            timings.append(ts.timings)
+            telemetry.append(self._telemetry(ts.measurement, action, tr.slots))
+            result.governor += [{"epoch": t + 1, "env": env.first_env + i, "reason": r}
+                                for i, r in enumerate(ts.panics) if r is not None]  # fmt: skip
+            result.lifecycle += [{"epoch": t + 1, "env": env.first_env + i, **e}
+                                 for i, evs in enumerate(tr.lifecycle) for e in evs]  # fmt: skip
             if self.on_epoch is not None:
-                self.on_epoch(result.epochs[-1])
-            last = (signals, history, new_slots)
-        # ------------------------------------------------------------------ bootstrap and assembly
-        signals, history, final_slots = last
+                self.on_epoch({"epoch": t + 1, "envs": E})
+            ts = tr.next
+        # ------------------------------------------------------------------ rewards, bootstrap, assembly
+        result.final = ts.measurement
         t0 = time.perf_counter()
-        result.final = env.finish()
-        timings["final_evaluation"] += time.perf_counter() - t0
-        if by_objective:
-            delta = objective_delta(prev, result.final, self.reward_cfg, final=True)
-            self._add_objective(rewards, components, delta)
-        t0 = time.perf_counter()
-        raw_obs, legal = self._observe(signals, history, final_slots)  # post-action masks (H4)
-        boot = ctl.bootstrap(StepInput(raw_obs, legal, final_slots, signals, history))
-        timings["policy"] += time.perf_counter() - t0
-        reward_seq = torch.stack(rewards, dim=1)  # [E, T]
-        comp_seq = torch.stack(components, dim=1)
-        for ev, r in zip(result.epochs, reward_seq.T.tolist()):  # sync point: the rewards as paid, once
-            ev["reward"] = r  # with the terms that arrived later (objective, governor penalty)
+        boot = ctl.bootstrap(ts.obs)  # post-action masks (H4)
+        policy_seconds += time.perf_counter() - t0
+        panicked = torch.tensor(panics, dtype=torch.bool, device=env.device).T  # [E, T]
+        rewards, components = episode_rewards(
+            torch.stack(terms, 1), torch.stack(measured, 1), result.final, panicked, env.reward_cfg,
+            env.governor.cfg.penalty,
+        )  # fmt: skip
+        tele = torch.stack(telemetry, 1)  # [E, T]
+        result.epochs = epoch_events(tele, rewards, env.slot_names, env.blueprint_names, timings, reasons)
         if ctl.learns:
-            result.rollout = self._assemble(steps, reward_seq, boot)
-        result.episodes = self._episode_summaries(
-            reward_seq, comp_seq, final_slots, result, op_counts, best_acc, removed
-        )
-        result.timings = dict(timings)
+            result.rollout = self._assemble(steps, rewards, boot)
+        result.episodes = self._episode_summaries(rewards, components, tele, result)
+        result.timings = {**env.timings, "policy": policy_seconds}
         return result
 
     # ---------------------------------------------------------------------------------------- pieces
     @staticmethod
-    def _add_objective(rewards: list[torch.Tensor], components: list[TensorDict], delta: torch.Tensor):
-        rewards[-1] = rewards[-1] + delta
-        components[-1]["objective"] = components[-1]["objective"] + delta
+    def _telemetry(measurement: TensorDict, action: TensorDict, slots: TensorDict) -> TensorDict:
+        """What the epoch event shows of one step ``[E]``: the measurement it acted on, the action, and
+        the slots right after it (stage, alpha ``[E, S]``)."""
+        return TensorDict(
+            {**{k: measurement[k] for k in ("val_acc", "val_loss", "train_loss")},
+             **{h: action[h] for h in ("op", "slot", "blueprint")},
+             "stage": slots["stage"], "alpha": slots["alpha"]},
+            batch_size=measurement.batch_size,
+        )  # fmt: skip
 
     def _assemble(self, steps: list[TensorDict], rewards: torch.Tensor, boot: torch.Tensor) -> TensorDict:
         td = torch.stack(steps, dim=1)  # [E, T]
@@ -258,7 +240,7 @@ class EpisodeRunner:
         done = torch.zeros(E, T, dtype=torch.bool, device=device)
         done[:, -1] = True
         # The time limit truncates (bootstrap from the post-action value) unless the task ends there.
-        terminal = done if self.lifecycle.terminal_at_limit else torch.zeros_like(done)
+        terminal = done if self.env.lifecycle.terminal_at_limit else torch.zeros_like(done)
         td["is_init"] = torch.zeros(E, T, dtype=torch.bool, device=device)
         td["is_init"][:, 0] = True
         td["next"] = TensorDict(
@@ -273,33 +255,11 @@ class EpisodeRunner:
         )
         return td
 
-    def _epoch_event(self, epoch, signals, action, reward, slots) -> dict:
+    def _episode_summaries(self, rewards, comps, telemetry, result) -> list[dict]:
         env = self.env
-        host = torch.stack(
-            [signals["val_acc"], signals["val_loss"], signals["train_loss"], reward.float()]
-            + [action[h].float() for h in ("op", "slot", "blueprint")]
-        ).tolist()  # sync point: one read per epoch for telemetry
-        per_slot = torch.stack([slots["stage"].float(), slots["alpha"].float()]).tolist()
-        return {
-            "epoch": epoch,
-            "val_acc": host[0],
-            "val_loss": host[1],
-            "train_loss": host[2],
-            "reward": host[3],
-            "op": [Op(int(o)).name for o in host[4]],
-            "slot": [env.slot_names[int(s)] for s in host[5]],
-            "blueprint": [env.blueprint_names[int(b)] for b in host[6]],
-            "slot_names": list(env.slot_names),
-            "stage": [[Stage(int(s)).name for s in row] for row in per_slot[0]],
-            "alpha": per_slot[1],
-            "timings": dict(env.timings),
-        }
-
-    def _episode_summaries(
-        self, rewards, comps, final_slots, result, op_counts, best_acc, removed
-    ) -> list[dict]:
         returns = rewards.sum(1).tolist()
         comp_sums = {k: v.float().sum(1).tolist() for k, v in comps.items() if v.is_floating_point()}
+        final_slots = env.slots
         n_fossil = (final_slots["stage"] == int(Stage.FOSSILIZED)).sum(-1).tolist()
         fin = result.final
         live = fin["slots", "alpha"] > 0  # seeds blended into the final host
@@ -312,22 +272,25 @@ class EpisodeRunner:
                 "test_loss": fin["test_loss"],
                 "params_added": blended.sum(-1),
                 "host_params": fin["host_params"],
-                "objective": objective(fin, self.reward_cfg, final=True),
+                "objective": objective(fin, env.reward_cfg, final=True),
                 "live": live,
                 "blueprint": final_slots["blueprint"],
+                "best_val_acc": telemetry["val_acc"].amax(1),
             }.items()
         }  # sync point: the episode's final numbers, once
         grown = self._grown(final["live"], final["blueprint"])
-        germinations: list[list[dict]] = [[] for _ in range(self.env.n)]
+        ops = [Counter(ev["op"][i] for ev in result.epochs) for i in range(env.n)]
+        removed, germinations = [0] * env.n, [[] for _ in range(env.n)]
         for e in result.lifecycle:
+            i = e["env"] - env.first_env
+            removed[i] += e["kind"] == "removed"
             if e["kind"] == "germinated":
-                germinations[e["env"] - self.env.first_env].append(
-                    {k: e[k] for k in ("epoch", "slot", "blueprint", *BLEND_SETTINGS) if k in e}
-                )
+                keep = ("epoch", "slot", "blueprint", *BLEND_SETTINGS)
+                germinations[i].append({k: e[k] for k in keep if k in e})
         return [
             {
-                "env": self.env.first_env + i,  # the global index (a process may run a slice)
-                "host_seed": self.env.host_seeds[i],
+                "env": env.first_env + i,  # the global index (a process may run a slice)
+                "host_seed": env.host_seeds[i],
                 "return": returns[i],
                 "final_val_acc": final["val_acc"][i],
                 "final_test_acc": final["test_acc"][i],
@@ -335,16 +298,16 @@ class EpisodeRunner:
                 "params_added": int(final["params_added"][i]),
                 "host_params": int(final["host_params"][i]),
                 "objective": final["objective"][i],
-                "best_val_acc": best_acc[i],
+                "best_val_acc": final["best_val_acc"][i],
                 "n_fossilized": n_fossil[i],
                 "n_pruned": removed[i],
                 "reward_components": {k: v[i] for k, v in comp_sums.items()},
-                "op_counts": dict(op_counts[i]),
+                "op_counts": dict(ops[i]),
                 "grown": grown[i],
                 "germinated_at": [g["epoch"] for g in germinations[i]],
                 "germinations": germinations[i],
             }
-            for i in range(self.env.n)
+            for i in range(env.n)
         ]
 
     def _grown(self, live: list[list[bool]], blueprint: list[list[int]]) -> list[str]:
@@ -358,4 +321,5 @@ class EpisodeRunner:
         ]
 
 
-__all__ = ["PER_ENV_FIELDS", "Controller", "EpisodeResult", "EpisodeRunner", "StepInput", "merge_results"]
+__all__ = ["PER_ENV_FIELDS", "Controller", "EpisodeResult", "EpisodeRunner", "episode_rewards",
+           "epoch_events", "merge_results"]  # fmt: skip

@@ -1,40 +1,50 @@
 """The vectorized environment: ``n_envs`` hosts trained side by side, one RL step per host epoch.
 
-:class:`VecEnv` owns the stateful half of every env — the host and its optimizers
-(:class:`~esper.shell.host.model.EnvModel`), the data iterators, the AMP scaler, the CUDA stream and the
-governor snapshots — and the tensorized slot state that :mod:`esper.core.lifecycle` evolves. One step:
+:class:`VecEnv` owns the tensorized slot state that :mod:`esper.core.lifecycle` evolves, the signal
+history, the governor, and a bank of hosts (:class:`~esper.shell.env.bank.PerEnvHosts`) that trains
+and measures them. Its interface is a named step:
 
-1. :meth:`VecEnv.measure` trains every env for an epoch and validates it with every live seed's
-   counterfactual, each env on its own CUDA stream (devices round-robin); the results are joined
-   onto the policy device's current stream through per-env events (finding S1) and returned as the
-   ``signals`` TensorDict ``[E]`` that the core consumes;
-2. the governor reads the validation losses (one host sync) and rolls back any env that panicked;
-3. after the policy acted and the core stepped the lifecycle, :meth:`VecEnv.apply` reads the
-   lifecycle events once (one host sync) and builds or removes seed modules to match.
+- :meth:`VecEnv.reset` builds fresh hosts, trains their first epoch and returns the first
+  :class:`TimeStep`;
+- :meth:`VecEnv.step` applies the controller's action — the core's lifecycle step, the reward terms
+  that step decides (:func:`esper.core.rewards.compute_reward`), the seed modules built or removed to
+  match (one host sync) — then trains the next epoch and returns its :class:`TimeStep`; after the last
+  epoch's action it measures the final hosts instead (validation and the held-out test split).
 
-On CPU the same code runs without streams.
+A measurement trains every env for an epoch and validates it with every live seed's counterfactual;
+the governor then reads the validation losses (one host sync) and rolls back any env that panicked.
+The observation is built from it by the pure core: the signals recorded into the slot state, the
+history updated, the observation vector and the legality masks.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from typing import Any
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from tensordict import TensorDict
 
 from esper.core.lifecycle import EVENT_KINDS as LIFECYCLE_EVENT_KINDS
-from esper.core.lifecycle import LifecycleConfig, clear_seeds, init_slots
+from esper.core.lifecycle import (
+    LifecycleConfig,
+    clear_seeds,
+    gate_readiness,
+    init_slots,
+    lifecycle_step,
+    record_signals,
+)
+from esper.core.masks import legal_masks
+from esper.core.observation import init_history, observe, update_history
+from esper.core.rewards import RewardConfig, compute_reward
 from esper.core.spec import ActionSpec, Stage, Style, Tempo
 from esper.shell.data.tasks import Task
+from esper.shell.env.bank import PerEnvHosts
 from esper.shell.env.config import EnvConfig, check_devices, lr_scale
 from esper.shell.env.governor import Governor, GovernorConfig
-from esper.shell.env.seeding import derive_seed, train_host_seeds
-from esper.shell.env.streams import EnvStreams
-from esper.shell.host.model import EnvModel
+from esper.shell.env.seeding import train_host_seeds
 
 #: Lifecycle events that record how the seed will be blended: its style and tempo (chosen at germination,
 #: kept after) and the alpha target the action chose.
@@ -42,8 +52,48 @@ BLEND_SETTING_EVENTS = frozenset({"germinated", "alpha_set"})
 #: The blend settings a germination records (and episode summaries and evaluations count).
 BLEND_SETTINGS = ("style", "tempo", "alpha_target")
 
-def _uses_dropout(module: torch.nn.Module) -> bool:
-    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in module.modules())
+
+@dataclass
+class StepInput:
+    """What a controller may look at when it acts."""
+
+    raw_obs: torch.Tensor  # [E, obs_dim]
+    legal: TensorDict  # legal_masks(...) [E]
+    slots: TensorDict  # [E, S]
+    signals: TensorDict  # [E]
+    history: TensorDict  # [E]
+
+
+@dataclass
+class TimeStep:
+    """One measurement and the observation built from it.
+
+    ``measurement``: the epoch's signals ``[E]`` after the governor (a rolled-back env re-validated),
+    or, after the last action, the final hosts' (:meth:`VecEnv.step`: ``val_*``, ``test_*``,
+    ``host_params`` and the seeds' ``seed_params``/``alpha``). ``obs``: what the controller acts on
+    next; after the last action the post-action observation a learner bootstraps from (finding H4).
+    ``panics``: the governor's reason per env, None where healthy."""
+
+    obs: StepInput
+    measurement: TensorDict
+    panics: list[str | None]
+    last: bool = False
+    #: Seconds of the measurement's phases (``host_training``, ``validation``).
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Transition:
+    """What :meth:`VecEnv.step` returns: the step's own reward terms ``[E]``
+    (:func:`esper.core.rewards.compute_reward`: components, ``total`` and the telemetry flags; in
+    OBJECTIVE mode the objective is paid from the measurements, :func:`esper.shell.env.rollout.
+    episode_rewards`), the slot state right after the action ``[E, S]``, per env the lifecycle events
+    that happened, and the next time step (``last`` after the episode's final epoch)."""
+
+    reward: TensorDict
+    slots: TensorDict
+    lifecycle: list[list[dict]]
+    next: TimeStep
 
 
 class VecEnv:
@@ -56,18 +106,17 @@ class VecEnv:
         seed: int,
         task: Task | None = None,
         first_env: int = 0,
+        reward: RewardConfig | None = None,
+        gamma: float = 0.99,
     ) -> None:
         check_devices(cfg)
         self.cfg, self.lifecycle = cfg, lifecycle
+        self.reward_cfg, self.gamma = reward or RewardConfig(), gamma
         #: Global index of this VecEnv's first env (several processes may each run a slice).
         self.first_env = first_env
-        self.host_seeds: list[int] = []
         self.task = task if task is not None else cfg.build_task()
         self.n = cfg.n_envs
         self.device = torch.device(cfg.device)
-        names = cfg.devices or (cfg.device,)
-        self.env_devices = [torch.device(names[i % len(names)]) for i in range(self.n)]
-        self.streams = EnvStreams(self.env_devices)
         self.seed = seed
         probe = self.task.make_host()
         self.slot_names = probe.slot_names
@@ -87,162 +136,146 @@ class VecEnv:
         self.enabled = tuple((i in cfg.slots) if cfg.slots else True for i in range(probe.n_slots))
         self.random_guess_loss = float(torch.log(torch.tensor(float(self.task.n_classes))))
         self.governor = Governor(governor, self.n, self.random_guess_loss)
-        self.models: list[EnvModel] = []
-        self.loaders: list = []
-        self.scalers: list = []
+        self.hosts = PerEnvHosts(cfg, self.task, self.device)
         self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
         self.slots: TensorDict = init_slots(self.n, self.enabled, device=self.device)
+        self.history: TensorDict = init_history(self.n, device=self.device)
         self.epoch = 0
-        self.timings: dict[str, float] = {}
-        # Worker threads for CPU envs: only where training draws no random numbers from the global
-        # generator (dropout would make the result depend on thread timing), so runs stay reproducible.
-        concurrent = cfg.workers > 1 and all(d.type == "cpu" for d in self.env_devices)
-        self._pool = (
-            ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="esper-env")
-            if concurrent and not _uses_dropout(probe)
-            else None
-        )
+        #: Seconds per phase since the last reset (host training, validation, governor and observation,
+        #: lifecycle and reward, apply, final evaluation).
+        self.timings: Counter = Counter()
+        self._last: TimeStep | None = None
+
+    @property
+    def host_seeds(self) -> list[int]:
+        return self.hosts.host_seeds
 
     # ----------------------------------------------------------------------------------------- episode
-    def reset(self, episode: int, *, host_seeds: Sequence[int] | None = None) -> None:
-        """Fresh hosts, optimizers, data order and slot state for a new batch of episodes. Env ``i``'s
-        host is seeded with ``host_seeds[i]`` (default: :func:`train_host_seeds` of the run seed, the
-        episode and the env's global index ``first_env + i``)."""
+    def reset(self, episode: int, *, host_seeds: Sequence[int] | None = None) -> TimeStep:
+        """Fresh hosts, optimizers, data order, slot state and history for a new batch of episodes, and
+        the first epoch's measurement. Env ``i``'s host is seeded with ``host_seeds[i]`` (default:
+        :func:`train_host_seeds` of the run seed, the episode and the env's global index)."""
         if host_seeds is None:
             host_seeds = train_host_seeds(self.seed, episode, range(self.first_env, self.first_env + self.n))
         if len(host_seeds) != self.n:
             raise ValueError(f"VecEnv.reset: {len(host_seeds)} host seeds for {self.n} envs")
-        self.host_seeds = list(host_seeds)
-        self.models, self.loaders, self.scalers = [], [], []
-        for i, dev in enumerate(self.env_devices):
-            env_seed = int(host_seeds[i])
-            torch.manual_seed(env_seed)  # host init and seed builds draw from the global RNG
-            host = self.task.make_host().to(dev)
-            self.models.append(
-                EnvModel(
-                    host,
-                    host_lr=self.cfg.host_lr,
-                    seed_lr=self.cfg.seed_lr,
-                    momentum=self.cfg.momentum,
-                    weight_decay=self.cfg.weight_decay,
-                )
-            )
-            self.loaders.append(self.task.make_loaders(env_seed, device=dev))
-            # H12: one scaler per env, only ever used inside that env's stream
-            use_scaler = self.cfg.amp and dev.type == "cuda"
-            self.scalers.append(torch.amp.GradScaler("cuda") if use_scaler else None)
+        self.hosts.reset(host_seeds)
+        for i in range(self.n):
             self.governor.reset(i)
             if self.governor.should_snapshot(0):
-                self.governor.snapshot(i, self._snapshot_state(i))
+                self.governor.snapshot(i, self.hosts.snapshot_state(i))
         self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
         self.slots = init_slots(self.n, self.enabled, device=self.device)
+        self.history = init_history(self.n, device=self.device)
         self.epoch = 0
+        self.timings = Counter()
+        self._last = self._measure()
+        return self._last
 
-    def host_params(self, i: int) -> int:
-        return sum(p.numel() for p in self.models[i].host.host_parameters())
-
-    # -------------------------------------------------------------------------------------------- step
-    def measure(self) -> TensorDict:
-        """Train every env one epoch, validate with counterfactuals; the ``signals`` TD ``[E]``."""
-        self.epoch += 1
+    def step(self, action: TensorDict) -> Transition:
+        """Apply ``action`` ``[E]`` (int64 per head) to the current time step, then measure the next
+        epoch (or, after the last, the final hosts)."""
+        if self._last is None:
+            raise RuntimeError("VecEnv.step before VecEnv.reset")
         t0 = time.perf_counter()
-        scale = lr_scale(self.cfg.lr_schedule, self.epoch, self.lifecycle.max_epochs)
-        for model in self.models:
-            model.set_lr_scale(scale)
-        train = self._each(lambda i: self.models[i].train_epoch(self.loaders[i].train, **self._amp(i)))
+        obs, lc, T = self._last.obs, self.lifecycle, self.lifecycle.max_epochs
+        slots, signals = obs.slots, obs.signals
+        new_slots, events = lifecycle_step(slots, action, signals, lc, n_blueprints=self.spec.n_blueprints)
+        reward = compute_reward(
+            slots, action, new_slots, events, signals, self.history, gamma=self.gamma, cfg=self.reward_cfg,
+            max_epochs=T,
+        )  # fmt: skip
         t1 = time.perf_counter()
-        val = self._each(lambda i: self.models[i].evaluate(self.loaders[i].val))
-        t2 = time.perf_counter()
-        self.timings = {"host_training": t1 - t0, "validation": t2 - t1}
-        return self._gather(train, val)
+        happened = self._apply(new_slots, events)
+        self.timings.update({"lifecycle_reward": t1 - t0, "apply": time.perf_counter() - t1})
+        self._last = self._measure() if self.epoch < T else self._final(obs)
+        return Transition(reward, new_slots, happened, self._last)
 
-    def finish(self) -> TensorDict:
-        """Evaluate the final hosts (after the episode's last action): ``[E]`` TensorDict with
-        ``val_loss``, ``val_acc`` and, on the held-out split, ``test_loss``, ``test_acc``, plus
-        ``host_params`` and ``("slots", "seed_params") [E, S]`` (so :func:`esper.core.rewards.objective`
-        reads it like a measurement). The test split is read here and nowhere else."""
-        val = self._each(lambda i: self.models[i].validate(self.loaders[i].val))
-        test = self._each(lambda i: self.models[i].validate(self.loaders[i].test))
-        rows = [
-            [p.float() for p in self.streams.join(i, [*val[i], *test[i]], self.device)] for i in range(self.n)
-        ]
-        col = lambda k: torch.stack([r[k] for r in rows])
+    def close(self) -> None:
+        """Stop the host bank's worker threads (if any)."""
+        self.hosts.close()
+
+    # ------------------------------------------------------------------------------------ measurement
+    def _measure(self) -> TimeStep:
+        """Train every env one epoch, validate with counterfactuals, let the governor check it, and
+        observe: the time step the controller acts on."""
+        self.epoch += 1
+        scale = lr_scale(self.cfg.lr_schedule, self.epoch, self.lifecycle.max_epochs)
+        measured = self.hosts.measure(scale)
+        self.timings.update(self.hosts.timings)
+        t0 = time.perf_counter()
         E, S = self.n, self.spec.n_slots
-        return TensorDict(
-            {
-                "val_loss": col(0),
-                "val_acc": col(1),
-                "test_loss": col(2),
-                "test_acc": col(3),
-                "host_params": self._host_params_tensor(),
-                "slots": TensorDict(self._seed_state(), batch_size=[E, S]),
-            },
-            batch_size=[E],
-            device=self.device,
-        )
-
-    def _host_params_tensor(self) -> torch.Tensor:
-        return torch.tensor([float(self.host_params(i)) for i in range(self.n)], device=self.device)
-
-    def _seed_state(self) -> dict[str, torch.Tensor]:
-        """``seed_params`` and ``alpha`` ``[E, S]`` of the seeds as the models hold them now (the alpha
-        the last measurement used): what :func:`esper.core.rewards.objective` charges."""
-        alpha = [[self.models[i].host.slot(s).alpha for s in range(self.spec.n_slots)] for i in range(self.n)]
-        return {
-            "seed_params": torch.tensor(self.seed_params, dtype=torch.float32, device=self.device),
-            "alpha": torch.tensor(alpha, dtype=torch.float32, device=self.device),
-        }
-
-    def _gather(self, train: list[dict], val: list[tuple]) -> TensorDict:
-        rows = []
-        for i in range(self.n):
-            tr, (vloss, vacc, contrib) = train[i], val[i]
-            parts = [tr["loss"], tr["acc"], vloss, vacc, tr["grad_ratio"], contrib]
-            # cast after the join: a cast is a read, and reads of env i's results wait on its event (S1)
-            rows.append([p.float() for p in self.streams.join(i, parts, self.device)])
-        col = lambda k: torch.stack([r[k] for r in rows])
-        E, S = self.n, self.spec.n_slots
-        return TensorDict(
+        signals = TensorDict(
             {
                 "epoch": torch.full((E,), self.epoch, dtype=torch.int64, device=self.device),
-                "train_loss": col(0),
-                "train_acc": col(1),
-                "val_loss": col(2),
-                "val_acc": col(3),
+                **{k: measured[k] for k in ("train_loss", "train_acc", "val_loss", "val_acc")},
                 "host_params": self._host_params_tensor(),
                 "slots": TensorDict(
-                    {"grad_ratio": col(4), "contribution": col(5), **self._seed_state()}, batch_size=[E, S]
+                    {k: measured[k] for k in ("grad_ratio", "contribution")} | self._seed_state(),
+                    batch_size=[E, S],
                 ),
             },
             batch_size=[E],
             device=self.device,
         )
+        panics = self._govern(signals)
+        self.slots = record_signals(self.slots, signals, self.lifecycle)
+        self.history = update_history(self.history, signals)
+        obs = self._observe(self.slots, signals)
+        self.timings["governor_and_observation"] += time.perf_counter() - t0
+        return TimeStep(obs, signals, panics, timings=dict(self.hosts.timings))
 
-    def govern(self, signals: TensorDict) -> tuple[TensorDict, list[str | None]]:
+    def _final(self, obs: StepInput) -> TimeStep:
+        """The final hosts (after the episode's last action): ``val_loss``, ``val_acc`` and, on the
+        held-out split, ``test_loss``, ``test_acc``, plus ``host_params`` and ``("slots",
+        "seed_params" | "alpha") [E, S]`` (so :func:`esper.core.rewards.objective` reads it like a
+        measurement); the observation is the post-action one, built from the last epoch's signals and
+        history (finding H4). The test split is read here and nowhere else."""
+        t0 = time.perf_counter()
+        E, S = self.n, self.spec.n_slots
+        final = TensorDict(
+            {**self.hosts.final(), "host_params": self._host_params_tensor(),
+             "slots": TensorDict(self._seed_state(), batch_size=[E, S])},
+            batch_size=[E], device=self.device,
+        )  # fmt: skip
+        self.timings["final_evaluation"] += time.perf_counter() - t0
+        post = self._observe(self.slots, obs.signals)
+        return TimeStep(post, final, [None] * self.n, last=True)
+
+    def _observe(self, slots: TensorDict, signals: TensorDict) -> StepInput:
+        lc = self.lifecycle
+        raw_obs = observe(
+            signals, self.history, slots, max_epochs=lc.max_epochs, n_blueprints=self.spec.n_blueprints,
+            lifecycle_cfg=lc,
+        )  # fmt: skip
+        gates = gate_readiness(slots, signals["val_acc"], lc) if lc.gate_masks else None
+        legal = legal_masks(
+            slots, self.spec, max_seeds=lc.max_seeds, min_prune_age=lc.min_prune_age, gates=gates,
+            auto_advance=lc.auto_advance, prune_below=lc.prune_floor,
+        )  # fmt: skip
+        return StepInput(raw_obs, legal, slots, signals, self.history)
+
+    def _govern(self, signals: TensorDict) -> list[str | None]:
         """Governor check on this epoch's validation losses (one host sync). Panicked envs are rolled
         back — weights restored from the env's snapshot, every seed that is not fossilized removed,
-        host momentum cleared — and re-validated; others are snapshotted on the cadence. Returns the
-        (patched) signals and the panic reason per env (None where healthy)."""
+        momentum cleared — and re-validated, their signals patched in place; the others are
+        snapshotted on the cadence. Returns the panic reason per env (None where healthy)."""
         losses = signals["val_loss"].tolist()  # sync point: the governor reads floats
         reasons = [self.governor.check(i, loss) for i, loss in enumerate(losses)]
         panicked = [i for i, r in enumerate(reasons) if r is not None]
         for i in panicked:
-            self.rollback(i)
+            snapshot, _ = self.governor.rollback(i)
+            for s in self.hosts.rollback(i, snapshot):
+                self.seed_params[i][s] = 0
         if panicked:
             mask = torch.zeros(self.n, dtype=torch.bool, device=self.device)
             mask[panicked] = True
             self.slots = clear_seeds(self.slots, mask)
-            val = []
-            for i in panicked:
-                with self.streams.run(i):
-                    val.append(self.models[i].evaluate(self.loaders[i].val))
-            for i, (vloss, vacc, contrib) in zip(panicked, val):
-                vloss, vacc, contrib = (
-                    t.float() for t in self.streams.join(i, [vloss, vacc, contrib], self.device)
-                )
-                signals["val_loss"][i] = vloss
-                signals["val_acc"][i] = vacc
-                signals["slots", "contribution"][i] = contrib
+            again = self.hosts.revalidate(panicked)
+            for k, i in enumerate(panicked):
+                signals["val_loss"][i] = again["val_loss"][k]
+                signals["val_acc"][i] = again["val_acc"][k]
+                signals["slots", "contribution"][i] = again["contribution"][k]
                 signals["slots", "grad_ratio"][i] = 0.0
             seeds = self._seed_state()  # the rollback removed seeds: their parameters and alphas go
             for k in ("seed_params", "alpha"):
@@ -250,25 +283,13 @@ class VecEnv:
         if self.governor.should_snapshot(self.epoch):
             for i in range(self.n):
                 if reasons[i] is None:
-                    self.governor.snapshot(i, self._snapshot_state(i))
-        return signals, reasons
+                    self.governor.snapshot(i, self.hosts.snapshot_state(i))
+        return reasons
 
-    def rollback(self, i: int) -> None:
-        model = self.models[i]
-        for s in range(self.spec.n_slots):
-            slot = model.host.slot(s)
-            if slot.occupied and slot.stage != Stage.FOSSILIZED:
-                model.prune(s)
-                self.seed_params[i][s] = 0
-        snapshot, _ = self.governor.rollback(i)
-        current = model.host.state_dict()
-        model.host.load_state_dict({k: v for k, v in snapshot.items() if k in current}, strict=False)
-        for opt in model.optimizers():
-            opt.state.clear()
-
-    def apply(self, slots: TensorDict, events: TensorDict) -> list[list[dict]]:
-        """Make the models match the stepped slot state: remove pruned seeds, build germinated ones,
-        push alpha and stage. One host sync. Returns per env the lifecycle events that happened."""
+    # ------------------------------------------------------------------------------------------ apply
+    def _apply(self, slots: TensorDict, events: TensorDict) -> list[list[dict]]:
+        """Make the hosts match the stepped slot state: remove pruned seeds, build germinated ones, push
+        alpha and stage. One host sync. Returns per env the lifecycle events that happened."""
         packed = torch.stack(
             [events[k].double() for k in LIFECYCLE_EVENT_KINDS]
             + [slots[k].double() for k in ("stage", "blueprint", "style", "alpha", "tempo", "alpha_target")]
@@ -277,90 +298,44 @@ class VecEnv:
         n_kinds = len(LIFECYCLE_EVENT_KINDS)
         stage, blueprint, style, alpha, tempo, alpha_target, old_blueprint = packed[n_kinds:]
         happened: list[list[dict]] = []
-        for i, model in enumerate(self.models):
+        for i in range(self.n):
             env_events = []
             for s in range(self.spec.n_slots):
                 fired = {k: bool(packed[j][i][s]) for j, k in enumerate(LIFECYCLE_EVENT_KINDS)}
                 if fired["removed"]:
-                    model.prune(s)
+                    self.hosts.prune(i, s)
                     self.seed_params[i][s] = 0
                 if fired["germinated"]:
-                    with self.streams.run(i), self._seeded(i, s):
-                        self.seed_params[i][s] = model.germinate(s, int(blueprint[i][s]), int(style[i][s]))
-                model.host.set_slot(s, alpha=min(max(alpha[i][s], 0.0), 1.0), stage=int(stage[i][s]))
-                for kind, on in fired.items():
-                    if on:
-                        event = {
-                            "slot": s,
-                            "kind": kind,
-                            "stage": Stage(int(stage[i][s])).name,
-                            "blueprint": self.blueprint_names[
-                                int(old_blueprint[i][s] if kind != "germinated" else blueprint[i][s])
-                            ],
-                        }
-                        if kind in BLEND_SETTING_EVENTS:  # how the seed will be blended, as chosen
-                            event["style"] = Style(int(style[i][s])).name
-                            event["alpha_target"] = round(alpha_target[i][s], 4)
-                            if kind == "germinated":
-                                event["tempo"] = Tempo(int(tempo[i][s])).name
-                        env_events.append(event)
+                    self.seed_params[i][s] = self.hosts.germinate(
+                        i, s, int(blueprint[i][s]), int(style[i][s]), self.epoch
+                    )
+                self.hosts.set_slot(i, s, alpha=min(max(alpha[i][s], 0.0), 1.0), stage=int(stage[i][s]))
+                for kind in (k for k, on in fired.items() if on):
+                    bp = old_blueprint[i][s] if kind != "germinated" else blueprint[i][s]
+                    event = {"slot": s, "kind": kind, "stage": Stage(int(stage[i][s])).name,
+                             "blueprint": self.blueprint_names[int(bp)]}  # fmt: skip
+                    if kind in BLEND_SETTING_EVENTS:  # how the seed will be blended, as chosen
+                        event["style"] = Style(int(style[i][s])).name
+                        event["alpha_target"] = round(alpha_target[i][s], 4)
+                        if kind == "germinated":
+                            event["tempo"] = Tempo(int(tempo[i][s])).name
+                    env_events.append(event)
             happened.append(env_events)
         self.slots = slots
         return happened
 
     # --------------------------------------------------------------------------------------- helpers
-    @contextmanager
-    def _seeded(self, i: int, slot: int) -> Iterator[None]:
-        """The global RNG seeded for a module built into env ``i``'s slot now (a seed, a gate), from the
-        env's host seed, the epoch and the slot, and restored after: what is built does not depend on
-        what the other envs drew before, so an env's episode is the same in any process's slice."""
-        dev = self.env_devices[i]
-        seed = derive_seed("build", self.host_seeds[i], self.epoch, slot)
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-            torch.default_generator.manual_seed(seed)
-            if dev.type == "cuda":
-                with torch.cuda.device(dev):
-                    torch.cuda.manual_seed(seed)
-            yield
+    def _host_params_tensor(self) -> torch.Tensor:
+        return torch.tensor([float(self.hosts.host_params(i)) for i in range(self.n)], device=self.device)
 
-    def _each(self, work: Callable[[int], Any]) -> list[Any]:
-        """``[work(i) for i in envs]``, each inside env i's stream; on CPU with ``env.workers > 1``
-        the envs run concurrently on a thread pool (PyTorch releases the GIL inside its ops, and the
-        envs share nothing: own model, optimizers, data generator). Results keep env order."""
-        def run(i: int) -> Any:
-            with self.streams.run(i):
-                return work(i)
-
-        if self._pool is None or self.n == 1:
-            return [run(i) for i in range(self.n)]
-        return list(self._pool.map(run, range(self.n)))
-
-    def close(self) -> None:
-        """Stop the worker threads (if any); the env stays usable, one env after the other."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-    def _amp(self, i: int) -> dict:
-        if not self.cfg.amp:
-            return {}
-        dev = self.env_devices[i]
+    def _seed_state(self) -> dict[str, torch.Tensor]:
+        """``seed_params`` and ``alpha`` ``[E, S]`` of the seeds as the hosts hold them now (the alpha
+        the last measurement used): what :func:`esper.core.rewards.objective` charges."""
+        alpha = [self.hosts.alphas(i) for i in range(self.n)]
         return {
-            "autocast_dtype": torch.float16 if dev.type == "cuda" else torch.bfloat16,
-            "scaler": self.scalers[i],
-        }
-
-    def _snapshot_state(self, i: int) -> dict[str, torch.Tensor]:
-        """The host and its fossilized seeds (what a rollback restores)."""
-        host = self.models[i].host
-        keep_slots = {
-            f"slots.{s}." for s in range(self.spec.n_slots) if host.slot(s).stage == Stage.FOSSILIZED
-        }
-        return {
-            k: v
-            for k, v in host.state_dict().items()
-            if not k.startswith("slots.") or any(k.startswith(p) for p in keep_slots)
+            "seed_params": torch.tensor(self.seed_params, dtype=torch.float32, device=self.device),
+            "alpha": torch.tensor(alpha, dtype=torch.float32, device=self.device),
         }
 
 
-__all__ = ["BLEND_SETTINGS", "BLEND_SETTING_EVENTS", "VecEnv"]
+__all__ = ["BLEND_SETTINGS", "BLEND_SETTING_EVENTS", "StepInput", "TimeStep", "Transition", "VecEnv"]

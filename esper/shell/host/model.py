@@ -1,8 +1,9 @@
 """The per-env model: one host, its optimizer, one optimizer per live seed, and the epoch loops.
 
 ``EnvModel`` is what one environment steps once per RL step: :meth:`EnvModel.train_epoch`, then
-:meth:`EnvModel.evaluate` (validation and every live seed's counterfactual in one loop). The lifecycle
-(alpha, stage) is decided elsewhere (``esper.core``) and pushed in with ``host.set_slot``.
+:meth:`EnvModel.counterfactual_validation` (validation and every live seed's counterfactual in one
+loop). The lifecycle (alpha, stage) is decided elsewhere (``esper.core``) and pushed in with
+``host.set_slot``.
 
 Numbers come back as tensors on the host's device, not Python floats, so a vectorized env loop can
 queue several envs before its one sync point; call ``float()`` / ``.tolist()`` there. Accuracies are
@@ -180,7 +181,7 @@ class EnvModel:
         return out
 
     # --------------------------------------------------------------------------------- validation
-    def evaluate(
+    def counterfactual_validation(
         self, batches: Iterable[Batch], live_slots: Sequence[int] | torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Validation and counterfactuals in one loop over ``batches`` (eval mode, inference mode).
@@ -217,7 +218,7 @@ class EnvModel:
         finally:
             host.train(was_training)
         if n_items == 0:
-            raise ValueError("EnvModel.evaluate: no batches")
+            raise ValueError("EnvModel.counterfactual_validation: no batches")
         acc = correct.float() * (100.0 / n_items)
         contribution = torch.zeros(host.n_slots, device=self.device)
         if measured:
@@ -227,14 +228,14 @@ class EnvModel:
 
     def validate(self, batches: Iterable[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loss, acc %)`` with the real alphas (no counterfactual passes)."""
-        loss, acc, _ = self.evaluate(batches, live_slots=())
+        loss, acc, _ = self.counterfactual_validation(batches, live_slots=())
         return loss, acc
 
     def counterfactuals(
         self, batches: Iterable[Batch], live_slots: Sequence[int] | torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``[S]`` contributions (see :meth:`evaluate`)."""
-        return self.evaluate(batches, live_slots)[2]
+        """``[S]`` contributions (see :meth:`counterfactual_validation`)."""
+        return self.counterfactual_validation(batches, live_slots)[2]
 
     def _live_slot_indices(self, live_slots: Sequence[int] | torch.Tensor | None) -> list[int]:
         n = self.host.n_slots

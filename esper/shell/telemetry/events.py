@@ -1,4 +1,4 @@
-"""Telemetry: a JSONL event log, the PPO anomaly detector, a progress bar and a summary table.
+"""The run's event log: written line by line, read back, rewound to a checkpoint, grouped by kind.
 
 **Event log.** :class:`EventLog` writes one JSON object per line, ``{"event": kind, "t": seconds
 since the log opened, **fields}``, flushed line by line (a crash loses at most the line being
@@ -6,7 +6,7 @@ written; :func:`read_events` skips a truncated last line and says so, and append
 moves it aside). Values are made JSON-safe by :func:`jsonable`: tensors and numpy values become
 numbers or lists, NaN/±Inf become ``null``, enums their name, dataclasses dicts.
 
-**Schema** (what the trainer emits and :mod:`esper.shell.report` reads; lists marked [env] have one
+**Schema** (what the trainer emits and :mod:`esper.shell.telemetry.report` reads; lists marked [env] have one
 entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
 
 ``run_start``
@@ -44,8 +44,8 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``head_weight`` (fraction of steps where the head mattered), ``head_grad_norm`` (by parameter
     group: trunk, each head, value).
 ``anomaly``
-    ``update``, ``kind`` (see :class:`AnomalyDetector`; other detectors such as reward-hacking
-    checks use their own kind), ``value``, ``threshold``, ``detail``.
+    ``update``, ``kind`` (see :class:`~esper.shell.telemetry.anomaly.AnomalyDetector`; other
+    detectors such as reward-hacking checks use their own kind), ``value``, ``threshold``, ``detail``.
 ``governor``
     ``update``, ``epoch``, ``env``, ``reason`` (nonfinite, lobotomy, spike).
 ``checkpoint``
@@ -65,11 +65,8 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
 
 Other kinds (``timings``, ``heuristic``, ...) may be written; readers ignore kinds they do not know.
 
-**Anomalies.** :class:`AnomalyDetector` checks the metrics of one ``ppo_update`` against
-:class:`AnomalyConfig` (every threshold configurable, finding M21): ratio explosion / collapse,
-entropy collapse of a head that mattered (H1), KL spikes against a running EMA or the KL target (H2),
-value collapse (explained variance), NaN/Inf anywhere, and an update the trainer rolled back
-(``rolled_back``: a non-finite loss, gradient or parameter).
+**Reading.** :func:`scan_events` and :func:`read_events` read a log back; :class:`RunEvents` groups
+its events by kind, each update counted once (what the run report reads).
 """
 
 from __future__ import annotations
@@ -79,19 +76,15 @@ import enum
 import json
 import math
 import os
-import sys
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
-
-from esper.shell.config.fields import check_fields, doc
 
 #: The event kinds of the schema above, in the order a run emits them.
 EVENT_KINDS = (
@@ -294,192 +287,63 @@ def read_events(path: str | os.PathLike, kind: str | None = None) -> list[dict[s
     return events
 
 
-# ---------------------------------------------------------------------------------------- anomalies
-@dataclass(frozen=True, slots=True)
-class AnomalyConfig:
-    ratio_explosion: float = doc(5.0, "flag max_ratio above this", gt=1)
-    ratio_collapse: float = doc(0.1, "flag min_ratio below this", ge=0, lt=1)
-    entropy_collapse: float = doc(
-        0.1, "flag a head's normalized entropy below this (heads with weight > 0)", ge=0, le=1
-    )
-    kl_spike_factor: float = doc(3.0, "flag kl_approx above this x its running EMA (after the warm-up)", gt=1)
-    kl_spike_ema: float = doc(0.9, "decay of the KL running EMA", ge=0, lt=1)
-    kl_spike_warmup: int = doc(3, "updates seen before the EMA test applies", ge=0)
-    kl_spike_target_factor: float = doc(
-        4.0, "flag kl_approx above this x target_kl (when a target is set)", gt=1
-    )
-    kl_spike_floor: float = doc(1e-4, "a KL below this is never a spike (EMA near 0)", ge=0)
-    value_collapse: float = doc(-0.5, "flag explained_variance below this", le=1)
+# ------------------------------------------------------------------------------------------- reading
+class RunEvents:
+    """The events of one log, grouped by kind."""
 
-    def __post_init__(self) -> None:
-        check_fields(self, "anomaly")
+    def __init__(self, events: list[dict[str, Any]], torn: str | None = None) -> None:
+        by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for e in events:
+            by_kind[e["event"]].append(e)
+        self.start = by_kind["run_start"][-1] if by_kind["run_start"] else None
+        self.end = by_kind["run_end"][-1] if by_kind["run_end"] else None
+        # An update logged twice (a log written before resumes rewound it) counts once: its last copy.
+        self.episodes = _last_of(by_kind["episode"], ("update", "env"))
+        self.ppo = sorted(_last_of(by_kind["ppo_update"], ("update",)), key=lambda e: e["update"])
+        logged = len(by_kind["episode"]) + len(by_kind["ppo_update"])
+        self.duplicates = logged - len(self.episodes) - len(self.ppo)
+        self.rewound = sum(int(e.get("discarded", 0)) for e in by_kind["log_rewound"])
+        self.torn = torn
+        self.epochs = by_kind["epoch"]
+        self.lifecycle = by_kind["lifecycle"]
+        self.anomalies = by_kind["anomaly"]
+        self.governor = by_kind["governor"]
+        self.checkpoints = by_kind["checkpoint"]
+        self.heldout = by_kind["heldout_check"][-1] if by_kind["heldout_check"] else None
 
+    def per_update(self, field: str) -> dict[int, list[float]]:
+        """``{update: [field of each episode]}`` (finite values only), updates in order."""
+        out: dict[int, list[float]] = defaultdict(list)
+        for e in self.episodes:
+            v = e.get(field)
+            if finite_number(v):
+                out[e["update"]].append(float(v))
+        return dict(sorted(out.items()))
 
-@dataclass(frozen=True, slots=True)
-class Anomaly:
-    """One flagged metric; ``as_dict()`` gives the fields of an ``anomaly`` event (plus ``update``)."""
-
-    kind: str
-    value: float | None
-    threshold: float | None
-    detail: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "value": self.value, "threshold": self.threshold, "detail": self.detail}
-
-
-class AnomalyDetector:
-    """Flags unhealthy PPO updates. ``check`` takes the flat metrics of one ``ppo_update`` event
-    (per-head dicts ``head_entropy`` and ``head_weight``); metrics absent from the dict are not
-    checked. Stateful only through the KL running EMA (``state_dict`` / ``load_state_dict``)."""
-
-    def __init__(self, cfg: AnomalyConfig | None = None, target_kl: float | None = None) -> None:
-        self.cfg = cfg if cfg is not None else AnomalyConfig()
-        if target_kl is not None and not target_kl > 0:
-            raise ValueError(f"target_kl must be > 0 or None, got {target_kl}")
-        self.target_kl = target_kl
-        self.kl_ema: float | None = None
-        self.n_seen = 0
-
-    def check(self, metrics: Mapping[str, Any]) -> list[Anomaly]:
-        cfg = self.cfg
-        out = [Anomaly("nonfinite", None, None, f"{name} is {v}") for name, v in _nonfinite(metrics)]
-        if metrics.get("rolled_back"):
-            out.append(
-                Anomaly(
-                    "rolled_back", metrics.get("nonfinite_steps"), None,
-                    "a PPO step had a non-finite loss or gradient, or the parameters ended non-finite: "
-                    "the update was rolled back",
-                )
-            )  # fmt: skip
-        if _finite(metrics, "max_ratio") and metrics["max_ratio"] > cfg.ratio_explosion:
-            out.append(Anomaly("ratio_explosion", metrics["max_ratio"], cfg.ratio_explosion, "max_ratio"))
-        if _finite(metrics, "min_ratio") and metrics["min_ratio"] < cfg.ratio_collapse:
-            out.append(Anomaly("ratio_collapse", metrics["min_ratio"], cfg.ratio_collapse, "min_ratio"))
-        if "head_entropy" in metrics:
-            if "head_weight" not in metrics:
-                raise KeyError("AnomalyDetector: head_entropy needs head_weight (which heads mattered)")
-            weights = metrics["head_weight"]
-            for head, ent in metrics["head_entropy"].items():
-                w = weights[head]
-                if _isfinite(ent) and _isfinite(w) and w > 0 and ent < cfg.entropy_collapse:
-                    out.append(
-                        Anomaly(
-                            "entropy_collapse", ent, cfg.entropy_collapse, f"head {head} (weight {w:.3g})"
-                        )
-                    )
-        if _finite(metrics, "kl_approx"):
-            spike = self._kl(float(metrics["kl_approx"]))
-            if spike is not None:
-                out.append(spike)
-        if _finite(metrics, "explained_variance") and metrics["explained_variance"] < cfg.value_collapse:
-            out.append(
-                Anomaly(
-                    "value_collapse", metrics["explained_variance"], cfg.value_collapse, "explained_variance"
-                )
-            )
-        return out
-
-    def _kl(self, kl: float) -> Anomaly | None:
-        cfg = self.cfg
-        found = None
-        if kl > cfg.kl_spike_floor:
-            if self.kl_ema is not None and self.n_seen >= cfg.kl_spike_warmup:
-                limit = cfg.kl_spike_factor * self.kl_ema
-                if kl > limit:
-                    found = Anomaly("kl_spike", kl, limit, f"kl_approx > {cfg.kl_spike_factor} x EMA")
-            if found is None and self.target_kl is not None:
-                limit = cfg.kl_spike_target_factor * self.target_kl
-                if kl > limit:
-                    found = Anomaly(
-                        "kl_spike", kl, limit, f"kl_approx > {cfg.kl_spike_target_factor} x target"
-                    )
-        beta = cfg.kl_spike_ema
-        self.kl_ema = kl if self.kl_ema is None else beta * self.kl_ema + (1.0 - beta) * kl
-        self.n_seen += 1
-        return found
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"kl_ema": self.kl_ema, "n_seen": self.n_seen}
-
-    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
-        self.kl_ema = None if sd["kl_ema"] is None else float(sd["kl_ema"])
-        self.n_seen = int(sd["n_seen"])
+    def updates(self) -> list[int]:
+        seen = {e["update"] for e in self.episodes} | {e["update"] for e in self.ppo}
+        return sorted(seen)
 
 
-def _isfinite(v: Any) -> bool:
+def _last_of(events: list[dict[str, Any]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``events`` with one event per value of ``keys`` (the last one), in the order of those."""
+    last = {tuple(e.get(k) for k in keys): e for e in events}
+    return list(last.values())
+
+
+def finite_number(v: Any) -> bool:
+    """``v`` is a finite int or float (not a bool)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _finite(metrics: Mapping[str, Any], key: str) -> bool:
-    return key in metrics and _isfinite(metrics[key])
-
-
-def _nonfinite(value: Any, name: str = "") -> Iterable[tuple[str, float]]:
-    if isinstance(value, float) and not math.isfinite(value):
-        yield name, value
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            yield from _nonfinite(v, f"{name}.{k}" if name else str(k))
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from _nonfinite(v, f"{name}[{i}]")
-
-
-# ----------------------------------------------------------------------------------- console output
-def progress(total: int | None, desc: str, enabled: bool = True):
-    """A tqdm progress bar on stderr (a no-op bar when not ``enabled``); use as a context manager and
-    call ``.update(n)`` / ``.set_postfix(...)``."""
-    return tqdm(total=total, desc=desc, disable=not enabled, file=sys.stderr, dynamic_ncols=True)
-
-
-def summary_table(
-    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, float_fmt: str = ".4g"
-) -> str:
-    """Plain-text table of ``rows`` restricted to ``columns``: numbers right-aligned (floats with
-    ``float_fmt``), text left-aligned, a missing value shown as ``-``."""
-
-    def cell(v: Any) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return format(v, float_fmt) if math.isfinite(v) else str(v)
-        if isinstance(v, enum.Enum):
-            return v.name
-        return str(v)
-
-    body = [[cell(row[c]) if c in row else "-" for c in columns] for row in rows]
-    numeric = [
-        all(
-            isinstance(row.get(c), (int, float)) and not isinstance(row.get(c), bool)
-            for row in rows
-            if c in row
-        )
-        and any(c in row for row in rows)
-        for c in columns
-    ]
-    widths = [max([len(c)] + [len(r[i]) for r in body]) for i, c in enumerate(columns)]
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [x.rjust(w) if num else x.ljust(w) for x, w, num in zip(cells, widths, numeric)]
-        return "  ".join(parts).rstrip()
-
-    out = [line(list(columns)), "  ".join("-" * w for w in widths)]
-    out.extend(line(r) for r in body)
-    return "\n".join(out)
 
 
 __all__ = [
     "EVENT_KINDS",
-    "Anomaly",
-    "AnomalyConfig",
-    "AnomalyDetector",
     "EventLog",
+    "RunEvents",
     "discarded_path",
+    "finite_number",
     "jsonable",
-    "progress",
     "read_events",
     "rewind_events",
     "scan_events",
-    "summary_table",
 ]

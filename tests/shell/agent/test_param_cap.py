@@ -12,7 +12,6 @@ import torch
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.normalize import running_stats
 from esper.core.observation import obs_dim
-from esper.core.rewards import RewardConfig
 from esper.core.spec import Style
 from esper.shell.agent.agent import Agent, policy_input_dim
 from esper.shell.agent.config import PPOConfig
@@ -51,6 +50,12 @@ class _Watch:
     def begin(self, n_envs: int) -> None:
         self.inner.begin(n_envs)
 
+    def seed_envs(self, host_seeds: list[int]) -> None:
+        self.inner.seed_envs(host_seeds)
+
+    def explain(self) -> None:
+        return None
+
     def act(self, step):
         self.held.append(step.slots["seed_params"].sum(-1))
         return self.inner.act(step)
@@ -73,7 +78,7 @@ def _held(cap: float) -> torch.Tensor:
         germination_cost=env.germination_cost,
     )  # fmt: skip
     ctl = _Watch(PPOController(agent, generator=torch.Generator().manual_seed(1), learns=False))
-    EpisodeRunner(env, ctl, lifecycle=LIFECYCLE, reward=RewardConfig(), gamma=0.99).run(0)
+    EpisodeRunner(env, ctl).run(0)
     return torch.stack(ctl.held)
 
 

@@ -23,8 +23,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from esper.core.lifecycle import LifecycleConfig
-from esper.core.rewards import RewardConfig
 from esper.core.spec import HEADS, Op
+from esper.shell.baselines.simple import FixedController
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
@@ -179,19 +179,19 @@ class StreamRaceChecker(TorchFunctionMode):
 
 def _fake_cuda_streams(env: VecEnv, monkeypatch) -> FakeCuda:
     cuda = FakeCuda(monkeypatch)
-    env.streams = EnvStreams([CUDA0] * env.n)  # the hosts stay on the CPU; the streams are "CUDA"
-    assert cuda.streams == env.streams.streams and len(set(map(id, cuda.streams))) == env.n
+    env.hosts.streams = EnvStreams([CUDA0] * env.n)  # the hosts stay on the CPU; the streams are "CUDA"
+    assert cuda.streams == env.hosts.streams.streams and len(set(map(id, cuda.streams))) == env.n
     return cuda
 
 
 def _record_calls(monkeypatch, cuda: FakeCuda, env: VecEnv) -> list[tuple[int, str, str, dict]]:
     """Spy on the EnvModel methods that do an env's device work: (env, method, stream, kwargs)."""
     calls: list[tuple[int, str, str, dict]] = []
-    for method in ("train_epoch", "evaluate", "germinate"):
+    for method in ("train_epoch", "counterfactual_validation", "germinate"):
         real = getattr(EnvModel, method)
 
         def spy(self, *a, _real=real, _method=method, **k):
-            i = next(j for j, m in enumerate(env.models) if m is self)
+            i = next(j for j, m in enumerate(env.hosts.models) if m is self)
             calls.append((i, _method, cuda.current.name, dict(k)))
             return _real(self, *a, **k)
 
@@ -199,11 +199,9 @@ def _record_calls(monkeypatch, cuda: FakeCuda, env: VecEnv) -> list[tuple[int, s
     return calls
 
 
-class _Scripted:
+class _Scripted(FixedController):
     """GERMINATE slot 0 at the first step (so ``apply`` builds seeds on the env streams), then WAIT;
     the other heads random."""
-
-    learns = False
 
     def __init__(self, spec) -> None:
         self.spec, self.t = spec, 0
@@ -222,9 +220,6 @@ class _Scripted:
         self.t += 1
         return out
 
-    def bootstrap(self, step) -> None:
-        return None
-
 
 # ------------------------------------------------------------------------------------------------ S1
 def test_S1_every_cross_stream_read_waits_on_the_env_event(monkeypatch):
@@ -240,9 +235,7 @@ def test_S1_every_cross_stream_read_waits_on_the_env_event(monkeypatch):
         "check",
         lambda i, loss: "nonfinite" if (i, env.epoch) == (1, 2) else real_check(i, loss),
     )  # a rollback at epoch 2 re-validates env 1 on its stream and joins again
-    runner = EpisodeRunner(
-        env, _Scripted(env.spec), lifecycle=env.lifecycle, reward=RewardConfig(), gamma=0.99
-    )
+    runner = EpisodeRunner(env, _Scripted(env.spec))
     checker = StreamRaceChecker(cuda)
     with checker:
         result = runner.run(0)
@@ -254,7 +247,7 @@ def test_S1_every_cross_stream_read_waits_on_the_env_event(monkeypatch):
     streams = {i: {s for j, _, s, _ in calls if j == i} for i in range(env.n)}
     assert streams == {0: {"s0"}, 1: {"s1"}}
     kinds = {(i, m) for i, m, _, _ in calls}
-    assert {(0, "train_epoch"), (1, "evaluate"), (0, "germinate"), (1, "germinate")} <= kinds
+    assert {(0, "train_epoch"), (1, "counterfactual_validation"), (0, "germinate"), (1, "germinate")} <= kinds
     # the protocol: enter stream i (after waiting on the default), leave it, record an event on it;
     # the consumer waits on that event before anything else of env i is read
     log = cuda.log
@@ -280,11 +273,10 @@ def test_S1_checker_catches_a_join_without_the_wait(monkeypatch):
     def join_without_wait(i, tensors, device):
         return [t.to(device, non_blocking=True) for t in tensors]
 
-    monkeypatch.setattr(env.streams, "join", join_without_wait)
+    monkeypatch.setattr(env.hosts.streams, "join", join_without_wait)
     checker = StreamRaceChecker(cuda)
     with checker:
-        env.reset(0)
-        env.measure()
+        env.reset(0)  # builds the hosts and measures the first epoch
     assert checker.races and all("default touches a tensor written on s" in r for r in checker.races)
 
 
@@ -304,7 +296,7 @@ def test_H12_one_grad_scaler_per_env_used_only_on_its_own_stream(monkeypatch):
     """On CUDA every env gets its own GradScaler (never shared), and env i's scaler is only ever used
     by env i's training, on env i's stream."""
     env = _env(3, amp=True)
-    env.env_devices = [CUDA0] * env.n  # what reset() sees; the hosts and data stay on the CPU
+    env.hosts.env_devices = [CUDA0] * env.n  # what reset() sees; the hosts and data stay on the CPU
     task = env.task
 
     def make_host():
@@ -312,7 +304,7 @@ def test_H12_one_grad_scaler_per_env_used_only_on_its_own_stream(monkeypatch):
         host.to = lambda *a, **k: host
         return host
 
-    env.task = dataclasses.replace(
+    env.hosts.task = dataclasses.replace(
         task,
         make_host=make_host,
         make_loaders=lambda seed, device=None: task.make_loaders(seed, device="cpu"),
@@ -329,12 +321,11 @@ def test_H12_one_grad_scaler_per_env_used_only_on_its_own_stream(monkeypatch):
     calls = _record_calls(monkeypatch, cuda, env)
     episodes = []
     for episode in range(2):
-        env.reset(episode)
-        scalers = list(env.scalers)
+        start = len(calls)
+        env.reset(episode)  # fresh hosts and scalers, then the first epoch
+        scalers = list(env.hosts.scalers)
         assert all(isinstance(s, torch.amp.GradScaler) for s in scalers)
         assert len({id(s) for s in scalers}) == env.n, "one scaler per env, never shared"
-        start = len(calls)
-        env.measure()
         trains = [(i, s, k["scaler"]) for i, m, s, k in calls[start:] if m == "train_epoch"]
         episodes.append(scalers)
         assert sorted(i for i, _, _ in trains) == list(range(env.n))
@@ -349,17 +340,17 @@ def test_H12_cpu_amp_trains_in_bf16_without_a_scaler():
     signals and moves the parameters."""
     env = _env(2, amp=True)
     env.reset(0)
-    assert env.scalers == [None, None]
-    assert env._amp(0) == {"autocast_dtype": torch.bfloat16, "scaler": None}
+    assert env.hosts.scalers == [None, None]
+    assert env.hosts._amp(0) == {"autocast_dtype": torch.bfloat16, "scaler": None}
     dtypes = []
-    conv = next(m for m in env.models[0].host.modules() if isinstance(m, torch.nn.Conv2d))
+    conv = next(m for m in env.hosts.models[0].host.modules() if isinstance(m, torch.nn.Conv2d))
     conv.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype) if m.training else None)
-    before = [p.detach().clone() for p in env.models[0].host.host_parameters()]
-    signals = env.measure()
+    before = [p.detach().clone() for p in env.hosts.models[0].host.host_parameters()]
+    signals = env.hosts.measure(1.0)
     assert dtypes and set(dtypes) == {torch.bfloat16}, "the training forward ran under bf16 autocast"
     for key in ("train_loss", "val_loss", "train_acc", "val_acc"):
         assert signals[key].dtype == torch.float32 and torch.isfinite(signals[key]).all(), key
-    after = env.models[0].host.host_parameters()
+    after = env.hosts.models[0].host.host_parameters()
     assert any(not torch.equal(a, b) for a, b in zip(before, after)), "the parameters were updated"
     assert all(torch.isfinite(p).all() for p in after)
 

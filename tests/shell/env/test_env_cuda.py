@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from esper.core.lifecycle import LifecycleConfig
-from esper.core.rewards import RewardConfig
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
@@ -33,9 +32,7 @@ def _cuda_env(n_envs: int = 3, *, amp: bool = False) -> VecEnv:
 
 
 def _episode(env: VecEnv):
-    runner = EpisodeRunner(
-        env, _Scripted(env.spec), lifecycle=env.lifecycle, reward=RewardConfig(), gamma=0.99
-    )
+    runner = EpisodeRunner(env, _Scripted(env.spec))
     result = runner.run(0)
     torch.cuda.synchronize()
     return result
@@ -72,8 +69,8 @@ def test_S1_real_streams_give_the_default_stream_episode(deterministic):
 def test_H12_cuda_amp_trains_each_env_with_its_own_scaler():
     env = _cuda_env(2, amp=True)
     result = _episode(env)
-    assert all(s is not None and s.is_enabled() for s in env.scalers)
-    assert len(set(map(id, env.scalers))) == env.n
+    assert all(s is not None and s.is_enabled() for s in env.hosts.scalers)
+    assert len(set(map(id, env.hosts.scalers))) == env.n
     losses = [x for e in result.epochs for x in e["train_loss"]]
     assert losses and all(torch.isfinite(torch.tensor(v)) for v in losses)
 
@@ -81,7 +78,7 @@ def test_H12_cuda_amp_trains_each_env_with_its_own_scaler():
 def test_cuda_env_keeps_its_hosts_on_the_gpu():
     env = _cuda_env(2)
     env.reset(0)
-    for model in env.models:
+    for model in env.hosts.models:
         assert {p.device.type for p in model.host.parameters()} == {"cuda"}
 
 

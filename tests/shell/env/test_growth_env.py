@@ -12,10 +12,11 @@ import random
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig, RewardMode, objective
-from esper.core.spec import Op, Stage
+from esper.core.spec import HEADS, Op, Stage
 from esper.shell.baselines.simple import GrowAllController, RandomController, StaticController
 from esper.shell.data.datasets import load_mnist1d
 from esper.shell.env.config import EnvConfig, lr_scale
@@ -62,9 +63,9 @@ def test_training_and_evaluation_hosts_never_share_a_seed():
 def test_env_hosts_follow_the_given_seeds():
     env = _env(2)
     env.reset(0, host_seeds=[11, 12])
-    a = [p.detach().clone() for p in env.models[0].host.parameters()]
+    a = [p.detach().clone() for p in env.hosts.models[0].host.parameters()]
     env.reset(7, host_seeds=[11, 99])
-    assert all(torch.equal(x, y) for x, y in zip(a, env.models[0].host.parameters()))
+    assert all(torch.equal(x, y) for x, y in zip(a, env.hosts.models[0].host.parameters()))
     assert env.host_seeds == [11, 99]
     with pytest.raises(ValueError, match="host seeds"):
         env.reset(0, host_seeds=[1])
@@ -73,8 +74,7 @@ def test_env_hosts_follow_the_given_seeds():
 # ---------------------------------------------------------------------------------- test isolation
 def test_the_test_split_is_read_only_by_the_final_evaluation(monkeypatch):
     env = _env(2, max_epochs=4)
-    runner = EpisodeRunner(env, GrowAllController(5, env.lifecycle), lifecycle=env.lifecycle,
-                           reward=RewardConfig(), gamma=0.99)  # fmt: skip
+    runner = EpisodeRunner(env, GrowAllController(5, env.lifecycle))
     reads = []
     real_reset = env.reset
 
@@ -87,8 +87,9 @@ def test_the_test_split_is_read_only_by_the_final_evaluation(monkeypatch):
             return iter(self.batches)
 
     def spy_reset(*args, **kwargs):
-        real_reset(*args, **kwargs)
-        env.loaders = [ld._replace(test=Spy(i, ld.test)) for i, ld in enumerate(env.loaders)]
+        first = real_reset(*args, **kwargs)
+        env.hosts.loaders = [ld._replace(test=Spy(i, ld.test)) for i, ld in enumerate(env.hosts.loaders)]
+        return first
 
     monkeypatch.setattr(env, "reset", spy_reset)
     result = runner.run(0)
@@ -103,11 +104,13 @@ def test_cosine_schedule_runs_from_one_to_near_zero():
     scales = [lr_scale("cosine", e, 25) for e in range(1, 26)]
     assert scales[0] == 1.0 and scales[-1] < 0.01 and all(a > b for a, b in itertools.pairwise(scales))
     env = _env(1, max_epochs=4, lr_schedule="cosine")
-    env.reset(0)
-    env.models[0].germinate(0, 3, 0)
-    for epoch in range(1, 5):
-        env.measure()
-        lrs = [g["lr"] for opt in env.models[0].optimizers() for g in opt.param_groups]
+    env.reset(0)  # epoch 1
+    for epoch in range(2, 5):  # germinate at the first step, then wait
+        op = Op.GERMINATE if epoch == 2 else Op.WAIT
+        action = TensorDict({h: torch.zeros(1, dtype=torch.int64) for h in HEADS}, batch_size=[1])
+        action["op"], action["blueprint"] = torch.tensor([int(op)]), torch.tensor([3])
+        env.step(action)
+        lrs = [g["lr"] for opt in env.hosts.models[0].optimizers() for g in opt.param_groups]
         assert lrs == pytest.approx([env.cfg.host_lr * lr_scale("cosine", epoch, 4)] + [
             env.cfg.seed_lr * lr_scale("cosine", epoch, 4)] * (len(lrs) - 1))  # fmt: skip
     with pytest.raises(ValueError, match="lr_schedule"):
@@ -119,17 +122,16 @@ def test_objective_return_is_the_final_objective_minus_the_first_measurement(mon
     env = _env(2, max_epochs=6)
     cfg = RewardConfig(param_weight=2.0)
     firsts = []
-    real_measure = env.measure
+    real_reset = env.reset
 
-    def spy():
-        s = real_measure()
-        if env.epoch == 1:
-            firsts.append(objective(s, cfg))
-        return s
+    def spy(*args, **kwargs):
+        first = real_reset(*args, **kwargs)
+        firsts.append(objective(first.measurement, cfg))
+        return first
 
-    monkeypatch.setattr(env, "measure", spy)
-    runner = EpisodeRunner(env, GrowAllController(5, env.lifecycle), lifecycle=env.lifecycle, reward=cfg,
-                           gamma=0.99)  # fmt: skip
+    monkeypatch.setattr(env, "reset", spy)
+    env.reward_cfg = cfg
+    runner = EpisodeRunner(env, GrowAllController(5, env.lifecycle))
     result = runner.run(0)
     for i, ep in enumerate(result.episodes):
         expected = ep["objective"] - float(firsts[0][i])
@@ -143,8 +145,8 @@ def test_objective_return_is_the_final_objective_minus_the_first_measurement(mon
 
 def test_shaped_mode_still_runs_and_pays_no_objective_term():
     env = _env(2, max_epochs=4)
-    runner = EpisodeRunner(env, GrowAllController(5, env.lifecycle), lifecycle=env.lifecycle,
-                           reward=RewardConfig(mode=RewardMode.SHAPED), gamma=0.99)  # fmt: skip
+    env.reward_cfg = RewardConfig(mode=RewardMode.SHAPED)
+    runner = EpisodeRunner(env, GrowAllController(5, env.lifecycle))
     for ep in runner.run(0).episodes:
         assert ep["reward_components"]["objective"] == 0.0 and "final_test_acc" in ep
 
@@ -154,15 +156,14 @@ def test_concurrent_cpu_envs_give_the_same_episodes_as_sequential_ones():
     def episode(workers):
         torch.manual_seed(0)
         env = _env(3, max_epochs=5, workers=workers)
-        runner = EpisodeRunner(env, RandomController(seed=4), lifecycle=env.lifecycle, reward=RewardConfig(),
-                               gamma=0.99)  # fmt: skip
+        runner = EpisodeRunner(env, RandomController(seed=4))
         try:
             return runner.run(0), env
         finally:
             env.close()
 
     (seq, seq_env), (par, par_env) = episode(1), episode(2)
-    assert seq_env._pool is None and par_env._pool is None  # closed
+    assert seq_env.hosts._pool is None and par_env.hosts._pool is None  # closed
     for a, b in zip(seq.episodes, par.episodes):
         for k in ("return", "final_val_acc", "final_test_acc", "params_added", "op_counts"):
             assert a[k] == b[k], k
@@ -173,7 +174,7 @@ def test_concurrent_cpu_envs_give_the_same_episodes_as_sequential_ones():
 def test_workers_stay_sequential_for_hosts_with_dropout():
     env = VecEnv(EnvConfig(task="stdlib_text", n_envs=2, workers=2), LifecycleConfig(max_epochs=2),
                  GovernorConfig(), seed=0, task=_dropout_text_task())  # fmt: skip
-    assert env._pool is None
+    assert env.hosts._pool is None
 
 
 def _dropout_text_task():
@@ -190,13 +191,12 @@ def _legal_ops(result):
 
 def test_static_waits_and_grow_all_fills_every_slot_then_fossilizes():
     env = _env(2, max_epochs=14)
-    static = EpisodeRunner(env, StaticController(), lifecycle=env.lifecycle, reward=RewardConfig(),
-                           gamma=0.99)  # fmt: skip
+    static = EpisodeRunner(env, StaticController())
     res = static.run(0)
     assert set(_legal_ops(res)) == {"WAIT"} and all(ep["params_added"] == 0 for ep in res.episodes)
     lc = dataclasses.replace(env.lifecycle, g2_min_gain=-100.0, g5_min_contribution=-100.0)
     env.lifecycle = lc
-    grow = EpisodeRunner(env, GrowAllController(5, lc), lifecycle=lc, reward=RewardConfig(), gamma=0.99)
+    grow = EpisodeRunner(env, GrowAllController(5, lc))
     res = grow.run(1)
     ops = [ev["op"][0] for ev in res.epochs]
     assert ops[:3] == ["GERMINATE"] * 3 and "FOSSILIZE" in ops and "PRUNE" not in ops
@@ -209,8 +209,7 @@ def test_random_controller_only_takes_legal_actions_and_is_reproducible():
     env = _env(3, max_epochs=8)
 
     def run(seed):
-        runner = EpisodeRunner(env, RandomController(seed=seed), lifecycle=env.lifecycle,
-                               reward=RewardConfig(), gamma=0.99)  # fmt: skip
+        runner = EpisodeRunner(env, RandomController(seed=seed))
         return runner.run(0)
 
     a, b, c = run(1), run(1), run(2)
@@ -225,8 +224,7 @@ def test_env_masks_the_noop_blueprint_and_no_controller_germinates_it():
     noop = env.blueprint_names.index("noop")
     assert env.spec.masked_blueprints == (noop,)
     for seed in (1, 2, 3):
-        runner = EpisodeRunner(env, RandomController(seed=seed), lifecycle=env.lifecycle,
-                               reward=RewardConfig(), gamma=0.99)  # fmt: skip
+        runner = EpisodeRunner(env, RandomController(seed=seed))
         res = runner.run(seed)
         germinated = [e["blueprint"] for e in res.lifecycle if e["kind"] == "germinated"]
         assert germinated and "noop" not in germinated, germinated

@@ -25,9 +25,8 @@ def _episodes(controller_of, *, reward_mode: str | None = None, epochs: int = 14
     if reward_mode:
         overrides["reward.mode"] = reward_mode
     cfg = preset("default", overrides)
-    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=0)
-    runner = EpisodeRunner(env, controller_of(env, cfg), lifecycle=cfg.lifecycle, reward=cfg.reward,
-                           gamma=cfg.ppo.gamma)  # fmt: skip
+    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=0, reward=cfg.reward, gamma=cfg.ppo.gamma)
+    runner = EpisodeRunner(env, controller_of(env, cfg))
     result = runner.run(0, host_seeds=SEEDS)
     return result.episodes, result
 

@@ -9,12 +9,11 @@ import torch
 from tensordict import TensorDict
 
 import esper.shell.agent.trainer as trainer_mod
-import esper.shell.env.rollout as rollout_mod
+import esper.shell.env.vecenv as vecenv_mod
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.masks import legal_masks
 from esper.core.normalize import running_stats, update_running_stats
 from esper.core.observation import obs_dim, observe
-from esper.core.rewards import RewardConfig
 from esper.core.spec import Op, Stage
 from esper.shell.agent.agent import Agent, policy_input_dim
 from esper.shell.agent.config import PPOConfig
@@ -25,8 +24,8 @@ from esper.shell.config.fields import fields_flat, with_overrides
 from esper.shell.config.presets import RunConfig
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.governor import GovernorConfig
-from esper.shell.env.rollout import EpisodeRunner, StepInput
-from esper.shell.env.vecenv import VecEnv
+from esper.shell.env.rollout import EpisodeRunner
+from esper.shell.env.vecenv import StepInput, VecEnv
 
 T = 3
 ENV = EnvConfig(
@@ -53,7 +52,8 @@ def _build(lifecycle: LifecycleConfig | None = None, governor: GovernorConfig | 
 
 
 def _runner(env: VecEnv, ctl, gamma: float = PPO.gamma) -> EpisodeRunner:
-    return EpisodeRunner(env, ctl, lifecycle=env.lifecycle, reward=RewardConfig(), gamma=gamma)
+    env.gamma = gamma  # the discount of the env's reward (PBRS): the learner's
+    return EpisodeRunner(env, ctl)
 
 
 class _Forced:
@@ -69,6 +69,12 @@ class _Forced:
     def begin(self, n_envs: int) -> None:
         self.inner.begin(n_envs)
         self.t = 0
+
+    def seed_envs(self, host_seeds: list[int]) -> None:
+        self.inner.seed_envs(host_seeds)
+
+    def explain(self) -> None:
+        return None
 
     def act(self, step: StepInput) -> TensorDict:
         out = self.inner.act(step)
@@ -203,7 +209,7 @@ def test_S2_stored_observation_is_exactly_the_normalized_policy_input(monkeypatc
 def test_C1_one_gamma_for_pbrs_and_ppo_through_the_run(monkeypatch, tmp_path):
     """There is exactly one gamma in the whole config (``ppo.gamma``); a run with ``ppo.gamma = 0.7``
     gives 0.7 to the core reward (PBRS) at every step and to GAE."""
-    from esper.shell.run import Run
+    from esper.shell.runtime.training import TrainingRun
 
     gammas = [name for name, _, _ in fields_flat(RunConfig) if "gamma" in name.lower()]
     assert gammas == ["ppo.gamma"]
@@ -212,7 +218,7 @@ def test_C1_one_gamma_for_pbrs_and_ppo_through_the_run(monkeypatch, tmp_path):
 
     reward_gammas: list[float] = []
     gae_gammas: list[float] = []
-    real_reward, real_gae = rollout_mod.compute_reward, trainer_mod.gae
+    real_reward, real_gae = vecenv_mod.compute_reward, trainer_mod.gae
 
     def reward_spy(*args, gamma, **kwargs):
         reward_gammas.append(gamma)
@@ -222,7 +228,7 @@ def test_C1_one_gamma_for_pbrs_and_ppo_through_the_run(monkeypatch, tmp_path):
         gae_gammas.append(gamma)
         return real_gae(td, gamma=gamma, **kwargs)
 
-    monkeypatch.setattr(rollout_mod, "compute_reward", reward_spy)
+    monkeypatch.setattr(vecenv_mod, "compute_reward", reward_spy)
     monkeypatch.setattr(trainer_mod, "gae", gae_spy)
     cfg = RunConfig(
         updates=1, report=False, progress=False, checkpoint_every=1, eval_episodes=0, run_dir=str(tmp_path),
@@ -232,7 +238,7 @@ def test_C1_one_gamma_for_pbrs_and_ppo_through_the_run(monkeypatch, tmp_path):
     )  # fmt: skip
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    assert Run(cfg, run_dir).train() == 0
+    assert TrainingRun(cfg, run_dir).train() == 0
     assert reward_gammas == [0.7] * T
     assert gae_gammas == [0.7]
 
@@ -252,14 +258,14 @@ def test_C7_rollback_penalty_reaches_the_learner(monkeypatch):
         lambda i, loss: "nonfinite" if (i, env.epoch) in panics else real_check(i, loss),
     )
     totals: list[torch.Tensor] = []
-    real_reward = rollout_mod.compute_reward
+    real_reward = vecenv_mod.compute_reward
 
     def reward_spy(*args, **kwargs):
         out = real_reward(*args, **kwargs)
         totals.append(out["total"].clone())
         return out
 
-    monkeypatch.setattr(rollout_mod, "compute_reward", reward_spy)
+    monkeypatch.setattr(vecenv_mod, "compute_reward", reward_spy)
     result = _runner(env, ctl).run(0)
     panicked = [(g["epoch"], g["env"], g["reason"]) for g in result.governor]
     assert panicked == [(1, 1, "nonfinite"), (3, 0, "nonfinite")]

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from esper.core.spec import HEADS, Style, Tempo
-from esper.shell.evaluate import CONTROLLERS, evaluate, main
+from esper.shell.eval.controllers import CONTROLLERS
+from esper.shell.eval.episodes import compare_controllers
+from esper.shell.evaluate import main
 
 pytestmark = pytest.mark.e2e
 
@@ -84,9 +86,9 @@ def test_out_puts_the_evaluation_elsewhere_and_ppo_mixed_meets_the_same_hosts(ru
 
 def test_evaluation_is_reproducible_and_other_seeds_give_other_hosts(run_dir):
     names = ["ppo", "ppo_greedy", "random"]
-    a = evaluate(run_dir, episodes=2, seed=9, controllers=names, show_progress=False)
-    b = evaluate(run_dir, episodes=2, seed=9, controllers=names, show_progress=False)
-    c = evaluate(run_dir, episodes=2, seed=10, controllers=["ppo"], show_progress=False)
+    a = compare_controllers(run_dir, episodes=2, seed=9, controllers=names, show_progress=False)
+    b = compare_controllers(run_dir, episodes=2, seed=9, controllers=names, show_progress=False)
+    c = compare_controllers(run_dir, episodes=2, seed=10, controllers=["ppo"], show_progress=False)
 
     def eps(r, name):
         per_episode = r["controllers"][name]["per_episode"]
@@ -105,7 +107,7 @@ def test_ppo_samples_its_policy_and_ppo_greedy_takes_the_mode(run_dir):
     from esper.shell.config.fields import from_dict
     from esper.shell.config.presets import RunConfig
     from esper.shell.env.vecenv import VecEnv
-    from esper.shell.evaluate import make_controller
+    from esper.shell.eval.controllers import make_controller
     from esper.shell.runtime.checkpoint import load_checkpoint
 
     cfg = from_dict(RunConfig, json.loads((run_dir / "config.json").read_text()))
@@ -148,10 +150,12 @@ def test_plan_controller_grows_only_the_planned_slots_with_their_blueprints():
     from esper.shell.config.presets import preset
     from esper.shell.env.rollout import EpisodeRunner
     from esper.shell.env.vecenv import VecEnv
-    from esper.shell.evaluate import _blend, make_controller, parse_plan, summarize
+    from esper.shell.eval.controllers import make_controller, parse_plan
+    from esper.shell.eval.episodes import summarize
+    from esper.shell.eval.output import _blend
 
     cfg = preset("smoke", {"env.n_envs": 2, "lifecycle.max_epochs": 4})
-    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed)
+    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed, reward=cfg.reward, gamma=cfg.ppo.gamma)
     try:
         bp = env.blueprint_names
         assert parse_plan("grow:b0=conv_heavy+b2=depthwise", env) == {
@@ -169,7 +173,7 @@ def test_plan_controller_grows_only_the_planned_slots_with_their_blueprints():
             with pytest.raises(ValueError, match=msg):
                 parse_plan(bad, env)
         ctl = make_controller("grow:b0=conv_heavy+b2=depthwise", cfg, env, checkpoint=None, seed=0)
-        runner = EpisodeRunner(env, ctl, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma)
+        runner = EpisodeRunner(env, ctl)
         result = runner.run(0, host_seeds=[11, 12])
     finally:
         env.close()
@@ -202,10 +206,10 @@ def _play_fixed_schedule(name, *, refused, max_epochs, check=None):
     from esper.shell.config.presets import preset
     from esper.shell.env.rollout import EpisodeRunner
     from esper.shell.env.vecenv import VecEnv
-    from esper.shell.evaluate import make_controller
+    from esper.shell.eval.controllers import make_controller
 
     cfg = preset("smoke", {"env.n_envs": 2, "lifecycle.max_epochs": max_epochs})
-    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed)
+    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=cfg.seed, reward=cfg.reward, gamma=cfg.ppo.gamma)
     make = lambda n: make_controller(n, cfg, env, checkpoint=None, seed=0)
     try:
         if check is not None:
@@ -214,7 +218,7 @@ def _play_fixed_schedule(name, *, refused, max_epochs, check=None):
             with pytest.raises(ValueError, match=msg):
                 make(bad)
         ctl = make(name)
-        runner = EpisodeRunner(env, ctl, lifecycle=cfg.lifecycle, reward=cfg.reward, gamma=cfg.ppo.gamma)
+        runner = EpisodeRunner(env, ctl)
         return runner.run(0, host_seeds=[11, 12]).episodes[0]["germinations"]
     finally:
         env.close()

@@ -144,7 +144,7 @@ def test_M18_counterfactual_for_every_live_seed_alpha_zero_included():
     m.host.eval()
     with torch.no_grad(), m.host.counterfactual(2):
         data = [(x, m.host(x).argmax(-1)) for x, _ in data]
-    loss, acc, contrib = m.evaluate(data)
+    loss, acc, contrib = m.counterfactual_validation(data)
     assert torch.isfinite(loss) and contrib.shape == (3,) and torch.isfinite(contrib).all()
     # Every live slot measured against an explicit forced-alpha-0 pass over the same batches.
     for i in range(3):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import esper.shell.run as run_mod
+import esper.shell.runtime.training as training_mod
 from esper.shell.agent.trainer import PPOTrainer
 from esper.shell.runtime import checkpoint as ckpt_mod
 from esper.shell.runtime.checkpoint import load_checkpoint, save_checkpoint
@@ -269,7 +270,7 @@ def test_ctrl_c_mid_update_saves_the_last_boundary_and_resume_reproduces(tmp_pat
 
 
 def test_sigterm_is_handled_like_ctrl_c(tmp_path, capsys, monkeypatch):
-    real_run, calls = run_mod.EpisodeRunner.run, []
+    real_run, calls = training_mod.EpisodeRunner.run, []
 
     def terminated_in_rollout(self, update, **kwargs):
         calls.append(update)
@@ -277,7 +278,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, capsys, monkeypatch):
             os.kill(os.getpid(), signal.SIGTERM)  # what a scheduler sends, mid-rollout
         return real_run(self, update, **kwargs)
 
-    monkeypatch.setattr(run_mod.EpisodeRunner, "run", terminated_in_rollout)
+    monkeypatch.setattr(training_mod.EpisodeRunner, "run", terminated_in_rollout)
     status, err = cli(capsys, *TINY, "--updates", "3", "--run_dir", tmp_path, "--name", "r")
     assert status == 143 and "SIGTERM" in err and calls == [0, 1]
     assert load_checkpoint(tmp_path / "r" / "checkpoint.pt")["progress"]["update"] == 1
@@ -286,17 +287,17 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, capsys, monkeypatch):
 
 
 def test_a_crash_between_logging_and_checkpoint_counts_no_episode_twice(tmp_path, capsys, monkeypatch):
-    real_save = run_mod.Run.save
+    real_save = training_mod.TrainingRun.save
 
     def crash_at_update_2(self, payload):
         if payload["progress"]["update"] == 2:
-            raise RuntimeError("the process died here")  # a hard crash: nothing of run.py handles it
+            raise RuntimeError("the process died here")  # a hard crash: nothing of the run handles it
         return real_save(self, payload)
 
-    monkeypatch.setattr(run_mod.Run, "save", crash_at_update_2)
+    monkeypatch.setattr(training_mod.TrainingRun, "save", crash_at_update_2)
     with pytest.raises(RuntimeError, match="died"):
         run_mod.main([*TINY, "--updates", "3", "--run_dir", str(tmp_path), "--name", "r"])
-    monkeypatch.setattr(run_mod.Run, "save", real_save)
+    monkeypatch.setattr(training_mod.TrainingRun, "save", real_save)
     log = tmp_path / "r" / "events.jsonl"
     with open(log, "a") as f:
         f.write('{"event":"epoch","update":2,"va')  # and the last line was torn
@@ -311,7 +312,7 @@ def test_a_crash_between_logging_and_checkpoint_counts_no_episode_twice(tmp_path
     rewound = read_events(log, "log_rewound")
     assert len(rewound) == 1 and rewound[0]["discarded"] >= 3
     assert len(discarded_path(log).read_text().splitlines()) == rewound[0]["discarded"]
-    from esper.shell.report import write_report
+    from esper.shell.telemetry.report import write_report
 
     md = write_report(tmp_path / "r").read_text()
     assert "3 PPO updates, 6 episodes" in md
@@ -321,7 +322,7 @@ def test_ctrl_c_before_training_began_is_one_line_too(tmp_path, capsys, monkeypa
     def slow_data(self, *args, **kwargs):
         raise KeyboardInterrupt  # Ctrl-C while the data loads
 
-    monkeypatch.setattr(run_mod.Run, "__init__", slow_data)
+    monkeypatch.setattr(training_mod.TrainingRun, "__init__", slow_data)
     status, err = cli(capsys, *TINY, "--run_dir", tmp_path, "--name", "r")
     assert status == 130 and "interrupted before training began" in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()

@@ -200,14 +200,15 @@ def test_plot_blueprints_counts_each_slots_germinations(tmp_path):
     """The bars are the counts per (slot, blueprint, update): two episodes of update 1 germinating
     conv_heavy and conv_light in b0 and depthwise in b1 give b0 {conv_heavy: 1, conv_light: 1} and b1
     {depthwise: 2}."""
-    from esper.shell import report
+    from esper.shell.telemetry.events import RunEvents
+    from esper.shell.telemetry.plots import germination_counts, plot_blueprints
 
     episodes = [
         {"update": 1, "env": env,
          "germinations": [{"slot": 0, "blueprint": bp}, {"slot": 1, "blueprint": "depthwise"}]}
         for env, bp in enumerate(("conv_heavy", "conv_light"))
     ]  # fmt: skip
-    run = report.Run([{"event": "episode", **e} for e in episodes])
-    counts = {key: dict(per_update) for key, per_update in report.germination_counts(run).items()}
+    run = RunEvents([{"event": "episode", **e} for e in episodes])
+    counts = {key: dict(per_update) for key, per_update in germination_counts(run).items()}
     assert counts == {(0, "conv_heavy"): {1: 1}, (0, "conv_light"): {1: 1}, (1, "depthwise"): {1: 2}}
-    assert report.plot_blueprints(run, tmp_path / "b.png") is not None
+    assert plot_blueprints(run, tmp_path / "b.png") is not None

@@ -9,17 +9,15 @@ import pytest
 import torch
 
 from esper.core.spec import HEADS, Op, Stage
+from esper.shell.telemetry.anomaly import AnomalyConfig, AnomalyDetector
+from esper.shell.telemetry.console import progress, summary_table
 from esper.shell.telemetry.events import (
-    AnomalyConfig,
-    AnomalyDetector,
     EventLog,
     discarded_path,
     jsonable,
-    progress,
     read_events,
     rewind_events,
     scan_events,
-    summary_table,
 )
 
 

@@ -1,0 +1,83 @@
+"""What every process of a run must agree on, and how the learner gets there: a rollout refused
+everywhere if one process's is not finite, running statistics merged over every process's part, the
+update's metrics reduced to the whole batch's, a kept rollout gathered whole. With one process each is
+the plain single-process operation."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from esper.core.normalize import batch_stats, merge_running_stats, update_running_stats
+from esper.shell.runtime.distributed import Dist
+
+
+def check_finite(td: TensorDictBase) -> None:
+    """Raise naming every non-finite floating key (one host sync for the whole batch)."""
+    keys = [k for k in td.keys(True, True) if td[k].is_floating_point()]
+    if not keys:
+        return
+    flags = torch.stack([torch.isfinite(td[k]).all() for k in keys])
+    if not bool(flags.all()):  # sync point
+        bad = [k for k, ok in zip(keys, flags.tolist()) if not ok]
+        raise FloatingPointError(f"non-finite values in the rollout under {bad}; refusing to update")
+
+
+def check_finite_everywhere(batch: TensorDictBase, dist: Dist) -> None:
+    """:func:`check_finite`, and with several processes every one raises if one's rollout is bad."""
+    try:
+        check_finite(batch)
+    except FloatingPointError:
+        if dist.active:
+            dist.all_reduce_sum(torch.ones(1, device=batch.device))
+        raise
+    if dist.active and dist.all_reduce_sum(torch.zeros(1, device=batch.device)).item():
+        raise FloatingPointError("non-finite values in another process's rollout; refusing to update")
+
+
+def update_stats(
+    stats: TensorDict, x: torch.Tensor, dist: Dist, momentum: float | None = None
+) -> TensorDict:
+    """``stats`` updated with the batch ``x``; with several processes, with the whole batch (every
+    process's part, merged exactly in rank order), so every process holds the same statistics."""
+    if not dist.active:
+        return update_running_stats(stats, x, momentum=momentum)
+    part = batch_stats(x, stats["mean"].dim())
+    flat = torch.cat([part["count"].reshape(1), part["mean"].reshape(-1), part["var"].reshape(-1)])
+    whole = None
+    for row in dist.gather_tensors(flat):
+        n, rest = row[0], row[1:]
+        mean, var = rest.chunk(2)
+        p = TensorDict({"mean": mean.view_as(part["mean"]), "var": var.view_as(part["var"]), "count": n})
+        whole = p if whole is None else merge_running_stats(whole, p)
+    return merge_running_stats(stats, whole, momentum=momentum)
+
+
+def reduce_report(report: TensorDict, dist: Dist) -> TensorDict:
+    """The mean step metrics of the whole batch from every process's: sums of the shares (loss
+    terms, KL, entropy, clip fractions, ``mean_ratio``), max / min of the ratio extremes, the mean
+    over processes of ``ESS`` (an average of the parts', not the whole's); gradient statistics,
+    head weights and the explained variance are already the whole minibatch's everywhere."""
+    if not dist.active:
+        return report
+    for key in report.keys(True, True):
+        path = key if isinstance(key, tuple) else (key,)
+        if path[0] == "grad" or path[-1] in ("weight", "explained_variance"):
+            continue
+        op = {"max_ratio": "max", "min_ratio": "min"}.get(path[-1], "sum")
+        value = dist.all_reduce(report[key].clone(), op)
+        if path[-1] == "ESS":
+            value = value / dist.world
+        report[key] = value
+    return report
+
+
+def whole_rollout(part: TensorDictBase, dist: Dist) -> TensorDictBase:
+    """A kept rollout with every process's envs, in rank order (this process's part alone)."""
+    if not dist.active:
+        return part
+    parts = dist.gather_objects(part.cpu().to_dict())
+    return torch.cat([TensorDict(d, batch_size=part.batch_size) for d in parts], 0)
+
+
+__all__ = ["check_finite", "check_finite_everywhere", "reduce_report", "update_stats", "whole_rollout"]

@@ -1,0 +1,211 @@
+"""Every env's host, its optimizers, its data and its AMP scaler: the host side of :class:`VecEnv`.
+
+:class:`PerEnvHosts` steps the envs one after the other (or on a few CPU threads), each through its own
+:class:`~esper.shell.host.model.EnvModel` and, on CUDA, on its own stream (finding S1). It is the
+reference path: another way of training the same hosts must give its numbers.
+
+A bank answers in tensors already joined onto the policy device (:meth:`PerEnvHosts.measure`,
+:meth:`PerEnvHosts.final`), so the environment never reads a result another stream may still write.
+The slot state, the lifecycle and the governor's decisions belong to the environment; the bank only
+builds, removes and re-weights seed modules when told (:meth:`germinate`, :meth:`prune`,
+:meth:`set_slot`) and restores a host from a snapshot (:meth:`rollback`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from esper.core.spec import Stage, Style
+from esper.shell.data.tasks import Loaders, Task
+from esper.shell.env.config import EnvConfig
+from esper.shell.env.seeding import derive_seed
+from esper.shell.env.streams import EnvStreams
+from esper.shell.host.model import EnvModel
+
+#: What :meth:`PerEnvHosts.measure` returns per env, in order: ``[E]`` each, ``[E, S]`` the last two.
+MEASURED = ("train_loss", "train_acc", "val_loss", "val_acc", "grad_ratio", "contribution")
+
+
+def _uses_dropout(module: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in module.modules())
+
+
+class PerEnvHosts:
+    """The hosts of ``cfg.n_envs`` envs of ``task``; ``device`` is where results are joined (the
+    policy's). Call :meth:`reset` before the first episode."""
+
+    def __init__(self, cfg: EnvConfig, task: Task, device: torch.device) -> None:
+        self.cfg, self.task, self.device = cfg, task, device
+        self.n = cfg.n_envs
+        names = cfg.devices or (cfg.device,)
+        self.env_devices = [torch.device(names[i % len(names)]) for i in range(self.n)]
+        self.streams = EnvStreams(self.env_devices)
+        self.models: list[EnvModel] = []
+        self.loaders: list[Loaders] = []
+        self.scalers: list[torch.amp.GradScaler | None] = []
+        self.host_seeds: list[int] = []
+        #: Seconds of the last :meth:`measure`: ``host_training`` and ``validation``.
+        self.timings: dict[str, float] = {}
+        # Worker threads for CPU envs: only where training draws no random numbers from the global
+        # generator (dropout would make the result depend on thread timing), so runs stay reproducible.
+        concurrent = cfg.workers > 1 and all(d.type == "cpu" for d in self.env_devices)
+        self._pool = (
+            ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="esper-env")
+            if concurrent and not _uses_dropout(task.make_host())
+            else None
+        )
+
+    # ----------------------------------------------------------------------------------------- episode
+    def reset(self, host_seeds: Sequence[int]) -> None:
+        """Fresh hosts (initialized from the global generator seeded with the env's host seed),
+        optimizers, data order and scalers."""
+        self.host_seeds = [int(s) for s in host_seeds]
+        self.models, self.loaders, self.scalers = [], [], []
+        for env_seed, dev in zip(self.host_seeds, self.env_devices):
+            torch.manual_seed(env_seed)  # host init and seed builds draw from the global RNG
+            host = self.task.make_host().to(dev)
+            cfg = self.cfg
+            self.models.append(
+                EnvModel(host, host_lr=cfg.host_lr, seed_lr=cfg.seed_lr, momentum=cfg.momentum,
+                         weight_decay=cfg.weight_decay)
+            )  # fmt: skip
+            self.loaders.append(self.task.make_loaders(env_seed, device=dev))
+            # H12: one scaler per env, only ever used inside that env's stream
+            use_scaler = cfg.amp and dev.type == "cuda"
+            self.scalers.append(torch.amp.GradScaler("cuda") if use_scaler else None)
+
+    def host_params(self, i: int) -> int:
+        return sum(p.numel() for p in self.models[i].host.host_parameters())
+
+    def alphas(self, i: int) -> list[float]:
+        host = self.models[i].host
+        return [host.slot(s).alpha for s in range(host.n_slots)]
+
+    # ------------------------------------------------------------------------------------------- epochs
+    def measure(self, lr_scale: float) -> dict[str, torch.Tensor]:
+        """Train every env one epoch at ``lr_scale`` times its learning rates, then validate it with
+        every live seed's counterfactual: :data:`MEASURED`, stacked over envs on the policy device."""
+        t0 = time.perf_counter()
+        for model in self.models:
+            model.set_lr_scale(lr_scale)
+        train = self._each(lambda i: self.models[i].train_epoch(self.loaders[i].train, **self._amp(i)))
+        t1 = time.perf_counter()
+        val = self._each(lambda i: self.models[i].counterfactual_validation(self.loaders[i].val))
+        t2 = time.perf_counter()
+        self.timings = {"host_training": t1 - t0, "validation": t2 - t1}
+        rows = []
+        for i in range(self.n):
+            tr, (vloss, vacc, contrib) = train[i], val[i]
+            parts = [tr["loss"], tr["acc"], vloss, vacc, tr["grad_ratio"], contrib]
+            # cast after the join: a cast is a read, and reads of env i's results wait on its event (S1)
+            rows.append([p.float() for p in self.streams.join(i, parts, self.device)])
+        return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(MEASURED)}
+
+    def revalidate(self, envs: Sequence[int]) -> dict[str, torch.Tensor]:
+        """``val_loss``, ``val_acc`` ``[len(envs)]`` and ``contribution [len(envs), S]`` of the listed
+        envs again (after a rollback)."""
+        val = []
+        for i in envs:
+            with self.streams.run(i):
+                val.append(self.models[i].counterfactual_validation(self.loaders[i].val))
+        rows = [[t.float() for t in self.streams.join(i, list(v), self.device)] for i, v in zip(envs, val)]
+        keys = ("val_loss", "val_acc", "contribution")
+        return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(keys)}
+
+    def final(self) -> dict[str, torch.Tensor]:
+        """The final hosts on validation and on the held-out test split (read here and nowhere else):
+        ``val_loss``, ``val_acc``, ``test_loss``, ``test_acc`` ``[E]``."""
+        val = self._each(lambda i: self.models[i].validate(self.loaders[i].val))
+        test = self._each(lambda i: self.models[i].validate(self.loaders[i].test))
+        rows = [
+            [p.float() for p in self.streams.join(i, [*val[i], *test[i]], self.device)] for i in range(self.n)
+        ]
+        keys = ("val_loss", "val_acc", "test_loss", "test_acc")
+        return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(keys)}
+
+    # -------------------------------------------------------------------------------------------- seeds
+    def germinate(self, i: int, slot: int, blueprint: int, style: Style | int, epoch: int) -> int:
+        """Build the seed into env ``i``'s slot (the global generator seeded from the env's host seed,
+        the epoch and the slot, and restored after: what is built does not depend on what the other
+        envs drew before, so an env's episode is the same in any process's slice); its parameters."""
+        with self.streams.run(i), self._seeded(i, derive_seed("build", self.host_seeds[i], epoch, slot)):
+            return self.models[i].germinate(slot, blueprint, style)
+
+    def prune(self, i: int, slot: int) -> None:
+        self.models[i].prune(slot)
+
+    def set_slot(self, i: int, slot: int, *, alpha: float, stage: int) -> None:
+        self.models[i].host.set_slot(slot, alpha=alpha, stage=stage)
+
+    def snapshot_state(self, i: int) -> dict[str, torch.Tensor]:
+        """The host and its fossilized seeds (what a rollback restores)."""
+        host = self.models[i].host
+        keep = {f"slots.{s}." for s in range(host.n_slots) if host.slot(s).stage == Stage.FOSSILIZED}
+        return {
+            k: v for k, v in host.state_dict().items()
+            if not k.startswith("slots.") or any(k.startswith(p) for p in keep)
+        }  # fmt: skip
+
+    def rollback(self, i: int, snapshot: dict[str, torch.Tensor]) -> list[int]:
+        """Remove every seed of env ``i`` that is not fossilized, load ``snapshot`` into the host, clear
+        every optimizer's momentum; returns the slots whose seed was removed."""
+        model = self.models[i]
+        removed = []
+        for s in range(model.host.n_slots):
+            slot = model.host.slot(s)
+            if slot.occupied and slot.stage != Stage.FOSSILIZED:
+                model.prune(s)
+                removed.append(s)
+        current = model.host.state_dict()
+        model.host.load_state_dict({k: v for k, v in snapshot.items() if k in current}, strict=False)
+        for opt in model.optimizers():
+            opt.state.clear()
+        return removed
+
+    def close(self) -> None:
+        """Stop the worker threads (if any); the bank stays usable, one env after the other."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # ------------------------------------------------------------------------------------------ helpers
+    @contextmanager
+    def _seeded(self, i: int, seed: int) -> Iterator[None]:
+        dev = self.env_devices[i]
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.default_generator.manual_seed(seed)
+            if dev.type == "cuda":
+                with torch.cuda.device(dev):
+                    torch.cuda.manual_seed(seed)
+            yield
+
+    def _each(self, work: Callable[[int], Any]) -> list[Any]:
+        """``[work(i) for i in envs]``, each inside env i's stream; on CPU with ``env.workers > 1``
+        the envs run concurrently on a thread pool (PyTorch releases the GIL inside its ops, and the
+        envs share nothing: own model, optimizers, data generator). Results keep env order."""
+
+        def run(i: int) -> Any:
+            with self.streams.run(i):
+                return work(i)
+
+        if self._pool is None or self.n == 1:
+            return [run(i) for i in range(self.n)]
+        return list(self._pool.map(run, range(self.n)))
+
+    def _amp(self, i: int) -> dict:
+        if not self.cfg.amp:
+            return {}
+        dev = self.env_devices[i]
+        return {
+            "autocast_dtype": torch.float16 if dev.type == "cuda" else torch.bfloat16,
+            "scaler": self.scalers[i],
+        }
+
+
+__all__ = ["MEASURED", "PerEnvHosts"]

@@ -1,0 +1,150 @@
+"""The controllers an evaluation runs, by name: the trained controller's readouts (``ppo``,
+``ppo_greedy``, ``ppo_mixed``), the baselines (``static``, ``random``, ``heuristic``, ``grow_all``) and
+fixed placements (``grow:SLOT=BLUEPRINT+...``), any fixed schedule with its own blend
+(``@STYLE@TEMPO@ALPHA``). :func:`make_controller` builds one for an env; ``--controllers`` of
+``python -m esper.shell.evaluate`` takes these names.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from esper.core.spec import ALPHA_TARGETS, HEADS, Style, Tempo
+from esper.shell.agent.agent import build_agent
+from esper.shell.agent.controller import PPOController
+from esper.shell.baselines.heuristic import HeuristicController
+from esper.shell.baselines.simple import (
+    GROW_ALL_BLUEPRINT,
+    GrowAllController,
+    RandomController,
+    StaticController,
+)
+from esper.shell.config.presets import RunConfig
+from esper.shell.env.vecenv import VecEnv
+
+#: The heads ``ppo_mixed`` takes the mode of.
+MIXED_MODE_HEADS = tuple(h for h in HEADS if h not in ("op", "slot"))
+#: Each PPO readout: the heads that take their most likely choice (True all, False none; the policy's
+#: ``act(deterministic=...)``) and how it acts, in words (``results.json``'s ``meta.ppo_acts`` and the
+#: growth bench's tables). ``ppo`` samples its policy, as it did in training (a generator seeded from
+#: the evaluation seed); ``ppo_greedy`` takes every head's most likely choice. A policy that has learned
+#: to germinate early but not at one particular epoch can put most of its mass on WAIT at every single
+#: epoch, so its greedy version never grows: both are reported. ``ppo_mixed`` (asked for by name, not
+#: in the default set) samples when and where (the op and slot heads) and takes the most likely what and
+#: how (blueprint and blend heads): the sampled policy's misses were weaker blueprints drawn for a slot
+#: whose mode was the strong one, the greedy policy's a WAIT that was the mode at every epoch.
+PPO_READOUTS: dict[str, tuple[bool | tuple[str, ...], str]] = {
+    "ppo": (False, "samples its policy, as in training (seeded)"),
+    "ppo_greedy": (True, "takes each head's most likely choice"),
+    "ppo_mixed": (
+        MIXED_MODE_HEADS,
+        "samples the op and slot heads and takes the other heads' most likely choice",
+    ),
+}
+PPO_CONTROLLERS = tuple(PPO_READOUTS)
+CONTROLLERS = ("ppo", "ppo_greedy", "static", "random", "heuristic", "grow_all")
+#: Fixed placements: ``grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]`` grows only those slots, each with its
+#: blueprint, as fast as the gates allow (:class:`~esper.shell.baselines.simple.GrowAllController`
+#: with a plan).
+PLAN_PREFIX = "grow:"
+#: A fixed schedule blends as :data:`~esper.core.spec.DEFAULT_BLEND` says (LINEAR_ADD, FAST, alpha 1.0)
+#: unless its name ends in settings, each after an ``@``: any of a style, a tempo and an alpha target, in
+#: any order (``--controllers`` is comma-separated): ``grow:b0=conv_heavy@GATED_GATE``,
+#: ``grow:b0=conv_heavy@STANDARD@0.7``.
+STYLE_SEP = "@"
+EXTRA_CONTROLLERS = (
+    "ppo_mixed, grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...], "
+    "either with @STYLE@TEMPO@ALPHA (any)"
+)
+
+
+def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict | None, seed: int):
+    """A fresh controller ``name`` for ``env`` (the PPO ones restored from ``checkpoint`` and frozen)."""
+    if name in PPO_CONTROLLERS:
+        if checkpoint is None:
+            raise ValueError(f"controller {name!r} needs the run's checkpoint")
+        device = torch.device(cfg.env.device)
+        agent = build_agent(cfg.ppo, env.spec, device=device, germination_cost=env.germination_cost)
+        agent.load(checkpoint["trainer"])
+        agent.policy.eval()
+        generator = torch.Generator(device=device).manual_seed(seed)
+        return PPOController(agent, generator=generator, deterministic=PPO_READOUTS[name][0], learns=False)
+    if name == "static":
+        return StaticController()
+    if name == "random":
+        return RandomController(seed=seed)
+    if name == "heuristic":
+        return HeuristicController(env.blueprint_names, cfg.lifecycle)
+    base, at, settings = name.partition(STYLE_SEP)
+    blend = parse_blend(name, settings) if at else {}
+    if base == "grow_all" or base.startswith("grow_all:"):
+        blueprint = base.partition(":")[2] or GROW_ALL_BLUEPRINT[env.task.family]
+        return GrowAllController(_blueprint_index(name, blueprint, env), cfg.lifecycle, **blend)
+    if base.startswith(PLAN_PREFIX):
+        return GrowAllController(parse_plan(base, env), cfg.lifecycle, **blend)
+    if at:
+        raise ValueError(f"{name}: only grow_all and grow: placements take {STYLE_SEP}BLEND settings")
+    raise ValueError(
+        f"unknown controller {name!r}; controllers: {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
+    )
+
+
+def _blueprint_index(name: str, blueprint: str, env: VecEnv) -> int:
+    names = env.blueprint_names
+    if blueprint not in names or blueprint == "noop":
+        real = [b for b in names if b != "noop"]
+        raise ValueError(f"{name}: no blueprint {blueprint!r}; blueprints: {', '.join(real)}")
+    return names.index(blueprint)
+
+
+def parse_blend(name: str, settings: str) -> dict[str, Style | Tempo | float]:
+    """The blend settings after ``@`` in a fixed schedule's name, as
+    :class:`~esper.shell.baselines.simple.GrowAllController` keywords: ``"STANDARD@0.7"`` ->
+    ``{"tempo": Tempo.STANDARD, "alpha_target": 0.7}`` (a style, a tempo and an alpha target, each at
+    most once, in any order; the ones left out keep the fixed schedule's)."""
+    out: dict[str, Style | Tempo | float] = {}
+    for token in settings.split(STYLE_SEP):
+        key, value = _blend_setting(token.strip())
+        if key is None:
+            raise ValueError(
+                f"{name}: no blend setting {token!r}; styles: {', '.join(s.name for s in Style)}; tempos: "
+                f"{', '.join(t.name for t in Tempo)}; alpha targets: {', '.join(map(str, ALPHA_TARGETS))}"
+            )
+        if key in out:
+            raise ValueError(f"{name}: gives the {key.replace('_', ' ')} twice")
+        out[key] = value
+    return out
+
+
+def _blend_setting(token: str) -> tuple[str | None, Style | Tempo | float | None]:
+    if token.upper() in Style.__members__:
+        return "style", Style[token.upper()]
+    if token.upper() in Tempo.__members__:
+        return "tempo", Tempo[token.upper()]
+    try:
+        alpha = float(token)
+    except ValueError:
+        return None, None
+    return ("alpha_target", alpha) if alpha in ALPHA_TARGETS else (None, None)
+
+
+def parse_plan(name: str, env: VecEnv) -> dict[int, int]:
+    """``grow:b0=conv_heavy+b2=depthwise`` -> ``{0: index of conv_heavy, 2: index of depthwise}``:
+    the slots a fixed placement grows, each with its blueprint (one-line errors name what is wrong)."""
+    body = name.removeprefix(PLAN_PREFIX)
+    plan: dict[int, int] = {}
+    for part in body.split("+") if body else []:
+        slot, eq, blueprint = part.partition("=")
+        if not eq or slot not in env.slot_names:
+            slots = ", ".join(env.slot_names)
+            raise ValueError(f"{name}: {part!r} is not SLOT=BLUEPRINT with a slot of {slots}")
+        index = env.slot_names.index(slot)
+        if index in plan:
+            raise ValueError(f"{name}: slot {slot} planned twice")
+        if not env.enabled[index]:
+            raise ValueError(f"{name}: slot {slot} is not enabled (env.slots)")
+        plan[index] = _blueprint_index(name, blueprint, env)
+    if not plan:
+        raise ValueError(f"{name}: an empty plan; write e.g. {PLAN_PREFIX}b0=conv_heavy+b2=depthwise")
+    return plan
+

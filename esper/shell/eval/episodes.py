@@ -1,0 +1,217 @@
+"""Evaluation episodes: controllers run on the same fresh hosts, and what their final hosts show.
+
+:func:`run_episodes` runs one controller on evaluation episodes (host seeds of their own,
+:func:`esper.shell.env.seeding.eval_host_seeds`); :func:`summarize` and :func:`correlations` make the
+``results.json`` entries; :func:`compare_on_config` runs and summarizes several controllers on the
+task a config describes (the end-of-run held-out check, the growth bench); :func:`compare_controllers`
+does it for a run directory's trained controller and writes ``RUN_DIR/eval/``
+(``python -m esper.shell.evaluate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from esper.core.rewards import RewardConfig, parameter_cost
+from esper.shell.baselines.simple import GROW_ALL_BLUEPRINT
+from esper.shell.config.fields import from_dict
+from esper.shell.config.presets import RunConfig
+from esper.shell.data.tasks import Task
+from esper.shell.env.rollout import EpisodeRunner
+from esper.shell.env.seeding import eval_host_seeds
+from esper.shell.env.vecenv import BLEND_SETTINGS, VecEnv
+from esper.shell.eval.controllers import (
+    CONTROLLERS,
+    EXTRA_CONTROLLERS,
+    PLAN_PREFIX,
+    PPO_CONTROLLERS,
+    PPO_READOUTS,
+    STYLE_SEP,
+    make_controller,
+)
+from esper.shell.eval.output import write_eval
+from esper.shell.eval.stats import mean_ci95, spearman
+from esper.shell.runtime.checkpoint import load_checkpoint
+from esper.shell.telemetry.console import progress
+
+#: Episode fields kept in ``per_episode`` (and averaged where numeric).
+EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
+                  "n_fossilized", "n_pruned", "host_seed", "grown", "germinated_at",
+                  "germinations")  # fmt: skip
+
+
+def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int], *, eval_seed: int,
+                 checkpoint: dict | None, on_epoch=None) -> list[dict]:  # fmt: skip
+    """Run controller ``name`` on evaluation episodes ``episodes`` (indices; host seeds from
+    ``eval_seed``), ``cfg.env.n_envs`` at a time. Returns one record per episode, in order."""
+    records: list[dict] = []
+    width = cfg.env.n_envs
+    for start in range(0, len(episodes), width):
+        chunk = list(episodes[start : start + width])
+        env_cfg = dataclasses.replace(cfg.env, n_envs=len(chunk))
+        env = VecEnv(
+            env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, task=task, reward=cfg.reward,
+            gamma=cfg.ppo.gamma,
+        )
+        try:
+            ctl = make_controller(name, cfg, env, checkpoint=checkpoint, seed=eval_seed + start)
+            runner = EpisodeRunner(env, ctl, on_epoch=on_epoch)
+            result = runner.run(start, host_seeds=eval_host_seeds(eval_seed, chunk))
+        finally:
+            env.close()
+        curves = np.array([ev["val_acc"] for ev in result.epochs]).T  # [E, T]
+        for i, ep in enumerate(result.episodes):
+            rec = {"controller": name, "episode": chunk[i], **ep}
+            rec["test_objective"] = _objective(ep["final_test_acc"], ep["params_added"], ep["host_params"],
+                                               cfg.reward)  # fmt: skip
+            rec["val_acc_curve"] = [float(a) for a in curves[i]]
+            records.append(rec)
+    return records
+
+
+def _objective(acc: float, params_added: float, host_params: float, reward: RewardConfig) -> float:
+    """The held-out analogue of the OBJECTIVE reward's Phi: test accuracy minus the parameter cost."""
+    host = torch.tensor(max(float(host_params), 1.0))
+    cost = parameter_cost(torch.tensor(float(params_added)), host, reward)
+    return acc - float(cost)
+
+
+def summarize(records: list[dict]) -> dict[str, Any]:
+    """One controller's summary (the ``results.json`` entry)."""
+    acc = [r["final_test_acc"] for r in records]
+    params = [r["params_added"] for r in records]
+    m, (lo, hi) = mean_ci95(acc)
+    pm, (plo, phi) = mean_ci95(params)
+    out: dict[str, Any] = {
+        "test_acc_mean": m,
+        "test_acc_ci95": [lo, hi],
+        "params_added_mean": pm,
+        "params_added_ci95": [plo, phi],
+        "episodes": len(records),
+        "test_acc_std": float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0,
+    }
+    for k in ("return", "final_val_acc", "objective", "test_objective", "n_fossilized", "n_pruned"):
+        out[f"{k}_mean"] = float(np.mean([r[k] for r in records]))
+    ops: dict[str, float] = {}
+    for r in records:
+        for op, n in r.get("op_counts", {}).items():
+            ops[op] = ops.get(op, 0.0) + n / len(records)
+    out["op_counts_mean"] = ops
+    # what was grown, where and when: the final hosts' seeds in the placements' notation, most common
+    # first, and the epoch of each episode's first germination (episodes that germinated at all)
+    grown = Counter(r["grown"] for r in records)
+    out["grown_counts"] = dict(sorted(grown.items(), key=lambda kv: (-kv[1], kv[0])))
+    first = [r["germinated_at"][0] for r in records if r["germinated_at"]]
+    out["first_germination_mean"] = float(np.mean(first)) if first else None
+    # how it blended: the style, tempo and alpha target of every germination, most common first
+    germs = [g for r in records for g in r.get("germinations", [])]
+    out["blend_counts"] = {
+        k: dict(Counter(str(g[k]) for g in germs if k in g).most_common()) for k in BLEND_SETTINGS
+    }
+    out["val_acc_curve_mean"] = np.mean([r["val_acc_curve"] for r in records], axis=0).tolist()
+    out["per_episode"] = [{k: r[k] for k in (*EPISODE_FIELDS, "episode")} for r in records]
+    return out
+
+
+def correlations(records: list[dict]) -> dict[str, Any]:
+    """Spearman's rho between each episode's return and its held-out outcome, over ``records``."""
+    ret = [r["return"] for r in records]
+    per_param = [r["final_test_acc"] / (r["host_params"] + r["params_added"]) * 1000.0 for r in records]
+    return {
+        "n_episodes": len(records),
+        "return_vs_test_acc": spearman(ret, [r["final_test_acc"] for r in records]),
+        "return_vs_test_acc_per_kparam": spearman(ret, per_param),
+        "return_vs_test_objective": spearman(ret, [r["test_objective"] for r in records]),
+    }
+
+
+def compare_controllers(
+    run_dir: str | Path,
+    *,
+    episodes: int = 20,
+    seed: int = 0,
+    controllers: Sequence[str] = CONTROLLERS,
+    show_progress: bool = True,
+    threads: int | None = None,
+    out: str | Path | None = None,
+) -> dict[str, Any]:
+    """Evaluate the run in ``run_dir`` (as :mod:`esper.shell.evaluate` describes) and write ``out``
+    (``RUN_DIR/eval/`` by default); returns the results dict. ``threads``: torch intra-op threads to
+    set (0: as the run would, the cores over its env workers; None: leave torch's setting alone). The
+    CLI passes 0: two env threads on two cores with two intra-op threads each ran the evaluation ~4x
+    slower per episode than training."""
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{cfg_path} not found (is {run_dir} a run directory?)")
+    if episodes < 2:
+        raise ValueError(f"--episodes must be >= 2 (a confidence interval needs two), got {episodes}")
+    extra = ("grow_all:", "grow_all" + STYLE_SEP, PLAN_PREFIX)
+    known = (*CONTROLLERS, *PPO_CONTROLLERS)
+    unknown = [c for c in controllers if c not in known and not c.startswith(extra)]
+    if unknown or not controllers:
+        raise ValueError(
+            f"unknown controller(s) {unknown}; choose from {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
+        )
+    cfg = from_dict(RunConfig, json.loads(cfg_path.read_text()))
+    if threads is not None:
+        torch.set_num_threads(threads or cfg.torch_threads())
+    checkpoint = None
+    if any(c in PPO_CONTROLLERS for c in controllers):
+        ckpt = run_dir / "checkpoint.pt"
+        if not ckpt.is_file():
+            raise FileNotFoundError(f"{ckpt} not found: evaluate a run that finished an update")
+        checkpoint = load_checkpoint(ckpt, map_location=cfg.env.device)
+        if "trainer" not in checkpoint:
+            raise ValueError(f"{ckpt} has no 'trainer' entry: not a checkpoint of python -m esper.shell.run")
+    results = compare_on_config(cfg, controllers, episodes=episodes, seed=seed, checkpoint=checkpoint,
+                               show_progress=show_progress)  # fmt: skip
+    results["meta"]["run_dir"] = str(run_dir)
+    write_eval(Path(out) if out is not None else run_dir / "eval", results)
+    return results
+
+
+def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int, seed: int,
+                      checkpoint: dict | None = None, show_progress: bool = True,
+                      task: Task | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run ``controllers`` on ``episodes`` evaluation episodes of the task ``cfg`` describes and
+    summarize (the ``results.json`` layout, without writing it)."""
+    task = task if task is not None else cfg.env.build_task()
+    t0 = time.perf_counter()
+    records: dict[str, list[dict]] = {}
+    T = cfg.lifecycle.max_epochs
+    with progress(len(controllers) * episodes * T, desc="evaluate", enabled=show_progress) as bar:
+        for name in controllers:
+            bar.set_postfix(controller=name)
+            on_epoch = lambda ev: bar.update(ev["envs"])
+            records[name] = run_episodes(cfg, task, name, range(episodes), eval_seed=seed,
+                                         checkpoint=checkpoint, on_epoch=on_epoch)  # fmt: skip
+    return {
+        "controllers": {name: summarize(recs) for name, recs in records.items()},
+        "correlations": correlations([r for recs in records.values() for r in recs]),
+        "meta": {
+            "run_dir": None,
+            "task": cfg.env.task,
+            "episodes": episodes,
+            "eval_seed": seed,
+            "ppo_acts": "; ".join(f"{name} {how}" for name, (_, how) in PPO_READOUTS.items()),
+            "grow_all_blueprint": GROW_ALL_BLUEPRINT.get(task.family),
+            "param_weight": cfg.reward.param_weight,
+            "param_budget": cfg.reward.param_budget,
+            "param_over_weight": cfg.reward.param_over_weight,
+            "ppo_param_cap": cfg.ppo.param_cap,  # the learned controller's hard cap (0: none)
+            "reward_mode": cfg.reward.mode.name,
+            "trained_updates": int(checkpoint["progress"]["update"]) if checkpoint else None,
+            "torch_threads": torch.get_num_threads(),  # the numbers repeat at the same seed and threads
+            "seconds": time.perf_counter() - t0,
+        },
+    }

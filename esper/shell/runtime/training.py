@@ -1,0 +1,337 @@
+"""One training run in one process: :class:`TrainingRun` builds the envs, the learner and the
+controller from a config (a resumed run's checkpoint restored), runs the remaining updates, logs every
+event, writes a checkpoint at update boundaries, stops on Ctrl-C, SIGTERM, a non-finite update or a
+lost process with its last checkpoint intact, and ends with the summary table, the held-out check
+(:func:`esper.shell.eval.heldout.heldout_check`) and the report. :func:`provenance` is what
+``provenance.json`` and the ``run_start`` event record.
+
+``python -m esper.shell.run`` (:mod:`esper.shell.run`) checks the request, locks the run directory and
+starts one; the guarantees its module docstring lists hold here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from esper.shell.agent.controller import PPOController
+from esper.shell.agent.trainer import build_learner
+from esper.shell.baselines.heuristic import HeuristicController
+from esper.shell.config.fields import to_dict
+from esper.shell.config.presets import RunConfig
+from esper.shell.env.rollout import EpisodeResult, EpisodeRunner, merge_results
+from esper.shell.env.vecenv import VecEnv
+from esper.shell.eval.heldout import heldout_check
+from esper.shell.runtime.checkpoint import rng_state, save_checkpoint, set_rng_state
+from esper.shell.runtime.cli import STOPPED, describe, repeat_line
+from esper.shell.runtime.distributed import SINGLE, Dist, PeerLost, rank_device
+from esper.shell.runtime.rundir import StopSignals, Terminated
+from esper.shell.telemetry.anomaly import AnomalyDetector
+from esper.shell.telemetry.console import progress, summary_table
+from esper.shell.telemetry.events import EventLog, rewind_events
+from esper.shell.telemetry.report import write_report
+
+#: The command that trains (the one-line errors of a stopped run start with it).
+PROG = "python -m esper.shell.run"
+CHECKPOINT = "checkpoint.pt"
+EVENTS = "events.jsonl"
+#: What a checkpoint of this module holds (a file without one of them is refused when resuming).
+PAYLOAD_KEYS = ("trainer", "detector", "rng", "config", "progress")
+
+
+def provenance(cfg: RunConfig, dist: Dist = SINGLE) -> dict:
+    import tensordict
+    import torchrl
+
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip() or None  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        rev = None
+    return {
+        "git_rev": rev,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "tensordict": tensordict.__version__,
+        "torchrl": torchrl.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "device": cfg.env.device,
+        "world_size": dist.world,
+        "backend": dist.backend,
+        "argv": sys.argv,
+    }
+
+
+# --------------------------------------------------------------------------------------------- run
+class TrainingRun:
+    """Everything one run holds; :meth:`train` is the loop. ``checkpoint`` (a loaded payload) restores
+    a resumed run; nothing is written until :meth:`open_log`.
+
+    Under torchrun (``dist``) the process runs its slice of the envs and a replica of the learner;
+    the events of every slice are gathered, and only rank 0 writes the run directory. Nothing of the
+    checkpoint depends on the world size: a run goes on with any number of processes."""
+
+    def __init__(
+        self, cfg: RunConfig, run_dir: Path, checkpoint: dict | None = None, dist: Dist = SINGLE
+    ) -> None:
+        self.cfg, self.dir, self.dist = cfg, run_dir, dist
+        torch.manual_seed(cfg.seed)
+        first, n = dist.shard(cfg.env.n_envs)
+        device = rank_device(cfg.env.device, dist)
+        devices = cfg.env.devices if not dist.active else ()
+        env_cfg = dataclasses.replace(cfg.env, n_envs=n, device=device, devices=devices)
+        self.env = VecEnv(
+            env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, first_env=first, reward=cfg.reward,
+            gamma=cfg.ppo.gamma,
+        )
+        self.agent, self.trainer = build_learner(
+            cfg.ppo, self.env.spec, device=torch.device(device), seed=cfg.seed, compile=cfg.compile,
+            dist=dist, germination_cost=self.env.germination_cost,
+        )
+        if cfg.policy == "ppo":  # actions sampled per env, from the global env index: see PPOController
+            self.controller = PPOController(self.agent, per_env=True)
+        else:
+            self.controller = HeuristicController(self.env.blueprint_names, cfg.lifecycle)
+        self.detector = AnomalyDetector(cfg.anomaly, target_kl=cfg.ppo.target_kl)
+        self.start = 0
+        self.rows: list[dict] = []
+        #: The update of the newest checkpoint on disk (None: none yet).
+        self.saved: int | None = None
+        self.log: EventLog | None = None
+        self.signals = StopSignals()  # inactive unless main() enters it
+        if checkpoint is not None:
+            self._load(checkpoint)
+
+    def _load(self, ckpt: dict) -> None:
+        missing = [k for k in PAYLOAD_KEYS if k not in ckpt]
+        if missing:
+            raise ValueError(
+                f"checkpoint {self.dir / CHECKPOINT} has no {', '.join(map(repr, missing))} entry: it was "
+                "not written by python -m esper.shell.run"
+            )
+        try:
+            self.trainer.load_state_dict(ckpt["trainer"])
+            self.detector.load_state_dict(ckpt["detector"])
+            set_rng_state(ckpt["rng"])
+            self.start = int(ckpt["progress"]["update"])
+            self.rows = list(ckpt["progress"]["rows"])
+        except (KeyError, RuntimeError, TypeError, ValueError, AttributeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"checkpoint {self.dir / CHECKPOINT} does not fit this run: {first}") from None
+        self.saved = self.start
+
+    def open_log(self, *, resume: bool) -> None:
+        """Open ``events.jsonl`` (a resumed run first rewinds it to its checkpoint, see the module
+        docstring) and log ``run_start``."""
+        path = self.dir / EVENTS
+        moved = rewind_events(path, self.start) if resume else 0
+        self.log = EventLog(path, append=resume)
+        prov = provenance(self.cfg, self.dist)
+        self.log.write("run_start", config=to_dict(self.cfg), provenance=prov, resumed_from=self.start)
+        if moved:
+            self.log.write("log_rewound", update=self.start, discarded=moved, path="events.discarded.jsonl")
+            print(f"esper: {moved} event line(s) of updates after the checkpoint (update {self.start}) moved "
+                  f"to {path.with_name('events.discarded.jsonl')}", file=sys.stderr)  # fmt: skip
+
+    def boundary(self, update: int) -> dict:
+        """The checkpoint payload of the state right now, which must be an update boundary (``update``
+        updates done), copied to the CPU so the run can go on changing its own state."""
+        payload = {
+            "trainer": self.trainer.state_dict(),
+            "detector": self.detector.state_dict(),
+            "rng": rng_state(),
+            "config": to_dict(self.cfg),
+            "progress": {"update": update, "rows": list(self.rows)},
+        }
+        return _cpu_copy(payload)
+
+    def save(self, payload: dict) -> Path:
+        """Write ``payload`` (from :meth:`boundary`) as the checkpoint; Ctrl-C / SIGTERM wait for it."""
+        update = payload["progress"]["update"]
+        with self.signals.deferred():
+            path = save_checkpoint(self.dir / CHECKPOINT, payload)
+        self.saved = update
+        self._event("checkpoint", update=update, path=str(path))
+        return path
+
+    def _event(self, event: str, /, **fields) -> None:
+        if not self.dist.is_main:
+            return
+        if self.log is None:
+            self.open_log(resume=False)
+        self.log.write(event, **fields)  # type: ignore[union-attr]
+
+    def train(self) -> int:
+        """Run the remaining updates; returns the exit status (0, or see :mod:`esper.shell.runtime.cli`)."""
+        cfg = self.cfg
+        if self.log is None and self.dist.is_main:
+            self.open_log(resume=False)
+        T = cfg.lifecycle.max_epochs
+        bar = progress(
+            (cfg.updates - self.start) * T, desc=f"{cfg.policy} {cfg.env.task}",
+            enabled=cfg.progress and self.dist.is_main,
+        )  # fmt: skip
+        runner = EpisodeRunner(self.env, self.controller, on_epoch=lambda ev: bar.update(1))
+        last = self.boundary(self.start)  # the state a stop falls back to
+        update = self.start
+        try:
+            for update in range(self.start, cfg.updates):
+                t0 = time.perf_counter()
+                result = self._gather(runner.run(update))
+                self._log_episodes(update, result)
+                row = {"update": update + 1, **_episode_means(result.episodes)}
+                if self.controller.learns:
+                    metrics = self.trainer.update(result.rollout)
+                    self._event("ppo_update", update=update + 1, **metrics)
+                    for anomaly in self.detector.check(metrics):
+                        self._event("anomaly", update=update + 1, **anomaly.as_dict())
+                        if self.dist.is_main:
+                            bar.write(f"anomaly at update {update + 1}: {anomaly}")
+                    if self.trainer.bad_streak >= cfg.ppo.max_bad_updates:
+                        n = self.trainer.bad_streak
+                        raise FloatingPointError(
+                            f"the last {n} PPO update(s) were rolled back (a non-finite loss or gradient "
+                            "each time)"
+                        )
+                    row.update(kl=metrics.get("kl_approx"), entropy=metrics.get("entropy"),
+                               ev=metrics.get("explained_variance"))  # fmt: skip
+                row["seconds"] = time.perf_counter() - t0
+                self.rows.append(row)
+                bar.set_postfix(test=f"{row['test_acc']:.1f}", ret=f"{row['return']:.2f}")
+                last = self.boundary(update + 1)
+                due = (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates
+                if due and self.dist.is_main:
+                    self.save(last)
+            bar.close()
+            return self._finish()
+        except KeyboardInterrupt as e:
+            bar.close()
+            if isinstance(e, Terminated):
+                return self._stop(last, 143, "stopped by SIGTERM", "")
+            return self._stop(last, 130, "interrupted", "")
+        except FloatingPointError as e:  # a non-finite rollout, or updates rolled back again and again
+            bar.close()
+            why = f"stopped during update {update + 1}: {e}"
+            return self._stop(last, STOPPED, why, " and saner options (e.g. a lower --ppo.lr)")
+        except OSError as e:  # disk full, ...
+            bar.close()
+            return self._stop(last, STOPPED, f"stopped during update {update + 1}: {describe(e)}", "")
+        except PeerLost as e:  # another process died: this one must not wait for it forever
+            bar.close()
+            return self._stop(last, STOPPED, f"stopped during update {update + 1}: {e}", "")
+
+    def _gather(self, result: EpisodeResult) -> EpisodeResult:
+        """Every process's events of this batch, in global env order (the rollout stays this one's)."""
+        if not self.dist.active:
+            return result
+        mine = dataclasses.replace(result, rollout=None, final=None)
+        merged = merge_results(self.dist.gather_objects(mine))
+        merged.rollout = result.rollout
+        return merged
+
+    def _stop(self, last: dict, status: int, why: str, hint: str) -> int:
+        """End a run that cannot go on: write ``last`` (the newest update boundary) if it is newer
+        than the checkpoint on disk, and say in one line what happened and how to go on. A process
+        other than rank 0 only says why it stopped (rank 0 writes and reports)."""
+        done = last["progress"]["update"]
+        if not self.dist.is_main:  # rank 0 writes the checkpoint (if it still can)
+            line = f"process {self.dist.rank}: {why}; resume the last checkpoint with --resume {self.dir}"
+            print(f"{PROG}: error: {line}" if status == STOPPED else f"\nesper: {line}", file=sys.stderr)
+            return status
+        try:
+            with self.signals.deferred(drop=True):  # a second Ctrl-C does not cut this write short
+                if self.saved is None or done > self.saved:
+                    self.save(last)
+        except (FloatingPointError, OSError) as e:
+            why += f"; the checkpoint of update {done} could not be written ({describe(e)})"
+        if self.saved is None:
+            state = "no checkpoint was written; start the run again"
+        else:
+            where = self.dir / CHECKPOINT
+            state = f"the checkpoint of update {self.saved} ({where}) is intact: resume with "
+            state += f"--resume {self.dir}"
+        line = f"{why}; {state}{hint}"
+        print(f"{PROG}: error: {line}" if status == STOPPED else f"\nesper: {line}", file=sys.stderr)
+        try:
+            self._event("run_end", interrupted=True, updates=done, status=status, reason=why)
+            self.log.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        return status
+
+    def _finish(self) -> int:
+        cfg = self.cfg
+        if not self.dist.is_main:
+            return 0
+        table = summary_table(self.rows, [c for c in SUMMARY_COLUMNS if any(c in r for r in self.rows)])
+        print(table)
+        check = (
+            heldout_check(cfg, self.dir, self.trainer.state_dict(replay=False), self.env.task)
+            if cfg.eval_episodes else None
+        )  # fmt: skip
+        if check is not None:
+            print(check["text"])
+            table += "\n\n" + check["text"]
+            self._event("heldout_check", **{k: v for k, v in check.items() if k != "text"})
+        print(repeat := repeat_line(cfg.seed, torch.get_num_threads()))
+        (self.dir / "summary.txt").write_text(f"{table}\n\n{repeat}\n")
+        self._event(
+            "run_end", interrupted=False, updates=cfg.updates, summary=self.rows[-1] if self.rows else {}
+        )
+        self.log.close()  # type: ignore[union-attr]
+        if cfg.report:
+            write_report(self.dir)
+            print(f"report: {self.dir / 'report.md'}")
+        print(f"run directory: {self.dir}")
+        return 0
+
+    def _log_episodes(self, update: int, result) -> None:
+        for ev in result.epochs:
+            self._event("epoch", update=update + 1, **ev)
+        for ev in result.lifecycle:
+            self._event("lifecycle", update=update + 1, **ev)
+        for ev in result.governor:
+            self._event("governor", update=update + 1, **ev)
+        for ep in result.episodes:
+            self._event("episode", update=update + 1, **ep)
+        self._event("timings", update=update + 1, **result.timings)
+
+
+def _cpu_copy(obj):
+    """A deep copy of a payload with every tensor cloned to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return type(obj)((k, _cpu_copy(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+SUMMARY_COLUMNS = ("update", "return", "test_acc", "val_acc", "params", "fossilized", "pruned", "kl",
+                   "entropy", "ev", "seconds")  # fmt: skip
+
+
+def _episode_means(episodes: list[dict]) -> dict:
+    n = max(len(episodes), 1)
+    mean = lambda k: sum(e[k] for e in episodes) / n
+    return {
+        "return": mean("return"),
+        "test_acc": mean("final_test_acc"),
+        "val_acc": mean("final_val_acc"),
+        "params": mean("params_added"),
+        "fossilized": mean("n_fossilized"),
+        "pruned": mean("n_pruned"),
+    }

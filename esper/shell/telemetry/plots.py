@@ -1,0 +1,308 @@
+"""Every plot Esper draws, and the figure helpers they share.
+
+A run's plots (:data:`PLOTS`, drawn by :func:`esper.shell.telemetry.report.write_report` into
+``RUN_DIR/plots/``) read a :class:`~esper.shell.telemetry.events.RunEvents`: the episode returns, the
+final hosts' accuracy and the parameters added, each head's entropy, the PPO losses, the last update's
+seed lifecycle and the blueprints germinated per slot. An evaluation's plots
+(:mod:`esper.shell.eval.output`) and the growth bench's draw on :func:`new_figure` and
+:func:`finish_figure`. Plots without data are skipped (their function returns None). Everything uses
+matplotlib's object API on the Agg canvas: no pyplot, no global backend state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from esper.core.spec import Stage
+from esper.shell.telemetry.events import RunEvents, finite_number
+
+STAGE_COLORS = {
+    "DORMANT": "#e6e6e6",
+    "GERMINATED": "#f2e394",
+    "TRAINING": "#8ecae6",
+    "BLENDING": "#ffb703",
+    "HOLDING": "#c77dff",
+    "FOSSILIZED": "#2a9d8f",
+    "PRUNED": "#e63946",
+    "EMBARGOED": "#6c757d",
+}
+UNKNOWN_COLOR = "#222222"
+LIFECYCLE_MARKERS = {"germinate": ("^", "#1b4332"), "fossilize": ("*", "#000000"), "prune": ("X", "#9d0208")}
+#: Lifecycle event kinds drawn on the timeline, by marker (the env logs past-tense kinds).
+MARKER_OF_KIND = {
+    "germinate": "germinate",
+    "germinated": "germinate",
+    "fossilize": "fossilize",
+    "fossilized": "fossilize",
+    "prune": "prune",
+    "pruned": "prune",
+    "prune_started": "prune",
+    "timeout_pruned": "prune",
+    "timeout_fossilized": "fossilize",
+}
+
+
+# ------------------------------------------------------------------------------------------ figures
+def new_figure(size=(7.0, 4.5)):
+    """A figure with one axes, for an evaluation's plots (:func:`finish_figure` saves it)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=110)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def finish_figure(fig, ax, path: Path, *, legend_size: int = 8, ncol: int = 1) -> Path:
+    """Grid and legend on ``ax``, ``fig`` saved to ``path`` (its folder created)."""
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size, ncol=ncol)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    return path
+
+
+def _figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (7.0, 4.0)):
+    """A figure with a grid of axes, for a run's plots (:func:`_save` saves it)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110, format="png")
+    return path
+
+
+# ------------------------------------------------------------------------------------- a run's plots
+def _series(events: Sequence[dict[str, Any]], field: str, sub: str | None = None) -> np.ndarray:
+    vals = []
+    for e in events:
+        v = e.get(field)
+        if sub is not None:
+            v = v.get(sub) if isinstance(v, dict) else None
+        vals.append(float(v) if finite_number(v) else math.nan)
+    return np.asarray(vals, dtype=float)
+
+
+def _stage_name(v: Any) -> str:
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(Stage):
+        return Stage(v).name
+    return str(v)
+
+
+def plot_returns(run: RunEvents, path: Path) -> Path | None:
+    data = run.per_update("return")
+    if not data:
+        return None
+    x = np.array(list(data))
+    mean = np.array([np.mean(v) for v in data.values()])
+    fig, ax = _figure()
+    ax = ax[0, 0]
+    ax.fill_between(
+        x,
+        [min(v) for v in data.values()],
+        [max(v) for v in data.values()],
+        alpha=0.25,
+        label="min-max over envs",
+    )
+    ax.plot(x, mean, marker="o" if len(x) < 30 else None, label="mean return")
+    ax.set(xlabel="update", ylabel="episode return", title="Episode return")
+    ax.legend(loc="best")
+    return _save(fig, path)
+
+
+def plot_accuracy(run: RunEvents, path: Path) -> Path | None:
+    """Accuracy of the final hosts per update (validation, best validation, test) and, beside it, the
+    parameters the controller added to them: what growth bought, and at what cost."""
+    final, best = run.per_update("final_val_acc"), run.per_update("best_val_acc")
+    test, added = run.per_update("final_test_acc"), run.per_update("params_added")
+    if not final and not best and not test:
+        return None
+    fig, axes = _figure(1, 2 if added else 1, size=(11.0, 4.0) if added else (7.0, 4.0))
+    ax = axes[0, 0]
+    for data, label in ((final, "final val acc"), (best, "best val acc"), (test, "final test acc")):
+        if data:
+            ax.plot(
+                list(data),
+                [np.mean(v) for v in data.values()],
+                marker="o" if len(data) < 30 else None,
+                label=label,
+            )
+    ax.set(xlabel="update", ylabel="accuracy % (mean over envs)", title="Accuracy of the final hosts")
+    ax.legend(loc="best")
+    if added:
+        ax = axes[0, 1]
+        x = list(added)
+        ax.fill_between(x, [min(v) for v in added.values()], [max(v) for v in added.values()], alpha=0.25,
+                        label="min-max over envs")  # fmt: skip
+        ax.plot(x, [np.mean(v) for v in added.values()], marker="o" if len(x) < 30 else None, label="mean")
+        ax.set(xlabel="update", ylabel="parameters added", title="Parameters the seeds added")
+        ax.legend(loc="best")
+    return _save(fig, path)
+
+
+def plot_entropy(run: RunEvents, path: Path) -> Path | None:
+    heads = _ordered_keys(e.get("head_entropy") for e in run.ppo)
+    if not heads:
+        return None
+    x = [e["update"] for e in run.ppo]
+    fig, ax = _figure(size=(8.0, 4.5))
+    ax = ax[0, 0]
+    for head in heads:
+        ax.plot(x, _series(run.ppo, "head_entropy", head), label=head)
+    ax.set(xlabel="update", ylabel="normalized entropy", title="Per-head entropy", ylim=(-0.02, 1.02))
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    return _save(fig, path)
+
+
+def plot_losses(run: RunEvents, path: Path) -> Path | None:
+    if not run.ppo:
+        return None
+    x = [e["update"] for e in run.ppo]
+    fig, axes = _figure(2, 2, size=(9.0, 6.0))
+    panels = (
+        ("loss_objective", "policy loss"),
+        ("loss_critic", "value loss"),
+        ("kl_approx", "KL (k3)"),
+        ("clip_fraction", "clip fraction"),
+    )
+    for ax, (field, title) in zip(axes.flat, panels):
+        ax.plot(x, _series(run.ppo, field), marker="." if len(x) < 50 else None)
+        ax.set(title=title, xlabel="update")
+    return _save(fig, path)
+
+
+def plot_seed_timeline(run: RunEvents, path: Path) -> Path | None:
+    staged = [e for e in run.epochs if isinstance(e.get("stage"), list) and e["stage"]]
+    if not staged:
+        return None
+    from matplotlib.colors import ListedColormap
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    last = max(e["update"] for e in staged)
+    epochs = sorted((e for e in staged if e["update"] == last), key=lambda e: e["epoch"])
+    n_envs = max(len(e["stage"]) for e in epochs)
+    n_slots = max(len(row) for e in epochs for row in e["stage"])
+    slot_names = epochs[-1].get("slot_names") or [f"slot{i}" for i in range(n_slots)]
+    names = list(STAGE_COLORS)
+    first, final = epochs[0]["epoch"], epochs[-1]["epoch"]
+    grid = np.full((n_envs * n_slots, final - first + 1), np.nan)
+    for e in epochs:
+        for env, row in enumerate(e["stage"]):
+            for s, stage in enumerate(row):
+                name = _stage_name(stage)
+                grid[env * n_slots + s, e["epoch"] - first] = (
+                    names.index(name) if name in names else len(names)
+                )
+    cmap = ListedColormap([*STAGE_COLORS.values(), UNKNOWN_COLOR]).with_extremes(bad="white")
+    fig, ax = _figure(size=(9.0, 1.0 + 0.35 * grid.shape[0]))
+    ax = ax[0, 0]
+    ax.imshow(
+        np.ma.masked_invalid(grid),
+        aspect="auto",
+        interpolation="nearest",
+        cmap=cmap,
+        vmin=-0.5,
+        vmax=len(names) + 0.5,
+        extent=(first - 0.5, final + 0.5, grid.shape[0] - 0.5, -0.5),
+    )
+    kinds_seen = set()
+    for ev in run.lifecycle:
+        mark = MARKER_OF_KIND.get(ev.get("kind"))
+        if ev.get("update") != last or mark is None:
+            continue
+        slot = ev.get("slot")
+        s = slot_names.index(slot) if slot in slot_names else slot if isinstance(slot, int) else None
+        if s is None:
+            continue
+        marker, color = LIFECYCLE_MARKERS[mark]
+        ax.scatter([ev["epoch"]], [ev["env"] * n_slots + s], marker=marker, c=color, s=60, zorder=3)
+        kinds_seen.add(mark)
+    ax.set_yticks(
+        range(grid.shape[0]),
+        [f"env {e} / {slot_names[s]}" for e in range(n_envs) for s in range(n_slots)],
+        fontsize="small",
+    )
+    ax.set(xlabel="epoch", title=f"Seed lifecycle, update {last}")
+    present = {int(v) for v in grid[np.isfinite(grid)].ravel()}
+    handles = [Patch(color=c, label=n) for i, (n, c) in enumerate(STAGE_COLORS.items()) if i in present]
+    if len(names) in present:
+        handles.append(Patch(color=UNKNOWN_COLOR, label="other"))
+    handles += [
+        Line2D([], [], ls="", marker=m, color=c, label=k)
+        for k, (m, c) in LIFECYCLE_MARKERS.items()
+        if k in kinds_seen
+    ]
+    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    return _save(fig, path)
+
+
+def germination_counts(run: RunEvents) -> dict[tuple[Any, str], Counter]:
+    """``{(slot, blueprint): {update: germinations}}`` from the episodes' ``germinations``."""
+    counts: dict[tuple[Any, str], Counter] = defaultdict(Counter)
+    for e in run.episodes:
+        for g in e.get("germinations") or ():
+            if isinstance(g, dict) and "slot" in g and "blueprint" in g:
+                counts[g["slot"], str(g["blueprint"])][e["update"]] += 1
+    return dict(counts)
+
+
+def plot_blueprints(run: RunEvents, path: Path) -> Path | None:
+    """One panel per slot: for each update, how many of its episodes' germinations in that slot were of
+    each blueprint (stacked bars). A controller that learns "what where" narrows to one colour per slot;
+    one that commits early to a worse blueprint shows it here before the evaluation does."""
+    counts = germination_counts(run)
+    if not counts:
+        return None
+    names = next((e["slot_names"] for e in reversed(run.epochs) if e.get("slot_names")), None)
+    from matplotlib.patches import Patch
+
+    slots = sorted(
+        {s for s, _ in counts}, key=lambda s: (not isinstance(s, int), s if isinstance(s, int) else 0, str(s))
+    )
+    blueprints = sorted({b for _, b in counts})
+    updates = run.updates()
+    colors = {b: f"C{i % 10}" for i, b in enumerate(blueprints)}
+    fig, axes = _figure(1, len(slots), size=(3.6 * len(slots) + 1.6, 3.6))
+    for ax, slot in zip(axes.flat, slots):
+        bottom = np.zeros(len(updates))
+        for b in blueprints:
+            n = np.array([counts.get((slot, b), Counter())[u] for u in updates], dtype=float)
+            if n.any():
+                ax.bar(updates, n, bottom=bottom, color=colors[b], width=0.85, label=b)
+                bottom += n
+        label = names[slot] if isinstance(slot, int) and names and 0 <= slot < len(names) else str(slot)
+        ax.set(title=f"slot {label}", xlabel="update", ylabel="germinations")
+    handles = [Patch(color=colors[b], label=b) for b in blueprints]
+    axes[0, -1].legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.suptitle("Blueprints germinated per slot and update")
+    return _save(fig, path)
+
+
+def _ordered_keys(dicts: Iterable[Any]) -> list[str]:
+    keys: dict[str, None] = {}
+    for d in dicts:
+        if isinstance(d, dict):
+            keys.update(dict.fromkeys(d))
+    return list(keys)
+
+
+PLOTS = (
+    ("returns.png", plot_returns),
+    ("accuracy.png", plot_accuracy),
+    ("entropy.png", plot_entropy),
+    ("losses.png", plot_losses),
+    ("seed_timeline.png", plot_seed_timeline),
+    ("blueprints.png", plot_blueprints),
+)
