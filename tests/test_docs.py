@@ -1,5 +1,7 @@
 """The documentation stays true to the repository.
 
+- The README is a front door: at most :data:`README_MAX_LINES` lines; everything else lives in docs/.
+
 - ``docs/findings.md`` has an entry for every finding ID a test is named after, and every test it cites
   still exists (found by function name, so moving a test file does not break the page).
 - Every relative link in the README and the docs points at a file or directory that ships, and every
@@ -79,6 +81,18 @@ def _anchors(md: Path) -> set[str]:
         seen[slug] = n + 1
         out.add(slug if n == 0 else f"{slug}-{n}")
     return out
+
+
+#: The README's length limit (issue 43): a pitch, a quick start, the current result, and links.
+README_MAX_LINES = 300
+
+
+def test_readme_is_a_front_door():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines, over {README_MAX_LINES}: move the detail to a page under docs/ "
+        "and link it"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ (a)

@@ -1,5 +1,7 @@
-"""The README's promises: its core-API snippet runs as written on a TorchRL-shaped batch, its two set-up
-commands are there, its test command is the one CI runs, and its preset list is the real one."""
+"""The README's promises: its core-API snippet runs as written on a TorchRL-shaped batch (and is the one
+docs/core-api.md shows), its two quick-start commands are there, its test command is the one CI runs, and
+its preset list is the real one. The core-API page's list of ``ppo_loss`` outputs and its TorchRL-parity
+lines name real outputs and real arguments."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from tensordict import TensorDict
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+CORE_API = (ROOT / "docs" / "core-api.md").read_text()
 CI = (ROOT / ".ci" / "run").read_text()
 
 
@@ -20,16 +23,16 @@ def blocks(lang: str, text: str | None = None) -> list[str]:
     return re.findall(rf"^```{lang}\n(.*?)^```", README if text is None else text, flags=re.S | re.M)
 
 
-def section(title: str) -> str:
-    """The README text from the ``## title`` heading to the next ``## `` heading."""
-    match = re.search(rf"^## {re.escape(title)}.*?$(.*?)(?=^## |\Z)", README, flags=re.S | re.M)
-    assert match, f"README has no '## {title}' section"
+def section(title: str, text: str = README, where: str = "README") -> str:
+    """The text from the ``## title`` heading to the next ``## `` heading."""
+    match = re.search(rf"^## {re.escape(title)}.*?$(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
+    assert match, f"{where} has no '## {title}' section"
     return match.group(1)
 
 
-def core_snippet() -> str:
-    found = [b for b in blocks("python") if "ec.gae(" in b and "ec.ppo_loss(" in b]
-    assert len(found) == 1, "README must hold exactly one python block calling ec.gae and ec.ppo_loss"
+def core_snippet(text: str = README, where: str = "README") -> str:
+    found = [b for b in blocks("python", text) if "ec.gae(" in b and "ec.ppo_loss(" in b]
+    assert len(found) == 1, f"{where} must hold exactly one python block calling ec.gae and ec.ppo_loss"
     return found[0]
 
 
@@ -95,24 +98,31 @@ def test_core_api_snippet_runs_on_a_torchrl_batch(trailing_one, one_hot):
     assert any(bool(g.abs().sum() > 0) for g in grads)  # backward reached the user's network
 
 
-def test_ppo_loss_returns_the_names_the_readme_lists():
+def test_core_api_page_shows_the_readme_snippet():
+    """docs/core-api.md repeats the README's snippet; the two must not drift apart."""
+    assert core_snippet(CORE_API, "docs/core-api.md") == core_snippet()
+
+
+def test_ppo_loss_returns_the_names_the_core_api_page_lists():
     _, ns, _ = torchrl_batch(2, 4, 3, 3, trailing_one=True)
     exec(compile(core_snippet(), "README.md (core API)", "exec"), ns)
-    listed = section("The core API (`esper.core`)").split("`ppo_loss` returns", 1)[1].split("per-head", 1)[0]
+    text = section("A PPO step on a TorchRL batch", CORE_API, "docs/core-api.md")
+    listed = text.split("`ppo_loss` returns", 1)[1].split("per-head", 1)[0]
     names = set(re.findall(r"`(\w+)`", listed))
     assert {"loss_objective", "loss_critic", "early_stop", "ESS"} <= names  # the parse found the list
     assert names <= set(ns["losses"].keys()), names - set(ns["losses"].keys())
 
 
-def test_readme_parity_call_names_real_arguments():
-    """The TorchRL-parity lines name ppo_loss's and ClipPPOLoss's real keyword arguments."""
+def test_core_api_parity_call_names_real_arguments():
+    """The TorchRL-parity lines of docs/core-api.md name ppo_loss's and ClipPPOLoss's real keyword
+    arguments."""
     import inspect
 
     from torchrl.objectives import ClipPPOLoss
 
     from esper.core import ppo_loss
 
-    text = section("The core API (`esper.core`)")
+    text = section("TorchRL compatibility", CORE_API, "docs/core-api.md")
     theirs = re.search(r"ClipPPOLoss\(actor, critic, (.*?)\)\n", text).group(1)
     ours = re.search(r"ec\.ppo_loss\(td, (.*?)\)\n", text).group(1)
     for call, fn in ((theirs, ClipPPOLoss.__init__), (ours, ppo_loss)):
@@ -125,8 +135,8 @@ def ci_commands() -> list[str]:
 
 
 def test_readme_has_the_two_setup_commands_ci_uses():
-    setup = blocks("bash", section("Set-up"))
-    assert len(setup) == 2, "Set-up holds two commands: install-and-run, and the tests"
+    setup = blocks("bash", section("Quick start"))
+    assert len(setup) == 2, "Quick start holds two commands: install-and-run, and the tests"
     install, tests = (b.strip() for b in setup)
     assert "\n" not in install and "\n" not in tests  # one command each
     steps = [s.strip() for s in install.split("&&")]
@@ -139,7 +149,7 @@ def test_readme_has_the_two_setup_commands_ci_uses():
 
 
 def test_readme_test_command_is_the_one_ci_runs():
-    tests = blocks("bash", section("Set-up"))[1].strip()
+    tests = blocks("bash", section("Quick start"))[1].strip()
     ci_pytest = [c for c in ci_commands() if "pytest" in c]
     assert ci_pytest == [tests], (ci_pytest, tests)
     assert ci_commands()[-1] == tests  # and it is what CI ends with
