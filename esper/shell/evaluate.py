@@ -40,11 +40,13 @@ from pathlib import Path
 from esper.shell.eval.controllers import CONTROLLERS
 from esper.shell.eval.episodes import compare_controllers
 from esper.shell.runtime.cli import OneLineParser, repeat_line, report
+from esper.shell.runtime.memory import tune_allocator
 
 PROG = "python -m esper.shell.evaluate"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tune_allocator()
     p = OneLineParser(
         prog=PROG,
         allow_abbrev=False,

@@ -58,6 +58,7 @@ from esper.shell.env.config import check_devices
 from esper.shell.runtime.checkpoint import load_checkpoint, remove_stale_temporaries
 from esper.shell.runtime.cli import STOPPED, CliError, OneLineParser, describe, report
 from esper.shell.runtime.distributed import DEFAULT_TIMEOUT, SINGLE, Dist, PeerLost, init
+from esper.shell.runtime.memory import tune_allocator
 from esper.shell.runtime.rundir import RunDirBusy, RunDirLock, StopSignals, Terminated
 from esper.shell.runtime.training import CHECKPOINT, PROG, TrainingRun, provenance
 
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     every process runs it (see :mod:`esper.shell.runtime.distributed`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    tune_allocator()
     try:
         if args.print_config:
             checkpoint = _read_checkpoint(parser, Path(args.resume)) if args.resume else None

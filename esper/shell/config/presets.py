@@ -85,7 +85,8 @@ class RunConfig:
         if self.threads:
             return self.threads
         cores = os.cpu_count() or 1
-        return max(1, cores // (max(processes_on_machine, 1) * self.env.workers))
+        workers = 1 if self.env.batched else self.env.workers  # one batch uses every thread it gets
+        return max(1, cores // (max(processes_on_machine, 1) * workers))
 
     def __post_init__(self) -> None:
         check_fields(self)

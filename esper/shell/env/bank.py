@@ -26,10 +26,32 @@ from esper.shell.data.tasks import Loaders, Task
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.seeding import derive_seed
 from esper.shell.env.streams import EnvStreams
+from esper.shell.host.hosts import Host
 from esper.shell.host.model import EnvModel
 
 #: What :meth:`PerEnvHosts.measure` returns per env, in order: ``[E]`` each, ``[E, S]`` the last two.
 MEASURED = ("train_loss", "train_acc", "val_loss", "val_acc", "grad_ratio", "contribution")
+
+
+def snapshot_state(host: Host) -> dict[str, torch.Tensor]:
+    """The host and its fossilized seeds: what a governor rollback restores."""
+    keep = {f"slots.{s}." for s in range(host.n_slots) if host.slot(s).stage == Stage.FOSSILIZED}
+    return {
+        k: v for k, v in host.state_dict().items()
+        if not k.startswith("slots.") or any(k.startswith(p) for p in keep)
+    }  # fmt: skip
+
+
+@contextmanager
+def seeded(device: torch.device, seed: int) -> Iterator[None]:
+    """The global generators (CPU, and ``device``'s on CUDA) seeded with ``seed`` inside the block and
+    restored after: a module built there (a seed, a gate) does not depend on what was drawn before."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.default_generator.manual_seed(seed)
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
+        yield
 
 
 def _uses_dropout(module: torch.nn.Module) -> bool:
@@ -79,6 +101,10 @@ class PerEnvHosts:
             # H12: one scaler per env, only ever used inside that env's stream
             use_scaler = cfg.amp and dev.type == "cuda"
             self.scalers.append(torch.amp.GradScaler("cuda") if use_scaler else None)
+
+    def host(self, i: int) -> Host:
+        """Env ``i``'s host."""
+        return self.models[i].host
 
     def host_params(self, i: int) -> int:
         return sum(p.numel() for p in self.models[i].host.host_parameters())
@@ -134,7 +160,8 @@ class PerEnvHosts:
         """Build the seed into env ``i``'s slot (the global generator seeded from the env's host seed,
         the epoch and the slot, and restored after: what is built does not depend on what the other
         envs drew before, so an env's episode is the same in any process's slice); its parameters."""
-        with self.streams.run(i), self._seeded(i, derive_seed("build", self.host_seeds[i], epoch, slot)):
+        seed = derive_seed("build", self.host_seeds[i], epoch, slot)
+        with self.streams.run(i), seeded(self.env_devices[i], seed):
             return self.models[i].germinate(slot, blueprint, style)
 
     def prune(self, i: int, slot: int) -> None:
@@ -144,13 +171,7 @@ class PerEnvHosts:
         self.models[i].host.set_slot(slot, alpha=alpha, stage=stage)
 
     def snapshot_state(self, i: int) -> dict[str, torch.Tensor]:
-        """The host and its fossilized seeds (what a rollback restores)."""
-        host = self.models[i].host
-        keep = {f"slots.{s}." for s in range(host.n_slots) if host.slot(s).stage == Stage.FOSSILIZED}
-        return {
-            k: v for k, v in host.state_dict().items()
-            if not k.startswith("slots.") or any(k.startswith(p) for p in keep)
-        }  # fmt: skip
+        return snapshot_state(self.models[i].host)
 
     def rollback(self, i: int, snapshot: dict[str, torch.Tensor]) -> list[int]:
         """Remove every seed of env ``i`` that is not fossilized, load ``snapshot`` into the host, clear
@@ -175,16 +196,6 @@ class PerEnvHosts:
             self._pool = None
 
     # ------------------------------------------------------------------------------------------ helpers
-    @contextmanager
-    def _seeded(self, i: int, seed: int) -> Iterator[None]:
-        dev = self.env_devices[i]
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-            torch.default_generator.manual_seed(seed)
-            if dev.type == "cuda":
-                with torch.cuda.device(dev):
-                    torch.cuda.manual_seed(seed)
-            yield
-
     def _each(self, work: Callable[[int], Any]) -> list[Any]:
         """``[work(i) for i in envs]``, each inside env i's stream; on CPU with ``env.workers > 1``
         the envs run concurrently on a thread pool (PyTorch releases the GIL inside its ops, and the
@@ -208,4 +219,4 @@ class PerEnvHosts:
         }
 
 
-__all__ = ["MEASURED", "PerEnvHosts"]
+__all__ = ["MEASURED", "PerEnvHosts", "seeded", "snapshot_state"]

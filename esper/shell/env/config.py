@@ -19,6 +19,8 @@ LOCAL_TASKS = ("cifar10", "tinystories")
 
 
 LR_SCHEDULES = ("constant", "cosine")
+#: How the envs' hosts train (``env.host_step``).
+HOST_STEPS = ("auto", "batched", "per_env")
 
 
 #: Tasks whose host is a CNN with three blocks (``env.channels`` sets their widths).
@@ -53,6 +55,12 @@ class EnvConfig:
     lr_schedule: str = doc(
         "constant", "host and seed learning rates over an episode: constant | cosine (1 -> 0 over the epochs)"
     )
+    host_step: str = doc(
+        "auto",
+        "how the envs' hosts train: batched (every env's host and seeds as one batch; CNN tasks on one "
+        "device) | per_env (env by env, a CUDA stream each, a GradScaler each with amp: the reference) | "
+        "auto (batched where it applies)",
+    )
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:  # first: the checks below depend on the task
@@ -69,6 +77,26 @@ class EnvConfig:
             raise ValueError(f"task {self.task!r} reads local files: pass --env.data_path PATH")
         if self.task not in LOCAL_TASKS and self.data_path:
             raise ValueError(f"task {self.task!r} ships with the code; --env.data_path is not used by it")
+        if self.host_step not in HOST_STEPS:
+            raise ValueError(f"env.host_step must be one of {HOST_STEPS}, got {self.host_step!r}")
+        if self.host_step == "batched" and (why := self._not_batched()):
+            raise ValueError(f"env.host_step batched: {why}; use --env.host_step per_env (or auto)")
+
+    def _not_batched(self) -> str | None:
+        """Why the hosts cannot train as one batch (None: they can)."""
+        if self.task not in CNN_TASKS:
+            return f"task {self.task!r} has a transformer host, which trains env by env"
+        if len(set(self.devices)) > 1:
+            return f"the hosts are spread over devices {self.devices}"
+        device = self.devices[0] if self.devices else self.device
+        if self.amp and parse_device(device).type == "cuda":
+            return "CUDA amp needs a GradScaler per env"
+        return None
+
+    @property
+    def batched(self) -> bool:
+        """Whether the hosts train as one batch (:class:`~esper.shell.env.batched.BatchedHosts`)."""
+        return self.host_step != "per_env" and self._not_batched() is None
 
     def build_task(self) -> Task:
         kwargs: dict = {}
@@ -126,6 +154,7 @@ def lr_scale(schedule: str, epoch: int, max_epochs: int) -> float:
 
 __all__ = [
     "CNN_TASKS",
+    "HOST_STEPS",
     "LOCAL_TASKS",
     "LR_SCHEDULES",
     "TASKS",

@@ -1,8 +1,9 @@
 """The vectorized environment: ``n_envs`` hosts trained side by side, one RL step per host epoch.
 
 :class:`VecEnv` owns the tensorized slot state that :mod:`esper.core.lifecycle` evolves, the signal
-history, the governor, and a bank of hosts (:class:`~esper.shell.env.bank.PerEnvHosts`) that trains
-and measures them. Its interface is a named step:
+history, the governor, and a bank of hosts that trains and measures them: all envs as one batch
+(:class:`~esper.shell.env.batched.BatchedHosts`) or env by env (:class:`~esper.shell.env.bank.PerEnvHosts`,
+the reference), by ``env.host_step``. Its interface is a named step:
 
 - :meth:`VecEnv.reset` builds fresh hosts, trains their first epoch and returns the first
   :class:`TimeStep`;
@@ -42,6 +43,7 @@ from esper.core.rewards import RewardConfig, compute_reward
 from esper.core.spec import ActionSpec, Stage, Style, Tempo
 from esper.shell.data.tasks import Task
 from esper.shell.env.bank import PerEnvHosts
+from esper.shell.env.batched import BatchedHosts
 from esper.shell.env.config import EnvConfig, check_devices, lr_scale
 from esper.shell.env.governor import Governor, GovernorConfig
 from esper.shell.env.seeding import train_host_seeds
@@ -136,7 +138,8 @@ class VecEnv:
         self.enabled = tuple((i in cfg.slots) if cfg.slots else True for i in range(probe.n_slots))
         self.random_guess_loss = float(torch.log(torch.tensor(float(self.task.n_classes))))
         self.governor = Governor(governor, self.n, self.random_guess_loss)
-        self.hosts = PerEnvHosts(cfg, self.task, self.device)
+        bank = BatchedHosts if cfg.batched else PerEnvHosts
+        self.hosts = bank(cfg, self.task, self.device)
         self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
         self.slots: TensorDict = init_slots(self.n, self.enabled, device=self.device)
         self.history: TensorDict = init_history(self.n, device=self.device)

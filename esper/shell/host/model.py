@@ -27,12 +27,31 @@ GRAD_RATIO_CAP = 10.0
 HOST_NORM_FLOOR = 1e-8
 
 
-def _grad_norm(params: Sequence[nn.Parameter], device: torch.device) -> torch.Tensor:
+def grad_norm(params: Sequence[nn.Parameter], device: torch.device) -> torch.Tensor:
     """L2 norm over the gradients of ``params`` (missing gradients count as 0); 0-d float32."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), device=device)
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]).float())
+
+
+def seed_grad_ratios(host: Host, host_params: Sequence[nn.Parameter]) -> torch.Tensor:
+    """``[S]``: per slot, the parameter-normalized seed/host gradient ratio from the current ``.grad``s,
+    ``(seed_norm / host_norm) · sqrt(host_params / seed_params)``: 0 for an empty or parameterless slot
+    or when ``host_norm < HOST_NORM_FLOOR``, capped at :data:`GRAD_RATIO_CAP`."""
+    device = host_params[0].device
+    host_norm = grad_norm(host_params, device)
+    n_host = _n_params(host_params)
+    out = torch.zeros(host.n_slots, device=device)
+    for i in range(host.n_slots):
+        params = host.seed_parameters(i)
+        n_seed = _n_params(params)
+        if n_seed == 0:
+            continue
+        ratio = grad_norm(params, device) / host_norm.clamp_min(HOST_NORM_FLOOR)
+        ratio = ratio * math.sqrt(n_host / n_seed)
+        out[i] = torch.where(host_norm < HOST_NORM_FLOOR, 0.0, ratio.clamp_max(GRAD_RATIO_CAP))
+    return out
 
 
 def _backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None, inputs=None) -> None:
@@ -166,19 +185,9 @@ class EnvModel:
         }
 
     def grad_ratios(self) -> torch.Tensor:
-        """``[S]`` parameter-normalized seed/host gradient ratio from the current ``.grad``s."""
-        host_norm = _grad_norm(self._host_params, self.device)
-        n_host = _n_params(self._host_params)
-        out = torch.zeros(self.host.n_slots, device=self.device)
-        for i in range(self.host.n_slots):
-            params = self.host.seed_parameters(i)
-            n_seed = _n_params(params)
-            if n_seed == 0:
-                continue
-            ratio = _grad_norm(params, self.device) / host_norm.clamp_min(HOST_NORM_FLOOR)
-            ratio = ratio * math.sqrt(n_host / n_seed)
-            out[i] = torch.where(host_norm < HOST_NORM_FLOOR, 0.0, ratio.clamp_max(GRAD_RATIO_CAP))
-        return out
+        """``[S]`` parameter-normalized seed/host gradient ratio from the current ``.grad``s
+        (:func:`seed_grad_ratios`)."""
+        return seed_grad_ratios(self.host, self._host_params)
 
     # --------------------------------------------------------------------------------- validation
     def counterfactual_validation(
@@ -255,4 +264,4 @@ class EnvModel:
         return sorted(set(indices))
 
 
-__all__ = ["GRAD_RATIO_CAP", "HOST_NORM_FLOOR", "EnvModel"]
+__all__ = ["GRAD_RATIO_CAP", "HOST_NORM_FLOOR", "EnvModel", "grad_norm", "seed_grad_ratios"]

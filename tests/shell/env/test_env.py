@@ -38,7 +38,7 @@ CUDA0 = torch.device("cuda", 0)
 def _env(n_envs: int = 2, *, amp: bool = False, **governor) -> VecEnv:
     cfg = EnvConfig(
         task="digits", n_envs=n_envs, image_size=8, channels=(4, 8, 8), batch_size=32, train_batches=1,
-        val_batches=1, amp=amp,
+        val_batches=1, amp=amp, host_step="per_env",  # the streams and scalers are the per-env path's
     )  # fmt: skip
     return VecEnv(cfg, LifecycleConfig(max_epochs=3), GovernorConfig(**governor), seed=0)
 

@@ -63,9 +63,9 @@ def test_training_and_evaluation_hosts_never_share_a_seed():
 def test_env_hosts_follow_the_given_seeds():
     env = _env(2)
     env.reset(0, host_seeds=[11, 12])
-    a = [p.detach().clone() for p in env.hosts.models[0].host.parameters()]
+    a = [p.detach().clone() for p in env.hosts.host(0).parameters()]
     env.reset(7, host_seeds=[11, 99])
-    assert all(torch.equal(x, y) for x, y in zip(a, env.hosts.models[0].host.parameters()))
+    assert all(torch.equal(x, y) for x, y in zip(a, env.hosts.host(0).parameters()))
     assert env.host_seeds == [11, 99]
     with pytest.raises(ValueError, match="host seeds"):
         env.reset(0, host_seeds=[1])
@@ -103,7 +103,7 @@ def test_cosine_schedule_runs_from_one_to_near_zero():
     assert lr_scale("constant", 7, 25) == 1.0
     scales = [lr_scale("cosine", e, 25) for e in range(1, 26)]
     assert scales[0] == 1.0 and scales[-1] < 0.01 and all(a > b for a, b in itertools.pairwise(scales))
-    env = _env(1, max_epochs=4, lr_schedule="cosine")
+    env = _env(1, max_epochs=4, lr_schedule="cosine", host_step="per_env")  # per-seed optimizers
     env.reset(0)  # epoch 1
     for epoch in range(2, 5):  # germinate at the first step, then wait
         op = Op.GERMINATE if epoch == 2 else Op.WAIT
@@ -155,7 +155,7 @@ def test_shaped_mode_still_runs_and_pays_no_objective_term():
 def test_concurrent_cpu_envs_give_the_same_episodes_as_sequential_ones():
     def episode(workers):
         torch.manual_seed(0)
-        env = _env(3, max_epochs=5, workers=workers)
+        env = _env(3, max_epochs=5, workers=workers, host_step="per_env")  # worker threads: env by env
         runner = EpisodeRunner(env, RandomController(seed=4))
         try:
             return runner.run(0), env

@@ -1,0 +1,226 @@
+"""Every env's host trained as one batch: the fast host side of :class:`~esper.shell.env.vecenv.VecEnv`.
+
+:class:`BatchedHosts` answers as :class:`~esper.shell.env.bank.PerEnvHosts` does (the reference path,
+which a test holds it to), but one training step runs every env's host and seeds at once
+(:class:`~esper.shell.host.batched.StackedHosts`): each env draws its own batch from its own loader, the
+batches are stacked, one forward and one backward run them all, and one SGD optimizer (``foreach``)
+updates every env's parameters — the hosts' in one group, the seeds' in another, each parameter with its
+own momentum, exactly as the per-env optimizers would. A parameter that took no part in a step (a seed
+at alpha 0) has no gradient and is not updated, as on the per-env path. Validation and every live
+seed's counterfactual run as one batch too, the counterfactual passes from the slot they change onwards.
+
+It serves the CNN families (``cnn``, ``cnn1d``) with every env on one device; mixed precision is bf16
+autocast (CUDA's fp16 needs a GradScaler per env: that runs on the per-env path, ``env.host_step``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from esper.core.spec import Stage, Style
+from esper.shell.data.tasks import Loaders, Task
+from esper.shell.env.bank import MEASURED, seeded, snapshot_state
+from esper.shell.env.config import EnvConfig
+from esper.shell.env.seeding import derive_seed
+from esper.shell.host.batched import StackedHosts, plan, stack_inputs
+from esper.shell.host.hosts import Host
+from esper.shell.host.model import seed_grad_ratios
+
+
+class BatchedHosts:
+    """The hosts of ``cfg.n_envs`` envs of ``task`` on ``cfg.device``, trained as one batch; results
+    are returned on ``device`` (the policy's). Call :meth:`reset` before the first episode."""
+
+    def __init__(self, cfg: EnvConfig, task: Task, device: torch.device) -> None:
+        self.cfg, self.task, self.device = cfg, task, device
+        self.n = cfg.n_envs
+        self.host_device = torch.device(cfg.devices[0] if cfg.devices else cfg.device)
+        self.hosts: list[Host] = []
+        self.loaders: list[Loaders] = []
+        self.host_seeds: list[int] = []
+        self.stack: StackedHosts | None = None
+        self.optimizer: torch.optim.SGD | None = None
+        #: Seconds of the last :meth:`measure`: ``host_training`` and ``validation``.
+        self.timings: dict[str, float] = {}
+
+    # ----------------------------------------------------------------------------------------- episode
+    def reset(self, host_seeds: Sequence[int]) -> None:
+        """Fresh hosts (each initialized from the global generator seeded with its env's host seed, as
+        on the per-env path), one optimizer over all of them, data order per env."""
+        self.host_seeds = [int(s) for s in host_seeds]
+        self.hosts, self.loaders = [], []
+        for env_seed in self.host_seeds:
+            torch.manual_seed(env_seed)  # host init and seed builds draw from the global RNG
+            self.hosts.append(self.task.make_host().to(self.host_device))
+            self.loaders.append(self.task.make_loaders(env_seed, device=self.host_device))
+        cfg = self.cfg
+        self.optimizer = torch.optim.SGD(
+            [
+                {"params": [p for h in self.hosts for p in h.host_parameters()], "lr": cfg.host_lr,
+                 "weight_decay": cfg.weight_decay},
+                {"params": [], "lr": cfg.seed_lr, "weight_decay": 0.0},
+            ],
+            lr=cfg.host_lr, momentum=cfg.momentum, foreach=True,
+        )  # fmt: skip
+        self.stack = StackedHosts(self.hosts)
+
+    def host(self, i: int) -> Host:
+        """Env ``i``'s host."""
+        return self.hosts[i]
+
+    def host_params(self, i: int) -> int:
+        return sum(p.numel() for p in self.hosts[i].host_parameters())
+
+    def alphas(self, i: int) -> list[float]:
+        return [self.hosts[i].slot(s).alpha for s in range(self.hosts[i].n_slots)]
+
+    # ------------------------------------------------------------------------------------------- epochs
+    def measure(self, lr_scale: float) -> dict[str, torch.Tensor]:
+        """Train every env one epoch at ``lr_scale`` times its learning rates, then validate it with
+        every live seed's counterfactual: :data:`~esper.shell.env.bank.MEASURED`, stacked over envs."""
+        t0 = time.perf_counter()
+        train = self._train_epoch(lr_scale)
+        t1 = time.perf_counter()
+        val = self._validate(counterfactual=True)
+        self.timings = {"host_training": t1 - t0, "validation": time.perf_counter() - t1}
+        out = {**train, **val}
+        return {k: out[k].float().to(self.device) for k in MEASURED}
+
+    def revalidate(self, envs: Sequence[int]) -> dict[str, torch.Tensor]:
+        """``val_loss``, ``val_acc`` ``[len(envs)]`` and ``contribution [len(envs), S]`` of the listed
+        envs again (after a rollback; every env is measured, the listed ones returned)."""
+        val = self._validate(counterfactual=True)
+        rows = torch.tensor(list(envs), device=val["val_loss"].device)
+        return {k: val[k][rows].float().to(self.device) for k in ("val_loss", "val_acc", "contribution")}
+
+    def final(self) -> dict[str, torch.Tensor]:
+        """The final hosts on validation and on the held-out test split (read here and nowhere else)."""
+        val = self._validate(counterfactual=False)
+        test = self._validate(counterfactual=False, split="test")
+        out = {"val_loss": val["val_loss"], "val_acc": val["val_acc"], "test_loss": test["val_loss"],
+               "test_acc": test["val_acc"]}  # fmt: skip
+        return {k: v.float().to(self.device) for k, v in out.items()}
+
+    def _train_epoch(self, lr_scale: float) -> dict[str, torch.Tensor]:
+        cfg, stack, opt = self.cfg, self.stack, self.optimizer
+        for group, base in zip(opt.param_groups, (cfg.host_lr, cfg.seed_lr)):
+            group["lr"] = base * lr_scale
+        for host in self.hosts:
+            host.train()
+        train_plan = plan(self.hosts)
+        incubating = [(e, s) for e, h in enumerate(self.hosts) for s in h.incubating_slots()]
+        # the what-if pass, for the envs with an incubating seed that has parameters to train
+        whatif_envs = sorted({e for e, s in incubating if self.hosts[e].seed_parameters(s)})
+        incubating = [(e, s) for e, s in incubating if e in whatif_envs]
+        position = {e: k for k, e in enumerate(whatif_envs)}
+        whatif = (whatif_envs, plan(
+            [self.hosts[e] for e in whatif_envs], forced={(position[e], s): 1.0 for e, s in incubating},
+            incubating_only=True,
+        ), min((s for _, s in incubating), default=0))  # fmt: skip
+        loss_sum = torch.zeros(self.n, device=self.host_device)
+        correct = torch.zeros(self.n, dtype=torch.int64, device=self.host_device)
+        n_items = 0
+        for batches in zip(*(ld.train for ld in self.loaders)):
+            x, y = stack_inputs(batches)
+            opt.zero_grad(set_to_none=True)
+            with self._autocast():
+                total, loss, n_correct = stack.loss(x, y, train_plan, whatif)
+            total.backward()
+            opt.step()
+            loss_sum += loss.float() * y.shape[1]
+            correct += n_correct
+            n_items += y.shape[1]
+        if n_items == 0:
+            raise ValueError("BatchedHosts: no training batches")
+        ratios = torch.stack([seed_grad_ratios(h, h.host_parameters()) for h in self.hosts])
+        return {"train_loss": loss_sum / n_items, "train_acc": correct.float() * (100.0 / n_items),
+                "grad_ratio": ratios}  # fmt: skip
+
+    def _validate(self, *, counterfactual: bool, split: str = "val") -> dict[str, torch.Tensor]:
+        """``val_loss``, ``val_acc`` and (with ``counterfactual``) ``contribution [E, S]`` on ``split``."""
+        for host in self.hosts:
+            host.eval()
+        S = self.hosts[0].n_slots
+        live = [[e for e, h in enumerate(self.hosts) if counterfactual and h.slot(s).contributes]
+                for s in range(S)]  # fmt: skip
+        eval_plan = plan(self.hosts, trainable=False)
+        loss_sum = torch.zeros(self.n, device=self.host_device)
+        correct = torch.zeros(self.n, dtype=torch.int64, device=self.host_device)
+        cf = torch.zeros(self.n, S, dtype=torch.int64, device=self.host_device)
+        n_items = 0
+        with self._autocast():
+            for batches in zip(*(getattr(ld, split) for ld in self.loaders)):
+                x, y = stack_inputs(batches)
+                loss, n_correct, n_cf = self.stack.evaluate(x, y, eval_plan, live)
+                loss_sum += loss.float() * y.shape[1]
+                correct += n_correct
+                cf += n_cf
+                n_items += y.shape[1]
+        for host in self.hosts:
+            host.train()
+        if n_items == 0:
+            raise ValueError(f"BatchedHosts: no {split} batches")
+        acc = correct.float() * (100.0 / n_items)
+        out = {"val_loss": loss_sum / n_items, "val_acc": acc}
+        if counterfactual:
+            measured = torch.tensor([[e in live[s] for s in range(S)] for e in range(self.n)],
+                                    dtype=torch.bool, device=acc.device)  # fmt: skip
+            cf_acc = cf.float() * (100.0 / n_items)
+            out["contribution"] = torch.where(measured, acc.unsqueeze(1) - cf_acc, 0.0)
+        return out
+
+    def _autocast(self):
+        on = self.cfg.amp
+        return torch.autocast(self.host_device.type, dtype=torch.bfloat16, enabled=on)
+
+    # -------------------------------------------------------------------------------------------- seeds
+    def germinate(self, i: int, slot: int, blueprint: int, style: Style | int, epoch: int) -> int:
+        """Build the seed into env ``i``'s slot (seeded as on the per-env path) and give its parameters
+        to the optimizer's seed group (fresh momentum); returns their count."""
+        with seeded(self.host_device, derive_seed("build", self.host_seeds[i], epoch, slot)):
+            params = self.hosts[i].germinate(slot, blueprint, style)
+        self.optimizer.param_groups[1]["params"].extend(params)
+        return sum(p.numel() for p in params)
+
+    def prune(self, i: int, slot: int) -> None:
+        """Remove the seed from env ``i``'s slot, and its parameters and momentum from the optimizer."""
+        self._forget(self.hosts[i].seed_parameters(slot))
+        self.hosts[i].remove_seed(slot)
+
+    def set_slot(self, i: int, slot: int, *, alpha: float, stage: int) -> None:
+        self.hosts[i].set_slot(slot, alpha=alpha, stage=stage)
+
+    def snapshot_state(self, i: int) -> dict[str, torch.Tensor]:
+        return snapshot_state(self.hosts[i])
+
+    def rollback(self, i: int, snapshot: dict[str, torch.Tensor]) -> list[int]:
+        """As :meth:`esper.shell.env.bank.PerEnvHosts.rollback`: every seed of env ``i`` that is not
+        fossilized removed, the snapshot loaded (into the shared batch-norm statistics too), every one
+        of the env's parameters' momentum cleared."""
+        host = self.hosts[i]
+        removed = [
+            s for s in range(host.n_slots) if host.slot(s).occupied and host.slot(s).stage != Stage.FOSSILIZED
+        ]
+        for s in removed:
+            self.prune(i, s)
+        current = host.state_dict()
+        host.load_state_dict({k: v for k, v in snapshot.items() if k in current}, strict=False)
+        for p in host.parameters():
+            self.optimizer.state.pop(p, None)
+        return removed
+
+    def close(self) -> None:
+        return None
+
+    def _forget(self, params: Sequence[torch.nn.Parameter]) -> None:
+        gone = {id(p) for p in params}
+        group = self.optimizer.param_groups[1]
+        group["params"] = [p for p in group["params"] if id(p) not in gone]
+        for p in params:
+            self.optimizer.state.pop(p, None)
+
+
+__all__ = ["BatchedHosts"]
