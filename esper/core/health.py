@@ -1,9 +1,12 @@
 """Gradient and LSTM health statistics, returned as tensors in a TensorDict.
 
-Everything is vectorized over the list of gradients (``torch._foreach_*`` ops, then ``torch.stack``):
-no per-tensor accumulation into Python numbers, no ``.item()``, no branch on values, so both
-functions compile with ``fullgraph=True`` (finding C6). The shell reads a report with one host
-transfer (:func:`esper.shell.telemetry.readout.read_scalars`, finding M14).
+Everything is vectorized over the list of gradients: the gradients are viewed flat and joined into
+one vector (``torch.cat``), each tensor's squared norm is a segment sum over it (``index_add``), and
+the NaN and Inf counts are two reductions of it. Public torch functions only (none of the private
+foreach ops), no per-tensor arithmetic, no ``.item()``, no branch on values, so both functions compile
+with ``fullgraph=True`` into a graph whose arithmetic does not grow with the number of gradients
+(finding C6). The shell reads a report with one host transfer
+(:func:`esper.shell.telemetry.readout.read_scalars`, finding M14).
 """
 
 from __future__ import annotations
@@ -105,24 +108,27 @@ def grad_health(
     device = grads[0].device if grads else torch.device("cpu")
     dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
     if grads:
-        param_norms = torch.stack(torch._foreach_norm(grads, dtype=dtype))
-        # Non-finite element counts without a per-tensor loop: g * 0 is NaN exactly where g is NaN or
-        # +-Inf and 0 elsewhere; clamping first turns +-Inf into finite values, so only NaN stays NaN.
-        # ord=0 "norms" count the non-zero (here: NaN) elements. One temporary the size of the grads.
-        tmp = torch._foreach_mul(grads, 0.0)
-        nonfinite = torch.stack(torch._foreach_norm(tmp, ord=0, dtype=dtype))
-        torch._foreach_copy_(tmp, grads)
-        torch._foreach_clamp_min_(tmp, -1.0)
-        torch._foreach_clamp_max_(tmp, 1.0)
-        torch._foreach_mul_(tmp, 0.0)
-        nan = torch.stack(torch._foreach_norm(tmp, ord=0, dtype=dtype))
-        nan_count = nan.sum().to(torch.int64)
-        inf_count = nonfinite.sum().to(torch.int64) - nan_count
+        # One flat copy of every gradient (views joined, promoted to the widest dtype), each tensor's
+        # squared norm a segment sum over it in float64: large finite norms do not overflow, a NaN or
+        # Inf element makes its tensor's norm NaN or Inf, as a norm function would.
+        sizes = [g.numel() for g in grads]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        segment = torch.repeat_interleave(
+            torch.arange(len(grads), device=device),
+            torch.tensor(sizes, device=device),
+            output_size=sum(sizes),
+        )
+        sq = torch.zeros(len(grads), dtype=torch.float64, device=device).index_add(
+            0, segment, flat.to(torch.float64).square()
+        )
+        param_norms = sq.sqrt().to(dtype)
+        nan_count = torch.isnan(flat).sum()
+        inf_count = torch.isinf(flat).sum()
     else:
         param_norms = torch.zeros(0, dtype=dtype, device=device)
+        sq = torch.zeros(0, dtype=torch.float64, device=device)
         nan_count = inf_count = torch.zeros((), dtype=torch.int64, device=device)
 
-    sq = param_norms.to(torch.float64).square()  # float64: squares of large finite norms stay finite
     index = torch.tensor(groups, dtype=torch.int64, device=device)
     group_sq = torch.zeros(n_groups, dtype=torch.float64, device=device).index_add(0, index, sq)
     n_params = max(len(grads), 1)
@@ -141,18 +147,24 @@ def grad_health(
     )
 
 
-def lstm_health(h: torch.Tensor, c: torch.Tensor, *, low: float = 1e-6, high: float = 100.0) -> TensorDict:
+def lstm_health(
+    h: torch.Tensor, c: torch.Tensor, *, low: float = 1e-6, high: float = 100.0, saturation: float = 0.95
+) -> TensorDict:
     """Health of an LSTM's hidden and cell state.
 
     Args:
         h, c: floating ``[..., H]`` (e.g. ``[num_layers, B, H]``); norms are taken over the last dim.
         low, high: a state vector (a row of ``h`` or of ``c``) whose L2 norm is below ``low`` counts as
-            too small (dead), above ``high`` as too large (saturating).
+            too small (dead), above ``high`` as too large.
+        saturation: a unit is saturated where its output ``|h|`` (or, for the cell, ``|tanh(c)|``) is at
+            least this: ``h = o * tanh(c)`` is then pinned near +-1 and the gradient through its gates
+            nearly vanishes.
 
     Returns a TensorDict (batch size ``[]``) of 0-dim tensors: ``h_norm_mean``, ``h_norm_max``,
     ``c_norm_mean``, ``c_norm_max`` (float32, float64 for float64 input), ``nonfinite`` (int64 count of
     NaN/Inf elements in ``h`` and ``c``), ``too_small_frac`` and ``too_large_frac`` (share of all rows of
-    ``h`` and ``c`` together). Empty states give zeros.
+    ``h`` and ``c`` together), ``h_saturated_frac`` and ``c_saturated_frac`` (share of the elements of
+    ``h``, of ``c``, that are saturated; NaN counts as not saturated). Empty states give zeros.
     """
     where = "lstm_health"
     for name, x in (("h", h), ("c", c)):
@@ -161,6 +173,8 @@ def lstm_health(h: torch.Tensor, c: torch.Tensor, *, low: float = 1e-6, high: fl
             raise ValueError(f"{where}: {name} must have shape [..., H], got []")
     if not 0 <= low < high:
         raise ValueError(f"{where}: need 0 <= low < high, got low={low}, high={high}")
+    if not 0 < saturation < 1:
+        raise ValueError(f"{where}: need 0 < saturation < 1, got {saturation}")
     dtype = torch.float64 if torch.float64 in (h.dtype, c.dtype) else torch.float32
     h_norm = torch.linalg.vector_norm(h.to(dtype), dim=-1).reshape(-1)
     c_norm = torch.linalg.vector_norm(c.to(dtype), dim=-1).reshape(-1)
@@ -176,6 +190,8 @@ def lstm_health(h: torch.Tensor, c: torch.Tensor, *, low: float = 1e-6, high: fl
             "nonfinite": nonfinite.to(torch.int64),
             "too_small_frac": (norms < low).sum().to(dtype) / n_rows,
             "too_large_frac": (norms > high).sum().to(dtype) / n_rows,
+            "h_saturated_frac": (h.abs() >= saturation).sum().to(dtype) / max(h.numel(), 1),
+            "c_saturated_frac": (torch.tanh(c).abs() >= saturation).sum().to(dtype) / max(c.numel(), 1),
         },
         batch_size=[],
     )

@@ -127,6 +127,24 @@ def test_grad_health_matches_reference_hypothesis(n, seed, inject, n_groups, sca
     assert_matches_ref(out, ref_grad_health(grads, groups, n_groups, cfg))
 
 
+def test_grad_health_norms_equal_the_public_norm_functions_and_the_old_foreach_norm():
+    """Issue 47: the private ``torch._foreach_norm`` gave way to a segment sum over one flat copy of
+    the gradients; every norm equals ``torch.linalg.vector_norm`` of its tensor (and the private op it
+    replaced), the global one ``torch.nn.utils.get_total_norm``, for float32, float64 and bf16
+    gradients alike."""
+    g = torch.Generator().manual_seed(7)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        grads = [(torch.randn(s, generator=g) * 10.0**k).to(dtype)
+                 for s, k in (((3, 5), -3), ((17,), 0), ((), 2), ((2, 2, 4), -8), ((0,), 0))]  # fmt: skip
+        out = grad_health(grads, cfg=GradHealthConfig())
+        want = torch.stack([torch.linalg.vector_norm(x.double()) for x in grads]).to(out["param_norms"].dtype)
+        torch.testing.assert_close(out["param_norms"], want, rtol=1e-6, atol=0.0)
+        old = torch.stack(torch._foreach_norm([x.float() for x in grads])).to(out["param_norms"].dtype)
+        torch.testing.assert_close(out["param_norms"], old, rtol=1e-5, atol=0.0)
+        total = torch.nn.utils.get_total_norm([x.double() for x in grads]).to(out["global_norm"].dtype)
+        torch.testing.assert_close(out["global_norm"], total, rtol=1e-6, atol=0.0)
+
+
 def test_grad_health_empty_and_zero_grads_are_finite():
     cfg = GradHealthConfig()
     for grads in ([], [torch.zeros(3), torch.zeros(2, 2)]):
@@ -158,7 +176,7 @@ def test_grad_health_bad_inputs():
 
 
 # --------------------------------------------------------------------------------------- lstm_health
-def ref_lstm_health(h, c, low, high):
+def ref_lstm_health(h, c, low, high, saturation=0.95):
     def rows(x):
         return [math.sqrt(sum(v * v for v in row)) for row in x.double().reshape(-1, x.shape[-1]).tolist()]
 
@@ -167,6 +185,7 @@ def ref_lstm_health(h, c, low, high):
     nonfinite = sum(not math.isfinite(v) for x in (h, c) for v in x.double().reshape(-1).tolist())
     mean = lambda xs: sum(xs) / max(len(xs), 1)
     mx = lambda xs: (math.nan if any(math.isnan(v) for v in xs) else max(xs)) if xs else 0.0
+    share = lambda flags: sum(flags) / max(len(flags), 1)
     return {
         "h_norm_mean": mean(hn),
         "h_norm_max": mx(hn),
@@ -175,6 +194,8 @@ def ref_lstm_health(h, c, low, high):
         "nonfinite": nonfinite,
         "too_small_frac": sum(v < low for v in both) / max(len(both), 1),
         "too_large_frac": sum(v > high for v in both) / max(len(both), 1),
+        "h_saturated_frac": share([abs(v) >= saturation for v in h.double().reshape(-1).tolist()]),
+        "c_saturated_frac": share([abs(math.tanh(v)) >= saturation for v in c.double().reshape(-1).tolist()]),
     }
 
 
@@ -198,6 +219,20 @@ def test_lstm_health_matches_reference_hypothesis(layers, batch, hidden, seed, i
     assert_matches_ref(out, ref_lstm_health(h, c, 1e-6, 100.0))
 
 
+def test_lstm_health_counts_saturated_units():
+    """A unit is saturated where |h| (or |tanh(c)|) reaches the level: the gates then pass almost no
+    gradient. Rows are [2 units]: h has 3 of 8 elements at or above 0.95, c 2 of 8 (|c| >= atanh(0.95))."""
+    h = torch.tensor([[[0.99, 0.1], [-0.96, 0.0]], [[0.95, 0.94], [0.2, -0.3]]])
+    c = torch.tensor([[[3.0, 0.1], [-2.0, 0.5]], [[1.0, 0.0], [0.0, float("nan")]]])
+    out = lstm_health(h, c)
+    assert out["h_saturated_frac"] == pytest.approx(3 / 8)
+    assert out["c_saturated_frac"] == pytest.approx(2 / 8)
+    assert lstm_health(h, c, saturation=0.9)["h_saturated_frac"] == pytest.approx(4 / 8)
+    assert lstm_health(h, c, saturation=0.97)["h_saturated_frac"] == pytest.approx(1 / 8)
+    empty = lstm_health(torch.zeros(1, 0, 4), torch.zeros(1, 0, 4))
+    assert empty["h_saturated_frac"] == 0 and empty["c_saturated_frac"] == 0
+
+
 def test_lstm_health_thresholds_and_errors():
     h = torch.tensor([[0.0, 0.0], [3.0, 4.0]])
     c = torch.tensor([[300.0, 400.0], [0.6, 0.8]])
@@ -206,6 +241,8 @@ def test_lstm_health_thresholds_and_errors():
     assert out["h_norm_max"] == 5.0 and out["c_norm_mean"] == pytest.approx(250.5)
     with pytest.raises(ValueError, match="low"):
         lstm_health(h, c, low=5.0, high=1.0)
+    with pytest.raises(ValueError, match="saturation"):
+        lstm_health(h, c, saturation=1.0)
     with pytest.raises(TypeError, match="'c'"):
         lstm_health(h, c.long())
     with pytest.raises(ValueError, match=r"h must have shape \[\.\.\., H\]"):
