@@ -291,3 +291,107 @@ def test_size_bias_refuses_a_missing_or_misshapen_cost_and_a_negative_bias():
     with pytest.raises(ValueError, match="finite"):
         bad = torch.tensor([0.0, 1.0, float("nan"), 0.0, 0.0])
         FactoredRecurrentActorCritic(8, SPEC, hidden=16, head_hidden=8, blueprint_prior=bad)
+
+
+# ------------------------------------------------------------------------------ the per-env sampler
+def _narrow_masks(E: int, seed: int) -> TensorDict:
+    """Hand-built legality ``[E]`` where rows 0-5 allow exactly one choice of every head (the op, then for
+    each legal op exactly one slot, and one blueprint, style, ...) and the other rows a random non-empty
+    set: choice 0 where one choice is legal, never 0 elsewhere (so a sampler that favours the rest can
+    only land on 0 by reading the mask)."""
+    g = torch.Generator().manual_seed(seed)
+    S, single = SPEC.n_slots, torch.arange(E) < 6
+
+    def rows(n: int) -> torch.Tensor:
+        m = torch.rand(E, n, generator=g) < 0.5
+        m[:, 0] = False
+        m[torch.arange(E), 1 + torch.randint(0, n - 1, (E,), generator=g)] = True  # at least one legal
+        m[single] = False
+        m[single, 0] = True  # exactly one legal choice
+        return m
+
+    op = rows(len(Op))
+    by_op = torch.zeros(E, len(Op), S, dtype=torch.bool)
+    for o in range(len(Op)):
+        by_op[:, o] = rows(S) & op[:, o : o + 1]
+    out = {"op": op, "slot_by_op": by_op}
+    out.update({h: rows(n) for h, n in SPEC.sizes.items() if h not in ("op", "slot")})
+    return TensorDict(out, batch_size=[E])
+
+
+def _per_env_sampling_faults(net: FactoredRecurrentActorCritic, rounds: int = 12) -> list[str]:
+    """Act with one generator per env (the run's sampler) on :func:`_narrow_masks`, the network biased
+    20 logits towards every choice but 0: the actions that were illegal, or not the single legal choice
+    of their row (an illegal op leaves its slot head nothing legal, which ``act`` refuses)."""
+    E, faults = 12, []
+    for r in range(rounds):
+        legal = _narrow_masks(E, r)
+        gens = [torch.Generator().manual_seed(1000 * r + e) for e in range(E)]
+        try:
+            out, _ = net.act(torch.randn(E, 10), net.initial_state(E), legal, generator=gens)
+        except RuntimeError as e:
+            faults.append(f"round {r}: {e}")
+            continue
+        used = action_masks(legal, out["op", "action"], out["slot", "action"])
+        for head in HEADS:
+            a = out[head, "action"]
+            legal_choice = used[head].gather(-1, a.unsqueeze(-1)).squeeze(-1)
+            single = used[head].sum(-1) == 1
+            for e in range(E):
+                if not legal_choice[e]:
+                    faults.append(f"round {r} env {e}: {head} {int(a[e])} is illegal")
+                elif single[e] and int(a[e]) != int(used[head][e].int().argmax()):
+                    faults.append(f"round {r} env {e}: {head} missed its single legal choice")
+            assert torch.equal(out[head, "action_mask"], used[head]), head
+    return faults
+
+
+def _biased_net() -> FactoredRecurrentActorCritic:
+    torch.manual_seed(5)
+    net = FactoredRecurrentActorCritic(10, SPEC, hidden=16, head_hidden=8)
+    with torch.no_grad():
+        for head in HEADS:
+            bias = net.heads[head][2].bias
+            bias.fill_(20.0)
+            bias[0] = 0.0  # every head strongly prefers the choices single-choice rows forbid
+    return net
+
+
+def test_per_env_sampler_takes_only_legal_actions_and_the_single_legal_choice():
+    """Issue 47: ``act`` with one generator per env (``PPOController(per_env=True)``, what a run uses)
+    under masks where some rows allow exactly one op, slot or blueprint (and one choice of every other
+    head): every sampled action is legal, and it is the single legal choice where there is one."""
+    net = _biased_net()
+    assert _per_env_sampling_faults(net) == []
+    # the single-generator path holds to the same masks
+    legal = _narrow_masks(12, 99)
+    out, _ = net.act(torch.randn(12, 10), net.initial_state(12), legal, generator=torch.Generator())
+    assert (out["op", "action"][:6] == 0).all() and (out["blueprint", "action"][:6] == 0).all()
+
+
+def test_the_per_env_sampler_check_catches_a_sampler_that_ignores_single_choice_masks(monkeypatch):
+    """The check above is not vacuous: a per-env sampler that drops the mask of rows with one legal
+    choice (the regression issue 47 planted, which the whole suite missed) is caught."""
+    from esper.shell.agent import policy as policy_module
+
+    real = policy_module._sample
+
+    def ignores_single_choice_rows(logits, mask, generator, deterministic):
+        if isinstance(generator, list) and not deterministic:
+            mask = torch.where(mask.sum(-1, keepdim=True) == 1, torch.ones_like(mask), mask)
+        return real(logits, mask, generator, deterministic)
+
+    monkeypatch.setattr(policy_module, "_sample", ignores_single_choice_rows)
+    faults = _per_env_sampling_faults(_biased_net(), rounds=2)
+    assert len(faults) == 2 and all("no legal choice for head 'slot'" in f for f in faults)
+    # the same fault in a later head alone (the blueprint's, and alpha_curve's: 5 choices each) is caught
+    # action by action, with the op and slot sampled right
+
+    def in_the_blueprint_head(logits, mask, generator, deterministic):
+        wrong = logits.shape[-1] == SPEC.n_blueprints
+        return (ignores_single_choice_rows if wrong else real)(logits, mask, generator, deterministic)
+
+    monkeypatch.setattr(policy_module, "_sample", in_the_blueprint_head)
+    faults = _per_env_sampling_faults(_biased_net(), rounds=2)
+    assert any("blueprint" in f and "illegal" in f for f in faults)
+    assert not any("op " in f or "slot " in f for f in faults)
