@@ -168,6 +168,12 @@ class LifecycleConfig:
     )
     grad_ratio_momentum: float = config_field(0.9, "EMA momentum of the gradient ratio")
     grad_ratio_cap: float = config_field(10.0, "cap on the per-epoch gradient ratio before the EMA")
+    seed_grad_features: bool = config_field(
+        False,
+        "the observation also shows each seed's gradient health (4 features per slot: its gradient norm, a "
+        "health score, the shares of its parameter tensors whose gradient vanished or exploded); off until "
+        "the growth bench on fresh seeds shows it costs nothing (docs/experiment-log.md)",
+    )
 
     @property
     def prune_floor(self) -> float | None:

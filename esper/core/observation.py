@@ -23,7 +23,11 @@ Layout (:func:`observation_layout` names every column; :func:`obs_dim` is its le
   ``ramping``; ``ramp_left`` (epochs left / 8, cap 1); ``epochs_in_stage`` (/10, cap 1); ``age``
   (/max_epochs, cap 1); ``contribution`` (tanh(points / 5)); ``gain`` (val acc since the stage began,
   points / 10, +-1); ``progress`` (val acc since germination, points / 10, +-1); ``grad_ratio``
-  (``log1p(ema) / log1p(cap)``); ``param_frac`` (seed params / all params); ``blueprint_<i>``,
+  (``log1p(ema) / log1p(cap)``); with ``lifecycle.seed_grad_features`` the seed's gradient health
+  from this epoch's signals, ``seed_grad_norm`` (``log1p(norm) / log1p(100)``, cap 1),
+  ``seed_grad_health`` (``1 - 0.5 vanishing - 0.8 exploding``, the original's score),
+  ``seed_grad_vanishing`` and ``seed_grad_exploding`` (shares of the seed's parameter tensors, all 0
+  without a seed); ``param_frac`` (seed params / all params); ``blueprint_<i>``,
   ``style_<i>``, ``tempo_<i>`` one-hots (all 0 without a seed); gate readiness ``g2_ready``,
   ``g3_ready``, ``g5_ready`` (:func:`esper.core.lifecycle.gate_readiness`), ``prunable`` (PRUNE legal);
   ``embargo_left`` (/embargo_epochs).
@@ -49,6 +53,10 @@ LOSS_LOG_SCALE = 2.5
 _LONGEST_RAMP = max(*TEMPO_EPOCHS, *ALPHA_SPEED_STEPS)
 #: ``epochs_in_stage`` is scaled by this (gates and timeouts are a few epochs; 10 and beyond read as 1).
 _STAGE_EPOCHS_SCALE = 10.0
+#: A seed gradient norm this large (the shell's exploding threshold) reads 1 in ``seed_grad_norm``.
+_SEED_GRAD_NORM_SCALE = 100.0
+#: The per-slot gradient-health features of ``lifecycle.seed_grad_features`` (after ``grad_ratio``).
+SEED_GRAD_FEATURES = ("seed_grad_norm", "seed_grad_health", "seed_grad_vanishing", "seed_grad_exploding")
 
 
 def clean_loss(x: torch.Tensor) -> torch.Tensor:
@@ -144,18 +152,22 @@ _SLOT_HEAD = (
     "gain",
     "progress",
     "grad_ratio",
-    "param_frac",
 )
 _SLOT_TAIL = ("g2_ready", "g3_ready", "g5_ready", "prunable", "embargo_left")
 
 
-def observation_layout(n_slots: int, n_blueprints: int, *, window: int = 5) -> tuple[str, ...]:
-    """The name of every observation column, in order (``slot<k>.<feature>`` for slot features)."""
+def observation_layout(
+    n_slots: int, n_blueprints: int, *, window: int = 5, seed_grads: bool = False
+) -> tuple[str, ...]:
+    """The name of every observation column, in order (``slot<k>.<feature>`` for slot features);
+    ``seed_grads``: with the gradient-health features (``lifecycle.seed_grad_features``)."""
     if n_slots < 1 or n_blueprints < 1 or window < 1:
         raise ValueError(f"observation_layout: sizes must be >= 1, got {n_slots}, {n_blueprints}, {window}")
     hist = (*(f"val_loss_hist_{i}" for i in range(window)), *(f"val_acc_hist_{i}" for i in range(window)))
     per_slot = (
         *_SLOT_HEAD,
+        *(SEED_GRAD_FEATURES if seed_grads else ()),
+        "param_frac",
         *(f"blueprint_{i}" for i in range(n_blueprints)),
         *(f"style_{s.name}" for s in Style),
         *(f"tempo_{i}" for i in range(len(TEMPO_EPOCHS))),
@@ -165,9 +177,9 @@ def observation_layout(n_slots: int, n_blueprints: int, *, window: int = 5) -> t
     return (*_BASE, *hist, *_BASE_TAIL, *slots)
 
 
-def obs_dim(n_slots: int, n_blueprints: int, *, window: int = 5) -> int:
+def obs_dim(n_slots: int, n_blueprints: int, *, window: int = 5, seed_grads: bool = False) -> int:
     """Length of the observation vector."""
-    return len(observation_layout(n_slots, n_blueprints, window=window))
+    return len(observation_layout(n_slots, n_blueprints, window=window, seed_grads=seed_grads))
 
 
 # ---------------------------------------------------------------------------------------- observe
@@ -182,7 +194,9 @@ def observe(
 ) -> torch.Tensor:
     """``[*E, obs_dim]`` float32 observation (module docstring), from this epoch's ``signals [*E]``, the
     history after :func:`update_history` and the slot state ``[*E, S]`` after
-    :func:`esper.core.lifecycle.record_signals`."""
+    :func:`esper.core.lifecycle.record_signals`. With ``lifecycle_cfg.seed_grad_features`` the signals'
+    ``slots`` also hold ``seed_grad_norm``, ``seed_grad_vanishing`` and ``seed_grad_exploding``
+    ``[*E, S]`` (the hosts' measurement)."""
     if slots.batch_dims < 1 or tuple(slots.batch_size[:-1]) != tuple(signals.batch_size):
         raise ValueError(
             f"observe: slots must be [*E, S] and signals [*E], got {list(slots.batch_size)}, "
@@ -235,6 +249,7 @@ def observe(
                     rel_acc(slots["acc_at_stage_start"]),
                     rel_acc(slots["acc_at_germination"]),
                     grad_ratio,
+                    *_seed_grad_features(signals, live, cfg.seed_grad_features),
                     seed_params / all_params.unsqueeze(-1),
                 ],
                 dim=-1,
@@ -289,14 +304,33 @@ def observe(
         dim=-1,
     )
     out = torch.cat([base, hist, tail, per_slot.flatten(-2)], dim=-1)
-    expected = obs_dim(S, n_blueprints, window=history["val_loss_window"].shape[-1])
+    expected = obs_dim(
+        S, n_blueprints, window=history["val_loss_window"].shape[-1], seed_grads=cfg.seed_grad_features
+    )
     if out.shape[-1] != expected:  # static shapes: checked at trace time
         raise AssertionError(f"observe built {out.shape[-1]} features, layout says {expected}")
     return out
 
 
+def _seed_grad_features(signals: TensorDict, live: torch.Tensor, on: bool) -> list[torch.Tensor]:
+    """The :data:`SEED_GRAD_FEATURES` of every slot ``[*E, S]`` each (none when ``on`` is False): the
+    seed's gradient norm on a log scale, the original's health score ``1 - 0.5 vanishing - 0.8
+    exploding`` and the two shares; 0 for a slot without a seed, NaN read as the worst case."""
+    if not on:
+        return []
+    sig = signals["slots"]
+    share = lambda k, nan: torch.nan_to_num(sig[k].float(), nan=nan).clamp(0.0, 1.0)
+    big = _SEED_GRAD_NORM_SCALE
+    norm = torch.nan_to_num(sig["seed_grad_norm"].float(), nan=big, posinf=big)
+    vanishing, exploding = share("seed_grad_vanishing", 1.0), share("seed_grad_exploding", 1.0)
+    health = (1.0 - 0.5 * vanishing - 0.8 * exploding).clamp(0.0, 1.0)
+    scaled = (torch.log1p(norm.clamp(min=0.0)) / math.log1p(_SEED_GRAD_NORM_SCALE)).clamp(0.0, 1.0)
+    return [torch.where(live, x, 0.0) for x in (scaled, health, vanishing, exploding)]
+
+
 __all__ = [
     "LOSS_MAX",
+    "SEED_GRAD_FEATURES",
     "clean_loss",
     "init_history",
     "obs_dim",

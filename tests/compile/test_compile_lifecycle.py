@@ -3,6 +3,7 @@ eager, on a state with a seed in every stage."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -90,6 +91,12 @@ def test_observe_and_history_compile(compile_check):
     slots, _, signals, history = busy_state()
     compile_check(update_history, history, signals)
     fn = lambda g, h, s: observe(g, h, s, max_epochs=25, n_blueprints=N_BP, lifecycle_cfg=LC)
+    compile_check(fn, signals, history, slots)
+    # with the seed gradient-health features (lifecycle.seed_grad_features, issue 47)
+    on = dataclasses.replace(LC, seed_grad_features=True)
+    for k, v in (("seed_grad_norm", 3.0), ("seed_grad_vanishing", 0.25), ("seed_grad_exploding", 0.0)):
+        signals["slots", k] = torch.full(signals["slots"].batch_size, v)
+    fn = lambda g, h, s: observe(g, h, s, max_epochs=25, n_blueprints=N_BP, lifecycle_cfg=on)
     compile_check(fn, signals, history, slots)
 
 

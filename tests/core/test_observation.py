@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -9,7 +11,14 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from esper.core.lifecycle import LifecycleConfig, init_slots, lifecycle_step, record_signals
-from esper.core.observation import init_history, obs_dim, observation_layout, observe, update_history
+from esper.core.observation import (
+    SEED_GRAD_FEATURES,
+    init_history,
+    obs_dim,
+    observation_layout,
+    observe,
+    update_history,
+)
 from esper.core.spec import SLOT_FIELDS, Op, Stage, Tempo
 from tests.core.test_lifecycle import N_BP, make_action, make_signals, random_rollout
 
@@ -104,6 +113,48 @@ def test_features_land_in_their_columns():
     assert float(o[col("slot1.gain")]) == pytest.approx(0.8)  # +8 pts since TRAINING began (step 2)
     assert float(o[col("seed_utilization")]) == pytest.approx(1 / 3)
     assert float(o[col("plateau")]) == 0.0
+
+
+def _with_seed_grads(sig: TensorDict, norm, vanishing, exploding) -> TensorDict:
+    E, S = sig["slots"].batch_size
+    f = lambda v: torch.as_tensor(v, dtype=torch.float32).expand(E, S).clone()
+    sig["slots", "seed_grad_norm"] = f(norm)
+    sig["slots", "seed_grad_vanishing"] = f(vanishing)
+    sig["slots", "seed_grad_exploding"] = f(exploding)
+    return sig
+
+
+def test_seed_gradient_features_behind_the_switch():
+    """Issue 47: ``lifecycle.seed_grad_features`` adds, per slot after ``grad_ratio``, the seed's
+    gradient norm (log scale), the original's health score and the vanishing and exploding shares; off
+    (the default) the layout is the old one. A slot without a seed reads 0."""
+    on = LifecycleConfig(seed_grad_features=True)
+    plain, wide = observation_layout(3, N_BP), observation_layout(3, N_BP, seed_grads=True)
+    assert len(wide) == len(plain) + 3 * 4 == obs_dim(3, N_BP, seed_grads=True)
+    assert wide.index("slot0.seed_grad_norm") == wide.index("slot0.grad_ratio") + 1
+    added = [f"slot{k}.{f}" for k in range(3) for f in SEED_GRAD_FEATURES]
+    assert [n for n in wide if n not in plain] == added
+    slots, h = init_slots(1, [True, True, True]), init_history(1)
+    sig = make_signals(1, 3, epoch=1, seed_params=[[0.0, 500.0, 0.0]])
+    slots = record_signals(slots, sig, on)
+    slots, _ = lifecycle_step(slots, make_action(1, Op.GERMINATE, 1, blueprint=2), sig, on)
+    sig = _with_seed_grads(make_signals(1, 3, epoch=2, seed_params=[[0.0, 500.0, 0.0]]), 9.0, 0.25, 0.5)
+    slots = record_signals(slots, sig, on)
+    h = update_history(h, sig)
+    o = _obs(sig, h, slots, on)[0]
+    name = lambda f, k=1: wide.index(f"slot{k}.{f}")
+    assert float(o[name("seed_grad_norm")]) == pytest.approx(math.log1p(9.0) / math.log1p(100.0))
+    assert float(o[name("seed_grad_health")]) == pytest.approx(1 - 0.5 * 0.25 - 0.8 * 0.5)
+    assert float(o[name("seed_grad_vanishing")]) == 0.25 and float(o[name("seed_grad_exploding")]) == 0.5
+    assert all(float(o[name(f, 0)]) == 0.0 for f in SEED_GRAD_FEATURES), "no seed in slot 0"
+    # off, the same signals give the old observation, column for column
+    off = _obs(sig, h, slots, LifecycleConfig())[0]
+    keep = [i for i, n in enumerate(wide) if n in plain]
+    torch.testing.assert_close(off, o[keep])
+    # NaN or huge gradients stay finite and in [0, 1]
+    bad = _with_seed_grads(sig.clone(), float("nan"), float("nan"), float("inf"))
+    x = _obs(bad, h, slots, on)[0][[name(f) for f in SEED_GRAD_FEATURES]]
+    assert torch.isfinite(x).all() and (x >= 0).all() and (x <= 1).all()
 
 
 def test_prunable_feature_follows_the_prune_gate():

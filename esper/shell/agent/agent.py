@@ -93,12 +93,13 @@ class Agent:
 
 def build_agent(
     ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str,
-    germination_cost: torch.Tensor | None = None,
+    germination_cost: torch.Tensor | None = None, raw_obs_dim: int | None = None,
 ) -> Agent:  # fmt: skip
     """A fresh agent for an action space: the network initialized from the global torch generator (seed
     it first), empty observation statistics. ``germination_cost`` (the env's ``[S, n_blueprints]``) is
-    needed with ``ppo.size_bias`` or ``ppo.param_cap``."""
-    raw_dim = obs_dim(spec.n_slots, spec.n_blueprints)
+    needed with ``ppo.size_bias`` or ``ppo.param_cap``; ``raw_obs_dim`` is the env's observation length
+    (``VecEnv.obs_dim``; None: the default layout's, without ``lifecycle.seed_grad_features``)."""
+    raw_dim = obs_dim(spec.n_slots, spec.n_blueprints) if raw_obs_dim is None else raw_obs_dim
     policy = FactoredRecurrentActorCritic(
         policy_input_dim(raw_dim), spec, hidden=ppo.hidden, head_hidden=ppo.head_hidden,
         wait_bias=ppo.wait_bias,

@@ -27,10 +27,11 @@ from esper.shell.env.config import EnvConfig
 from esper.shell.env.seeding import derive_seed
 from esper.shell.env.streams import EnvStreams
 from esper.shell.host.hosts import Host
-from esper.shell.host.model import EnvModel
+from esper.shell.host.model import SEED_GRAD_KEYS, EnvModel
 
-#: What :meth:`PerEnvHosts.measure` returns per env, in order: ``[E]`` each, ``[E, S]`` the last two.
-MEASURED = ("train_loss", "train_acc", "val_loss", "val_acc", "grad_ratio", "contribution")
+#: What :meth:`PerEnvHosts.measure` returns per env, in order: ``[E]`` each, ``[E, S]`` from the fifth
+#: (each live seed's contribution, then its gradients: :data:`~esper.shell.host.model.SEED_GRAD_KEYS`).
+MEASURED = ("train_loss", "train_acc", "val_loss", "val_acc", "contribution", *SEED_GRAD_KEYS)
 
 
 def snapshot_state(host: Host) -> dict[str, torch.Tensor]:
@@ -128,7 +129,7 @@ class PerEnvHosts:
         rows = []
         for i in range(self.n):
             tr, (vloss, vacc, contrib) = train[i], val[i]
-            parts = [tr["loss"], tr["acc"], vloss, vacc, tr["grad_ratio"], contrib]
+            parts = [tr["loss"], tr["acc"], vloss, vacc, contrib, *(tr[k] for k in SEED_GRAD_KEYS)]
             # cast after the join: a cast is a read, and reads of env i's results wait on its event (S1)
             rows.append([p.float() for p in self.streams.join(i, parts, self.device)])
         return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(MEASURED)}

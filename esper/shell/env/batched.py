@@ -27,7 +27,7 @@ from esper.shell.env.config import EnvConfig
 from esper.shell.env.seeding import derive_seed
 from esper.shell.host.batched import StackedHosts, plan, stack_inputs
 from esper.shell.host.hosts import Host
-from esper.shell.host.model import seed_grad_ratios
+from esper.shell.host.model import SEED_GRAD_KEYS, seed_grad_stats
 
 
 class BatchedHosts:
@@ -135,9 +135,9 @@ class BatchedHosts:
             n_items += y.shape[1]
         if n_items == 0:
             raise ValueError("BatchedHosts: no training batches")
-        ratios = torch.stack([seed_grad_ratios(h, h.host_parameters()) for h in self.hosts])
+        grads = [seed_grad_stats(h, h.host_parameters()) for h in self.hosts]
         return {"train_loss": loss_sum / n_items, "train_acc": correct.float() * (100.0 / n_items),
-                "grad_ratio": ratios}  # fmt: skip
+                **{k: torch.stack([g[k] for g in grads]) for k in SEED_GRAD_KEYS}}  # fmt: skip
 
     def _validate(self, *, counterfactual: bool, split: str = "val") -> dict[str, torch.Tensor]:
         """``val_loss``, ``val_acc`` and (with ``counterfactual``) ``contribution [E, S]`` on ``split``."""

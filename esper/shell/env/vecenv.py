@@ -38,7 +38,7 @@ from esper.core.lifecycle import (
     record_signals,
 )
 from esper.core.masks import legal_masks
-from esper.core.observation import init_history, observe, update_history
+from esper.core.observation import init_history, obs_dim, observe, update_history
 from esper.core.rewards import RewardConfig, compute_reward
 from esper.core.spec import ActionSpec, Stage, Style, Tempo
 from esper.shell.data.tasks import Task
@@ -47,6 +47,7 @@ from esper.shell.env.batched import BatchedHosts
 from esper.shell.env.config import EnvConfig, check_devices, lr_scale
 from esper.shell.env.governor import Governor, GovernorConfig
 from esper.shell.env.seeding import train_host_seeds
+from esper.shell.host.model import SEED_GRAD_KEYS
 
 #: Lifecycle events that record how the seed will be blended: its style and tempo (chosen at germination,
 #: kept after) and the alpha target the action chose.
@@ -136,6 +137,10 @@ class VecEnv:
                 f"env.slots {bad} out of range: the {self.task.name} host has slots 0..{probe.n_slots - 1}"
             )
         self.enabled = tuple((i in cfg.slots) if cfg.slots else True for i in range(probe.n_slots))
+        #: Length of the raw observation (:func:`esper.core.observation.obs_dim` of this host and config).
+        self.obs_dim = obs_dim(
+            self.spec.n_slots, self.spec.n_blueprints, seed_grads=lifecycle.seed_grad_features
+        )
         self.random_guess_loss = float(torch.log(torch.tensor(float(self.task.n_classes))))
         self.governor = Governor(governor, self.n, self.random_guess_loss)
         bank = BatchedHosts if cfg.batched else PerEnvHosts
@@ -214,7 +219,7 @@ class VecEnv:
                 **{k: measured[k] for k in ("train_loss", "train_acc", "val_loss", "val_acc")},
                 "host_params": self._host_params_tensor(),
                 "slots": TensorDict(
-                    {k: measured[k] for k in ("grad_ratio", "contribution")} | self._seed_state(),
+                    {k: measured[k] for k in ("contribution", *SEED_GRAD_KEYS)} | self._seed_state(),
                     batch_size=[E, S],
                 ),
             },
@@ -279,7 +284,8 @@ class VecEnv:
                 signals["val_loss"][i] = again["val_loss"][k]
                 signals["val_acc"][i] = again["val_acc"][k]
                 signals["slots", "contribution"][i] = again["contribution"][k]
-                signals["slots", "grad_ratio"][i] = 0.0
+                for key in SEED_GRAD_KEYS:  # the removed seeds' gradients are gone with them
+                    signals["slots", key][i] = 0.0
             seeds = self._seed_state()  # the rollback removed seeds: their parameters and alphas go
             for k in ("seed_params", "alpha"):
                 signals["slots", k][panicked] = seeds[k][panicked]

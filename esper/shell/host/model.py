@@ -35,22 +35,45 @@ def grad_norm(params: Sequence[nn.Parameter], device: torch.device) -> torch.Ten
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]).float())
 
 
-def seed_grad_ratios(host: Host, host_params: Sequence[nn.Parameter]) -> torch.Tensor:
-    """``[S]``: per slot, the parameter-normalized seed/host gradient ratio from the current ``.grad``s,
-    ``(seed_norm / host_norm) · sqrt(host_params / seed_params)``: 0 for an empty or parameterless slot
-    or when ``host_norm < HOST_NORM_FLOOR``, capped at :data:`GRAD_RATIO_CAP`."""
+#: A seed parameter tensor whose gradient norm is below this counts as vanishing (the original's seed
+#: gradient threshold).
+SEED_VANISH_NORM = 1e-7
+#: ... above this as exploding (the host trains with plain SGD, no clip: the original's 100 fits).
+SEED_EXPLODE_NORM = 100.0
+#: What :func:`seed_grad_stats` measures of each slot, in order.
+SEED_GRAD_KEYS = ("grad_ratio", "seed_grad_norm", "seed_grad_vanishing", "seed_grad_exploding")
+
+
+def seed_grad_stats(host: Host, host_params: Sequence[nn.Parameter]) -> dict[str, torch.Tensor]:
+    """Each slot's seed gradients from the current ``.grad``s, ``[S]`` float32 each (:data:`SEED_GRAD_KEYS`):
+
+    - ``grad_ratio``: the parameter-normalized seed/host gradient ratio, ``(seed_norm / host_norm) ·
+      sqrt(host_params / seed_params)``, 0 when ``host_norm < HOST_NORM_FLOOR``, capped at
+      :data:`GRAD_RATIO_CAP`;
+    - ``seed_grad_norm``: the L2 norm of the seed's gradients;
+    - ``seed_grad_vanishing``, ``seed_grad_exploding``: the share of the seed's parameter tensors whose
+      gradient norm is below :data:`SEED_VANISH_NORM`, above :data:`SEED_EXPLODE_NORM`.
+
+    A missing gradient (a seed the step did not reach, e.g. at alpha 0) counts as 0; an empty or
+    parameterless slot is 0 everywhere. Both host banks measure with this one function."""
     device = host_params[0].device
     host_norm = grad_norm(host_params, device)
     n_host = _n_params(host_params)
-    out = torch.zeros(host.n_slots, device=device)
+    out = {k: torch.zeros(host.n_slots, device=device) for k in SEED_GRAD_KEYS}
     for i in range(host.n_slots):
         params = host.seed_parameters(i)
         n_seed = _n_params(params)
         if n_seed == 0:
             continue
-        ratio = grad_norm(params, device) / host_norm.clamp_min(HOST_NORM_FLOOR)
-        ratio = ratio * math.sqrt(n_host / n_seed)
-        out[i] = torch.where(host_norm < HOST_NORM_FLOOR, 0.0, ratio.clamp_max(GRAD_RATIO_CAP))
+        zero = torch.zeros((), device=device)
+        norms = torch.stack([zero if p.grad is None else torch.linalg.vector_norm(p.grad).float()
+                             for p in params])  # fmt: skip
+        seed_norm = torch.linalg.vector_norm(norms)
+        ratio = seed_norm / host_norm.clamp_min(HOST_NORM_FLOOR) * math.sqrt(n_host / n_seed)
+        out["grad_ratio"][i] = torch.where(host_norm < HOST_NORM_FLOOR, 0.0, ratio.clamp_max(GRAD_RATIO_CAP))
+        out["seed_grad_norm"][i] = seed_norm
+        out["seed_grad_vanishing"][i] = (norms < SEED_VANISH_NORM).float().mean()
+        out["seed_grad_exploding"][i] = (norms > SEED_EXPLODE_NORM).float().mean()
     return out
 
 
@@ -142,10 +165,11 @@ class EnvModel:
         env's own GradScaler, finding H12: never shared between envs or streams) scales the loss and
         unscales before every optimizer step.
 
-        Returns 0-d tensors ``loss`` (item-weighted mean), ``acc`` (%), ``n_items``, and
-        ``grad_ratio [S]``: per slot, ``(seed_norm / host_norm) · sqrt(host_params / seed_params)`` from
-        the last batch's gradients (SGD leaves ``.grad`` untouched), 0 for an empty or parameterless
-        slot or when ``host_norm < 1e-8``, capped at 10.
+        Returns 0-d tensors ``loss`` (item-weighted mean), ``acc`` (%), ``n_items``, and per slot
+        ``[S]`` the seeds' gradients of the last batch (SGD leaves ``.grad`` untouched,
+        :func:`seed_grad_stats`): ``grad_ratio`` (``(seed_norm / host_norm) · sqrt(host_params /
+        seed_params)``, 0 for an empty or parameterless slot or when ``host_norm < 1e-8``, capped at
+        10), ``seed_grad_norm``, ``seed_grad_vanishing`` and ``seed_grad_exploding``.
         """
         host, opts = self.host, self.optimizers()
         host.train()
@@ -181,13 +205,13 @@ class EnvModel:
             "loss": loss_sum / n_items,
             "acc": correct.float() * (100.0 / n_items),
             "n_items": torch.tensor(n_items, device=self.device),
-            "grad_ratio": self.grad_ratios(),
+            **seed_grad_stats(self.host, self._host_params),
         }
 
     def grad_ratios(self) -> torch.Tensor:
         """``[S]`` parameter-normalized seed/host gradient ratio from the current ``.grad``s
-        (:func:`seed_grad_ratios`)."""
-        return seed_grad_ratios(self.host, self._host_params)
+        (:func:`seed_grad_stats`)."""
+        return seed_grad_stats(self.host, self._host_params)["grad_ratio"]
 
     # --------------------------------------------------------------------------------- validation
     def counterfactual_validation(
@@ -264,4 +288,13 @@ class EnvModel:
         return sorted(set(indices))
 
 
-__all__ = ["GRAD_RATIO_CAP", "HOST_NORM_FLOOR", "EnvModel", "grad_norm", "seed_grad_ratios"]
+__all__ = [
+    "GRAD_RATIO_CAP",
+    "HOST_NORM_FLOOR",
+    "SEED_EXPLODE_NORM",
+    "SEED_GRAD_KEYS",
+    "SEED_VANISH_NORM",
+    "EnvModel",
+    "grad_norm",
+    "seed_grad_stats",
+]

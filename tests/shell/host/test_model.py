@@ -8,7 +8,14 @@ import torch
 from esper.core.spec import Stage, Style
 from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.hosts import CNNHost
-from esper.shell.host.model import GRAD_RATIO_CAP, EnvModel
+from esper.shell.host.model import (
+    GRAD_RATIO_CAP,
+    SEED_EXPLODE_NORM,
+    SEED_GRAD_KEYS,
+    SEED_VANISH_NORM,
+    EnvModel,
+    seed_grad_stats,
+)
 
 BP = {n: i for i, n in enumerate(BLUEPRINTS["cnn"])}
 
@@ -48,8 +55,9 @@ def test_train_epoch_returns_finite_tensors_and_learns():
     m = _model()
     data = _batches()
     first = m.train_epoch(data)
-    assert set(first) == {"loss", "acc", "n_items", "grad_ratio"}
-    assert first["grad_ratio"].shape == (3,) and torch.equal(first["grad_ratio"], torch.zeros(3))
+    assert set(first) == {"loss", "acc", "n_items", *SEED_GRAD_KEYS}
+    for k in SEED_GRAD_KEYS:  # no seed yet
+        assert first[k].shape == (3,) and torch.equal(first[k], torch.zeros(3)), k
     assert int(first["n_items"]) == 48 and 0 <= float(first["acc"]) <= 100
     for _ in range(10):
         last = m.train_epoch(data)
@@ -126,6 +134,34 @@ def test_grad_ratio_formula_and_cap():
     for p in host_p:
         p.grad = None
     assert float(m.grad_ratios()[0]) == 0.0  # host_norm < 1e-8
+
+
+def test_seed_gradient_norm_and_its_vanishing_and_exploding_shares():
+    """Issue 47: the hosts measure each seed's gradient norm beside its ratio (one function for both
+    banks), and the share of its parameter tensors whose gradient vanished or exploded; an empty slot
+    reads 0 everywhere."""
+    m = _model()
+    m.germinate(0, BP["depthwise"], Style.LINEAR_ADD)
+    m.host.set_slot(0, alpha=0.0, stage=Stage.TRAINING)
+    out = m.train_epoch(_batches())
+    assert set(SEED_GRAD_KEYS) <= set(out)
+    seed_p = m.host.seed_parameters(0)
+    norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in seed_p))
+    assert float(out["seed_grad_norm"][0]) == pytest.approx(norm, rel=1e-5) and norm > 0
+    assert out["seed_grad_vanishing"][0] == 0 and out["seed_grad_exploding"][0] == 0
+    for k in SEED_GRAD_KEYS:
+        assert out[k][1:].eq(0).all(), k  # no seed there
+    with torch.no_grad():
+        seed_p[0].grad.zero_()  # one tensor's gradient vanished, another's exploded
+        seed_p[1].grad.fill_(SEED_EXPLODE_NORM)
+    stats = seed_grad_stats(m.host, m.host.host_parameters())
+    assert float(stats["seed_grad_vanishing"][0]) == pytest.approx(1 / len(seed_p))
+    assert float(stats["seed_grad_exploding"][0]) == pytest.approx(1 / len(seed_p))
+    for p in seed_p:
+        p.grad = None  # a seed the step did not reach: every tensor's gradient counts as 0
+    stats = seed_grad_stats(m.host, m.host.host_parameters())
+    assert stats["seed_grad_norm"][0] == 0 and stats["seed_grad_vanishing"][0] == 1.0
+    assert SEED_VANISH_NORM < SEED_EXPLODE_NORM
 
 
 def test_M18_counterfactual_for_every_live_seed_alpha_zero_included():
