@@ -158,6 +158,27 @@ def _default() -> dict[str, Any]:
     )
 
 
+#: What a suite task's preset may set on top of the default (issue 45: one controller configuration for
+#: the whole suite): the task and its own sizes (the env's fields: data, host, envs, batches) and the
+#: episode's length, never the controller's, the reward's or the lifecycle's other settings.
+TASK_SIZE_FIELDS = ("env.", "lifecycle.max_epochs")
+
+
+def _on_default(doc_line: str, **sizes: Any) -> Callable[[], dict[str, Any]]:
+    """A suite task's preset: the default (its controller, reward and lifecycle) with the task's own
+    sizes (``env={...}``, ``lifecycle={"max_epochs": ...}``: :data:`TASK_SIZE_FIELDS` only)."""
+
+    def build() -> dict[str, Any]:
+        base = _default()
+        out = {**base, "env": {**base["env"], **sizes.get("env", {})}}
+        if "lifecycle" in sizes:
+            out["lifecycle"] = {**base["lifecycle"], **sizes["lifecycle"]}
+        return out
+
+    build.__doc__ = doc_line
+    return build
+
+
 def _digits() -> dict[str, Any]:
     """Handwritten digits (shipped with scikit-learn), a small 2-D CNN host. The host saturates near
     97 %, so growth has little room here: a quick check, not a showcase."""
@@ -213,6 +234,13 @@ def _smoke() -> dict[str, Any]:
 #: ``default`` is what ``python -m esper.shell.run`` runs with no arguments.
 PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "default": _default,
+    # the suite's other tasks (bench.suite, docs/suite.md): the default's controller, their own sizes
+    "mnist1d_deep": _on_default("MNIST-1D on a deeper host: five pointwise blocks, five slots.",
+                                env={"task": "mnist1d_deep"}),
+    "longrange": _on_default("Two distant pulses, same sign or not: only a seed that mixes all positions "
+                             "relates them.", env={"task": "longrange"}),
+    "digits_shallow": _on_default("The digits resized larger, on a shallow 2-D host (two 3x3 blocks).",
+                                  env={"task": "digits_shallow"}),
     "digits": _digits,
     "stdlib_text": _stdlib_text,
     "cifar10": _cifar10,
@@ -230,4 +258,4 @@ def preset(name: str, overrides: dict[str, Any] | None = None) -> RunConfig:
     return with_overrides(RunConfig(), {**_flat(PRESETS[name]()), **(overrides or {})})
 
 
-__all__ = ["NAME_MAX", "POLICIES", "PRESETS", "RunConfig", "check_run_name", "preset"]
+__all__ = ["NAME_MAX", "POLICIES", "PRESETS", "TASK_SIZE_FIELDS", "RunConfig", "check_run_name", "preset"]

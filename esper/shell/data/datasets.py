@@ -7,10 +7,15 @@ episode). :meth:`Task.make_loaders` returns them as :class:`Loaders`.
 
 - ``mnist1d`` (the default): MNIST-1D, generated procedurally by the ``mnist1d`` package (no download,
   deterministic for a seed, ~1 s): 6,000 1-D signals of length 40, 10 classes, split 4,000 / 1,000 /
-  1,000 in generation order (the package shuffles). Standardized by the package.
+  1,000 in generation order (the package shuffles). Standardized by the package. ``mnist1d_deep``
+  draws the same data for a deeper host.
+- ``longrange``: generated here from a seed (:func:`load_longrange`): noise with two pulses far apart,
+  the class whether they point the same way; 6,000 signals of length 64, split 4,000 / 1,000 / 1,000.
 - ``digits``: scikit-learn's bundled handwritten digits (1797 8×8 grayscale images, 10 classes), read
   from the csv.gz inside the installed package without importing sklearn. Scaled to [0, 1],
   normalized with the train split's mean/std, optionally resized; split 70/15/15 by a fixed permutation.
+  A fixed dataset: its test split is the only held-out draw. ``digits_shallow`` reads the same images,
+  resized larger, for a shallow host.
 - ``stdlib_text``: this Python's standard-library ``*.py`` files (depth-first walk in name order,
   site-packages excluded, joined by newlines, capped at ``max_bytes``) as a byte corpus; the last
   ``val_fraction`` of it is held out, its first half validation and its second half test.
@@ -138,6 +143,52 @@ def load_mnist1d(
         raise ValueError(f"mnist1d returned {len(y)} samples, fewer than the {sum(splits)} asked for")
     a, b = splits[0], splits[0] + splits[1]
     return (x[:a], y[:a]), (x[a:b], y[a:b]), (x[b : b + splits[2]], y[b : b + splits[2]])
+
+
+# --------------------------------------------------------------------------------------- long range
+#: Long-range split sizes: train, validation, test (generated in one call, split in order).
+LONGRANGE_SPLITS = (4000, 1000, 1000)
+
+
+def load_longrange(
+    *,
+    splits: tuple[int, int, int] = LONGRANGE_SPLITS,
+    seed: int = 7,
+    length: int = 64,
+    edge: int = 12,
+    width: int = 3,
+    amplitude: float = 3.0,
+    noise: float = 1.0,
+) -> tuple[Batch, Batch, Batch]:
+    """Two pulses far apart, and whether they point the same way: ``(train, val, test)``, each
+    ``(x float32 [N, 1, length], y int64 [N])``, generated from ``seed`` (a ``torch.Generator``; no
+    download, milliseconds).
+
+    Each signal is Gaussian noise (std ``noise``) with two pulses of ``width`` positions and height
+    ``±amplitude``: one starts in the first ``edge`` positions, the other ends in the last ``edge``, so
+    they are at least ``length - 2 * edge`` positions apart. The class is 1 when both pulses have the
+    same sign, 0 when they differ (a balanced XOR). Each pulse alone says nothing about the class, so
+    a host that sums local features over the length (pointwise or short convolutions, then a global
+    average) cannot solve it; a seed that mixes the whole length (self-attention over positions, a
+    squeeze-excite gate from the global mean, a GroupNorm's per-signal statistics) can."""
+    if len(splits) != 3 or min(splits) < 10:
+        raise ValueError(f"long-range splits: three sizes >= 10 (train, val, test), got {splits}")
+    if not 1 <= width <= edge or 2 * edge > length:
+        raise ValueError(f"long-range: need 1 <= width <= edge and 2 * edge <= length, got width {width}, "
+                         f"edge {edge}, length {length}")  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    n = sum(splits)
+    x = noise * torch.randn(n, 1, length, generator=g)
+    signs = torch.randint(0, 2, (n, 2), generator=g) * 2 - 1
+    first = torch.randint(0, edge - width + 1, (n,), generator=g)
+    second = torch.randint(length - edge, length - width + 1, (n,), generator=g)
+    pos = torch.arange(length)
+    for start, sign in ((first, signs[:, 0]), (second, signs[:, 1])):
+        inside = (pos >= start[:, None]) & (pos < start[:, None] + width)  # [N, L]
+        x[:, 0] += amplitude * sign[:, None].float() * inside
+    y = (signs[:, 0] == signs[:, 1]).long()
+    a, b = splits[0], splits[0] + splits[1]
+    return (x[:a], y[:a]), (x[a:b], y[a:b]), (x[b:], y[b:])
 
 
 # ------------------------------------------------------------------------------------------ CIFAR-10
@@ -299,11 +350,13 @@ def load_text_file(
 __all__ = [
     "CIFAR_MEAN",
     "CIFAR_STD",
+    "LONGRANGE_SPLITS",
     "MNIST1D_SPLITS",
     "ImageTransform",
     "digits_csv_path",
     "load_cifar10",
     "load_digits",
+    "load_longrange",
     "load_mnist1d",
     "load_text_file",
     "random_crop_flip",

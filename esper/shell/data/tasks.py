@@ -20,16 +20,21 @@ import torch
 
 from esper.shell.data.batches import TensorBatches, WindowBatches, _Batches
 from esper.shell.data.datasets import (
+    LONGRANGE_SPLITS,
     MNIST1D_SPLITS,
     ImageTransform,
     load_cifar10,
     load_digits,
+    load_longrange,
     load_mnist1d,
     load_text_file,
     split_bytes,
     stdlib_source_bytes,
 )
-from esper.shell.host.hosts import CNN1dHost, CNNHost, Host, TransformerHost
+from esper.shell.host.hosts import Batch, CNN1dHost, CNNHost, Host, TransformerHost
+
+#: ``digits_shallow``: the side its 8×8 images are resized to.
+DIGITS_SHALLOW_SIZE = 32
 
 
 # ------------------------------------------------------------------------------------------- tasks
@@ -45,9 +50,9 @@ class Loaders(NamedTuple):
 class Task:
     """What the shell needs to know about a task, and the factories for its pieces."""
 
-    #: Preset name ("digits", "stdlib_text", "cifar10", "tinystories").
+    #: Task name (a key of :data:`PRESETS`: "mnist1d", "longrange", "digits", "stdlib_text", ...).
     name: str
-    #: Host family, "cnn" or "transformer" (selects the blueprint registry).
+    #: Host family, "cnn", "cnn1d" or "transformer" (selects the blueprint registry).
     family: str
     #: One example's shape: ``(C, H, W)`` for images, ``(ctx,)`` for text.
     input_shape: tuple[int, ...]
@@ -58,6 +63,12 @@ class Task:
     #: ``make_loaders(seed, device=None) -> Loaders(train, val, test)``: one env's iterators; train
     #: shuffled by a generator seeded with ``seed``, validation and test in fixed order.
     make_loaders: Callable[..., Loaders]
+    #: Generated data: the seed of this draw (another seed is a fresh draw of all three splits). None
+    #: for a fixed dataset, whose test split is the only held-out draw.
+    data_seed: int | None = None
+    #: The blueprint ``grow_all`` germinates in every slot: the one that gained most on this task (None:
+    #: its family's, :data:`esper.shell.baselines.simple.GROW_ALL_BLUEPRINT`).
+    grow_all_blueprint: str | None = None
 
 
 class _PerDevice:
@@ -97,6 +108,24 @@ def _text_loaders(data, ctx, batch_size, max_batches, val_max_batches, seed, dev
     return Loaders(train, held(val_tokens), held(test_tokens))
 
 
+def _signal_task(
+    name: str, splits: tuple[Batch, Batch, Batch], n_classes: int, *, channels: tuple[int, ...],
+    kernels: tuple[int, ...], pools: tuple[int, ...], batch_size: int, max_batches: int | None,
+    val_max_batches: int | None, eval_batch_size: int, data_seed: int, grow_all_blueprint: str | None,
+) -> Task:  # fmt: skip
+    """A 1-D signal task on a :class:`~esper.shell.host.hosts.CNN1dHost` (one block per entry of
+    ``channels``, ``kernels`` and ``pools``); validation and test run in batches of ``eval_batch_size``."""
+    (tx, ty), (vx, vy), (sx, sy) = splits
+    data = _PerDevice((tx, ty, vx, vy, sx, sy))
+    return Task(
+        name, "cnn1d", (1, tx.shape[-1]), n_classes,
+        partial(CNN1dHost, 1, tx.shape[-1], tuple(channels), n_classes, tuple(kernels), tuple(pools)),
+        partial(_tensor_loaders, data, batch_size, max_batches, val_max_batches, None, None,
+                eval_batch_size=eval_batch_size),
+        data_seed=data_seed, grow_all_blueprint=grow_all_blueprint,
+    )  # fmt: skip
+
+
 def mnist1d_task(
     *,
     channels: tuple[int, ...] = (8, 8, 8),
@@ -108,16 +137,61 @@ def mnist1d_task(
     eval_batch_size: int = 1000,
     splits: tuple[int, int, int] = MNIST1D_SPLITS,
     data_seed: int = 42,
+    name: str = "mnist1d",
 ) -> Task:
-    """MNIST-1D (:func:`load_mnist1d`) with a small :class:`~esper.shell.host.hosts.CNN1dHost`; validation
-    and test run in batches of ``eval_batch_size`` (one batch each by default)."""
-    (tx, ty), (vx, vy), (sx, sy) = load_mnist1d(splits=splits, seed=data_seed)
-    data = _PerDevice((tx, ty, vx, vy, sx, sy))
-    return Task(
-        "mnist1d", "cnn1d", (1, tx.shape[-1]), 10,
-        partial(CNN1dHost, 1, tx.shape[-1], tuple(channels), 10, tuple(kernels), tuple(pools)),
-        partial(_tensor_loaders, data, batch_size, max_batches, val_max_batches, None, None,
-                eval_batch_size=eval_batch_size),
+    """MNIST-1D (:func:`load_mnist1d`, drawn from ``data_seed``) with a small
+    :class:`~esper.shell.host.hosts.CNN1dHost`: three pointwise blocks, so the host sees one position
+    at a time and the seeds add the spatial context it lacks; validation and test run in batches of
+    ``eval_batch_size`` (one batch each by default)."""
+    return _signal_task(
+        name, load_mnist1d(splits=splits, seed=data_seed), 10, channels=channels, kernels=kernels,
+        pools=pools, batch_size=batch_size, max_batches=max_batches, val_max_batches=val_max_batches,
+        eval_batch_size=eval_batch_size, data_seed=data_seed, grow_all_blueprint="conv_heavy",
+    )  # fmt: skip
+
+
+#: The deep MNIST-1D host: five pointwise blocks, pooled twice (40 -> 20 -> 10 positions), five slots.
+DEEP_BLOCKS = 5
+
+
+def mnist1d_deep_task(
+    *,
+    channels: tuple[int, ...] = (8,) * DEEP_BLOCKS,
+    kernels: tuple[int, ...] = (1,) * DEEP_BLOCKS,
+    pools: tuple[int, ...] = (2, 2, 1, 1, 1),
+    **kwargs,
+) -> Task:
+    """MNIST-1D (the default's data) with a deeper host: :data:`DEEP_BLOCKS` pointwise blocks and as many
+    slots (``b0``-``b4``), so where to grow has more answers than on the default's three slots."""
+    return mnist1d_task(channels=channels, kernels=kernels, pools=pools, name="mnist1d_deep", **kwargs)
+
+
+def longrange_task(
+    *,
+    channels: tuple[int, ...] = (8, 8, 8),
+    kernels: tuple[int, ...] = (1, 1, 1),
+    pools: tuple[int, ...] = (4, 1, 1),
+    batch_size: int = 64,
+    max_batches: int | None = None,
+    val_max_batches: int | None = None,
+    eval_batch_size: int = 1000,
+    splits: tuple[int, int, int] = LONGRANGE_SPLITS,
+    data_seed: int = 7,
+    length: int = 64,
+) -> Task:
+    """Two distant pulses, same sign or not (:func:`load_longrange`, drawn from ``data_seed``), on a
+    three-block pointwise :class:`~esper.shell.host.hosts.CNN1dHost` pooled once by 4 (64 -> 16
+    positions). The static host averages local features and cannot relate the pulses (it stays at
+    chance). A seed that sees the whole length can: ``self_attention`` over the positions, the
+    ``attention`` (squeeze-excite) gate from the global mean, and, through the GroupNorm each of them
+    holds (a per-signal statistic over the whole length), ``norm`` and every convolution blueprint,
+    although a convolution alone reaches at most 24 input positions further in all three slots, short of
+    the 40 between the pulses. The measured best, grown everywhere, is ``conv_heavy`` (docs/suite.md)."""
+    return _signal_task(
+        "longrange", load_longrange(splits=splits, seed=data_seed, length=length), 2, channels=channels,
+        kernels=kernels, pools=pools, batch_size=batch_size, max_batches=max_batches,
+        val_max_batches=val_max_batches, eval_batch_size=eval_batch_size, data_seed=data_seed,
+        grow_all_blueprint="conv_heavy",
     )  # fmt: skip
 
 
@@ -132,17 +206,34 @@ def digits_task(
     val_fraction: float = 0.15,
     test_fraction: float = 0.15,
     split_seed: int = 0,
+    name: str = "digits",
+    grow_all_blueprint: str | None = None,
 ) -> Task:
+    """scikit-learn's digits (:func:`load_digits`; a fixed dataset), resized to ``image_size``, on a
+    :class:`~esper.shell.host.hosts.CNNHost` with one 3×3 block per entry of ``channels``."""
     splits = load_digits(
         image_size=image_size, interpolation=interpolation, val_fraction=val_fraction,
         test_fraction=test_fraction, split_seed=split_seed,
     )  # fmt: skip
     data = _PerDevice(tuple(t for split in splits for t in split))
     return Task(
-        "digits", "cnn", (1, image_size, image_size), 10,
+        name, "cnn", (1, image_size, image_size), 10,
         partial(CNNHost, 1, image_size, tuple(channels), 10),
         partial(_tensor_loaders, data, batch_size, max_batches, val_max_batches, None, None),
+        grow_all_blueprint=grow_all_blueprint,
     )  # fmt: skip
+
+
+def digits_shallow_task(
+    *, image_size: int = DIGITS_SHALLOW_SIZE, channels: tuple[int, ...] = (8, 8), **kwargs
+) -> Task:
+    """The digits, resized to ``image_size`` (32), on a shallow :class:`~esper.shell.host.hosts.CNNHost`
+    of two 3×3 blocks of 8 channels (two slots): its receptive field (10 pixels) covers a third of the
+    image, so the global average reads a bag of stroke pieces, and seeds that add 3×3 convolutions
+    widen it. (Fewer channels on the 8×8 images do not make room: a seed keeps its slot's width, so a
+    narrow host stays narrow; see docs/suite.md.)"""
+    return digits_task(image_size=image_size, channels=channels, name="digits_shallow",
+                       grow_all_blueprint="conv_heavy", **kwargs)  # fmt: skip
 
 
 def cifar10_task(
@@ -231,7 +322,10 @@ def tinystories_task(
 #: Preset name -> task factory (keyword arguments only; unknown keywords raise TypeError).
 PRESETS: dict[str, Callable[..., Task]] = {
     "mnist1d": mnist1d_task,
+    "mnist1d_deep": mnist1d_deep_task,
+    "longrange": longrange_task,
     "digits": digits_task,
+    "digits_shallow": digits_shallow_task,
     "stdlib_text": stdlib_text_task,
     "cifar10": cifar10_task,
     "tinystories": tinystories_task,
@@ -246,12 +340,17 @@ def make_task(name: str, **kwargs) -> Task:
 
 
 __all__ = [
+    "DEEP_BLOCKS",
+    "DIGITS_SHALLOW_SIZE",
     "PRESETS",
     "Loaders",
     "Task",
     "cifar10_task",
+    "digits_shallow_task",
     "digits_task",
+    "longrange_task",
     "make_task",
+    "mnist1d_deep_task",
     "mnist1d_task",
     "stdlib_text_task",
     "tinystories_task",

@@ -9,9 +9,13 @@ from dataclasses import dataclass
 import torch
 
 from esper.shell.config.fields import check_fields, doc
-from esper.shell.data.tasks import Task, make_task
+from esper.shell.data.tasks import DEEP_BLOCKS, Task, make_task
 
-TASKS = ("mnist1d", "digits", "stdlib_text", "cifar10", "tinystories")
+TASKS = ("mnist1d", "mnist1d_deep", "longrange", "digits", "digits_shallow", "stdlib_text", "cifar10",
+         "tinystories")  # fmt: skip
+#: Tasks whose data is generated from a seed (``env.data_seed``: another seed, a fresh draw of every
+#: split). The others are fixed datasets: their test split is the only held-out draw.
+GENERATED_TASKS = ("mnist1d", "mnist1d_deep", "longrange")
 
 
 #: Tasks whose data is read from --env.data_path (nothing is ever downloaded).
@@ -23,13 +27,25 @@ LR_SCHEDULES = ("constant", "cosine")
 HOST_STEPS = ("auto", "batched", "per_env")
 
 
-#: Tasks whose host is a CNN with three blocks (``env.channels`` sets their widths).
-CNN_TASKS = ("mnist1d", "digits", "cifar10")
+#: Tasks whose host is a CNN (``env.channels`` sets its blocks' widths).
+CNN_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "digits", "digits_shallow", "cifar10")
+#: The 1-D CNN tasks' block counts: their hosts take a kernel and a pool per block, so ``env.channels``
+#: gives exactly this many widths. A 2-D host takes one width per block, as many blocks as its 2×2
+#: pools leave pixels for (``2 ** blocks <= image side``).
+SIGNAL_BLOCKS = {"mnist1d": 3, "mnist1d_deep": DEEP_BLOCKS, "longrange": 3}
+#: Tasks that read scikit-learn's digits (``env.image_size`` resizes them).
+DIGITS_TASKS = ("digits", "digits_shallow")
+#: The image side of each 2-D task's host (digits tasks: ``env.image_size``, 0 for the task's own).
+IMAGE_SIDES = {"digits": 16, "digits_shallow": 32, "cifar10": 32}
 
 
 @dataclass(frozen=True, slots=True)
 class EnvConfig:
-    task: str = doc("mnist1d", "task: mnist1d | digits | stdlib_text | cifar10 | tinystories")
+    task: str = doc("mnist1d", f"task: {' | '.join(TASKS)}")
+    data_seed: int | None = doc(
+        None, f"generated data ({', '.join(GENERATED_TASKS)}): the seed of its draw (none: the task's own, "
+        "mnist1d 42, longrange 7); fixed datasets refuse it", ge=0,
+    )  # fmt: skip
     data_path: str | None = doc(
         None, "local data path (cifar10: the binary batches' folder; tinystories: a .txt)"
     )
@@ -37,8 +53,14 @@ class EnvConfig:
     batch_size: int = doc(0, "host training batch size (0: the task's default)", ge=0)
     train_batches: int = doc(0, "training batches per epoch per env (0: the task's default)", ge=0)
     val_batches: int = doc(0, "validation batches per epoch (0: the task's default)", ge=0)
-    image_size: int = doc(16, "digits: side the 8x8 images are resized to", ge=8)
-    channels: tuple[int, ...] = doc((), "CNN hosts: channels of the three blocks (empty: the task's default)")
+    image_size: int = doc(
+        0, "digits tasks: side the 8x8 images are resized to (0: the task's own, digits 16, "
+        "digits_shallow 32)", ge=0,
+    )  # fmt: skip
+    channels: tuple[int, ...] = doc(
+        (), "CNN hosts: one width per block (empty: the task's default; the 1-D tasks' hosts have a fixed "
+        "block count: mnist1d 3, mnist1d_deep 5, longrange 3)"
+    )  # fmt: skip
     host_lr: float = doc(0.01, "host SGD learning rate", gt=0)
     seed_lr: float = doc(0.01, "seed SGD learning rate", gt=0)
     momentum: float = doc(0.9, "SGD momentum (host and seeds)", ge=0, lt=1)
@@ -68,9 +90,15 @@ class EnvConfig:
         check_fields(self, "env")
         for name, value in (("env.device", self.device), *(("env.devices", d) for d in self.devices)):
             parse_device(value, name)
-        bad_channels = self.task not in CNN_TASKS or len(self.channels) != 3 or min(self.channels) < 1
-        if self.channels and bad_channels:
-            raise ValueError(f"env.channels: three widths >= 1, for {CNN_TASKS} only; got {self.channels}")
+        if 0 < self.image_size < 8:
+            raise ValueError(f"env.image_size: 0 (the task's own) or a side >= 8, got {self.image_size}")
+        if self.channels and (why := self._bad_channels()):
+            raise ValueError(f"env.channels: {why}; got {self.channels}")
+        if self.data_seed is not None and self.task not in GENERATED_TASKS:
+            raise ValueError(
+                f"env.data_seed: task {self.task!r} is a fixed dataset (its test split is the only held-out "
+                f"draw); data seeds draw generated data: {', '.join(GENERATED_TASKS)}"
+            )
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"env.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if self.task in LOCAL_TASKS and not self.data_path:
@@ -81,6 +109,19 @@ class EnvConfig:
             raise ValueError(f"env.host_step must be one of {HOST_STEPS}, got {self.host_step!r}")
         if self.host_step == "batched" and (why := self._not_batched()):
             raise ValueError(f"env.host_step batched: {why}; use --env.host_step per_env (or auto)")
+
+    def _bad_channels(self) -> str | None:
+        """What is wrong with ``channels`` for the task's host (None: nothing)."""
+        if self.task not in CNN_TASKS:
+            return f"for the CNN tasks only ({', '.join(CNN_TASKS)}), not {self.task!r}"
+        if min(self.channels) < 1:
+            return "widths must be >= 1"
+        if self.task in SIGNAL_BLOCKS and len(self.channels) != (n := SIGNAL_BLOCKS[self.task]):
+            return f"{n} widths for task {self.task!r} (its host has {n} blocks)"
+        side = (self.image_size if self.task in DIGITS_TASKS else 0) or IMAGE_SIDES.get(self.task, 0)
+        if self.task in IMAGE_SIDES and 2 ** len(self.channels) > side:
+            return f"at most {side.bit_length() - 1} widths for {side}x{side} images (a 2x2 pool per block)"
+        return None
 
     def _not_batched(self) -> str | None:
         """Why the hosts cannot train as one batch (None: they can)."""
@@ -106,10 +147,12 @@ class EnvConfig:
             kwargs["max_batches"] = self.train_batches
         if self.val_batches:
             kwargs["val_max_batches"] = self.val_batches
-        if self.task == "digits":
+        if self.image_size and self.task in DIGITS_TASKS:
             kwargs["image_size"] = self.image_size
         if self.channels:
             kwargs["channels"] = self.channels
+        if self.data_seed is not None:
+            kwargs["data_seed"] = self.data_seed
         if self.task in LOCAL_TASKS:
             kwargs["path"] = self.data_path
         return make_task(self.task, **kwargs)
@@ -154,9 +197,13 @@ def lr_scale(schedule: str, epoch: int, max_epochs: int) -> float:
 
 __all__ = [
     "CNN_TASKS",
+    "DIGITS_TASKS",
+    "GENERATED_TASKS",
     "HOST_STEPS",
+    "IMAGE_SIDES",
     "LOCAL_TASKS",
     "LR_SCHEDULES",
+    "SIGNAL_BLOCKS",
     "TASKS",
     "EnvConfig",
     "check_devices",

@@ -1,0 +1,101 @@
+"""The suite's tasks (issue 45): they build with their slot counts, generated data is drawn from its
+``data_seed`` (a fixed dataset refuses one), ``env.channels`` is checked against the host's block count,
+and the suite's presets train the default's controller (only the task's own sizes differ)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from esper.shell.config.fields import to_dict
+from esper.shell.config.presets import TASK_SIZE_FIELDS, preset
+from esper.shell.data.datasets import load_longrange
+from esper.shell.data.tasks import make_task
+from esper.shell.env.config import GENERATED_TASKS, EnvConfig
+
+#: Suite task -> (host family, slots, input shape, classes, grow_all's blueprint).
+SUITE_TASKS = {
+    "mnist1d": ("cnn1d", ("b0", "b1", "b2"), (1, 40), 10, "conv_heavy"),
+    "mnist1d_deep": ("cnn1d", ("b0", "b1", "b2", "b3", "b4"), (1, 40), 10, "conv_heavy"),
+    "longrange": ("cnn1d", ("b0", "b1", "b2"), (1, 64), 2, "conv_heavy"),
+    "digits_shallow": ("cnn", ("b0", "b1"), (1, 32, 32), 10, "conv_heavy"),
+}
+SMALL = {"mnist1d": {"splits": (100, 20, 20)}, "mnist1d_deep": {"splits": (100, 20, 20)},
+         "longrange": {"splits": (100, 20, 20)}, "digits_shallow": {}}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SUITE_TASKS))
+def test_suite_tasks_build_with_their_slots(name):
+    family, slots, shape, classes, blueprint = SUITE_TASKS[name]
+    task = make_task(name, **SMALL[name])
+    host = task.make_host()
+    assert (task.name, task.family, task.input_shape, task.n_classes) == (name, family, shape, classes)
+    assert tuple(host.slot_names) == slots and task.grow_all_blueprint == blueprint
+    x, _ = next(iter(task.make_loaders(0).train))
+    assert tuple(x.shape[1:]) == shape and host(x).shape == (x.shape[0], classes)
+    assert (task.data_seed is None) == (name not in GENERATED_TASKS)
+
+
+@pytest.mark.parametrize("name", ["mnist1d", "mnist1d_deep", "longrange"])
+def test_a_data_seed_draws_other_data_and_the_same_seed_the_same(name):
+    def test_split(seed):
+        task = make_task(name, data_seed=seed, **SMALL[name])
+        return next(iter(task.make_loaders(0).test))
+
+    (a, ya), (b, yb), (c, _) = test_split(1), test_split(1), test_split(2)
+    assert torch.equal(a, b) and torch.equal(ya, yb)
+    assert not torch.equal(a, c)
+    assert make_task(name, data_seed=3, **SMALL[name]).data_seed == 3
+    cfg = EnvConfig(task=name, data_seed=3)  # the env config passes it on
+    assert cfg.build_task().data_seed == 3
+
+
+def test_longrange_is_balanced_and_each_pulse_alone_says_nothing():
+    (x, y), (vx, _), (sx, _) = load_longrange(splits=(2000, 100, 100), seed=0)
+    assert x.shape == (2000, 1, 64) and vx.shape == (100, 1, 64) and sx.shape == (100, 1, 64)
+    assert abs(float(y.float().mean()) - 0.5) < 0.05
+    first = x[:, 0, :12].sum(-1) > 0  # the first pulse's sign (noise averages out over its edge)
+    for sign in (True, False):  # given one pulse's sign, the class is still a coin flip
+        assert abs(float(y[first == sign].float().mean()) - 0.5) < 0.06
+    with pytest.raises(ValueError, match="2 \\* edge <= length"):
+        load_longrange(length=20, edge=12)
+
+
+def test_data_seed_is_refused_for_a_fixed_dataset_in_one_line():
+    with pytest.raises(ValueError) as e:
+        EnvConfig(task="digits", data_seed=1)
+    assert "fixed dataset" in str(e.value) and "test split is the only held-out draw" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("task", "channels", "message"),
+    [
+        ("mnist1d", (4, 4), "3 widths for task 'mnist1d'"),
+        ("mnist1d_deep", (4, 4, 4), "5 widths for task 'mnist1d_deep' (its host has 5 blocks)"),
+        ("digits", (2, 2, 2, 2, 2), "at most 4 widths for 16x16 images"),
+        ("stdlib_text", (4,), "for the CNN tasks only"),
+        ("mnist1d", (4, 0, 4), "widths must be >= 1"),
+    ],
+)
+def test_channels_are_checked_against_the_hosts_blocks_in_one_line(task, channels, message):
+    with pytest.raises(ValueError) as e:
+        EnvConfig(task=task, channels=channels)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    EnvConfig(task="mnist1d_deep", channels=(2,) * 5)  # the right count builds
+    EnvConfig(task="digits", channels=(2, 2))  # a 2-D host takes any count its pools leave room for
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+@pytest.mark.parametrize("name", ["mnist1d_deep", "longrange", "digits_shallow"])
+def test_suite_presets_train_the_defaults_controller(name):
+    default, cfg = _flat(to_dict(preset("default"))), _flat(to_dict(preset(name)))
+    differ = sorted(k for k in default if default[k] != cfg[k])
+    assert differ and all(k.startswith(TASK_SIZE_FIELDS) for k in differ), differ
+    assert cfg["env.task"] == name
