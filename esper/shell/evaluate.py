@@ -2,6 +2,7 @@
 
     python -m esper.shell.evaluate runs/default-20261123-101500                   # 20 episodes each
     python -m esper.shell.evaluate RUN_DIR --episodes 50 --seed 7 --controllers ppo,static,grow_all
+    python -m esper.shell.evaluate RUN_DIR --data-seed 5 --controllers ppo,heuristic_tuned,plan_search@0.5x
 
 The run's controller is loaded from ``RUN_DIR/checkpoint.pt`` and frozen (no update, observation
 statistics as saved) and run twice: ``ppo`` samples its policy as in training (seeded), ``ppo_greedy``
@@ -13,12 +14,22 @@ blend and fossilize as fast as the gates allow) — each run the **same** episod
 from ``--seed`` under a purpose of their own (:func:`esper.shell.env.seeding.eval_host_seeds`), so no
 evaluation host is a training host, and every controller meets the same hosts and data orders.
 
+``heuristic_tuned`` (the heuristic's thresholds chosen by a grid) and ``plan_search`` (the best fixed
+plan found within a budget of host epochs: ``plan_search`` the learned controller's training compute,
+``plan_search@H`` H host epochs, ``plan_search@Kx`` K times it) first search on the run's **training**
+hosts and data draw, by validation accuracy (:mod:`esper.shell.eval.search`; their choices are kept in
+``RUN_DIR/search/``). ``--data-seed S`` evaluates on a fresh draw of generated data (the tasks
+``mnist1d``, ``mnist1d_deep``, ``longrange``); a fixed dataset (``digits``, ...) refuses it: its test
+split is the only held-out draw.
+
 The verdict is the held-out **test** accuracy of each episode's final host (a split neither the host's
 training nor the controller ever reads) and the parameters the controller added. Written to
 ``RUN_DIR/eval/`` (``--out DIR`` elsewhere):
 
 - ``results.json``: ``{"controllers": {name: {"test_acc_mean", "test_acc_ci95": [lo, hi],
-  "params_added_mean", "episodes", ...}}, "correlations": {...}, "meta": {...}}``: accuracy in %,
+  "params_added_mean", "compute_host_epochs", "episodes", ...}}, "correlations": {...}, "meta": {...}}``
+  (``meta`` names the evaluation's host seeds and data seed and the run's own data seed;
+  ``compute_host_epochs``: the host epochs a controller spent on training or search): accuracy in %,
   95 % Student-t intervals over episodes, ``params_added`` = final host's parameters minus the static
   host's; every episode's numbers under ``per_episode``; Spearman correlations between the episode
   return and the final test accuracy (and accuracy per parameter, and the held-out objective) over
@@ -65,23 +76,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (0, the default: as the run would, the cores over its env "
                         "workers); the numbers repeat at the same --seed and thread count")  # fmt: skip
+    p.add_argument("--data-seed", type=int, default=None,
+                   help="evaluate on this draw of generated data (mnist1d, mnist1d_deep, longrange; default: "
+                        "the run's own draw); refused for a fixed dataset, whose test split is the only "
+                        "held-out draw")  # fmt: skip
     p.add_argument("--out", type=Path, default=None,
                    help="where results.json, report.md and plots/ go (default RUN_DIR/eval)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.threads < 0:
         return report(PROG, ValueError(f"--threads must be >= 0, got {args.threads}"))
+    if args.data_seed is not None and args.data_seed < 0:
+        return report(PROG, ValueError(f"--data-seed must be >= 0, got {args.data_seed}"))
     names = [c.strip() for c in args.controllers.split(",") if c.strip()]
     try:
         results = compare_controllers(args.run_dir, episodes=args.episodes, seed=args.seed,
                                       controllers=names, show_progress=not args.no_progress,
-                                      threads=args.threads, out=args.out)  # fmt: skip
+                                      threads=args.threads, out=args.out,
+                                      data_seed=args.data_seed)  # fmt: skip
     except (OSError, ValueError) as e:
         return report(PROG, e)
     for name, s in results["controllers"].items():
         lo, hi = s["test_acc_ci95"]
         print(f"{name:>10}: test acc {s['test_acc_mean']:5.1f} % [{lo:5.1f}, {hi:5.1f}]  "
-              f"params added {s['params_added_mean']:7.0f}  return {s['return_mean']:6.2f}")  # fmt: skip
+              f"params added {s['params_added_mean']:7.0f}  return {s['return_mean']:6.2f}  "
+              f"host epochs spent {s['compute_host_epochs']}")  # fmt: skip
+        if "search" in s:
+            print(f"{'':>10}  chose {s['search']['chosen']} on training hosts")
+    meta = results["meta"]
+    draw = "a fixed dataset's test split" if meta["data_seed"] is None else f"data seed {meta['data_seed']}"
+    print(f"data: {draw} (the run's own draw: {meta['selection_data_seed']})")
     print(repeat_line(args.seed, results["meta"]["torch_threads"]))
     print(f"results: {(args.out or Path(args.run_dir) / 'eval') / 'results.json'}")
     return 0

@@ -68,6 +68,11 @@ def test_compiled_update_is_one_graph_without_recompiles_and_equals_eager():
         assert m_comp["minibatch_steps"] == m_eager["minibatch_steps"] == 4
         for key in ("loss_objective", "loss_critic", "loss_entropy", "kl_approx", "grad_norm"):
             assert abs(m_comp[key] - m_eager[key]) <= 1e-4 * (1 + abs(m_eager[key])), key
+        # the rollout's LSTM health and advantage statistics are in both (issue 47), the same
+        lstm = [k for k in m_eager if k.startswith("lstm_")]
+        assert "lstm_h_saturated_frac" in lstm and "adv_std" in m_comp
+        for key in [*lstm, "adv_mean", "adv_std", "adv_max_abs", "adv_pos_frac"]:
+            assert abs(m_comp[key] - m_eager[key]) <= 1e-5 * (1 + abs(m_eager[key])), key
         _assert_same_policy(p_eager, p_comp)
     assert graphs_after == [2, 2], "one graph for the step and one for GAE; nothing recompiled"
     assert m_eager["entropy_coef"] != cfg.entropy_coef  # the coefficient did change between updates

@@ -1,7 +1,7 @@
 """What every process of a run must agree on, and how the learner gets there: a rollout refused
 everywhere if one process's is not finite, running statistics merged over every process's part, the
-update's metrics reduced to the whole batch's, a kept rollout gathered whole. With one process each is
-the plain single-process operation."""
+update's metrics, the LSTM's health and the advantage statistics reduced to the whole batch's, a kept
+rollout gathered whole. With one process each is the plain single-process operation."""
 
 from __future__ import annotations
 
@@ -72,6 +72,42 @@ def reduce_report(report: TensorDict, dist: Dist) -> TensorDict:
     return report
 
 
+def reduce_health(report: TensorDict, dist: Dist) -> TensorDict:
+    """A health report (:func:`esper.core.health.lstm_health`) of the whole batch from every process's
+    part (each holds as many envs): maxima (``*_max``) the largest, counts (integer leaves) summed, means
+    and shares averaged over processes."""
+    if not dist.active:
+        return report
+    for key in report.keys():
+        value = report[key].clone()
+        if key.endswith("_max"):
+            report[key] = dist.all_reduce(value, "max")
+        elif not value.is_floating_point():
+            report[key] = dist.all_reduce_sum(value)
+        else:
+            report[key] = dist.all_reduce_sum(value) / dist.world
+    return report
+
+
+def advantage_stats(adv: torch.Tensor, valid: torch.Tensor | None, dist: Dist) -> TensorDict:
+    """The statistics of the advantages ``adv [*B, T]`` over the valid steps of the whole batch (every
+    process's part): ``mean``, ``std``, ``max_abs`` and ``pos_frac`` (share of steps above 0), float32
+    0-dim tensors; zeros for no valid step. No host sync (finding M12: each update reports them)."""
+    a = adv.detach().double().reshape(-1)
+    w = (torch.ones_like(a) if valid is None else valid.reshape(-1).to(a.device)).double()
+    sums = torch.stack([w.sum(), (w * a).sum(), (w * a.square()).sum(), (w * (a > 0).double()).sum()])
+    peak = torch.where(w > 0, a.abs(), 0.0).amax() if a.numel() else a.new_zeros(())
+    if dist.active:
+        sums = dist.all_reduce_sum(sums)
+        peak = dist.all_reduce(peak, "max")
+    n = sums[0].clamp(min=1.0)
+    mean = sums[1] / n
+    var = (sums[2] / n - mean.square()).clamp(min=0.0)
+    return TensorDict(
+        {"mean": mean, "std": var.sqrt(), "max_abs": peak, "pos_frac": sums[3] / n}, batch_size=[]
+    ).float()
+
+
 def whole_rollout(part: TensorDictBase, dist: Dist) -> TensorDictBase:
     """A kept rollout with every process's envs, in rank order (this process's part alone)."""
     if not dist.active:
@@ -80,4 +116,12 @@ def whole_rollout(part: TensorDictBase, dist: Dist) -> TensorDictBase:
     return torch.cat([TensorDict(d, batch_size=part.batch_size) for d in parts], 0)
 
 
-__all__ = ["check_finite", "check_finite_everywhere", "reduce_report", "update_stats", "whole_rollout"]
+__all__ = [
+    "advantage_stats",
+    "check_finite",
+    "check_finite_everywhere",
+    "reduce_health",
+    "reduce_report",
+    "update_stats",
+    "whole_rollout",
+]

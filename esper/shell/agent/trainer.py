@@ -33,7 +33,14 @@ minibatch it holds, divides its loss terms by the whole minibatch's counts
 finiteness flag, so every process takes the same decisions and the same optimizer steps.
 
 Metrics stay on the device until the end, then one :func:`read_scalars` call brings them back; the
-only other host reads are one per minibatch step (the KL flag and the finiteness flag together).
+only other host reads are one per minibatch step (the KL flag and the finiteness flag together). Besides
+the minibatch steps' means the report holds the health of the rollout's LSTM states
+(:func:`esper.core.health.lstm_health` of the stored ``("recurrent_state", "h" | "c")`` after each
+episode's first step, the same whichever minibatch step runs, eager or compiled; ``lstm_*`` in the
+``ppo_update`` event) and the statistics of the advantages GAE gave, before step 5 normalizes them
+(``adv_mean``, ``adv_std``, ``adv_max_abs``, ``adv_pos_frac``; finding M12). ``update(detail=True)``
+adds each minibatch step's metrics and each env's rollout statistics (``detail``; the run logs them as
+``ppo_detail`` for a while after an anomaly).
 
 The minibatch step of 6. is chosen once, when the trainer is built (:mod:`esper.shell.agent.steps`):
 eager, compiled, or shared by several processes. With ``compile=True`` it is one graph (the LSTM
@@ -59,17 +66,19 @@ from tensordict import TensorDict, TensorDictBase
 from esper import kernels
 from esper.core.advantage import gae, gae_tensors, normalize_advantage
 from esper.core.distributions import masked_categorical
-from esper.core.health import GradHealthConfig
+from esper.core.health import GradHealthConfig, lstm_health
 from esper.core.loss import decouple, ppo_loss
 from esper.core.minibatch import env_minibatches
 from esper.core.normalize import (
     running_stats,
     scale,
 )
-from esper.core.spec import HEADS, ActionSpec
+from esper.core.spec import HEADS, KEYS, ActionSpec
 from esper.shell.agent.agent import Agent, build_agent
 from esper.shell.agent.collective import (
+    advantage_stats,
     check_finite_everywhere,
+    reduce_health,
     reduce_report,
     update_stats,
     whole_rollout,
@@ -103,11 +112,11 @@ class PPOTrainer:
         generator: torch.Generator | None = None,
         dist: Dist = SINGLE,
     ) -> None:
-        limit = torch._dynamo.config.recompile_limit
+        limit = torch.compiler.config.recompile_limit
         if compile and cfg.replay + 1 > limit:
             raise ValueError(
                 f"ppo.replay={cfg.replay} with --compile needs {cfg.replay + 1} graphs (one per batch size "
-                f"while the kept rollouts fill up), over torch._dynamo's recompile_limit of {limit}; use "
+                f"while the kept rollouts fill up), over torch.compile's recompile_limit of {limit}; use "
                 f"--ppo.replay {limit - 1} or less, or run without --compile"
             )
         policy = agent.policy
@@ -125,6 +134,8 @@ class PPOTrainer:
             eps=cfg.adam_eps,
         )
         self.state = TrainerState(reward_stats=running_stats((), device=device))
+        #: The advantage statistics of the last :meth:`prepare` (device tensors, read with the report).
+        self.advantage = TensorDict({}, batch_size=[])
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
         #: Consecutive updates rolled back for a non-finite loss, gradient or parameter.
         self.bad_streak = 0
@@ -171,7 +182,8 @@ class PPOTrainer:
     def prepare(self, batch: TensorDictBase, *, replayed: list[TensorDictBase] = ()) -> TensorDictBase:
         """Steps 1-5 of the module docstring; returns the batch ready for the epochs. ``replayed``:
         earlier rollouts (``ppo.replay``), re-scored by :meth:`_rescore_replayed` and appended along
-        the env dim after step 4; step 5 normalizes over all of it."""
+        the env dim after step 4; step 5 normalizes over all of it. The advantages' statistics before
+        step 5 go to :attr:`advantage`."""
         cfg = self.cfg
         check_finite_everywhere(batch, self.dist)
         st = self.state
@@ -202,6 +214,7 @@ class PPOTrainer:
                 old = [self._rescore_replayed(td) for td in replayed]
                 weight = torch.cat([torch.ones_like(batch["advantage"])] + [w for _, w in old], 0)
                 batch = torch.cat([batch] + [td for td, _ in old], 0)
+            self.advantage = advantage_stats(batch["advantage"], batch.get(KEYS.valid, None), self.dist)
             if cfg.normalize_advantage:
                 reduce = self.dist.all_reduce_sum if self.dist.active else None
                 batch["advantage"] = normalize_advantage(batch["advantage"], reduce=reduce)
@@ -232,9 +245,11 @@ class PPOTrainer:
         td.update(rebased)
         return td, weight.reshape(td["advantage"].shape)
 
-    def update(self, batch: TensorDictBase) -> dict[str, float | list[float]]:
+    def update(self, batch: TensorDictBase, *, detail: bool = False) -> dict[str, float | list[float]]:
         """One PPO update on a rollout ``[n_envs, T]``. Returns host-side metrics (one sync per
         minibatch step, for the KL flag and the finiteness flag together, and one for the report).
+        ``detail``: the metrics also hold ``detail``, ``{"steps": {metric: [one per minibatch step]},
+        "envs": {statistic: [one per env of the new rollout]}}``.
 
         A step whose loss or gradient is not finite is not taken: it ends the update, and the policy
         and optimizer go back to their state at the update's start (``rolled_back``), as they do when
@@ -255,6 +270,7 @@ class PPOTrainer:
         if n_envs % cfg.n_minibatches:
             raise ValueError(f"ppo.n_minibatches={cfg.n_minibatches} must divide n_envs={n_envs}")
         incoming = batch.clone() if cfg.replay else None  # as it came in: prepare writes into batch
+        lstm = self._lstm_health(batch)
         batch = self.prepare(batch, replayed=self.state.replay)
         if cfg.replay:
             self.state.replay = [incoming, *self.state.replay][: cfg.replay]
@@ -281,6 +297,12 @@ class PPOTrainer:
         report = TensorDict({}, batch_size=[])
         if steps:
             report = reduce_report(torch.stack(steps).mean(0), self.dist)
+        report["lstm"] = lstm
+        report["advantage"] = self.advantage
+        if detail:
+            if steps:
+                report["steps"] = reduce_report(torch.stack(steps), self.dist)
+            report["envs"] = self._env_detail(batch[:block])
         report["params_finite"] = torch.stack([torch.isfinite(p).all() for p in self.params]).all()
         metrics = read_scalars(report)  # sync point: one read
         rolled_back = nonfinite or not metrics.pop("params_finite")
@@ -300,6 +322,32 @@ class PPOTrainer:
             seconds=time.perf_counter() - t0,
         )
         return out
+
+    def _lstm_health(self, batch: TensorDictBase) -> TensorDict:
+        """:func:`esper.core.health.lstm_health` of the rollout's stored recurrent states after each
+        episode's first step (the first is the zero initial state, not a state the network made), over
+        every process's envs."""
+        h = batch["recurrent_state", "h"][:, 1:]
+        c = batch["recurrent_state", "c"][:, 1:]
+        return reduce_health(lstm_health(h, c), self.dist)
+
+    def _env_detail(self, new: TensorDictBase) -> TensorDict:
+        """Per env of the new rollout (every process's, in global order): the episode's raw return, the
+        mean value-clip anchor, and the mean and largest magnitude of its normalized advantages."""
+        E = new.batch_size[0]
+        adv = new["advantage"].reshape(E, -1).float()
+        stats = torch.stack(
+            [
+                new["next", "raw_reward"].reshape(E, -1).float().sum(1),
+                new["state_value"].reshape(E, -1).float().mean(1),
+                adv.mean(1),
+                adv.abs().amax(1),
+            ],
+            dim=1,
+        )
+        whole = torch.cat(self.dist.gather_tensors(stats), 0)
+        names = ("return", "value_mean", "adv_mean", "adv_max_abs")
+        return TensorDict({k: whole[:, j] for j, k in enumerate(names)}, batch_size=[])
 
     def _learner_state(self) -> tuple[dict, dict]:
         """Copies of the policy's and the optimizer's state (to roll an update back)."""
@@ -357,12 +405,20 @@ class PPOTrainer:
 
 
 def _flatten_update_metrics(m: dict) -> dict:
-    """Shape the readout into the ``ppo_update`` event: per-head dicts and per-group grad norms."""
+    """Shape the readout into the ``ppo_update`` event: per-head dicts, per-group grad norms, ``lstm_*``
+    and ``adv_*`` statistics, and the ``detail`` dict (``steps`` and ``envs``) when it was asked for."""
     out: dict = {}
     per_head: dict[str, dict[str, float]] = {}
+    detail: dict[str, dict] = {}
     for key, value in m.items():
         parts = key.split("/")
-        if parts[0] in HEADS:
+        if parts[0] in ("steps", "envs"):
+            detail.setdefault(parts[0], {})["/".join(parts[1:])] = value
+        elif parts[0] == "lstm":
+            out[f"lstm_{parts[1]}"] = value
+        elif parts[0] == "advantage":
+            out[f"adv_{parts[1]}"] = value
+        elif parts[0] in HEADS:
             per_head.setdefault(parts[1], {})[parts[0]] = value
         elif parts[0] == "grad":
             if parts[1] == "group_norms":
@@ -375,17 +431,19 @@ def _flatten_update_metrics(m: dict) -> dict:
             out[key] = value
     for stat, by_head in per_head.items():
         out[f"head_{stat}"] = by_head
+    if detail:
+        out["detail"] = detail
     return out
 
 
 def build_learner(
     ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str, seed: int, compile: bool = False,
-    dist: Dist = SINGLE, germination_cost: torch.Tensor | None = None,
+    dist: Dist = SINGLE, germination_cost: torch.Tensor | None = None, raw_obs_dim: int | None = None,
 ) -> tuple[Agent, PPOTrainer]:  # fmt: skip
     """A fresh agent for an action space (:func:`~esper.shell.agent.agent.build_agent`) and its PPO
     trainer, whose minibatch order is drawn from ``seed``'s generator; load a checkpoint's ``trainer``
     entry into the trainer to restore both."""
-    agent = build_agent(ppo, spec, device=device, germination_cost=germination_cost)
+    agent = build_agent(ppo, spec, device=device, germination_cost=germination_cost, raw_obs_dim=raw_obs_dim)
     trainer = PPOTrainer(
         agent, ppo, compile=compile, generator=torch.Generator().manual_seed(seed + 1), dist=dist
     )

@@ -24,6 +24,9 @@ logs with each epoch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 from tensordict import TensorDict
 
@@ -40,25 +43,52 @@ ROTATION = ("conv_light", "conv_heavy", "attention", "norm", "depthwise", "bottl
 _SEEDED = (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING)
 
 
+@dataclass(frozen=True, slots=True)
+class HeuristicThresholds:
+    """The rules' thresholds; the defaults are the reference's (``heuristic``). ``heuristic_tuned``
+    chooses them per task on training hosts (:mod:`esper.shell.eval.search`)."""
+
+    #: Epochs to wait after a prune before germinating again.
+    cooldown: int = 5
+    #: No germination before this epoch.
+    min_epoch: int = 5
+    #: Germinate after this many epochs in a row that gained under ``plateau_threshold`` points.
+    plateau_epochs: int = 3
+    plateau_threshold: float = 0.5
+    #: PRUNE a TRAINING/BLENDING seed that lost more than ``prune_loss`` points after ``prune_after``
+    #: epochs in its stage.
+    prune_loss: float = 2.0
+    prune_after: int = 5
+    #: The host counts as stabilised (latched) after ``stable_epochs`` epochs in a row whose validation
+    #: loss fell, by less than ``calm_fall`` of itself; no germination before.
+    stable_epochs: int = 3
+    calm_fall: float = 0.03
+
+    def changed(self) -> dict[str, float]:
+        """The thresholds that differ from the reference's, by name (``{}``: the reference's rules)."""
+        ref = HeuristicThresholds()
+        return {f: getattr(self, f) for f in self.__slots__ if getattr(self, f) != getattr(ref, f)}
+
+
 class HeuristicController(FixedController):
+    """The reference's rules (the module's docstring). Keyword arguments set thresholds
+    (:class:`HeuristicThresholds`'s fields); ``per_env`` gives each env its own thresholds instead (a
+    threshold search runs its candidates side by side)."""
 
     def __init__(
         self,
         blueprint_names: tuple[str, ...],
         lifecycle: LifecycleConfig,
         *,
-        cooldown: int = 5,
-        min_epoch: int = 5,
-        plateau_epochs: int = 3,
-        plateau_threshold: float = 0.5,
-        prune_loss: float = 2.0,
-        prune_after: int = 5,
+        per_env: Sequence[HeuristicThresholds] | None = None,
+        **thresholds: float,
     ) -> None:
         self.names = blueprint_names
         self.lc = lifecycle
-        self.cooldown, self.min_epoch = cooldown, min_epoch
-        self.plateau_epochs, self.plateau_threshold = plateau_epochs, plateau_threshold
-        self.prune_loss, self.prune_after = prune_loss, prune_after
+        self.thresholds = HeuristicThresholds(**thresholds)
+        if per_env is not None and (thresholds or not per_env):
+            raise ValueError("HeuristicController: a non-empty per_env list or keywords, not both")
+        self.per_env = list(per_env) if per_env is not None else None
         order = [n for n in ROTATION if n in blueprint_names]
         order += [n for n in blueprint_names if n not in order and n != "noop"]
         self.rotation = [blueprint_names.index(n) for n in order] or [0]
@@ -66,6 +96,8 @@ class HeuristicController(FixedController):
         self.begin(0)
 
     def begin(self, n_envs: int) -> None:
+        if self.per_env is not None and n_envs and len(self.per_env) != n_envs:
+            raise ValueError(f"HeuristicController: {len(self.per_env)} per-env thresholds for {n_envs} envs")
         self.n = n_envs
         self.env_state = [
             {"cooldown": 0, "stable": 0, "stabilised": False, "plateau": 0, "prev_loss": None,
@@ -103,7 +135,7 @@ class HeuristicController(FixedController):
             if op == Op.PRUNE:
                 actions["alpha_speed"][i] = int(AlphaSpeed.INSTANT)
                 actions["alpha_curve"][i] = int(AlphaCurve.LINEAR)
-                self.env_state[i]["cooldown"] = self.cooldown
+                self.env_state[i]["cooldown"] = self._t(i).cooldown
                 self._penalize(i, host["blueprint"][i][slot])
             self.last_reasons.append(reason)
         device = step.raw_obs.device
@@ -113,9 +145,13 @@ class HeuristicController(FixedController):
         )
 
     # ------------------------------------------------------------------------------------------ rules
+    def _t(self, i: int) -> HeuristicThresholds:
+        """Env ``i``'s thresholds."""
+        return self.per_env[i] if self.per_env is not None else self.thresholds
+
     def _decide(self, i: int, s: dict, acc: float, loss: float, epoch: int) -> tuple[int, int, int, str]:
-        st = self.env_state[i]
-        self._track(st, acc, loss)
+        st, t = self.env_state[i], self._t(i)
+        self._track(st, acc, loss, t)
         for name in list(st["penalty"]):
             st["penalty"][name] *= 0.5
             if st["penalty"][name] < 0.1:
@@ -129,7 +165,7 @@ class HeuristicController(FixedController):
                 return Op.WAIT, k, 0, "seed germinated: wait for it to train"
             gain = acc - s["acc_at_stage_start"][i][k]
             if stage in (Stage.TRAINING, Stage.BLENDING):
-                if eis >= self.prune_after and gain < -self.prune_loss:
+                if eis >= t.prune_after and gain < -t.prune_loss:
                     return Op.PRUNE, k, 0, f"{stage.name} seed lost {-gain:.1f} pts in {eis} epochs: prune"
                 dwell = self.lc.g2_min_epochs if stage == Stage.TRAINING else self.lc.g3_min_epochs
                 ramped = s["ramp_pos"][i][k] >= s["ramp_len"][i][k]
@@ -160,10 +196,10 @@ class HeuristicController(FixedController):
             return Op.WAIT, 0, 0, f"cooldown after prune ({st['cooldown'] + 1} left)"
         if not st["stabilised"]:
             return Op.WAIT, 0, 0, "host not yet stabilised"
-        if epoch < self.min_epoch:
-            return Op.WAIT, 0, 0, f"epoch {epoch} < {self.min_epoch}"
-        if st["plateau"] < self.plateau_epochs:
-            return Op.WAIT, 0, 0, f"improving (plateau {st['plateau']} < {self.plateau_epochs})"
+        if epoch < t.min_epoch:
+            return Op.WAIT, 0, 0, f"epoch {epoch} < {t.min_epoch}"
+        if st["plateau"] < t.plateau_epochs:
+            return Op.WAIT, 0, 0, f"improving (plateau {st['plateau']} < {t.plateau_epochs})"
         empty = [k for k, g in enumerate(stages) if g == Stage.DORMANT and s["enabled"][i][k]]
         if not empty:
             return Op.WAIT, 0, 0, "no empty slot"
@@ -183,16 +219,16 @@ class HeuristicController(FixedController):
                 return bp
         return self.rotation[0]
 
-    def _track(self, st: dict, acc: float, loss: float) -> None:
+    def _track(self, st: dict, acc: float, loss: float, t: HeuristicThresholds) -> None:
         prev_loss, prev_acc = st["prev_loss"], st["prev_acc"]
         if prev_loss is not None:
             delta = prev_loss - loss
-            calm = delta >= 0 and delta / max(prev_loss, 1e-8) < 0.03 and loss < 1.5 * prev_loss
+            calm = delta >= 0 and delta / max(prev_loss, 1e-8) < t.calm_fall and loss < 1.5 * prev_loss
             st["stable"] = st["stable"] + 1 if calm else 0
-            st["stabilised"] = st["stabilised"] or st["stable"] >= 3
+        st["stabilised"] = st["stabilised"] or st["stable"] >= t.stable_epochs
         if prev_acc is not None:
-            st["plateau"] = st["plateau"] + 1 if acc - prev_acc < self.plateau_threshold else 0
+            st["plateau"] = st["plateau"] + 1 if acc - prev_acc < t.plateau_threshold else 0
         st["prev_loss"], st["prev_acc"] = loss, acc
 
 
-__all__ = ["HeuristicController"]
+__all__ = ["HeuristicController", "HeuristicThresholds"]

@@ -18,7 +18,7 @@ are vectorized over envs (no per-env Python loop).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -102,42 +102,62 @@ class GrowAllController(FixedController):
     """Germinate ``blueprint`` everywhere, blend and fossilize as fast as the gates allow.
 
     ``blueprint``: one blueprint index for every slot, or a plan ``{slot index: blueprint index}``:
-    only the planned slots are grown, each with its own blueprint (in slot order, one per step)."""
+    only the planned slots are grown, each with its own blueprint (in slot order, one per step); or a
+    list of plans, one per env (a plan search runs its candidates side by side)."""
 
     def __init__(
         self,
-        blueprint: int | Mapping[int, int],
+        blueprint: int | Mapping[int, int] | Sequence[Mapping[int, int]],
         lifecycle: LifecycleConfig,
         *,
         style: Style | int = DEFAULT_BLEND["style"],
         tempo: Tempo | int = DEFAULT_BLEND["tempo"],
         alpha_target: float = ALPHA_TARGETS[DEFAULT_BLEND["alpha_target"]],
     ) -> None:
-        if isinstance(blueprint, Mapping):
-            if not blueprint or min(blueprint) < 0 or min(blueprint.values()) < 0:
-                raise ValueError(f"GrowAllController: a plan maps slot indices to blueprint indices, got "
-                                 f"{dict(blueprint)}")  # fmt: skip
-            self.plan: dict[int, int] | None = dict(blueprint)
-            self.blueprint: int | None = None
+        self.plans: list[dict[int, int]] | None = None
+        self.blueprint: int | None = None
+        self.per_env = False
+        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        if isinstance(blueprint, Mapping) or (isinstance(blueprint, Sequence) and blueprint):
+            plans = [blueprint] if isinstance(blueprint, Mapping) else list(blueprint)
+            for plan in plans:
+                if not isinstance(plan, Mapping) or not plan or min(plan) < 0 or min(plan.values()) < 0:
+                    raise ValueError(f"GrowAllController: a plan maps slot indices to blueprint indices, got "
+                                     f"{plan!r}")  # fmt: skip
+            self.plans = [dict(p) for p in plans]
+            self.per_env = not isinstance(blueprint, Mapping)
+        elif isinstance(blueprint, Sequence):
+            raise ValueError("GrowAllController: an empty list of plans")
         else:
-            self.plan, self.blueprint = None, int(blueprint)
+            self.blueprint = int(blueprint)
         self.lc = lifecycle
         self.style, self.tempo = int(style), int(tempo)
         self.alpha_target = ALPHA_TARGETS.index(alpha_target)
 
-    def _planned(self, n_slots: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(allowed [S] bool, blueprint [S] int64)`` of the plan (every slot, one blueprint without)."""
+    @property
+    def plan(self) -> dict[int, int] | None:
+        """The plan every env follows (None: one blueprint everywhere, or a plan per env)."""
+        return self.plans[0] if self.plans is not None and not self.per_env else None
+
+    def _planned(self, n_envs: int, n_slots: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(allowed [E, S] bool, blueprint [E, S] int64)`` of the plans (every slot, one blueprint
+        without)."""
         if self.blueprint is not None:
-            return (torch.ones(n_slots, dtype=torch.bool, device=device),
-                    torch.full((n_slots,), self.blueprint, dtype=torch.int64, device=device))  # fmt: skip
-        assert self.plan is not None
-        if max(self.plan) >= n_slots:
-            raise ValueError(f"GrowAllController: plan names slot {max(self.plan)}, the host has {n_slots}")
-        allowed = torch.zeros(n_slots, dtype=torch.bool, device=device)
-        bps = torch.zeros(n_slots, dtype=torch.int64, device=device)
-        for slot, bp in self.plan.items():
-            allowed[slot], bps[slot] = True, bp
-        return allowed, bps
+            shape = (n_envs, n_slots)
+            return (torch.ones(shape, dtype=torch.bool, device=device),
+                    torch.full(shape, self.blueprint, dtype=torch.int64, device=device))  # fmt: skip
+        assert self.plans is not None
+        plans = self.plans * n_envs if not self.per_env else self.plans
+        if len(plans) != n_envs:
+            raise ValueError(f"GrowAllController: {len(plans)} plans for {n_envs} envs")
+        if (top := max(max(p) for p in plans)) >= n_slots:
+            raise ValueError(f"GrowAllController: plan names slot {top}, the host has {n_slots}")
+        allowed = torch.zeros(n_envs, n_slots, dtype=torch.bool)
+        bps = torch.zeros(n_envs, n_slots, dtype=torch.int64)
+        for e, plan in enumerate(plans):
+            for slot, bp in plan.items():
+                allowed[e, slot], bps[e, slot] = True, bp
+        return allowed.to(device), bps.to(device)
 
     def act(self, step: StepInput) -> TensorDict:
         legal = step.legal["slot_by_op"]  # [E, N_OPS, S]
@@ -145,7 +165,10 @@ class GrowAllController(FixedController):
         gates = gate_readiness(step.slots, step.signals["val_acc"], self.lc)
         fossilize = gates["g5"] & legal[:, int(Op.FOSSILIZE)]
         advance = (gates["g2"] | gates["g3"]) & legal[:, int(Op.ADVANCE)]
-        allowed, plan_bp = self._planned(legal.shape[-1], device)
+        key = (n, legal.shape[-1], device)
+        if key not in self._cache:
+            self._cache[key] = self._planned(n, legal.shape[-1], device)
+        allowed, plan_bp = self._cache[key]
         germinate = legal[:, int(Op.GERMINATE)] & allowed
         wait = legal[:, int(Op.WAIT)]
         op = torch.full((n,), int(Op.WAIT), dtype=torch.int64, device=device)
@@ -159,7 +182,7 @@ class GrowAllController(FixedController):
             {
                 "op": op,
                 "slot": slot,
-                "blueprint": plan_bp[slot],
+                "blueprint": plan_bp.gather(1, slot[:, None]).squeeze(1),
                 "style": full(self.style),
                 "tempo": full(self.tempo),
                 "alpha_target": full(self.alpha_target),

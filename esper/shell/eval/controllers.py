@@ -1,8 +1,9 @@
 """The controllers an evaluation runs, by name: the trained controller's readouts (``ppo``,
-``ppo_greedy``, ``ppo_mixed``), the baselines (``static``, ``random``, ``heuristic``, ``grow_all``) and
-fixed placements (``grow:SLOT=BLUEPRINT+...``), any fixed schedule with its own blend
-(``@STYLE@TEMPO@ALPHA``). :func:`make_controller` builds one for an env; ``--controllers`` of
-``python -m esper.shell.evaluate`` takes these names.
+``ppo_greedy``, ``ppo_mixed``), the baselines (``static``, ``random``, ``heuristic``, ``grow_all``),
+the baselines that search on training hosts first (``heuristic_tuned``, ``plan_search[@BUDGET]``:
+:mod:`esper.shell.eval.search`) and fixed placements (``grow:SLOT=BLUEPRINT+...``), any fixed schedule
+with its own blend (``@STYLE@TEMPO@ALPHA``). :func:`make_controller` builds one for an env;
+``--controllers`` of ``python -m esper.shell.evaluate`` takes these names.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from esper.shell.baselines.simple import (
     StaticController,
 )
 from esper.shell.config.presets import RunConfig
+from esper.shell.data.tasks import Task
 from esper.shell.env.vecenv import VecEnv
+from esper.shell.eval.search import HEURISTIC_TUNED, is_searched
 
 #: The heads ``ppo_mixed`` takes the mode of.
 MIXED_MODE_HEADS = tuple(h for h in HEADS if h not in ("op", "slot"))
@@ -53,13 +56,22 @@ PLAN_PREFIX = "grow:"
 #: ``grow:b0=conv_heavy@STANDARD@0.7``.
 STYLE_SEP = "@"
 EXTRA_CONTROLLERS = (
-    "ppo_mixed, grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...], "
-    "either with @STYLE@TEMPO@ALPHA (any)"
+    "ppo_mixed, heuristic_tuned, plan_search[@HOST_EPOCHS|@Kx], grow_all:BLUEPRINT, "
+    "grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...], either with @STYLE@TEMPO@ALPHA (any)"
 )
 
 
-def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict | None, seed: int):
-    """A fresh controller ``name`` for ``env`` (the PPO ones restored from ``checkpoint`` and frozen)."""
+def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict | None, seed: int,
+                    searched: dict | None = None):  # fmt: skip
+    """A fresh controller ``name`` for ``env`` (the PPO ones restored from ``checkpoint`` and frozen;
+    ``heuristic_tuned`` and ``plan_search`` from their search's result, ``searched``:
+    :func:`esper.shell.eval.search.search`)."""
+    if is_searched(name):
+        if searched is None:
+            raise ValueError(f"controller {name!r} needs its search's result (esper.shell.eval.search)")
+        if name == HEURISTIC_TUNED:
+            return HeuristicController(env.blueprint_names, cfg.lifecycle, **searched["chosen"])
+        return GrowAllController(parse_plan(PLAN_PREFIX + searched["chosen"], env), cfg.lifecycle)
     if name in PPO_CONTROLLERS:
         if checkpoint is None:
             raise ValueError(f"controller {name!r} needs the run's checkpoint")
@@ -80,7 +92,7 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
     base, at, settings = name.partition(STYLE_SEP)
     blend = parse_blend(name, settings) if at else {}
     if base == "grow_all" or base.startswith("grow_all:"):
-        blueprint = base.partition(":")[2] or GROW_ALL_BLUEPRINT[env.task.family]
+        blueprint = base.partition(":")[2] or grow_all_blueprint(env.task)
         return GrowAllController(_blueprint_index(name, blueprint, env), cfg.lifecycle, **blend)
     if base.startswith(PLAN_PREFIX):
         return GrowAllController(parse_plan(base, env), cfg.lifecycle, **blend)
@@ -89,6 +101,12 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
     raise ValueError(
         f"unknown controller {name!r}; controllers: {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
     )
+
+
+def grow_all_blueprint(task: Task) -> str:
+    """The blueprint ``grow_all`` grows on ``task``: the task's own (:attr:`Task.grow_all_blueprint`),
+    else its family's (:data:`~esper.shell.baselines.simple.GROW_ALL_BLUEPRINT`)."""
+    return task.grow_all_blueprint or GROW_ALL_BLUEPRINT[task.family]
 
 
 def _blueprint_index(name: str, blueprint: str, env: VecEnv) -> int:

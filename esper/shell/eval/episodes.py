@@ -21,14 +21,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from esper.core.rewards import RewardConfig, parameter_cost
-from esper.shell.baselines.simple import GROW_ALL_BLUEPRINT
 from esper.shell.config.fields import from_dict
 from esper.shell.config.presets import RunConfig
 from esper.shell.data.tasks import Task
-from esper.shell.env.rollout import EpisodeRunner
+from esper.shell.env.config import GENERATED_TASKS
 from esper.shell.env.seeding import eval_host_seeds
-from esper.shell.env.vecenv import BLEND_SETTINGS, VecEnv
+from esper.shell.env.vecenv import BLEND_SETTINGS
 from esper.shell.eval.controllers import (
     CONTROLLERS,
     EXTRA_CONTROLLERS,
@@ -36,9 +34,12 @@ from esper.shell.eval.controllers import (
     PPO_CONTROLLERS,
     PPO_READOUTS,
     STYLE_SEP,
+    grow_all_blueprint,
     make_controller,
 )
 from esper.shell.eval.output import write_eval
+from esper.shell.eval.runner import run_hosts
+from esper.shell.eval.search import is_searched, learned_compute, plan_budget, search
 from esper.shell.eval.stats import mean_ci95, spearman
 from esper.shell.runtime.checkpoint import load_checkpoint
 from esper.shell.telemetry.console import progress
@@ -50,39 +51,19 @@ EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "
 
 
 def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int], *, eval_seed: int,
-                 checkpoint: dict | None, on_epoch=None) -> list[dict]:  # fmt: skip
+                 checkpoint: dict | None, on_epoch=None,
+                 searched: dict | None = None) -> list[dict]:  # fmt: skip
     """Run controller ``name`` on evaluation episodes ``episodes`` (indices; host seeds from
-    ``eval_seed``), ``cfg.env.n_envs`` at a time. Returns one record per episode, in order."""
-    records: list[dict] = []
-    width = cfg.env.n_envs
-    for start in range(0, len(episodes), width):
-        chunk = list(episodes[start : start + width])
-        env_cfg = dataclasses.replace(cfg.env, n_envs=len(chunk))
-        env = VecEnv(
-            env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, task=task, reward=cfg.reward,
-            gamma=cfg.ppo.gamma,
-        )
-        try:
-            ctl = make_controller(name, cfg, env, checkpoint=checkpoint, seed=eval_seed + start)
-            runner = EpisodeRunner(env, ctl, on_epoch=on_epoch)
-            result = runner.run(start, host_seeds=eval_host_seeds(eval_seed, chunk))
-        finally:
-            env.close()
-        curves = np.array([ev["val_acc"] for ev in result.epochs]).T  # [E, T]
-        for i, ep in enumerate(result.episodes):
-            rec = {"controller": name, "episode": chunk[i], **ep}
-            rec["test_objective"] = _objective(ep["final_test_acc"], ep["params_added"], ep["host_params"],
-                                               cfg.reward)  # fmt: skip
-            rec["val_acc_curve"] = [float(a) for a in curves[i]]
-            records.append(rec)
-    return records
+    ``eval_seed``), ``cfg.env.n_envs`` at a time. Returns one record per episode, in order.
+    ``searched``: the search's result, for ``heuristic_tuned`` and ``plan_search``."""
+    episodes = list(episodes)
 
+    def make(env, start: int):
+        return make_controller(name, cfg, env, checkpoint=checkpoint, seed=eval_seed + start,
+                               searched=searched)  # fmt: skip
 
-def _objective(acc: float, params_added: float, host_params: float, reward: RewardConfig) -> float:
-    """The held-out analogue of the OBJECTIVE reward's Phi: test accuracy minus the parameter cost."""
-    host = torch.tensor(max(float(host_params), 1.0))
-    cost = parameter_cost(torch.tensor(float(params_added)), host, reward)
-    return acc - float(cost)
+    records = run_hosts(cfg, task, make, eval_host_seeds(eval_seed, episodes), on_epoch=on_epoch)
+    return [{"controller": name, "episode": e, **rec} for e, rec in zip(episodes, records, strict=True)]
 
 
 def summarize(records: list[dict]) -> dict[str, Any]:
@@ -143,26 +124,31 @@ def compare_controllers(
     show_progress: bool = True,
     threads: int | None = None,
     out: str | Path | None = None,
+    data_seed: int | None = None,
 ) -> dict[str, Any]:
     """Evaluate the run in ``run_dir`` (as :mod:`esper.shell.evaluate` describes) and write ``out``
     (``RUN_DIR/eval/`` by default); returns the results dict. ``threads``: torch intra-op threads to
     set (0: as the run would, the cores over its env workers; None: leave torch's setting alone). The
     CLI passes 0: two env threads on two cores with two intra-op threads each ran the evaluation ~4x
-    slower per episode than training."""
+    slower per episode than training. ``data_seed``: evaluate on that draw of generated data (the run
+    trained, and the searches select, on its own draw); refused for a fixed dataset. The searches'
+    choices are kept in ``RUN_DIR/search/``."""
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{cfg_path} not found (is {run_dir} a run directory?)")
     if episodes < 2:
         raise ValueError(f"--episodes must be >= 2 (a confidence interval needs two), got {episodes}")
-    extra = ("grow_all:", "grow_all" + STYLE_SEP, PLAN_PREFIX)
-    known = (*CONTROLLERS, *PPO_CONTROLLERS)
-    unknown = [c for c in controllers if c not in known and not c.startswith(extra)]
-    if unknown or not controllers:
-        raise ValueError(
-            f"unknown controller(s) {unknown}; choose from {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
-        )
+    check_names(controllers)
     cfg = from_dict(RunConfig, json.loads(cfg_path.read_text()))
+    eval_cfg = cfg
+    if data_seed is not None:
+        if cfg.env.task not in GENERATED_TASKS:
+            raise ValueError(
+                f"--data-seed: task {cfg.env.task!r} is a fixed dataset; its test split is the only held-out "
+                f"draw (data seeds draw generated data: {', '.join(GENERATED_TASKS)})"
+            )
+        eval_cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, data_seed=data_seed))
     if threads is not None:
         torch.set_num_threads(threads or cfg.torch_threads())
     checkpoint = None
@@ -173,20 +159,49 @@ def compare_controllers(
         checkpoint = load_checkpoint(ckpt, map_location=cfg.env.device)
         if "trainer" not in checkpoint:
             raise ValueError(f"{ckpt} has no 'trainer' entry: not a checkpoint of python -m esper.shell.run")
-    results = compare_on_config(cfg, controllers, episodes=episodes, seed=seed, checkpoint=checkpoint,
-                               show_progress=show_progress)  # fmt: skip
+    results = compare_on_config(eval_cfg, controllers, episodes=episodes, seed=seed, checkpoint=checkpoint,
+                                show_progress=show_progress, selection_cfg=cfg,
+                                search_cache=run_dir / "search")  # fmt: skip
     results["meta"]["run_dir"] = str(run_dir)
     write_eval(Path(out) if out is not None else run_dir / "eval", results)
     return results
 
 
+def check_names(controllers: Sequence[str]) -> None:
+    """Refuse (one line) controller names evaluation does not know, and an empty list."""
+    extra = ("grow_all:", "grow_all" + STYLE_SEP, PLAN_PREFIX)
+    known = (*CONTROLLERS, *PPO_CONTROLLERS)
+    unknown = [c for c in controllers if c not in known and not c.startswith(extra) and not is_searched(c)]
+    if unknown or not controllers:
+        raise ValueError(
+            f"unknown controller(s) {unknown}; choose from {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
+        )
+
+
+def compute_host_epochs(name: str, cfg: RunConfig, checkpoint: dict | None, searched: dict | None) -> int:
+    """The host epochs controller ``name`` spent before it was evaluated: the learned controller's
+    training (its updates × ``n_envs`` × ``max_epochs``), a search's episodes × ``max_epochs``, 0 for a
+    fixed rule."""
+    if name in PPO_CONTROLLERS:
+        updates = int(checkpoint["progress"]["update"]) if checkpoint else cfg.updates
+        return updates * cfg.env.n_envs * cfg.lifecycle.max_epochs
+    return int(searched["compute_host_epochs"]) if searched else 0
+
+
 def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int, seed: int,
                       checkpoint: dict | None = None, show_progress: bool = True,
-                      task: Task | None = None) -> dict[str, Any]:  # fmt: skip
+                      task: Task | None = None, selection_cfg: RunConfig | None = None,
+                      search_cache: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Run ``controllers`` on ``episodes`` evaluation episodes of the task ``cfg`` describes and
-    summarize (the ``results.json`` layout, without writing it)."""
+    summarize (the ``results.json`` layout, without writing it). ``heuristic_tuned`` and ``plan_search``
+    first search on the training hosts and data draw of ``selection_cfg`` (default ``cfg``; its choice
+    cached in ``search_cache`` when given)."""
     task = task if task is not None else cfg.env.build_task()
+    selection_cfg = selection_cfg if selection_cfg is not None else cfg
     t0 = time.perf_counter()
+    selection_task = task if selection_cfg == cfg else selection_cfg.env.build_task()
+    searched = {name: search(name, selection_cfg, selection_task, cache=search_cache)
+                for name in controllers if is_searched(name)}  # fmt: skip
     records: dict[str, list[dict]] = {}
     T = cfg.lifecycle.max_epochs
     with progress(len(controllers) * episodes * T, desc="evaluate", enabled=show_progress) as bar:
@@ -194,17 +209,33 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
             bar.set_postfix(controller=name)
             on_epoch = lambda ev: bar.update(ev["envs"])
             records[name] = run_episodes(cfg, task, name, range(episodes), eval_seed=seed,
-                                         checkpoint=checkpoint, on_epoch=on_epoch)  # fmt: skip
+                                         checkpoint=checkpoint, on_epoch=on_epoch,
+                                         searched=searched.get(name))  # fmt: skip
+    summaries = {}
+    for name, recs in records.items():
+        summaries[name] = summarize(recs)
+        spent = compute_host_epochs(name, cfg, checkpoint, searched.get(name))
+        summaries[name]["compute_host_epochs"] = spent
+        if name in searched:
+            summaries[name]["search"] = searched[name]
     return {
-        "controllers": {name: summarize(recs) for name, recs in records.items()},
+        "controllers": summaries,
         "correlations": correlations([r for recs in records.values() for r in recs]),
         "meta": {
             "run_dir": None,
             "task": cfg.env.task,
             "episodes": episodes,
             "eval_seed": seed,
+            "host_seeds": eval_host_seeds(seed, range(episodes)),
+            # the draw evaluated on (None: a fixed dataset, read on its test split), and the draw the
+            # learned controller trained and the searches selected on
+            "data_seed": task.data_seed,
+            "selection_data_seed": selection_task.data_seed,
+            "learned_compute_host_epochs": learned_compute(cfg),
+            "plan_search_budgets": {n: plan_budget(n, cfg) for n in controllers
+                                    if is_searched(n) and n != "heuristic_tuned"},
             "ppo_acts": "; ".join(f"{name} {how}" for name, (_, how) in PPO_READOUTS.items()),
-            "grow_all_blueprint": GROW_ALL_BLUEPRINT.get(task.family),
+            "grow_all_blueprint": grow_all_blueprint(task),
             "param_weight": cfg.reward.param_weight,
             "param_budget": cfg.reward.param_budget,
             "param_over_weight": cfg.reward.param_over_weight,

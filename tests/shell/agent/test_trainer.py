@@ -98,6 +98,78 @@ def test_update_runs_and_reports_the_ppo_update_event():
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters())), "the policy moved"
 
 
+def test_update_reports_the_lstm_health_of_the_rollout_states():
+    """Issue 47: every update carries ``lstm_*``, the health of the stored recurrent states after each
+    episode's first step (the first is the zero initial state: counted, every row would be 'dead')."""
+    from esper.core.health import lstm_health
+
+    policy, trainer = _make()
+    rollout = make_rollout(policy, trainer, T=5)
+    want = lstm_health(rollout["recurrent_state", "h"][:, 1:], rollout["recurrent_state", "c"][:, 1:])
+    metrics = trainer.update(rollout)
+    for key in want.keys():
+        assert metrics[f"lstm_{key}"] == pytest.approx(float(want[key]), rel=1e-6), key
+    assert metrics["lstm_too_small_frac"] == 0.0 and metrics["lstm_nonfinite"] == 0
+    assert 0.0 < metrics["lstm_h_norm_mean"] <= metrics["lstm_h_norm_max"]
+    # a saturated state shows: every stored h pinned at +-1
+    policy, trainer = _make()
+    pinned = make_rollout(policy, trainer, T=5)
+    pinned["recurrent_state", "h"] = torch.sign(pinned["recurrent_state", "h"]) + 0.0
+    assert trainer.update(pinned)["lstm_h_saturated_frac"] > 0.9
+
+
+def test_M12_update_reports_advantage_statistics():
+    """Finding M12: each update reports the advantages GAE gave, before they are normalized: their mean,
+    spread, largest magnitude and share above 0 (after normalizing, mean and spread are 0 and 1 by
+    construction and say nothing)."""
+    policy, trainer = _make()
+    rollout = make_rollout(policy, trainer, E=4, T=5)
+    seen = {}
+    real = trainer.prepare
+
+    def spy(batch, **kw):
+        out = real(batch, **kw)
+        seen["adv"] = trainer.advantage
+        return out
+
+    trainer.prepare = spy
+    clone = rollout.clone()
+    metrics = trainer.update(rollout)
+    # the same batch through the same steps without normalizing: the advantages the stats describe
+    _, again = _make()
+    again.cfg = dataclasses.replace(again.cfg, normalize_advantage=False)
+    adv = again.prepare(clone)["advantage"].double()
+    assert metrics["adv_mean"] == pytest.approx(float(adv.mean()), rel=1e-5, abs=1e-6)
+    assert metrics["adv_std"] == pytest.approx(float(adv.std(unbiased=False)), rel=1e-5)
+    assert metrics["adv_max_abs"] == pytest.approx(float(adv.abs().max()), rel=1e-5)
+    assert metrics["adv_pos_frac"] == pytest.approx(float((adv > 0).double().mean()))
+    assert metrics["adv_std"] != pytest.approx(1.0), "not the normalized advantages"
+
+
+def test_update_detail_holds_every_minibatch_step_and_every_env_in_the_same_read(monkeypatch):
+    """``update(detail=True)`` (the run asks for it for a while after an anomaly): each minibatch
+    step's metrics and each env's rollout statistics, read with the report (no extra host sync)."""
+    policy, trainer = _make()
+    rollout = make_rollout(policy, trainer, E=4, T=5)
+    reads = []
+    real = torch.Tensor.tolist
+
+    def counting(self):
+        reads.append(self.numel())
+        return real(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting)
+    metrics = trainer.update(rollout.clone(), detail=True)
+    assert len(reads) == metrics["minibatch_steps"] + 1  # each step's two flags, then the one report
+    steps, envs = metrics["detail"]["steps"], metrics["detail"]["envs"]
+    assert len(steps["kl_approx"]) == len(steps["grad/global_norm"]) == metrics["minibatch_steps"] == 4
+    assert sum(steps["kl_approx"]) / 4 == pytest.approx(metrics["kl_approx"], rel=1e-5)
+    assert len(envs["return"]) == 4
+    want = rollout["next", "raw_reward"].sum(1)
+    assert envs["return"] == pytest.approx(want.tolist(), rel=1e-5)
+    assert "detail" not in trainer.update(rollout.clone())
+
+
 def test_C3_minibatches_are_whole_env_sequences_shuffled_each_epoch(monkeypatch):
     policy, trainer = _make()
     rollout = make_rollout(policy, trainer, E=4, T=5)

@@ -1,0 +1,61 @@
+"""Episodes on given hosts: :func:`run_hosts` runs a controller on a list of host seeds, ``n_envs`` at a
+time, and returns one record per host. Evaluation (:mod:`esper.shell.eval.episodes`, evaluation hosts)
+and the searches of :mod:`esper.shell.eval.search` (training hosts, several candidates side by side)
+both run through it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from esper.core.rewards import RewardConfig, parameter_cost
+from esper.shell.config.presets import RunConfig
+from esper.shell.data.tasks import Task
+from esper.shell.env.rollout import Controller, EpisodeRunner
+from esper.shell.env.vecenv import VecEnv
+
+#: ``make(env, start) -> controller`` for the envs of one batch: ``start`` is the batch's first index
+#: into the host list (a search maps it to the candidates of the batch).
+MakeController = Callable[[VecEnv, int], Controller]
+
+
+def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequence[int], *,
+              on_epoch=None) -> list[dict]:  # fmt: skip
+    """One episode on each host of ``host_seeds`` (host init, seed modules and data order), ``cfg.env.n_envs``
+    side by side, each batch's controller from ``make``. Returns one record per host, in order: the
+    episode's summary, its ``test_objective`` and its validation accuracy over the epochs."""
+    records: list[dict] = []
+    width = cfg.env.n_envs
+    for start in range(0, len(host_seeds), width):
+        chunk = list(host_seeds[start : start + width])
+        env_cfg = dataclasses.replace(cfg.env, n_envs=len(chunk))
+        env = VecEnv(
+            env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, task=task, reward=cfg.reward,
+            gamma=cfg.ppo.gamma,
+        )  # fmt: skip
+        try:
+            runner = EpisodeRunner(env, make(env, start), on_epoch=on_epoch)
+            result = runner.run(start, host_seeds=chunk)
+        finally:
+            env.close()
+        curves = np.array([ev["val_acc"] for ev in result.epochs]).T  # [E, T]
+        for i, ep in enumerate(result.episodes):
+            rec = dict(ep)
+            rec["test_objective"] = objective_on_test(ep["final_test_acc"], ep["params_added"],
+                                                      ep["host_params"], cfg.reward)  # fmt: skip
+            rec["val_acc_curve"] = [float(a) for a in curves[i]]
+            records.append(rec)
+    return records
+
+
+def objective_on_test(acc: float, params_added: float, host_params: float, reward: RewardConfig) -> float:
+    """The held-out analogue of the OBJECTIVE reward's Phi: test accuracy minus the parameter cost."""
+    host = torch.tensor(max(float(host_params), 1.0))
+    cost = parameter_cost(torch.tensor(float(params_added)), host, reward)
+    return acc - float(cost)
+
+
+__all__ = ["MakeController", "objective_on_test", "run_hosts"]

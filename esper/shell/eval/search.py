@@ -1,0 +1,286 @@
+"""Baselines that search before they are judged: ``heuristic_tuned`` and ``plan_search``.
+
+- ``heuristic_tuned``: the heuristic's rules (:class:`~esper.shell.baselines.heuristic.HeuristicController`)
+  with thresholds chosen by a grid (:data:`TUNE_GRID`, the reference's thresholds first), every
+  candidate on the same :data:`TUNE_HOSTS` training hosts.
+- ``plan_search``: the best fixed plan (``b0=conv_heavy+b2=self_attention``: those slots, each with its
+  blueprint, grown as fast as the gates allow) found by successive halving within a budget of host
+  epochs: ``plan_search`` spends what the learned controller's training did (``updates × n_envs ×
+  max_epochs`` of the run's config), ``plan_search@H`` ``H`` host epochs, ``plan_search@Kx`` ``K`` times
+  the learned controller's. Its candidates: each blueprint in every slot (the task's ``grow_all``
+  blueprint first), then plans drawn at random (each enabled slot empty or one blueprint), no repeats.
+
+**The selection rule.** Both score a candidate by the mean final **validation** accuracy of its hosts,
+on **training hosts** (the learned controller's own: :func:`esper.shell.env.seeding.train_host_seeds`
+of the run seed, its first updates' envs in order) and on the run's **training data draw** (its
+``env.data_seed``). The test split, the evaluation's hosts (evaluation seeds) and the evaluation's data
+draw (``python -m esper.shell.evaluate --data-seed``) are never read. Ties go to the earlier candidate.
+What they chose, every candidate's score, the hosts and the data draw, and the host epochs spent
+(``compute_host_epochs``: episodes run × ``max_epochs``) are returned, and cached in a run directory's
+``search/NAME.json`` so that another evaluation of the run reuses the choice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from esper.shell.baselines.heuristic import HeuristicController, HeuristicThresholds
+from esper.shell.baselines.simple import GROW_ALL_BLUEPRINT, GrowAllController
+from esper.shell.config.fields import to_dict
+from esper.shell.config.presets import RunConfig
+from esper.shell.data.tasks import Task
+from esper.shell.env.seeding import derive_seed, train_host_seeds
+from esper.shell.eval.runner import run_hosts
+from esper.shell.host.blueprints import BLUEPRINTS
+
+HEURISTIC_TUNED = "heuristic_tuned"
+PLAN_SEARCH = "plan_search"
+#: ``plan_search@H`` (host epochs) or ``plan_search@Kx`` (K times the learned controller's compute).
+BUDGET_SEP = "@"
+#: The thresholds ``heuristic_tuned`` tries: every combination, the reference's values first. They
+#: decide when the rules germinate (the reference's never fire on the default: they wait for a calm,
+#: plateaued host, and by then the episode ends before a seed can be fossilized).
+TUNE_GRID: dict[str, tuple[float, ...]] = {
+    "min_epoch": (5, 1),
+    "plateau_epochs": (3, 1),
+    "plateau_threshold": (0.5, 2.0),
+    "stable_epochs": (3, 0),
+}
+#: Training hosts each ``heuristic_tuned`` candidate runs on (the same hosts for every candidate).
+TUNE_HOSTS = 4
+#: Bumped when a search's rule changes, so cached choices of another rule are not reused.
+SEARCH_VERSION = 1
+
+
+def is_searched(name: str) -> bool:
+    """Whether controller ``name`` searches on training hosts before it is evaluated."""
+    return name == HEURISTIC_TUNED or name == PLAN_SEARCH or name.startswith(PLAN_SEARCH + BUDGET_SEP)
+
+
+def learned_compute(cfg: RunConfig) -> int:
+    """The host epochs the learned controller's training spends: ``updates × n_envs × max_epochs``."""
+    return cfg.updates * cfg.env.n_envs * cfg.lifecycle.max_epochs
+
+
+def plan_budget(name: str, cfg: RunConfig) -> int:
+    """``plan_search``'s budget in host epochs: the learned controller's compute, ``@H`` host epochs or
+    ``@Kx`` K times the learned controller's (one-line errors)."""
+    _, at, spec = name.partition(BUDGET_SEP)
+    if not at:
+        return learned_compute(cfg)
+    try:
+        value = float(spec[:-1]) * learned_compute(cfg) if spec.endswith("x") else int(spec)
+    except ValueError:
+        value = -1
+    if not value >= 0 or not math.isfinite(value):
+        raise ValueError(
+            f"{name}: the budget after {BUDGET_SEP} is host epochs (an integer >= 0) or a multiple of the "
+            f"learned controller's compute (e.g. {PLAN_SEARCH}@0.5x)"
+        )
+    return round(value)
+
+
+def selection_host_seeds(cfg: RunConfig, n: int) -> list[int]:
+    """The first ``n`` training hosts of the run: update 0's envs in order, then update 1's, ..."""
+    width = cfg.env.n_envs
+    seeds: list[int] = []
+    for update in itertools.count():
+        if len(seeds) >= n:
+            return seeds[:n]
+        seeds += train_host_seeds(cfg.seed, update, range(width))
+    raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------------------------- searches
+def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path | None = None,
+           show_progress: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Run (or read from ``cache/NAME.json``) the search of controller ``name`` on ``cfg``'s training hosts
+    and data draw (``task``: ``cfg``'s task, built if not given). Returns the choice (``chosen``), every
+    candidate's score, the selection hosts and data draw, and ``compute_host_epochs``."""
+    key = _key(name, cfg)
+    path = cache / f"{name}.json" if cache is not None else None
+    if path is not None and path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return saved["result"]
+    task = task if task is not None else cfg.env.build_task()
+    t0 = time.perf_counter()
+    if name == HEURISTIC_TUNED:
+        result = tune_heuristic(cfg, task)
+    elif is_searched(name):
+        result = search_plans(cfg, task, plan_budget(name, cfg))
+    else:
+        raise ValueError(f"{name}: not a searched controller ({HEURISTIC_TUNED}, {PLAN_SEARCH}[@BUDGET])")
+    result["seconds"] = time.perf_counter() - t0
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "result": result}, indent=1))
+    return result
+
+
+def _key(name: str, cfg: RunConfig) -> dict[str, Any]:
+    """What a cached search depends on: the controller (and its budget), the rule's version, the run seed
+    and every config field but the ones that cannot change the hosts it runs."""
+    d = to_dict(cfg)
+    for k in ("progress", "report", "run_dir", "name", "threads", "checkpoint_every", "eval_episodes"):
+        d.pop(k, None)
+    digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    budget = plan_budget(name, cfg) if name != HEURISTIC_TUNED else None
+    return {"name": name, "version": SEARCH_VERSION, "budget": budget, "config": digest}
+
+
+def _score(records: list[dict]) -> float:
+    return float(np.mean([r["final_val_acc"] for r in records]))
+
+
+def tune_heuristic(cfg: RunConfig, task: Task, grid: dict[str, Sequence[float]] | None = None,
+                   hosts: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Every combination of ``grid`` (default :data:`TUNE_GRID`) on the same ``hosts`` (default
+    :data:`TUNE_HOSTS`) training hosts, side by side; the best mean final validation accuracy wins."""
+    grid = dict(TUNE_GRID if grid is None else grid)
+    hosts = TUNE_HOSTS if hosts is None else hosts
+    names = list(grid)
+    combos = itertools.product(*grid.values())
+    candidates = [HeuristicThresholds(**dict(zip(names, values, strict=True))) for values in combos]
+    host_seeds = selection_host_seeds(cfg, hosts)
+    pairs = [(c, h) for c in range(len(candidates)) for h in host_seeds]
+
+    def make(env, start: int):
+        per_env = [candidates[c] for c, _ in pairs[start : start + env.n]]
+        return HeuristicController(env.blueprint_names, cfg.lifecycle, per_env=per_env)
+
+    records = run_hosts(cfg, task, make, [h for _, h in pairs])
+    rows = []
+    for c, th in enumerate(candidates):
+        recs = records[c * hosts : (c + 1) * hosts]
+        rows.append({"thresholds": th.changed(), "val_acc_mean": _score(recs),
+                     "params_added_mean": float(np.mean([r["params_added"] for r in recs]))})  # fmt: skip
+    best = max(range(len(rows)), key=lambda i: (rows[i]["val_acc_mean"], -i))
+    chosen = candidates[best]
+    return {
+        "chosen": {f: getattr(chosen, f) for f in chosen.__slots__},
+        "changed": chosen.changed(),
+        "candidates": rows,
+        "episodes": len(pairs),
+        "compute_host_epochs": len(pairs) * cfg.lifecycle.max_epochs,
+        **_selection(cfg, task, host_seeds),
+    }
+
+
+def _selection(cfg: RunConfig, task: Task, host_seeds: list[int]) -> dict[str, Any]:
+    return {"selection": {"hosts": "training hosts (train_host_seeds of the run seed)", "run_seed": cfg.seed,
+                          "host_seeds": host_seeds, "data_seed": task.data_seed,
+                          "split": "validation"}}  # fmt: skip
+
+
+def plan_space(task: Task, slot_names: Sequence[str], enabled: Sequence[bool], seed: int) -> list[str]:
+    """``plan_search``'s candidates in the order it tries them: each blueprint in every enabled slot (the
+    task's ``grow_all`` blueprint first, then the others from the largest), then every other plan (each
+    enabled slot empty or one blueprint, at least one grown) in an order drawn from ``seed``."""
+    blueprints = [b for b in BLUEPRINTS[task.family] if b != "noop"]
+    first = task.grow_all_blueprint or GROW_ALL_BLUEPRINT.get(task.family)
+    order = ([first] if first in blueprints else []) + [b for b in reversed(blueprints) if b != first]
+    slots = [s for s, on in zip(slot_names, enabled) if on]
+    uniform = ["+".join(f"{s}={b}" for s in slots) for b in order]
+    rest = []
+    for choice in itertools.product([None, *blueprints], repeat=len(slots)):
+        plan = "+".join(f"{s}={b}" for s, b in zip(slots, choice) if b is not None)
+        if plan and plan not in uniform:
+            rest.append(plan)
+    random.Random(seed).shuffle(rest)
+    return uniform + rest
+
+
+def halving_schedule(budget_episodes: int, n_space: int) -> list[tuple[int, int]]:
+    """Successive halving within ``budget_episodes``: ``[(candidates, episodes each), ...]`` per round.
+    The first round tries as many candidates as the budget allows when every round gets the same share
+    of it (``n × ceil(log2 n) <= budget``); each round keeps the better half (rounded up) and gives each
+    survivor its share of the round's episodes, on new hosts. Fewer than 2 episodes: no round."""
+    n0 = 0
+    for n in range(2, n_space + 1):
+        if n * math.ceil(math.log2(n)) > budget_episodes:
+            break
+        n0 = n
+    if n0 < 2:
+        return []
+    rounds = math.ceil(math.log2(n0))
+    share = budget_episodes // rounds
+    out, n = [], n0
+    for _ in range(rounds):
+        out.append((n, max(1, share // n)))
+        n = math.ceil(n / 2)
+    return out
+
+
+def search_plans(cfg: RunConfig, task: Task, budget: int) -> dict[str, Any]:
+    """The best fixed plan within ``budget`` host epochs (:func:`halving_schedule` over
+    :func:`plan_space`), candidates side by side on the same training hosts in each round."""
+    T = cfg.lifecycle.max_epochs
+    probe = task.make_host()
+    slot_names = tuple(probe.slot_names)
+    enabled = [not cfg.env.slots or i in cfg.env.slots for i in range(len(slot_names))]
+    space = plan_space(task, slot_names, enabled, derive_seed("plan_search", cfg.seed))
+    schedule = halving_schedule(budget // T, len(space))
+    alive = list(range(schedule[0][0])) if schedule else [0]
+    scores: dict[int, list[float]] = {c: [] for c in alive}
+    rounds, used, offset = [], 0, 0
+    for _, k in schedule:
+        host_seeds = selection_host_seeds(cfg, offset + k)[offset:]  # each round on new hosts
+        offset += k
+        pairs = [(c, h) for c in alive for h in host_seeds]
+
+        def make(env, start: int, pairs=pairs):
+            plans = [space[c] for c, _ in pairs[start : start + env.n]]
+            return GrowAllController([_plan_indices(p, slot_names, env.blueprint_names) for p in plans],
+                                     cfg.lifecycle)  # fmt: skip
+
+        records = run_hosts(cfg, task, make, [h for _, h in pairs])
+        for (c, _), r in zip(pairs, records):
+            scores[c].append(r["final_val_acc"])
+        used += len(pairs)
+        ranked = sorted(alive, key=lambda c: (-float(np.mean(scores[c])), c))
+        top = ranked[0]
+        rounds.append({"candidates": len(alive), "episodes_each": k, "host_seeds": host_seeds,
+                       "best": space[top], "best_val_acc": float(np.mean(scores[top]))})  # fmt: skip
+        alive = ranked[: math.ceil(len(alive) / 2)] if len(alive) > 1 else ranked
+    best = min(alive, key=lambda c: (-float(np.mean(scores[c])) if scores[c] else 0.0, c))
+    tried = sorted((c for c in scores if scores[c]), key=lambda c: (-float(np.mean(scores[c])), c))
+    hosts = [h for r in rounds for h in r["host_seeds"]]
+    return {
+        "chosen": space[best],
+        "budget_host_epochs": budget,
+        "episodes": used,
+        "compute_host_epochs": used * T,
+        "space": len(space),
+        "rounds": rounds,
+        "candidates": [
+            {"plan": space[c], "val_acc_mean": float(np.mean(scores[c])), "episodes": len(scores[c])}
+            for c in tried
+        ],
+        **_selection(cfg, task, hosts),
+    }
+
+
+def _plan_indices(plan: str, slot_names: Sequence[str], blueprint_names: Sequence[str]) -> dict[int, int]:
+    out = {}
+    for part in plan.split("+"):
+        slot, _, bp = part.partition("=")
+        out[slot_names.index(slot)] = blueprint_names.index(bp)
+    return out
+
+
+__all__ = [
+    "HEURISTIC_TUNED", "PLAN_SEARCH", "TUNE_GRID", "TUNE_HOSTS", "halving_schedule", "is_searched",
+    "learned_compute", "plan_budget", "plan_space", "search", "search_plans", "selection_host_seeds",
+    "tune_heuristic",
+]  # fmt: skip

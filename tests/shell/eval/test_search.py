@@ -1,0 +1,187 @@
+"""Baselines that search before they are judged (issue 45): ``heuristic_tuned`` chooses its thresholds on
+training hosts only and reports them; ``plan_search`` stays within its budget of host epochs and reports
+what it spent; both are cached in the run directory; evaluation's ``--data-seed`` draws fresh data and is
+refused for a fixed dataset; every controller reports ``compute_host_epochs``."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+
+from esper.shell.baselines.heuristic import HeuristicController, HeuristicThresholds
+from esper.shell.baselines.simple import GrowAllController
+from esper.shell.config.fields import to_dict
+from esper.shell.config.presets import preset
+from esper.shell.env.seeding import eval_host_seeds, train_host_seeds
+from esper.shell.eval import search as S
+from esper.shell.eval.episodes import compare_on_config
+from esper.shell.evaluate import main
+
+#: A few seconds an episode: 4 epochs of one training batch.
+TINY = {"lifecycle.max_epochs": 4, "env.train_batches": 1, "env.val_batches": 1, "updates": 2,
+        "env.n_envs": 4, "ppo.n_minibatches": 1}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return preset("smoke", TINY)
+
+
+@pytest.fixture(scope="module")
+def task(cfg):
+    return cfg.env.build_task()
+
+
+def _recording(monkeypatch):
+    """Record the host seeds every search episode runs on (the real episodes still run)."""
+    seen: list[int] = []
+    real = S.run_hosts
+
+    def run_hosts(cfg, task, make, host_seeds, **kw):
+        seen.extend(host_seeds)
+        return real(cfg, task, make, host_seeds, **kw)
+
+    monkeypatch.setattr(S, "run_hosts", run_hosts)
+    return seen
+
+
+def _training_hosts(cfg, updates: int = 50) -> set[int]:
+    return {h for u in range(updates) for h in train_host_seeds(cfg.seed, u, range(cfg.env.n_envs))}
+
+
+def test_heuristic_tuned_chooses_on_training_hosts_only_and_reports_its_thresholds(cfg, task, monkeypatch):
+    seen = _recording(monkeypatch)
+    grid = {"min_epoch": (5, 1), "stable_epochs": (3, 0)}
+    res = S.tune_heuristic(cfg, task, grid, hosts=2)
+    assert set(seen) <= _training_hosts(cfg) and len(set(seen)) == 2  # every candidate on the same 2 hosts
+    assert not set(seen) & set(eval_host_seeds(0, range(100)))  # no evaluation host
+    assert len(seen) == 4 * 2 and res["compute_host_epochs"] == 8 * cfg.lifecycle.max_epochs
+    assert [c["thresholds"] for c in res["candidates"]] == [{}, {"stable_epochs": 0}, {"min_epoch": 1},
+                                                            {"min_epoch": 1, "stable_epochs": 0}]  # fmt: skip
+    best = max(res["candidates"], key=lambda c: c["val_acc_mean"])
+    assert res["changed"] == best["thresholds"]  # the best validation accuracy on training hosts won
+    assert HeuristicThresholds(**res["chosen"]).changed() == res["changed"]
+    assert res["selection"]["split"] == "validation" and res["selection"]["data_seed"] == task.data_seed
+
+
+def test_heuristic_thresholds_per_env_and_the_reference_unchanged():
+    assert HeuristicThresholds().changed() == {}
+    ctl = HeuristicController(("noop", "norm"), preset("smoke").lifecycle, per_env=[HeuristicThresholds(),
+                              HeuristicThresholds(min_epoch=1)])  # fmt: skip
+    assert ctl._t(1).min_epoch == 1 and ctl._t(0).min_epoch == 5
+    with pytest.raises(ValueError, match="2 per-env thresholds for 3 envs"):
+        ctl.begin(3)
+    with pytest.raises(ValueError, match="not both"):
+        HeuristicController(("noop",), preset("smoke").lifecycle, per_env=[HeuristicThresholds()],
+                            min_epoch=1)  # fmt: skip
+
+
+@pytest.mark.parametrize(("budget", "n_space"), [(176, 511), (44, 511), (10, 511), (7, 3), (1, 511), (0, 9)])
+def test_halving_schedule_stays_within_its_budget(budget, n_space):
+    rounds = S.halving_schedule(budget, n_space)
+    assert sum(n * k for n, k in rounds) <= budget
+    if rounds:
+        assert rounds[0][0] <= n_space
+        assert all(b[0] == math.ceil(a[0] / 2) for a, b in itertools.pairwise(rounds))
+    else:
+        assert budget < 2 or n_space < 2
+
+
+def test_plan_search_respects_its_budget_and_reports_its_compute(cfg, task, monkeypatch):
+    seen = _recording(monkeypatch)
+    T = cfg.lifecycle.max_epochs
+    budget = 9 * T  # 9 episodes: 4 candidates x 1 episode, then the better 2 x 2 (on new hosts)
+    res = S.search_plans(cfg, task, budget)
+    assert res["compute_host_epochs"] == len(seen) * T <= budget and res["episodes"] == len(seen)
+    assert [(r["candidates"], r["episodes_each"]) for r in res["rounds"]] == [(4, 1), (2, 2)]
+    assert set(seen) <= _training_hosts(cfg)
+    first, second = res["rounds"][0]["host_seeds"], res["rounds"][1]["host_seeds"]
+    assert not set(first) & set(second)  # each round on new hosts
+    assert res["chosen"] in {c["plan"] for c in res["candidates"]}
+    # the first candidates are each blueprint everywhere, the task's grow_all blueprint first
+    assert res["candidates"][-1]["plan"] != res["chosen"] or len(res["candidates"]) == 1
+    space = S.plan_space(task, ("b0", "b1", "b2"), [True, True, True], seed=0)
+    assert space[0] == "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy" and len(space) == 8**3 - 1
+    assert len(set(space)) == len(space)
+
+
+def test_plan_budget_names(cfg):
+    full = S.learned_compute(cfg)
+    assert full == cfg.updates * cfg.env.n_envs * cfg.lifecycle.max_epochs
+    assert S.plan_budget("plan_search", cfg) == full
+    assert S.plan_budget("plan_search@0.5x", cfg) == round(0.5 * full)
+    assert S.plan_budget("plan_search@100", cfg) == 100
+    with pytest.raises(ValueError, match="host epochs"):
+        S.plan_budget("plan_search@lots", cfg)
+
+
+def test_per_env_plans_grow_each_envs_own_plan(cfg, task):
+    from esper.shell.eval.runner import run_hosts
+
+    plans = [{0: 2}, {1: 3}, {0: 2, 2: 3}, {2: 2}]
+    recs = run_hosts(cfg, task, lambda env, start: GrowAllController(plans, cfg.lifecycle), [1, 2, 3, 4])
+    names = task.make_host().slot_names
+    for plan, rec in zip(plans, recs, strict=True):
+        grown = {g.split("=")[0] for g in rec["grown"].split("+")} if rec["grown"] else set()
+        assert grown <= {names[s] for s in plan}
+
+
+def test_every_controller_reports_its_compute_and_searches_are_cached(cfg, task, tmp_path, monkeypatch):
+    monkeypatch.setattr(S, "TUNE_GRID", {"min_epoch": (5, 1)})
+    monkeypatch.setattr(S, "TUNE_HOSTS", 1)
+    names = ["static", "grow_all", "heuristic_tuned", "plan_search@0.5x"]
+    res = compare_on_config(cfg, names, episodes=2, seed=3, show_progress=False, task=task,
+                            search_cache=tmp_path)  # fmt: skip
+    ctl = res["controllers"]
+    assert ctl["static"]["compute_host_epochs"] == 0 and ctl["grow_all"]["compute_host_epochs"] == 0
+    assert ctl["heuristic_tuned"]["compute_host_epochs"] == 2 * cfg.lifecycle.max_epochs
+    spent = ctl["plan_search@0.5x"]["compute_host_epochs"]
+    assert 0 < spent <= S.plan_budget("plan_search@0.5x", cfg)
+    assert "chosen" in ctl["plan_search@0.5x"]["search"]
+    assert json.loads((tmp_path / "heuristic_tuned.json").read_text())["result"]["chosen"]
+    meta = res["meta"]
+    assert meta["host_seeds"] == eval_host_seeds(3, range(2)) and meta["data_seed"] == task.data_seed
+    # a second evaluation reads the choice from the cache: no search episode runs
+    seen = _recording(monkeypatch)
+    again = compare_on_config(cfg, ["heuristic_tuned"], episodes=2, seed=3, show_progress=False, task=task,
+                              search_cache=tmp_path)  # fmt: skip
+    assert seen == []
+    assert again["controllers"]["heuristic_tuned"]["search"] == ctl["heuristic_tuned"]["search"]
+
+
+def _run_dir(tmp_path, **over):
+    """A run directory holding only a config (enough to evaluate the baselines)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(to_dict(preset("smoke", {**TINY, **over}))))
+    return run
+
+
+def test_evaluate_data_seed_draws_fresh_data_and_records_the_seeds(tmp_path, capsys):
+    run = _run_dir(tmp_path)
+    args = [str(run), "--episodes", "2", "--controllers", "static", "--no-progress", "--threads", "1"]
+    assert main([*args, "--out", str(tmp_path / "own")]) == 0
+    assert main([*args, "--data-seed", "5", "--out", str(tmp_path / "fresh")]) == 0
+    own = json.loads((tmp_path / "own" / "results.json").read_text())
+    fresh = json.loads((tmp_path / "fresh" / "results.json").read_text())
+    assert own["meta"]["data_seed"] == 42 and fresh["meta"]["data_seed"] == 5
+    assert fresh["meta"]["selection_data_seed"] == 42
+    assert fresh["meta"]["host_seeds"] == own["meta"]["host_seeds"]
+    acc = lambda r: [e["final_test_acc"] for e in r["controllers"]["static"]["per_episode"]]
+    assert acc(own) != acc(fresh)  # the same hosts on other data
+    assert "data: data seed 5 (the run's own draw: 42)" in capsys.readouterr().out
+
+
+def test_evaluate_refuses_a_data_seed_for_a_fixed_dataset_in_one_line(tmp_path, capsys):
+    run = _run_dir(tmp_path, **{"env.task": "digits", "env.image_size": 8, "env.channels": (4, 8, 8)})
+    assert main([str(run), "--controllers", "static", "--data-seed", "5", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "fixed dataset; its test split is the only held-out draw" in err and "\n" not in err
+
+
+def test_torch_threads_untouched_by_the_search_module():
+    assert torch.get_num_threads() >= 1  # importing the module sets nothing
