@@ -36,7 +36,8 @@ from typing import Protocol
 import torch
 from tensordict import TensorDict
 
-from esper.core.rewards import RewardConfig, RewardMode, objective, objective_delta
+from esper.core.lifecycle import is_live
+from esper.core.rewards import FLAGS, RewardConfig, RewardMode, objective, objective_delta
 from esper.core.spec import HEADS, Op, Stage
 from esper.shell.env.vecenv import BLEND_SETTINGS, StepInput, VecEnv
 
@@ -75,7 +76,7 @@ class EpisodeResult:
 
 #: Fields of an ``epoch`` event that hold one value per env, in env order.
 PER_ENV_FIELDS = ("val_acc", "val_loss", "train_loss", "reward", "op", "slot", "blueprint", "stage", "alpha",
-                  "reasons")  # fmt: skip
+                  "contribution", "grad_ratio", *FLAGS, "reasons")  # fmt: skip
 
 
 def merge_results(parts: list[EpisodeResult]) -> EpisodeResult:
@@ -135,15 +136,22 @@ def epoch_events(
     reasons: list[list[str] | None],
 ) -> list[dict]:  # fmt: skip
     """The ``epoch`` events of an episode from its telemetry ``[E, T]`` (``val_acc``, ``val_loss``,
-    ``train_loss``, ``op``, ``slot``, ``blueprint`` and, per slot, the post-step ``stage`` and ``alpha``)
-    and its rewards ``[E, T]``; ``timings`` and ``reasons`` are per step. One host sync."""
+    ``train_loss``, ``op``, ``slot``, ``blueprint``, the reward's ``hacking`` and ``ransomware`` flags,
+    and per slot the post-step ``stage`` and ``alpha``, the measured ``contribution`` and ``grad_ratio``
+    and ``measured``, whether the slot held a seed when measured) and its rewards ``[E, T]``;
+    ``timings`` and ``reasons`` are per step. A slot without a seed has no contribution or gradient
+    ratio (``None``). One host sync."""
     scalars = torch.stack(
         [telemetry[k].float() for k in ("val_acc", "val_loss", "train_loss")] + [rewards.float()]
-        + [telemetry[k].float() for k in ("op", "slot", "blueprint")]
+        + [telemetry[k].float() for k in ("op", "slot", "blueprint", *FLAGS)]
     ).transpose(1, 2).tolist()  # sync point: the episode's telemetry, once; [field][t][env]
-    per_slot = torch.stack([telemetry["stage"].float(), telemetry["alpha"].float()]).transpose(1, 2).tolist()
+    per_slot = torch.stack(
+        [telemetry[k].float() for k in ("stage", "alpha", "contribution", "grad_ratio", "measured")]
+    ).transpose(1, 2).tolist()  # fmt: skip
+    seeded = lambda rows, live: [[v if on else None for v, on in zip(r, m)] for r, m in zip(rows, live)]
     events = []
     for t in range(rewards.shape[1]):
+        live = per_slot[4][t]
         ev = {
             "epoch": t + 1,
             "val_acc": scalars[0][t],
@@ -153,9 +161,12 @@ def epoch_events(
             "op": [Op(int(o)).name for o in scalars[4][t]],
             "slot": [slot_names[int(s)] for s in scalars[5][t]],
             "blueprint": [blueprint_names[int(b)] for b in scalars[6][t]],
+            **{flag: [bool(v) for v in scalars[7 + j][t]] for j, flag in enumerate(FLAGS)},
             "slot_names": list(slot_names),
             "stage": [[Stage(int(s)).name for s in row] for row in per_slot[0][t]],
             "alpha": per_slot[1][t],
+            "contribution": seeded(per_slot[2][t], live),
+            "grad_ratio": seeded(per_slot[3][t], live),
             "timings": timings[t],
         }
         if reasons[t] is not None:  # a rule-based controller explains each choice
@@ -194,7 +205,7 @@ class EpisodeRunner:
             measured.append(ts.measurement)
             panics.append([r is not None for r in ts.panics])
             timings.append(ts.timings)
-            telemetry.append(self._telemetry(ts.measurement, action, tr.slots))
+            telemetry.append(self._telemetry(ts, action, tr))
             result.governor += [{"epoch": t + 1, "env": env.first_env + i, "reason": r}
                                 for i, r in enumerate(ts.panics) if r is not None]  # fmt: skip
             result.lifecycle += [{"epoch": t + 1, "env": env.first_env + i, **e}
@@ -222,14 +233,19 @@ class EpisodeRunner:
 
     # ---------------------------------------------------------------------------------------- pieces
     @staticmethod
-    def _telemetry(measurement: TensorDict, action: TensorDict, slots: TensorDict) -> TensorDict:
-        """What the epoch event shows of one step ``[E]``: the measurement it acted on, the action, and
-        the slots right after it (stage, alpha ``[E, S]``)."""
+    def _telemetry(ts, action: TensorDict, tr) -> TensorDict:
+        """What the epoch event shows of one step ``[E]``: the measurement it acted on (per slot the
+        contribution and gradient ratio, and whether the slot held a seed then), the action, the
+        reward's flags, and the slots right after it (stage, alpha ``[E, S]``)."""
+        m = ts.measurement
         return TensorDict(
-            {**{k: measurement[k] for k in ("val_acc", "val_loss", "train_loss")},
+            {**{k: m[k] for k in ("val_acc", "val_loss", "train_loss")},
              **{h: action[h] for h in ("op", "slot", "blueprint")},
-             "stage": slots["stage"], "alpha": slots["alpha"]},
-            batch_size=measurement.batch_size,
+             **{flag: tr.reward[flag] for flag in FLAGS},
+             "stage": tr.slots["stage"], "alpha": tr.slots["alpha"],
+             "contribution": m["slots", "contribution"], "grad_ratio": m["slots", "grad_ratio"],
+             "measured": is_live(ts.obs.slots["stage"])},
+            batch_size=m.batch_size,
         )  # fmt: skip
 
     def _assemble(self, steps: list[TensorDict], rewards: torch.Tensor, boot: torch.Tensor) -> TensorDict:
@@ -259,6 +275,7 @@ class EpisodeRunner:
         env = self.env
         returns = rewards.sum(1).tolist()
         comp_sums = {k: v.float().sum(1).tolist() for k, v in comps.items() if v.is_floating_point()}
+        flagged = {k: comps[k].sum(1).tolist() for k in FLAGS}  # steps whose reward raised each flag
         final_slots = env.slots
         n_fossil = (final_slots["stage"] == int(Stage.FOSSILIZED)).sum(-1).tolist()
         fin = result.final
@@ -302,6 +319,7 @@ class EpisodeRunner:
                 "n_fossilized": n_fossil[i],
                 "n_pruned": removed[i],
                 "reward_components": {k: v[i] for k, v in comp_sums.items()},
+                "reward_flags": {k: int(v[i]) for k, v in flagged.items()},
                 "op_counts": dict(ops[i]),
                 "grown": grown[i],
                 "germinated_at": [g["epoch"] for g in germinations[i]],

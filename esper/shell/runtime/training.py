@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from esper.core.rewards import FLAGS
 from esper.shell.agent.controller import PPOController
 from esper.shell.agent.trainer import build_learner
 from esper.shell.baselines.heuristic import HeuristicController
@@ -98,13 +99,15 @@ class TrainingRun:
         )
         self.agent, self.trainer = build_learner(
             cfg.ppo, self.env.spec, device=torch.device(device), seed=cfg.seed, compile=cfg.compile,
-            dist=dist, germination_cost=self.env.germination_cost,
+            dist=dist, germination_cost=self.env.germination_cost, raw_obs_dim=self.env.obs_dim,
         )
         if cfg.policy == "ppo":  # actions sampled per env, from the global env index: see PPOController
             self.controller = PPOController(self.agent, per_env=True)
         else:
             self.controller = HeuristicController(self.env.blueprint_names, cfg.lifecycle)
-        self.detector = AnomalyDetector(cfg.anomaly, target_kl=cfg.ppo.target_kl)
+        self.detector = AnomalyDetector(
+            cfg.anomaly, target_kl=cfg.ppo.target_kl, updates=cfg.updates, entropy_coef=cfg.ppo.entropy_coef
+        )
         self.start = 0
         self.rows: list[dict] = []
         #: The update of the newest checkpoint on disk (None: none yet).
@@ -192,13 +195,18 @@ class TrainingRun:
                 result = self._gather(runner.run(update))
                 self._log_episodes(update, result)
                 row = {"update": update + 1, **_episode_means(result.episodes)}
+                flags = _flag_counts(result.episodes)
+                row.update(flags)
+                steps = len(result.episodes) * T
+                self._anomalies(update + 1, self.detector.check_rewards(flags, steps, update=update + 1), bar)
                 if self.controller.learns:
-                    metrics = self.trainer.update(result.rollout)
+                    detail = self.detector.detail_due(update + 1)  # an anomaly not long ago: more detail
+                    metrics = self.trainer.update(result.rollout, detail=detail)
+                    steps_and_envs = metrics.pop("detail", None)
                     self._event("ppo_update", update=update + 1, **metrics)
-                    for anomaly in self.detector.check(metrics):
-                        self._event("anomaly", update=update + 1, **anomaly.as_dict())
-                        if self.dist.is_main:
-                            bar.write(f"anomaly at update {update + 1}: {anomaly}")
+                    if steps_and_envs is not None:
+                        self._event("ppo_detail", update=update + 1, **steps_and_envs)
+                    self._anomalies(update + 1, self.detector.check(metrics, update=update + 1), bar)
                     if self.trainer.bad_streak >= cfg.ppo.max_bad_updates:
                         n = self.trainer.bad_streak
                         raise FloatingPointError(
@@ -231,6 +239,13 @@ class TrainingRun:
         except PeerLost as e:  # another process died: this one must not wait for it forever
             bar.close()
             return self._stop(last, STOPPED, f"stopped during update {update + 1}: {e}", "")
+
+    def _anomalies(self, update: int, found: list, bar) -> None:
+        """Log each anomaly of ``update`` and say it on the progress bar."""
+        for anomaly in found:
+            self._event("anomaly", update=update, **anomaly.as_dict())
+            if self.dist.is_main:
+                bar.write(f"anomaly at update {update}: {anomaly}")
 
     def _gather(self, result: EpisodeResult) -> EpisodeResult:
         """Every process's events of this batch, in global env order (the rollout stays this one's)."""
@@ -320,8 +335,13 @@ def _cpu_copy(obj):
     return obj
 
 
-SUMMARY_COLUMNS = ("update", "return", "test_acc", "val_acc", "params", "fossilized", "pruned", "kl",
-                   "entropy", "ev", "seconds")  # fmt: skip
+SUMMARY_COLUMNS = ("update", "return", "test_acc", "val_acc", "params", "fossilized", "pruned", "hacking",
+                   "ransomware", "kl", "entropy", "ev", "seconds")  # fmt: skip
+
+
+def _flag_counts(episodes: list[dict]) -> dict[str, int]:
+    """The env-steps of an update's episodes whose reward raised each flag (``hacking``, ``ransomware``)."""
+    return {k: sum(int(e.get("reward_flags", {}).get(k, 0)) for e in episodes) for k in FLAGS}
 
 
 def _episode_means(episodes: list[dict]) -> dict:

@@ -15,8 +15,11 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``provenance`` dict.
 ``epoch``
     ``update``, ``epoch``; [env]: ``val_acc``, ``val_loss``, ``train_loss``, ``reward``, ``op``,
-    ``slot``, ``blueprint`` (names of the action taken); [env][slot]: ``stage`` (Stage names),
-    ``alpha``; ``slot_names`` (list of str); ``timings`` (dict of seconds by phase).
+    ``slot``, ``blueprint`` (names of the action taken), ``hacking`` and ``ransomware`` (bool: the
+    step's reward raised the flag); [env][slot]: ``stage`` (Stage names), ``alpha`` (after the
+    action), ``contribution`` (points of validation accuracy the seed was worth when measured) and
+    ``grad_ratio`` (its measured seed/host gradient ratio), null where the slot held no seed;
+    ``slot_names`` (list of str); ``timings`` (dict of seconds by phase).
 ``episode``
     ``update``, ``env``, ``host_seed`` (the seed the env's host was built from), ``return``,
     ``final_val_acc``, ``best_val_acc``, ``final_test_acc`` and ``final_test_loss`` (the final host on
@@ -26,7 +29,8 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``n_pruned``, ``reward_components`` (dict name → episode sum), ``op_counts`` (dict op → count),
     ``grown`` (the seeds blended into the final host, ``b0=conv_heavy+b2=depthwise``; ``""``: none),
     ``germinated_at`` (the epoch of each germination, in order), ``germinations`` (each one's
-    ``epoch``, ``slot``, ``blueprint``, ``style``, ``tempo``, ``alpha_target``).
+    ``epoch``, ``slot``, ``blueprint``, ``style``, ``tempo``, ``alpha_target``), ``reward_flags``
+    (dict flag → steps whose reward raised it: ``hacking``, ``ransomware``).
 ``lifecycle``
     ``update``, ``epoch``, ``env``, ``slot`` (index or name), ``kind`` (what happened, e.g.
     germinated, advanced, fossilized, prune_started, removed, timeout_pruned, timeout_fossilized),
@@ -42,10 +46,20 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``grad_norm``, ``seconds``; per-head
     dicts ``head_entropy`` (normalized, in [0, 1]), ``head_kl``, ``head_clip_fraction``,
     ``head_weight`` (fraction of steps where the head mattered), ``head_grad_norm`` (by parameter
-    group: trunk, each head, value).
+    group: trunk, each head, value); the rollout's LSTM states (after each episode's first step):
+    ``lstm_h_norm_mean``, ``lstm_h_norm_max``, ``lstm_c_norm_mean``, ``lstm_c_norm_max``,
+    ``lstm_nonfinite``, ``lstm_too_small_frac``, ``lstm_too_large_frac``, ``lstm_h_saturated_frac``,
+    ``lstm_c_saturated_frac`` (:func:`esper.core.health.lstm_health`); the advantages before they are
+    normalized: ``adv_mean``, ``adv_std``, ``adv_max_abs``, ``adv_pos_frac``.
+``ppo_detail``
+    for a few updates after an anomaly (``anomaly.escalate_updates``): ``update``, ``steps`` (dict
+    metric → one value per minibatch step, nested names joined with ``/``), ``envs`` (dict → one value
+    per env of the new rollout: ``return``, ``value_mean``, ``adv_mean``, ``adv_max_abs``).
 ``anomaly``
-    ``update``, ``kind`` (see :class:`~esper.shell.telemetry.anomaly.AnomalyDetector`; other
-    detectors such as reward-hacking checks use their own kind), ``value``, ``threshold``, ``detail``.
+    ``update``, ``kind`` (see :class:`~esper.shell.telemetry.anomaly.AnomalyDetector`: an update's
+    ``nonfinite``, ``rolled_back``, ``ratio_explosion``, ``ratio_collapse``, ``entropy_collapse``,
+    ``kl_spike``, ``value_collapse``, ``grad_drift``, ``lstm_saturation``, ``lstm_norm``; an update's
+    episodes' ``reward_hacking``, ``ransomware``), ``value``, ``threshold``, ``detail``.
 ``governor``
     ``update``, ``epoch``, ``env``, ``reason`` (nonfinite, lobotomy, spike).
 ``checkpoint``
@@ -93,6 +107,7 @@ EVENT_KINDS = (
     "episode",
     "lifecycle",
     "ppo_update",
+    "ppo_detail",
     "anomaly",
     "governor",
     "checkpoint",

@@ -2,8 +2,10 @@
 
 A run's plots (:data:`PLOTS`, drawn by :func:`esper.shell.telemetry.report.write_report` into
 ``RUN_DIR/plots/``) read a :class:`~esper.shell.telemetry.events.RunEvents`: the episode returns, the
-final hosts' accuracy and the parameters added, each head's entropy, the PPO losses, the last update's
-seed lifecycle and the blueprints germinated per slot. An evaluation's plots
+final hosts' accuracy and the parameters added, each head's entropy, the PPO losses, the update's health
+(gradient norm, explained variance, the advantages), the LSTM's health, the last update's seed
+lifecycle, each slot's contribution over time, the blueprints germinated per slot and the reward's
+hacking and ransomware flags. An evaluation's plots
 (:mod:`esper.shell.eval.output`) and the growth bench's draw on :func:`new_figure` and
 :func:`finish_figure`. Plots without data are skipped (their function returns None). Everything uses
 matplotlib's object API on the Agg canvas: no pyplot, no global backend state.
@@ -290,6 +292,131 @@ def plot_blueprints(run: RunEvents, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_update_health(run: RunEvents, path: Path) -> Path | None:
+    """Per update: the gradient norm before the clip, the explained variance of the critic, and the
+    advantages GAE gave before normalizing (their spread, largest magnitude and share above 0)."""
+    if not run.ppo:
+        return None
+    x = [e["update"] for e in run.ppo]
+    fig, axes = _figure(2, 2, size=(9.0, 6.0))
+    marker = "." if len(x) < 50 else None
+    panels = (
+        (("grad_norm", "gradient norm"),),
+        (("explained_variance", "explained variance"),),
+        (("adv_std", "std"), ("adv_max_abs", "max |adv|"), ("adv_mean", "mean")),
+        (("adv_pos_frac", "share > 0"),),
+    )
+    titles = ("gradient norm (pre-clip)", "explained variance", "advantages (before normalizing)",
+              "advantages above 0")  # fmt: skip
+    for ax, fields, title in zip(axes.flat, panels, titles):
+        for field, label in fields:
+            ax.plot(x, _series(run.ppo, field), marker=marker, label=label)
+        ax.set(title=title, xlabel="update")
+        if len(fields) > 1:
+            ax.legend(loc="best", fontsize="small")
+    return _save(fig, path)
+
+
+def plot_lstm_health(run: RunEvents, path: Path) -> Path | None:
+    """Per update, the health of the rollout's LSTM states: the mean and largest norm of ``h`` and
+    ``c``, and the share of saturated units and of dead or exploded state rows."""
+    ppo = [e for e in run.ppo if "lstm_h_norm_mean" in e]
+    if not ppo:
+        return None
+    x = [e["update"] for e in ppo]
+    fig, axes = _figure(1, 2, size=(11.0, 4.0))
+    marker = "." if len(x) < 50 else None
+    ax = axes[0, 0]
+    for field, label in (("lstm_h_norm_mean", "|h| mean"), ("lstm_h_norm_max", "|h| max"),
+                         ("lstm_c_norm_mean", "|c| mean"), ("lstm_c_norm_max", "|c| max")):  # fmt: skip
+        ax.plot(x, _series(ppo, field), marker=marker, label=label)
+    ax.set(title="LSTM state norms", xlabel="update")
+    ax.legend(loc="best", fontsize="small")
+    ax = axes[0, 1]
+    shares = (("lstm_h_saturated_frac", "h saturated"), ("lstm_c_saturated_frac", "c saturated"),
+              ("lstm_too_small_frac", "rows dead"), ("lstm_too_large_frac", "rows exploded"))  # fmt: skip
+    for field, label in shares:
+        ax.plot(x, _series(ppo, field), marker=marker, label=label)
+    ax.set(title="LSTM saturation", xlabel="update", ylabel="share", ylim=(-0.02, 1.02))
+    ax.legend(loc="best", fontsize="small")
+    return _save(fig, path)
+
+
+def contributions(run: RunEvents) -> tuple[list[str], dict[int, dict[int, list[float]]]]:
+    """The slot names and ``{slot: {(update, epoch): [contribution of each env's seed]}}``: every
+    measured contribution the epoch events carry (slots without a seed carry none)."""
+    names: list[str] = []
+    out: dict[int, dict[tuple[int, int], list[float]]] = defaultdict(lambda: defaultdict(list))
+    for e in run.epochs:
+        rows = e.get("contribution")
+        if not isinstance(rows, list):
+            continue
+        names = e.get("slot_names") or names
+        for row in rows:
+            for s, v in enumerate(row if isinstance(row, list) else ()):
+                if finite_number(v):
+                    out[s][e["update"], e["epoch"]].append(float(v))
+    if not names:
+        names = [f"slot{s}" for s in range(max(out, default=-1) + 1)]
+    return names, {s: dict(v) for s, v in out.items()}
+
+
+def plot_contribution(run: RunEvents, path: Path) -> Path | None:
+    """Each slot's seed contribution (validation accuracy lost without it, points) over time: along the
+    last update's episodes, epoch by epoch (mean over the envs whose slot held a seed), and over the
+    updates (mean over every epoch and env)."""
+    names, data = contributions(run)
+    if not data:
+        return None
+    last = max(u for per in data.values() for u, _ in per)
+    fig, axes = _figure(1, 2, size=(11.0, 4.0))
+    for s in sorted(data):
+        label = names[s] if s < len(names) else f"slot{s}"
+        per = data[s]
+        epochs = sorted(ep for u, ep in per if u == last)
+        if epochs:
+            axes[0, 0].plot(epochs, [np.mean(per[last, ep]) for ep in epochs], marker=".", label=label)
+        updates = sorted({u for u, _ in per})
+        means = [np.mean([v for (u, _), vs in per.items() if u == up for v in vs]) for up in updates]
+        axes[0, 1].plot(updates, means, marker="." if len(updates) < 50 else None, label=label)
+    axes[0, 0].set(title=f"Seed contribution, update {last}", xlabel="epoch", ylabel="points (env mean)")
+    axes[0, 1].set(title="Seed contribution per update", xlabel="update", ylabel="points (mean)")
+    for ax in axes.flat:
+        ax.axhline(0.0, color="0.6", lw=0.8)
+        ax.legend(loc="best", fontsize="small")
+    return _save(fig, path)
+
+
+def reward_flag_counts(run: RunEvents) -> dict[str, dict[int, int]]:
+    """``{flag: {update: env-steps flagged}}`` from the episodes' ``reward_flags`` (every update with
+    an episode that reports them, zeros included)."""
+    out: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for e in run.episodes:
+        flags = e.get("reward_flags")
+        if isinstance(flags, dict):
+            for k, n in flags.items():
+                out[k][e["update"]] += int(n) if finite_number(n) else 0
+    return {k: dict(sorted(v.items())) for k, v in out.items()}
+
+
+def plot_reward_flags(run: RunEvents, path: Path) -> Path | None:
+    """Per update, the env-steps whose reward raised the hacking or ransomware flag (a seed claiming
+    far more than the host gained; one the host depends on while it got worse). Drawn only when some
+    step was flagged."""
+    counts = reward_flag_counts(run)
+    if not any(n for per in counts.values() for n in per.values()):
+        return None
+    fig, ax = _figure(size=(7.0, 3.5))
+    ax = ax[0, 0]
+    width = 0.8 / max(len(counts), 1)
+    for i, (flag, per) in enumerate(sorted(counts.items())):
+        x = np.array(list(per), dtype=float) + (i - (len(counts) - 1) / 2) * width
+        ax.bar(x, list(per.values()), width=width, label=flag)
+    ax.set(title="Reward flags", xlabel="update", ylabel="env-steps flagged")
+    ax.legend(loc="best", fontsize="small")
+    return _save(fig, path)
+
+
 def _ordered_keys(dicts: Iterable[Any]) -> list[str]:
     keys: dict[str, None] = {}
     for d in dicts:
@@ -303,6 +430,10 @@ PLOTS = (
     ("accuracy.png", plot_accuracy),
     ("entropy.png", plot_entropy),
     ("losses.png", plot_losses),
+    ("update_health.png", plot_update_health),
+    ("lstm_health.png", plot_lstm_health),
     ("seed_timeline.png", plot_seed_timeline),
+    ("contribution.png", plot_contribution),
     ("blueprints.png", plot_blueprints),
+    ("reward_flags.png", plot_reward_flags),
 )

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from esper.shell.telemetry.events import RunEvents, scan_events
-from esper.shell.telemetry.plots import PLOTS
+from esper.shell.telemetry.plots import PLOTS, reward_flag_counts
 
 CONFIG_HIGHLIGHTS = (
     "task",
@@ -123,6 +123,12 @@ def summary_markdown(run: RunEvents, run_dir: Path, plots: Sequence[Path]) -> st
         lines.append(
             "- lifecycle events: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=str))
         )
+    flags = reward_flag_counts(run)
+    if flags:
+        steps = _env_steps(run)
+        said = [f"{k} {sum(per.values())}" + (f" of {steps}" if steps else "") + _worst(per)
+                for k, per in sorted(flags.items())]  # fmt: skip
+        lines.append("- reward flags (env-steps whose reward raised them): " + ", ".join(said))
     if run.governor:
         reasons = Counter(e.get("reason") for e in run.governor)
         lines.append(
@@ -141,6 +147,8 @@ def summary_markdown(run: RunEvents, run_dir: Path, plots: Sequence[Path]) -> st
         lines.append(f"- the log ends with a torn line ({len(run.torn)} characters, skipped)")
     lines += ["", f"## Anomalies ({len(run.anomalies)})", ""]
     if run.anomalies:
+        kinds = Counter(a.get("kind") for a in run.anomalies)
+        lines += ["by kind: " + ", ".join(f"{k} {n}" for k, n in kinds.most_common()), ""]
         lines += ["| update | kind | value | threshold | detail |", "|---|---|---|---|---|"]
         for a in run.anomalies[:50]:
             lines.append(
@@ -158,6 +166,19 @@ def summary_markdown(run: RunEvents, run_dir: Path, plots: Sequence[Path]) -> st
         lines += ["", "## Run end summary", "", "| key | value |", "|---|---|"]
         lines += [f"| `{k}` | {_fmt(v)} |" for k, v in _flatten(run.end["summary"]).items()]
     return "\n".join(lines) + "\n"
+
+
+def _env_steps(run: RunEvents) -> int:
+    """Env-steps of the logged episodes: each ``epoch`` event holds one step of each env."""
+    return sum(len(e["val_acc"]) for e in run.epochs if isinstance(e.get("val_acc"), list))
+
+
+def _worst(per_update: dict[int, int]) -> str:
+    """`` (most in update u: n)`` for a flag raised at all, else nothing."""
+    if not any(per_update.values()):
+        return ""
+    u, n = max(per_update.items(), key=lambda kv: kv[1])
+    return f" (most in update {u}: {n})"
 
 
 def write_report(run_dir: str | Path) -> Path:

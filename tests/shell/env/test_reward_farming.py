@@ -67,3 +67,76 @@ def test_the_default_preset_is_the_objective_reward():
     charged = torch.tensor([0.0, cfg.reward.param_budget, 1200.0])
     cost = parameter_cost(charged, torch.full_like(charged, 274.0), dataclasses.replace(cfg.reward))
     assert cfg.reward.param_budget > 0 and cost[0] == 0 and cost[1] == 0 and cost[2] > 10
+
+
+class _LateGrowth:
+    """WAIT for ``wait`` steps, then as ``grow`` (a fixed growth schedule): a seed germinated after the
+    host has learnt most of what it will, so that the host comes to lean on it without gaining much."""
+
+    learns = False
+
+    def __init__(self, wait: int, grow: GrowAllController) -> None:
+        self.wait, self.grow, self.static, self.t = wait, grow, StaticController(), 0
+
+    def begin(self, n_envs: int) -> None:
+        self.t = 0
+        self.grow.begin(n_envs)
+        self.static.begin(n_envs)
+
+    def seed_envs(self, host_seeds: list[int]) -> None:
+        return None
+
+    def explain(self) -> None:
+        return None
+
+    def bootstrap(self, step) -> None:
+        return None
+
+    def act(self, step):
+        self.t += 1
+        return (self.static if self.t <= self.wait else self.grow).act(step)
+
+
+def test_H9_a_farming_episode_raises_the_flags_in_its_epoch_events_summary_anomalies_and_report(tmp_path):
+    """Issue 47: the ``hacking`` and ``ransomware`` flags every reward computes (finding H9) reach the
+    ``epoch`` events (one per env), the episode summary (``reward_flags``: steps flagged), the anomaly
+    detector (kinds of their own) and the report. The farming episode: a costly ``self_attention`` seed
+    germinated late into ``b0`` and kept, which the host comes to lean on (its removal costs more than
+    the host gained since it arrived). The flags' own thresholds are set so that this seed meets them: a
+    seed claiming at least all of the host's gain (``hacking_ratio`` 1), a host that gained less than 15
+    points while depending on it (``ransomware_max_improvement`` 15); what each flag means is tested in
+    tests/core/test_rewards.py, that it is reported here."""
+    from esper.shell.telemetry.anomaly import AnomalyConfig, AnomalyDetector
+    from esper.shell.telemetry.events import EventLog
+    from esper.shell.telemetry.report import write_report
+
+    overrides = {"env.n_envs": 1, "env.workers": 1, "ppo.n_minibatches": 1, "lifecycle.max_epochs": 11,
+                 "reward.hacking_ratio": 1.0, "reward.ransomware_max_improvement": 15.0}  # fmt: skip
+    cfg = preset("default", overrides)
+    env = VecEnv(cfg.env, cfg.lifecycle, cfg.governor, seed=0, reward=cfg.reward, gamma=cfg.ppo.gamma)
+    grow = GrowAllController({0: env.blueprint_names.index("self_attention")}, cfg.lifecycle)
+    result = EpisodeRunner(env, _LateGrowth(2, grow)).run(0, host_seeds=SEEDS[:1])
+    env.close()
+    flagged = {flag: [ev[flag][0] for ev in result.epochs] for flag in ("hacking", "ransomware")}
+    assert any(flagged["hacking"]) and any(flagged["ransomware"]), flagged
+    assert not any(flagged["hacking"][:3]), "no seed, no flag"
+    summary = result.episodes[0]["reward_flags"]
+    assert summary == {flag: sum(v) for flag, v in flagged.items()}
+    # the seed the flags point at: blended, costly to remove
+    last = result.epochs[-1]
+    assert last["contribution"][0][0] > 1.0 and last["contribution"][0][1] is None
+
+    steps = cfg.lifecycle.max_epochs
+    found = AnomalyDetector(AnomalyConfig(reward_hacking=0.0, ransomware=0.0)).check_rewards(summary, steps)
+    assert {a.kind for a in found} == {"reward_hacking", "ransomware"}  # any flagged step, here
+    with EventLog(tmp_path / "events.jsonl") as log:
+        log.write("run_start", config={})
+        for ev in result.epochs:
+            log.write("epoch", update=1, **ev)
+        log.write("episode", update=1, **result.episodes[0])
+        for a in found:
+            log.write("anomaly", update=1, **a.as_dict())
+    write_report(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert f"hacking {summary['hacking']} of {steps}" in md and "reward_hacking" in md
+    assert (tmp_path / "plots" / "reward_flags.png").is_file()

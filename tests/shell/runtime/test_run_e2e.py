@@ -29,8 +29,11 @@ def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Completed
 
 
 def test_tiny_run_end_to_end_then_resume(tmp_path):
+    # every update's explained variance is below 1: an anomaly each update, so the detail escalates
+    flagged = ["--anomaly.value_schedule", "false", "--anomaly.value_collapse", "1.0"]
     out = _run(
-        [*SMOKE, "--updates", "3", "--run_dir", str(tmp_path), "--name", "r", "--report", "true"], tmp_path
+        [*SMOKE, *flagged, "--updates", "3", "--run_dir", str(tmp_path), "--name", "r", "--report", "true"],
+        tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "r"
@@ -53,10 +56,25 @@ def test_tiny_run_end_to_end_then_resume(tmp_path):
         assert u["minibatch_steps"] >= 1
         assert set(u["head_entropy"]) == {"op", "slot", "blueprint", "style", "tempo", "alpha_target",
                                           "alpha_speed", "alpha_curve"}  # fmt: skip
+        # issue 47: the LSTM's health and the advantages, every update
+        assert {"lstm_h_norm_mean", "lstm_h_saturated_frac", "lstm_nonfinite"} <= set(u)
+        assert {"adv_mean", "adv_std", "adv_max_abs", "adv_pos_frac"} <= set(u)
     epochs = [e for e in events if e["event"] == "epoch"]
     assert len(epochs) == 3 * 5 and all(len(e["val_acc"]) == 2 for e in epochs)
+    for e in epochs:  # issue 47: per slot, the measured contribution and gradient ratio; the reward flags
+        assert len(e["contribution"]) == len(e["grad_ratio"]) == 2
+        assert all(len(row) == len(e["slot_names"]) for row in e["contribution"])
+        assert all(isinstance(f, bool) for f in e["hacking"] + e["ransomware"])
+    assert any(v is not None for e in epochs for row in e["contribution"] for v in row), "a seed was measured"
     episodes = [e for e in events if e["event"] == "episode"]
     assert len(episodes) == 3 * 2 and all("reward_components" in e for e in episodes)
+    assert all(set(e["reward_flags"]) == {"hacking", "ransomware"} for e in episodes)
+    anomalies = [e for e in events if e["event"] == "anomaly" and e["kind"] == "value_collapse"]
+    assert [a["update"] for a in anomalies] == [1, 2, 3]
+    detail = [e for e in events if e["event"] == "ppo_detail"]  # escalated after update 1's anomaly
+    assert [d["update"] for d in detail] == [2, 3]
+    assert all(len(d["steps"]["kl_approx"]) == u["minibatch_steps"] and len(d["envs"]["return"]) == 2
+               for d, u in zip(detail, updates[1:]))  # fmt: skip
     assert "update" in out.stdout and "test_acc" in out.stdout, "the summary table is printed"
     threads = json.loads((run / "provenance.json").read_text())["torch_threads"]
     seed = json.loads((run / "config.json").read_text())["seed"]

@@ -212,3 +212,47 @@ def test_plot_blueprints_counts_each_slots_germinations(tmp_path):
     counts = {key: dict(per_update) for key, per_update in germination_counts(run).items()}
     assert counts == {(0, "conv_heavy"): {1: 1}, (0, "conv_light"): {1: 1}, (1, "depthwise"): {1: 2}}
     assert plot_blueprints(run, tmp_path / "b.png") is not None
+
+
+def test_report_shows_the_update_and_lstm_health_each_slots_contribution_and_the_reward_flags(tmp_path):
+    """Issue 47: ``update_health.png`` (gradient norm, explained variance, advantages), ``lstm_health.png``
+    (the ``lstm_*`` keys), ``contribution.png`` (each slot's measured contribution over the epochs and the
+    updates) and ``reward_flags.png`` with a line counting the flagged env-steps; the anomalies are
+    counted by kind. A log without these keys (an older run) draws none of them."""
+    _write_run(tmp_path, n_updates=2)
+    assert main([str(tmp_path)]) == 0
+    for name in ("lstm_health", "contribution", "reward_flags"):
+        assert not (tmp_path / "plots" / f"{name}.png").exists(), name
+
+    run_dir = tmp_path / "new"
+    run_dir.mkdir()
+    _write_run(run_dir, n_updates=2)
+    with EventLog(run_dir / "events.jsonl", append=True) as log:
+        for u in (1, 2):
+            log.write("ppo_update", update=u, grad_norm=0.5, explained_variance=0.2, adv_mean=-0.1,
+                      adv_std=1.5, adv_max_abs=4.0, adv_pos_frac=0.4, lstm_h_norm_mean=0.6,
+                      lstm_h_norm_max=0.9, lstm_c_norm_mean=1.2, lstm_c_norm_max=2.0,
+                      lstm_h_saturated_frac=0.01, lstm_c_saturated_frac=0.02, lstm_too_small_frac=0.0,
+                      lstm_too_large_frac=0.0)  # fmt: skip
+            for ep in range(1, 4):
+                log.write("epoch", update=u, epoch=ep, val_acc=[50.0, 51.0], slot_names=["b0", "b1"],
+                          contribution=[[None, None], [2.0 * ep, None]] if ep > 1 else [[None, None]] * 2,
+                          hacking=[False, ep == 3], ransomware=[False, False])  # fmt: skip
+            for env in range(2):
+                log.write("episode", update=u, env=env, **{"return": 1.0}, final_test_acc=60.0,
+                          reward_flags={"hacking": env, "ransomware": 0})  # fmt: skip
+        log.write("anomaly", update=2, kind="reward_hacking", value=0.5, threshold=0.25, detail="x")
+    assert main([str(run_dir)]) == 0
+    for name in ("update_health", "lstm_health", "contribution", "reward_flags"):
+        assert _is_png(run_dir / "plots" / f"{name}.png"), name
+    md = (run_dir / "report.md").read_text()
+    assert "reward flags (env-steps whose reward raised them): hacking 2 of" in md
+    assert "(most in update 1: 1)" in md and "ransomware 0 of" in md
+    assert "by kind: kl_spike 1, reward_hacking 1" in md
+
+    from esper.shell.telemetry.events import RunEvents, read_events
+    from esper.shell.telemetry.plots import contributions
+
+    names, per_slot = contributions(RunEvents(read_events(run_dir / "events.jsonl")))
+    assert names == ["b0", "b1"] and set(per_slot) == {0}  # b1 never held a seed
+    assert per_slot[0][(2, 3)] == [6.0]

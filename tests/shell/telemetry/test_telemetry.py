@@ -250,6 +250,125 @@ def test_a_rolled_back_update_is_flagged():
     assert len(found) == 1 and found[0].value == 1 and "rolled back" in found[0].detail
 
 
+def test_H1_entropy_threshold_follows_relevance_and_annealing():
+    """Issue 47: in the default run ``entropy_collapse`` fired on the tempo head (weight about 0.1, read
+    only by a germination, and meant to commit) at 16 of 22 updates. A head's threshold now scales with
+    its relevance weight (full from ``entropy_full_weight``) and with the entropy coefficient's
+    annealing, so that head is quiet, while a head that matters and collapses early is still flagged."""
+    det = AnomalyDetector(entropy_coef=0.03)
+    ent, weight = dict.fromkeys(HEADS, 0.6), dict.fromkeys(HEADS, 0.9)
+    ent["tempo"], weight["tempo"] = 0.05, 0.1  # committed, and rarely relevant
+    assert det.check(_metrics(head_entropy=ent, head_weight=weight, entropy_coef=0.03)) == []
+    assert det.entropy_threshold(0.1, 0.03) == pytest.approx(0.02)  # 0.1 x 0.1 / 0.5
+    # annealed to a tenth, a head that matters at every step may commit too
+    ent["op"] = 0.05
+    assert det.check(_metrics(head_entropy=ent, head_weight=weight, entropy_coef=0.003)) == []
+    # ... but not at the start: the op head collapsing at full coefficient is an alarm
+    found = det.check(_metrics(head_entropy=ent, head_weight=weight, entropy_coef=0.03))
+    assert _kinds(found) == ["entropy_collapse"] and "head op" in found[0].detail
+    assert found[0].threshold == pytest.approx(0.1)
+    # both scalings are switches: off, the tempo head is flagged as before
+    old = AnomalyDetector(AnomalyConfig(entropy_by_weight=False, entropy_by_anneal=False), entropy_coef=0.03)
+    ent["op"] = 0.6
+    found = old.check(_metrics(head_entropy=ent, head_weight=weight, entropy_coef=0.003))
+    assert _kinds(found) == ["entropy_collapse"] and "head tempo" in found[0].detail
+
+
+def test_explained_variance_threshold_rises_with_training_progress():
+    """Issue 47, the original's schedule: -0.5 during the first 10 % of the updates, -0.2 until 25 %, 0
+    until 75 %, 0.1 after. An explained variance of -0.3 is normal for a fresh critic and a failure
+    half-way through; with the schedule off, one fixed ``value_collapse``."""
+    det = AnomalyDetector(updates=20)
+    assert det.check(_metrics(explained_variance=-0.3), update=1) == []  # 0 % done: -0.5
+    assert _kinds(det.check(_metrics(explained_variance=-0.3), update=4)) == ["value_collapse"]  # 15 %: -0.2
+    found = det.check(_metrics(explained_variance=-0.05), update=11)  # 50 %: 0
+    assert _kinds(found) == ["value_collapse"] and found[0].threshold == 0.0
+    assert det.check(_metrics(explained_variance=0.05), update=11) == []
+    assert _kinds(det.check(_metrics(explained_variance=0.05), update=20)) == ["value_collapse"]  # 95 %: 0.1
+    levels = [det.value_threshold(u)[0] for u in (1, 2, 3, 5, 6, 15, 16, 20)]  # (u - 1) / 20 of the run done
+    assert levels == [-0.5, -0.5, -0.2, -0.2, 0.0, 0.0, 0.1, 0.1]
+    fixed = AnomalyDetector(AnomalyConfig(value_schedule=False), updates=20)
+    assert fixed.check(_metrics(explained_variance=-0.3), update=11) == []
+    assert AnomalyDetector().check(_metrics(explained_variance=-0.3), update=11) == []  # run length unknown
+    with pytest.raises(ValueError, match="one level more"):
+        AnomalyConfig(value_levels=(0.0, 0.1))
+    with pytest.raises(ValueError, match="increase"):
+        AnomalyConfig(value_progress=(0.5, 0.25, 0.75))
+
+
+def test_grad_norm_drift_is_flagged():
+    """Issue 47: the gradient norm against its running EMA (after a warm-up), both ways: a jump to
+    ``grad_drift`` times the EMA, or a fall to a ``grad_drift``-th of it."""
+    det, ema = AnomalyDetector(), None
+    for g in (0.40, 0.50, 0.45, 0.42, 0.48, 0.38):
+        assert det.check(_metrics(grad_norm=g)) == []
+        ema = g if ema is None else 0.9 * ema + 0.1 * g
+    found = det.check(_metrics(grad_norm=2.5))
+    assert _kinds(found) == ["grad_drift"] and found[0].threshold == pytest.approx(3.0 * ema)
+    det2 = AnomalyDetector()
+    for g in (0.4, 0.4, 0.4, 0.4):
+        det2.check(_metrics(grad_norm=g))
+    assert _kinds(det2.check(_metrics(grad_norm=0.1))) == ["grad_drift"]
+    fresh = AnomalyDetector()  # the warm-up judges nothing
+    assert fresh.check(_metrics(grad_norm=0.4)) == [] and fresh.check(_metrics(grad_norm=4.0)) == []
+    loose = AnomalyDetector(AnomalyConfig(grad_drift=10.0))
+    for g in (0.4, 0.4, 0.4, 0.4, 2.5):
+        assert loose.check(_metrics(grad_norm=g)) == []
+    restored = AnomalyDetector()
+    restored.load_state_dict(det.state_dict())
+    assert restored.grad_ema == det.grad_ema and restored.grad_seen == det.grad_seen
+    restored.load_state_dict({"kl_ema": None, "n_seen": 2})  # a checkpoint from before the drift EMA
+    assert restored.grad_ema is None and restored.grad_seen == 0 and restored.detail_until == 0
+
+
+def test_lstm_health_is_flagged():
+    """Issue 47: the rollout's LSTM states, from the ``lstm_*`` metrics of an update: too many saturated
+    units, dead or exploded state rows, non-finite elements."""
+    det = AnomalyDetector()
+    healthy = {"lstm_h_saturated_frac": 0.05, "lstm_too_small_frac": 0.0, "lstm_too_large_frac": 0.0,
+               "lstm_nonfinite": 0.0}  # fmt: skip
+    assert det.check(_metrics(**healthy)) == []
+    found = det.check(_metrics(**{**healthy, "lstm_h_saturated_frac": 0.8}))
+    assert _kinds(found) == ["lstm_saturation"] and found[0].threshold == 0.5
+    found = det.check(_metrics(**{**healthy, "lstm_too_small_frac": 0.25}))
+    assert _kinds(found) == ["lstm_norm"] and "below 1e-6" in found[0].detail
+    assert _kinds(det.check(_metrics(**{**healthy, "lstm_nonfinite": 3.0}))) == ["lstm_norm"]
+    assert AnomalyDetector(AnomalyConfig(lstm_saturation=0.9)).check(
+        _metrics(**{**healthy, "lstm_h_saturated_frac": 0.8})
+    ) == []
+
+
+def test_reward_hacking_and_ransomware_are_anomalies_of_their_own():
+    """Issue 47 (finding H9's flags): an update whose episodes raised the flags at more than a share of
+    their env-steps is an anomaly of kind ``reward_hacking`` or ``ransomware``."""
+    det = AnomalyDetector(AnomalyConfig(reward_hacking=0.1, ransomware=0.0))
+    assert det.check_rewards({"hacking": 0, "ransomware": 0}, 200) == []
+    assert det.check_rewards({"hacking": 20, "ransomware": 0}, 200) == []  # 10 %: at the threshold
+    found = det.check_rewards({"hacking": 21, "ransomware": 1}, 200)
+    assert _kinds(found) == ["reward_hacking", "ransomware"]
+    assert found[0].value == pytest.approx(0.105) and "21 of 200" in found[0].detail
+
+
+def test_an_anomaly_escalates_the_detail_for_a_while():
+    """Issue 47: after an anomaly the run logs each minibatch step and each env (``ppo_detail``) for the
+    next ``escalate_updates`` updates, as the original turned its telemetry up to debug; a later anomaly
+    extends the window; the window survives a checkpoint."""
+    det = AnomalyDetector(AnomalyConfig(escalate_updates=3))
+    assert not any(det.detail_due(u) for u in range(1, 10))
+    det.check(_metrics(), update=2)
+    assert not det.detail_due(3)
+    det.check(_metrics(max_ratio=9.0), update=3)
+    assert [det.detail_due(u) for u in (3, 4, 5, 6, 7)] == [True, True, True, True, False]
+    det.check_rewards({"hacking": 5}, 10, update=5)  # an episode anomaly escalates too
+    assert det.detail_due(8) and not det.detail_due(9)
+    restored = AnomalyDetector()
+    restored.load_state_dict(det.state_dict())
+    assert restored.detail_due(8)
+    off = AnomalyDetector(AnomalyConfig(escalate_updates=0))
+    off.check(_metrics(max_ratio=9.0), update=3)
+    assert not off.detail_due(4)
+
+
 # ----------------------------------------------------------------------------------- console output
 def test_summary_table_aligns_columns():
     rows = [{"update": 1, "acc": 0.912345, "name": "conv"}, {"update": 10, "acc": float("nan")}]
