@@ -51,19 +51,22 @@ def _train(k: int, run_root: Path, extra: list[str]) -> tuple[Path, float]:
     return run_dir, time.perf_counter() - t0
 
 
-def _evaluate(run_dir: Path, k: int, episodes: int, names: Sequence[str] = (), out: str = "eval") -> dict:
+def _evaluate(run_dir: Path, k: int, episodes: int, names: Sequence[str] = (), out: str = "eval",
+              data_seed: int | None = None, extra: Sequence[str] = ()) -> dict:  # fmt: skip
     """Evaluate training seed k's run on its hosts (evaluation seed 1000 + k): ``names`` (default:
-    evaluate's default set) into ``RUN_DIR/out``, or the results already there if they hold them alike."""
+    evaluate's default set) into ``RUN_DIR/out``, or the results already there if they hold them alike.
+    ``data_seed``: on that draw of generated data (``--data-seed``); ``extra``: more of evaluate's flags."""
     from esper.shell.eval.controllers import CONTROLLERS
 
     names = tuple(names) or CONTROLLERS
     saved = run_dir / out / "results.json"
-    if saved.exists():  # already evaluated alike (same episodes, seed and controllers): keep it
+    if saved.exists():  # already evaluated alike (same episodes, seed, data and controllers): keep it
         old = json.loads(saved.read_text())
         meta = old.get("meta", {})
-        if (meta.get("episodes"), meta.get("eval_seed")) == (episodes, 1000 + k) and set(names) <= set(
-            old.get("controllers", {})
-        ):
+        same_data = data_seed is None or meta.get("data_seed") == data_seed
+        if (meta.get("episodes"), meta.get("eval_seed")) == (episodes, 1000 + k) and same_data and set(
+            names
+        ) <= set(old.get("controllers", {})):
             return old
     cmd = [
         sys.executable,
@@ -79,6 +82,8 @@ def _evaluate(run_dir: Path, k: int, episodes: int, names: Sequence[str] = (), o
         "--out",
         str(run_dir / out),
         "--no-progress",
+        *(["--data-seed", str(data_seed)] if data_seed is not None else []),
+        *extra,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # it sets the run's threads
     if proc.returncode:

@@ -1,0 +1,55 @@
+"""``python -m bench.suite``: the command line and where the results files go."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+import bench.suite
+from bench.harness import machine_info
+from bench.suite.report import goals, markdown, plots
+from bench.suite.run import EVAL_EPISODES, SUITE, run_suite
+
+BENCH = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    doc = bench.suite.__doc__.split("\n\n")[0]
+    p = argparse.ArgumentParser(prog="python -m bench.suite", description=doc)
+    p.add_argument("--tasks", default=",".join(SUITE), help=f"comma-separated subset of {','.join(SUITE)}")
+    p.add_argument("--seeds", type=int, default=5, help="training seeds per task (default 5)")
+    p.add_argument("--first-seed", type=int, default=0, help="the first training seed (0)")
+    p.add_argument("--episodes", type=int, default=EVAL_EPISODES,
+                   help=f"fresh hosts per training seed and controller ({EVAL_EPISODES})")  # fmt: skip
+    p.add_argument("--jobs", type=int, default=1,
+                   help="(task, seed) runs at a time (default 1: one run keeps both cores of the 2-core VM "
+                        "busy; with more, each runs one thread)")  # fmt: skip
+    p.add_argument("--runs", type=Path, default=BENCH / "runs" / "suite",
+                   help="where the training runs go (finished seeds and evaluations are kept)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=BENCH / "results" / "suite")
+    args = p.parse_args(argv)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    command = "python -m bench.suite " + shlex.join(argv if argv is not None else sys.argv[1:])
+    try:
+        suite = run_suite(tasks, args.seeds, args.first_seed, args.episodes, args.jobs, args.runs)
+    except ValueError as e:
+        p.error(str(e))
+    info = machine_info(torch.device("cpu"))
+    info["date"] = dt.date.today().isoformat()
+    for t in suite["tasks"].values():
+        t["goals"] = goals(t["controllers"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{info['date']}-{info.get('host', 'host')}"
+    files = plots(args.out, stem, suite)
+    (args.out / f"{stem}.md").write_text(markdown(info, suite, command.strip(), files))
+    (args.out / f"{stem}.json").write_text(
+        json.dumps({"machine": info, "command": command.strip(), **suite}, indent=1)
+    )
+    print((args.out / f"{stem}.md").read_text())
+    return 0

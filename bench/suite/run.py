@@ -1,0 +1,142 @@
+"""The suite's runs: each (task, training seed) trained and evaluated in subprocesses (bench.growth's
+steps), then each task's seeds pooled into one entry per controller."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.growth import training
+from bench.growth.pooling import summarize_runs
+from esper.shell.config.presets import preset
+from esper.shell.env.config import GENERATED_TASKS
+from esper.shell.eval.search import learned_compute
+
+#: Suite task -> the preset that trains it (``python -m esper.shell.run --preset``).
+SUITE: dict[str, str] = {
+    "mnist1d": "default",
+    "mnist1d_deep": "mnist1d_deep",
+    "longrange": "longrange",
+    "digits_shallow": "digits_shallow",
+}
+#: The learned controller's readouts: sampled as trained, and each head's most likely action.
+LEARNED = ("ppo", "ppo_greedy")
+#: Baselines that spend nothing before the evaluation, and the tuned heuristic (which searches).
+BASELINES = ("static", "random", "heuristic", "heuristic_tuned", "grow_all")
+#: ``plan_search``'s budgets, as multiples of the learned controller's training compute.
+PLAN_MULTIPLES = (0.25, 0.5, 1.0, 2.0)
+#: Evaluation episodes (fresh hosts) per training seed.
+EVAL_EPISODES = 10
+#: The final draw of a generated task for training seed k: data seed ``FINAL_DATA_SEED + k`` (the
+#: selection draw is the task's own, mnist1d 42, longrange 7).
+FINAL_DATA_SEED = 100_000
+#: Where each (task, seed)'s evaluation goes inside its run directory.
+EVAL_DIR = "eval-suite"
+
+
+def plan_name(multiple: float) -> str:
+    """``plan_search@0.25x``: plan search at ``multiple`` times the learned controller's compute."""
+    return f"plan_search@{multiple:g}x"
+
+
+CONTROLLERS = (*LEARNED, *BASELINES[:-1], *(plan_name(m) for m in PLAN_MULTIPLES), BASELINES[-1])
+
+
+def final_data_seed(task: str, k: int) -> int | None:
+    """The final draw's data seed of training seed ``k`` (None for a fixed dataset: its test split)."""
+    return FINAL_DATA_SEED + k if preset(SUITE[task]).env.task in GENERATED_TASKS else None
+
+
+def _one(task: str, k: int, episodes: int, runs: Path, jobs: int) -> tuple[str, int, dict, float]:
+    """Train (or keep) and evaluate (or keep) training seed ``k`` of ``task``."""
+    root = runs / task
+    root.mkdir(parents=True, exist_ok=True)
+    threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
+    run_dir, train_s = training._train(k, root, ["--preset", SUITE[task], *threads])
+    results = training._evaluate(run_dir, k, episodes, CONTROLLERS, out=EVAL_DIR,
+                                 data_seed=final_data_seed(task, k),
+                                 extra=["--threads", "1"] if jobs > 1 else [])  # fmt: skip
+    return task, k, results, train_s
+
+
+def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
+              log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
+    """Every (task, seed) trained and evaluated (``jobs`` at a time), each task's seeds pooled."""
+    unknown = [t for t in tasks if t not in SUITE]
+    if unknown or not tasks:
+        raise ValueError(f"unknown suite task(s) {unknown}; tasks: {', '.join(SUITE)}")
+    if seeds < 1 or first_seed < 0 or episodes < 2 or jobs < 1:
+        raise ValueError("--seeds and --jobs must be >= 1, --first-seed >= 0, --episodes >= 2")
+    t0 = time.perf_counter()
+    pairs = [(t, k) for t in tasks for k in range(first_seed, first_seed + seeds)]
+
+    def one(pair: tuple[str, int]) -> tuple[str, int, dict, float]:
+        out = _one(*pair, episodes, runs, jobs)
+        log(f"{pair[0]} seed {pair[1]}: done")
+        return out
+
+    with ThreadPoolExecutor(max_workers=jobs) as workers:
+        done = list(workers.map(one, pairs))
+    out: dict[str, Any] = {}
+    for task in tasks:
+        per_seed = {k: r for t, k, r, _ in done if t == task}
+        out[task] = pool_task(task, per_seed)
+        out[task]["train_seconds"] = [s for t, _, _, s in done if t == task]
+    return {"tasks": out, "seconds": time.perf_counter() - t0}
+
+
+def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
+    """One task's entry from its training seeds' evaluations (``per_seed[k]``: seed k's ``results.json``):
+    per controller the mean over seeds with a 95 % interval over seeds, the parameters added, the host
+    epochs spent (their mean over seeds), and what the searches chose."""
+    seeds = sorted(per_seed)
+    names = [n for n in per_seed[seeds[0]]["controllers"]
+             if all(n in per_seed[k]["controllers"] for k in seeds)]  # fmt: skip
+    runs = [{n: per_seed[k]["controllers"][n]["per_episode"] for n in names} for k in seeds]
+    pooled, corr = summarize_runs(runs, [per_seed[k].get("correlations") for k in seeds])
+    controllers = {}
+    for n in names:
+        entries = [per_seed[k]["controllers"][n] for k in seeds]
+        c = pooled[n]
+        controllers[n] = {
+            "test_acc_mean": c["test_acc_mean"],
+            "test_acc_ci95": c["test_acc_ci95"],
+            "params_added_mean": c["params_added_mean"],
+            "params_added_ci95": c["params_added_ci95"],
+            "compute_host_epochs": round(float(np.mean([e.get("compute_host_epochs", 0) for e in entries]))),
+            "training_seeds": seeds,
+            "per_seed_test_acc": c["per_seed_test_acc"],
+            "episodes": c["episodes"],
+        }
+        if any("search" in e for e in entries):
+            controllers[n]["chosen"] = {str(k): e["search"]["chosen"] for k, e in zip(seeds, entries)
+                                        if "search" in e}  # fmt: skip
+    meta = [per_seed[k]["meta"] for k in seeds]
+    return {
+        "preset": SUITE.get(task),
+        "controllers": controllers,
+        "return_vs_test_acc": corr["return_vs_test_acc"],
+        "data": {
+            "final_data_seeds": [m.get("data_seed") for m in meta],
+            "selection_data_seed": meta[0].get("selection_data_seed"),
+            "eval_seeds": [m.get("eval_seed") for m in meta],
+            "episodes_per_seed": meta[0].get("episodes"),
+        },
+        "learned_compute_host_epochs": meta[0].get("learned_compute_host_epochs"),
+    }
+
+
+def planned_compute(task: str) -> int:
+    """The learned controller's training compute on ``task`` from its preset (host epochs)."""
+    return learned_compute(preset(SUITE[task]))
+
+
+__all__ = [
+    "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "LEARNED", "PLAN_MULTIPLES", "SUITE",
+    "final_data_seed", "plan_name", "planned_compute", "pool_task", "run_suite",
+]  # fmt: skip

@@ -1,0 +1,75 @@
+"""bench.suite (issue 45): one task, one seed, training and evaluation mocked; the results file has the
+schema the issue gives, the table and plots are written, and every seed is trained with the task's preset
+and evaluated on its final draw."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bench.growth.training as bg
+from bench.suite import CONTROLLERS, FINAL_DATA_SEED, SUITE, final_data_seed, plan_name
+from bench.suite.cli import main
+
+
+def _results(k: int, data_seed: int | None, names) -> dict:
+    """An evaluation's ``results.json`` as ``esper.shell.evaluate`` writes it (two episodes each)."""
+    ctl = {}
+    for i, name in enumerate(names):
+        eps = [{"final_test_acc": 40.0 + i + k + e, "params_added": 10.0 * i, "return": float(i),
+                "test_objective": 40.0 + i} for e in range(2)]  # fmt: skip
+        ctl[name] = {"per_episode": eps, "compute_host_epochs": 100 * i}
+        if name.startswith(("plan_search", "heuristic_tuned")):
+            ctl[name]["search"] = {"chosen": "b0=conv_heavy" if name.startswith("plan") else {"min_epoch": 1}}
+    meta = {"data_seed": data_seed, "selection_data_seed": 42, "eval_seed": 1000 + k, "episodes": 2,
+            "learned_compute_host_epochs": 4400}  # fmt: skip
+    return {"controllers": ctl, "correlations": {}, "meta": meta}
+
+
+def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
+    trained, evaluated = [], []
+
+    def train(k, root, extra):
+        trained.append((k, root.name, list(extra)))
+        return root / f"seed{k}", 60.0
+
+    def evaluate(run_dir, k, episodes, names, out, data_seed=None, extra=()):
+        evaluated.append((k, out, data_seed, tuple(names)))
+        return _results(k, data_seed, names)
+
+    monkeypatch.setattr(bg, "_train", train)
+    monkeypatch.setattr(bg, "_evaluate", evaluate)
+    out = tmp_path / "results"
+    assert main(["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
+                 "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0  # fmt: skip
+    assert [t[:2] for t in trained] == [(3, "longrange"), (4, "longrange")]
+    assert trained[0][2] == ["--preset", SUITE["longrange"]]  # the preset only: no controller flags
+    assert [(k, d) for k, _, d, _ in evaluated] == [(3, FINAL_DATA_SEED + 3), (4, FINAL_DATA_SEED + 4)]
+    assert evaluated[0][3] == CONTROLLERS and {plan_name(m) for m in (0.25, 0.5, 1, 2)} <= set(CONTROLLERS)
+    files = sorted(p.name for p in out.iterdir())
+    saved = json.loads(next(out.glob("*.json")).read_text())
+    entry = saved["tasks"]["longrange"]["controllers"]
+    assert set(entry) == set(CONTROLLERS)
+    for name, c in entry.items():
+        assert {"test_acc_mean", "test_acc_ci95", "params_added_mean", "compute_host_epochs",
+                "training_seeds"} <= set(c), name  # fmt: skip
+        lo, hi = c["test_acc_ci95"]
+        assert lo <= c["test_acc_mean"] <= hi and c["training_seeds"] == [3, 4]
+    i = CONTROLLERS.index("ppo_greedy")
+    assert entry["ppo_greedy"]["test_acc_mean"] == pytest.approx(40.0 + i + 3.5 + 0.5)
+    assert entry["ppo_greedy"]["compute_host_epochs"] == 100 * i
+    assert entry[plan_name(1)]["chosen"] == {"3": "b0=conv_heavy", "4": "b0=conv_heavy"}
+    assert saved["tasks"]["longrange"]["goals"]["ppo"]["all_disjoint_above"] in (True, False)
+    md = next(out.glob("*.md")).read_text()
+    assert "## longrange (preset `longrange`)" in md and "| plan_search@1x |" in md
+    assert "selection draw: data seed 42" in md and "`min_epoch 1`" in md
+    assert any(f.endswith("-longrange-acc-vs-params.png") for f in files)
+    assert any(f.endswith("-longrange-acc-vs-compute.png") for f in files)
+
+
+def test_suite_final_draws_and_refusals(tmp_path):
+    assert final_data_seed("mnist1d", 2) == FINAL_DATA_SEED + 2
+    assert final_data_seed("digits_shallow", 2) is None  # a fixed dataset: its test split
+    with pytest.raises(SystemExit):
+        main(["--tasks", "nope", "--runs", str(tmp_path), "--out", str(tmp_path)])
