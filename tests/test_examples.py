@@ -1,8 +1,14 @@
-"""The CartPole example learns: TorchRL's GymEnv and collector, ``esper.core.gae`` and ``ppo_loss``, a
-short budget in a subprocess, and a mean return far above a random policy's (~20)."""
+"""The examples run.
+
+- The CartPole example learns: TorchRL's GymEnv and collector, ``esper.core.gae`` and ``ppo_loss``, a
+  short budget in a subprocess, and a mean return far above a random policy's (~20).
+- The grow-your-model example grows a network it defines on data it generates, with the heuristic and
+  with a run's trained controller (zero-shot), on tiny sizes in a subprocess.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -12,9 +18,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytest.importorskip("gymnasium", reason="the example needs the 'examples' extra (gymnasium)")
+#: The CartPole example needs the 'examples' extra (gymnasium); the others run without it.
+needs_gym = pytest.mark.skipif(
+    importlib.util.find_spec("gymnasium") is None, reason="the example needs the 'examples' extra (gymnasium)"
+)
 
 
+@needs_gym
 @pytest.mark.e2e
 def test_cartpole_example_learns(tmp_path):
     """12,288 frames (24 batches, ~5 s of training): the mean of the last 20 episodes' returns ends
@@ -32,6 +42,7 @@ def test_cartpole_example_learns(tmp_path):
     assert last > 100, f"the return should climb well above random's ~20, got {[round(r) for _, r in curve]}"
 
 
+@needs_gym
 def test_esper_loss_arguments_are_clip_ppo_loss_settings():
     """The example's two variants compute the same loss (the parity the README documents)."""
     import torch
@@ -128,12 +139,57 @@ def _compiled_equals_eager(monkeypatch, backend) -> list:
     return graphs
 
 
+@needs_gym
 def test_example_compiled_step_is_one_graph_without_recompiles(monkeypatch):
     """Forward of both MLPs, ppo_loss, backward, clip and Adam: one fullgraph (aot_eager) reused by
     every minibatch, with the eager step's losses and parameters."""
     assert len(_compiled_equals_eager(monkeypatch, "aot_eager")) == 1
 
 
+@needs_gym
 @pytest.mark.inductor
 def test_example_compiled_step_inductor_equals_eager(monkeypatch):
     assert len(_compiled_equals_eager(monkeypatch, "inductor")) == 1
+
+
+# ----------------------------------------------------------------------------------- grow your model
+def _grow_example(tmp_path: Path, *args: str) -> tuple[str, dict]:
+    """The example on tiny sizes (2 hosts, 3 epochs, 128 training signals); its output and its JSON."""
+    out = tmp_path / "grown.json"
+    cmd = [sys.executable, "-m", "examples.grow_your_model", "--episodes", "2", "--epochs", "3",
+           "--train", "128", "--out", str(out), *args]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, json.loads(out.read_text())
+
+
+def _check_grow_report(stdout: str, report: dict, grower: str) -> None:
+    assert "your model: SignalNet, 3 slots (grow1, grow2, grow3), family cnn1d, 220 parameters" in stdout
+    results = report["results"]
+    assert list(results) == ["static", grower] and report["controller"] == grower
+    for name, r in results.items():
+        assert len(r["test_acc"]) == 2 and r["host_params"] == 220, name
+        assert 0 <= r["test_acc_mean"] <= 100 and f"{r['test_acc_mean']:.1f} %" in stdout
+    assert results["static"]["params_added_mean"] == 0 and results["static"]["grown"] == {"nothing": 2}
+
+
+@pytest.mark.e2e
+def test_grow_your_model_example_with_the_heuristic(tmp_path):
+    stdout, report = _grow_example(tmp_path)
+    _check_grow_report(stdout, report, "heuristic")
+    assert report["run"] is None and "with the heuristic" in stdout
+
+
+@pytest.mark.e2e
+def test_grow_your_model_example_zero_shot_from_a_run(tmp_path):
+    """A smoke run trains a controller on a three-slot cnn1d host (the longrange task's: its data are
+    drawn in a blink, where MNIST-1D's take seconds); the example's network has three cnn1d slots too, so
+    the run's controller grows it without training there."""
+    run = [sys.executable, "-m", "esper.shell.run", "--preset", "smoke", "--env.task", "longrange",
+           "--run_dir", str(tmp_path), "--name", "r", "--lifecycle.max_epochs", "3",
+           "--env.train_batches", "1"]  # fmt: skip
+    proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stdout, report = _grow_example(tmp_path, "--run", str(tmp_path / "r"))
+    _check_grow_report(stdout, report, "ppo")
+    assert report["run"] == str(tmp_path / "r") and "zero-shot" in stdout
