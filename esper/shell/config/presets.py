@@ -81,12 +81,15 @@ class RunConfig:
     def torch_threads(self, processes_on_machine: int = 1) -> int:
         """The intra-op thread count to use: ``threads``, or (0) the cores shared out over this
         machine's processes and each one's env workers (tiny host ops gain nothing from more, and
-        oversubscribed cores slow every process down)."""
+        oversubscribed cores slow every process down). The batched host step takes half its share:
+        its kernels gain little past one thread at these sizes (1.2-1.4x from two on the 2-core VM),
+        while a thread pool that meets another busy process stalls at every one of its hundreds of
+        small parallel regions a step (5x slower, measured beside other runs)."""
         if self.threads:
             return self.threads
         cores = os.cpu_count() or 1
-        workers = 1 if self.env.batched else self.env.workers  # one batch uses every thread it gets
-        return max(1, cores // (max(processes_on_machine, 1) * workers))
+        share = cores // max(processes_on_machine, 1)
+        return max(1, share // 2 if self.env.batched else share // self.env.workers)
 
     def __post_init__(self) -> None:
         check_fields(self)

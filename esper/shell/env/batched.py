@@ -25,7 +25,7 @@ from esper.shell.data.tasks import Loaders, Task
 from esper.shell.env.bank import MEASURED, seeded, snapshot_state
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.seeding import derive_seed
-from esper.shell.host.batched import StackedHosts, plan, stack_inputs
+from esper.shell.host.batched import StackedHosts, plan, stack_inputs, supports
 from esper.shell.host.hosts import Host
 from esper.shell.host.model import SEED_GRAD_KEYS, seed_grad_stats
 
@@ -65,6 +65,11 @@ class BatchedHosts:
             ],
             lr=cfg.host_lr, momentum=cfg.momentum, foreach=True,
         )  # fmt: skip
+        if not supports(self.hosts[0]):
+            kind = type(self.hosts[0]).__name__
+            raise ValueError(
+                f"env.host_step batched: a {kind} host trains env by env; use --env.host_step per_env"
+            )
         self.stack = StackedHosts(self.hosts)
 
     def host(self, i: int) -> Host:
