@@ -14,10 +14,12 @@ raised the ``hacking`` or ``ransomware`` flag (finding H9), each its own kind (`
 Thresholds that know where the run is, so that the default run raises no alarm a reader would learn
 to ignore:
 
-- **entropy collapse** is judged against ``entropy_collapse`` times the head's relevance weight over
-  ``entropy_full_weight`` (at most 1: a head that matters at one step in ten, such as ``tempo``, which
-  only a germination reads, may commit) and times the entropy coefficient's annealing (its value now
-  over its first: a policy the run tells to commit is not flagged for committing);
+- **entropy collapse** is judged against ``entropy_collapse`` times the head's relevance weight (the
+  share of steps where it mattered, over ``entropy_full_weight``: a head that matters at one step in
+  ten, such as ``tempo`` or ``style``, which only a germination reads, is held to a tenth of the
+  threshold) and times the entropy coefficient's annealing (its value now over its first), and not at
+  all once the coefficient has annealed below ``entropy_anneal_floor`` of its first value: a policy the
+  run tells to commit is not flagged for committing;
 - **explained variance** is judged against a level that rises with training progress (the original's
   schedule: -0.5 during the first 10 % of the updates, -0.2 until 25 %, 0 until 75 %, 0.1 after), or
   one fixed ``value_collapse`` with ``value_schedule`` off.
@@ -54,7 +56,7 @@ class AnomalyConfig:
         "(at most 1): a head that rarely matters may commit",
     )
     entropy_full_weight: float = doc(
-        0.5,
+        1.0,
         "relevance weight (share of steps the head mattered) from which a head gets the full "
         "entropy-collapse threshold",
         gt=0,
@@ -62,8 +64,16 @@ class AnomalyConfig:
     )
     entropy_by_anneal: bool = doc(
         True,
-        "scale the entropy-collapse threshold by the entropy coefficient now / at the first update "
-        "(a policy annealed towards committing is not flagged for it)",
+        "scale the entropy-collapse threshold by the entropy coefficient now / at the first update, and "
+        "judge no head once it has annealed below entropy_anneal_floor of that (a policy annealed "
+        "towards committing is not flagged for it)",
+    )
+    entropy_anneal_floor: float = doc(
+        0.6,
+        "share of its first value below which the annealed entropy coefficient ends the entropy-collapse "
+        "check (0: never)",
+        ge=0,
+        lt=1,
     )
     kl_spike_factor: float = doc(3.0, "flag kl_approx above this x its running EMA (after the warm-up)", gt=1)
     kl_spike_ema: float = doc(0.9, "decay of the KL running EMA", ge=0, lt=1)
@@ -105,7 +115,7 @@ class AnomalyConfig:
         le=1,
     )
     reward_hacking: float = doc(
-        0.25,
+        0.05,
         "flag an update whose episodes raised the reward-hacking flag at more than this share of env-steps",
         ge=0,
         le=1,
@@ -242,14 +252,16 @@ class AnomalyDetector:
 
     def entropy_threshold(self, weight: float, coef: float | None) -> float:
         """The normalized entropy below which a head of relevance ``weight`` collapsed, with the
-        entropy coefficient at ``coef`` (None: not annealed)."""
+        entropy coefficient at ``coef`` (None: not annealed); 0 (nothing is a collapse) once the
+        coefficient has annealed below ``entropy_anneal_floor`` of its first value."""
         cfg = self.cfg
         limit = cfg.entropy_collapse
         if cfg.entropy_by_weight:
             limit *= min(1.0, weight / cfg.entropy_full_weight)
         start = self.entropy_coef
         if cfg.entropy_by_anneal and coef is not None and start is not None and start > 0:
-            limit *= min(1.0, max(coef, 0.0) / start)
+            share = min(1.0, max(coef, 0.0) / start)
+            limit = limit * share if share >= cfg.entropy_anneal_floor else 0.0
         return limit
 
     # -------------------------------------------------------------------------------------- detectors

@@ -188,7 +188,8 @@ def test_H1_entropy_collapse_is_flagged():
     weight["alpha_curve"] = 0.0
     found = det.check(_metrics(head_entropy=ent, head_weight=weight))
     assert _kinds(found) == ["entropy_collapse"]
-    assert "blueprint" in found[0].detail and found[0].value == 0.02 and found[0].threshold == 0.1
+    # the threshold is 0.1 times the head's relevance weight (0.5 here; finding H1's scaling, issue 47)
+    assert "blueprint" in found[0].detail and found[0].value == 0.02 and found[0].threshold == 0.05
     # the threshold is configurable
     assert det.check(_metrics(head_entropy=ent, head_weight=weight)) != []
     loose = AnomalyDetector(AnomalyConfig(entropy_collapse=0.01))
@@ -251,27 +252,32 @@ def test_a_rolled_back_update_is_flagged():
 
 
 def test_H1_entropy_threshold_follows_relevance_and_annealing():
-    """Issue 47: in the default run ``entropy_collapse`` fired on the tempo head (weight about 0.1, read
-    only by a germination, and meant to commit) at 16 of 22 updates. A head's threshold now scales with
-    its relevance weight (full from ``entropy_full_weight``) and with the entropy coefficient's
-    annealing, so that head is quiet, while a head that matters and collapses early is still flagged."""
+    """Issue 47: in the default run ``entropy_collapse`` fired at most updates on a head that matters at
+    about one step in eight (tempo, style: only a germination reads them) and that the run starts on the
+    fixed schedules' blend and anneals towards committing. A head's threshold now scales with its
+    relevance weight and with the entropy coefficient's annealing, and is 0 once the coefficient is
+    below 0.6 of its first value; a head that matters and collapses early is still flagged."""
     det = AnomalyDetector(entropy_coef=0.03)
     ent, weight = dict.fromkeys(HEADS, 0.6), dict.fromkeys(HEADS, 0.9)
-    ent["tempo"], weight["tempo"] = 0.05, 0.1  # committed, and rarely relevant
-    assert det.check(_metrics(head_entropy=ent, head_weight=weight, entropy_coef=0.03)) == []
-    assert det.entropy_threshold(0.1, 0.03) == pytest.approx(0.02)  # 0.1 x 0.1 / 0.5
-    # annealed to a tenth, a head that matters at every step may commit too
-    ent["op"] = 0.05
-    assert det.check(_metrics(head_entropy=ent, head_weight=weight, entropy_coef=0.003)) == []
-    # ... but not at the start: the op head collapsing at full coefficient is an alarm
+    ent["tempo"], weight["tempo"] = 0.0231, 0.118  # the default run's tempo head at update 10 of 22
+    assert det.check(_metrics(head_entropy=ent, head_weight=weight, entropy_coef=0.019)) == []
+    assert det.entropy_threshold(0.118, 0.019) == pytest.approx(0.1 * 0.118 * 0.019 / 0.03)
+    assert det.entropy_threshold(0.118, 0.03) == pytest.approx(0.0118)  # rarely relevant: a tenth or so
+    # annealed below 0.6 of its start, no head is judged: committing is what the run asks for
+    ent["tempo"], ent["op"] = 0.0013, 0.01  # update 12: tempo fully committed, coefficient 0.0165
+    assert det.entropy_threshold(0.9, 0.0165) == 0.0
+    assert det.check(_metrics(head_entropy=ent, head_weight=weight, entropy_coef=0.0165)) == []
+    # ... but heads collapsing at full coefficient are alarms, the one that matters and the rare one
     found = det.check(_metrics(head_entropy=ent, head_weight=weight, entropy_coef=0.03))
-    assert _kinds(found) == ["entropy_collapse"] and "head op" in found[0].detail
-    assert found[0].threshold == pytest.approx(0.1)
-    # both scalings are switches: off, the tempo head is flagged as before
+    assert _kinds(found) == ["entropy_collapse", "entropy_collapse"]
+    assert "head op" in found[0].detail and found[0].threshold == pytest.approx(0.09)
+    # both scalings are switches: off, the rarely relevant head is flagged as before
     old = AnomalyDetector(AnomalyConfig(entropy_by_weight=False, entropy_by_anneal=False), entropy_coef=0.03)
-    ent["op"] = 0.6
-    found = old.check(_metrics(head_entropy=ent, head_weight=weight, entropy_coef=0.003))
+    ent["op"], ent["tempo"] = 0.6, 0.0231
+    found = old.check(_metrics(head_entropy=ent, head_weight=weight, entropy_coef=0.019))
     assert _kinds(found) == ["entropy_collapse"] and "head tempo" in found[0].detail
+    always = AnomalyDetector(AnomalyConfig(entropy_anneal_floor=0.0), entropy_coef=0.03)
+    assert always.entropy_threshold(1.0, 0.003) == pytest.approx(0.01)
 
 
 def test_explained_variance_threshold_rises_with_training_progress():
