@@ -1,31 +1,46 @@
-"""bench/suites/hosts.py: the module grouped over envs is exactly the envs' separate hosts, forward and
-one SGD step, so its timing compares like with like."""
+"""bench/suites/hosts.py: its seed populations put the same seeds on both paths (so the timing compares
+like with like), and its FLOP count is a real count that grows with the seeds."""
 
 from __future__ import annotations
 
+import pytest
 import torch
-import torch.nn.functional as F
 
-from bench.suites.hosts import BATCH, CLASSES, LENGTH, GroupedHost, grouped_from, grouped_loss, host_sgd
+from bench.suites.hosts import POPULATIONS, populate, sgemm_rate, step_flops
+from esper.shell.env.bank import PerEnvHosts
+from esper.shell.env.batched import BatchedHosts
+from esper.shell.env.config import EnvConfig
 
 
-def test_grouped_hosts_are_the_separate_hosts_forward_and_after_a_step():
-    torch.manual_seed(0)
-    hosts = [GroupedHost() for _ in range(3)]
-    grouped = grouped_from(hosts)
-    xs = [torch.randn(BATCH, 1, LENGTH) for _ in hosts]
-    ys = [torch.randint(0, CLASSES, (BATCH,)) for _ in hosts]
-    x, y = torch.cat(xs, 1), torch.stack(ys, 1)
-    separate = torch.stack([h(xe)[:, 0] for h, xe in zip(hosts, xs)], 1)
-    torch.testing.assert_close(grouped(x), separate, rtol=1e-5, atol=1e-5)
+def _banks(envs: int = 8):
+    cfg = EnvConfig(task="mnist1d", n_envs=envs, batch_size=16, train_batches=1, val_batches=1, workers=1)
+    task = cfg.build_task()
+    banks = [PerEnvHosts(cfg, task, torch.device("cpu")), BatchedHosts(cfg, task, torch.device("cpu"))]
+    for bank in banks:
+        bank.reset(list(range(envs)))
+    return banks, task.make_host().blueprint_names
 
-    for h, xe, ye in zip(hosts, xs, ys):
-        opt = host_sgd(h.parameters())
-        F.cross_entropy(h(xe)[:, 0], ye).backward()
-        opt.step()
-    opt = host_sgd(grouped.parameters())
-    grouped_loss(grouped, x, y).backward()
-    opt.step()
-    for name, p in grouped.named_parameters():
-        expected = torch.cat([dict(h.named_parameters())[name] for h in hosts])
-        torch.testing.assert_close(p, expected, rtol=1e-4, atol=1e-6, msg=name)
+
+@pytest.mark.parametrize("population", POPULATIONS)
+def test_populations_put_the_same_seeds_on_both_paths(population):
+    (ref, bat), names = _banks()
+    for bank in (ref, bat):
+        populate(bank, names, population)
+    for e in range(ref.n):
+        for s in range(3):
+            a, b = ref.models[e].host.slot(s), bat.hosts[e].slot(s)
+            assert (a.blueprint, a.stage, a.alpha, a.style) == (b.blueprint, b.stage, b.alpha, b.style)
+    a, b = ref.measure(1.0), bat.measure(1.0)
+    torch.testing.assert_close(b["val_acc"], a["val_acc"], atol=1e-4, rtol=1e-4)
+    if population == "diverse":  # every blueprint somewhere, and an incubating seed
+        held = {bat.hosts[e].slot(s).blueprint for e in range(bat.n) for s in range(3)}
+        assert held == set(names) - {"noop"}
+        assert any(h.incubating_slots() for h in bat.hosts)
+
+
+def test_step_flops_counts_the_seeds_and_the_rate_is_positive():
+    (_, bare), names = _banks(2)
+    (_, grown), _ = _banks(2)
+    populate(grown, names, "converged")
+    assert 0 < step_flops(bare) < step_flops(grown)
+    assert sgemm_rate(n=64, seconds=0.05) > 0

@@ -1,27 +1,21 @@
 """One whole episode and one whole PPO update of the embedded default, as ``python -m esper.shell.run``
 runs them: wall time split by phase, and the share of it that is neither host training nor validation.
 
-The run is built exactly as ``python -m esper.shell.run`` builds it with no arguments: the config is
-``resolve_config`` of an empty command line (the ``default`` preset: digits at 8x8, 4 envs x 25
-epochs, CNN host with channels 4/8/16, policy 64/32, everything on CPU) and the objects come from
-:class:`esper.shell.runtime.training.TrainingRun` (in a temporary run directory). One measured
-iteration is the body of ``TrainingRun.train``'s loop: the episode (``EpisodeRunner.run``: every env
-runs ``max_epochs`` RL steps), its event-log writes, ``PPOTrainer.update``, the update's event and
-anomaly check, and the checkpoint (``checkpoint_every`` is 1 in the default). Left out: the progress
-bar (``on_epoch`` callback) and the end-of-run report. The first iteration (update 0, the run's
-first) is a warm-up and not measured; then ``--episodes`` N are (default 5, 2 with ``--quick``): with
-the warm-up, the 6 updates of the default run.
+The run is built as ``python -m esper.shell.run`` builds it with no arguments (``resolve_config`` of an
+empty command line: the ``default`` preset, MNIST-1D, 8 envs x 25 epochs, the hosts trained as one batch
+where ``env.host_step`` allows) and the objects come from :class:`esper.shell.runtime.training.TrainingRun`
+in a temporary run directory. One measured iteration is the body of ``TrainingRun.train``'s loop: the
+episode (``EpisodeRunner.run``), its event-log writes, ``PPOTrainer.update``, the update's event and
+anomaly check, and the checkpoint. Left out: the progress bar and the end-of-run report. The first
+iteration (update 0) is a warm-up and not measured; then ``--episodes`` N are (default 5, 2 with
+``--quick``).
 
-Phases of the episode are the rollout's own timings (``EpisodeResult.timings``, seconds summed over the
-steps): ``host_training`` (``EnvModel.train_epoch`` of every env), ``validation`` (``EnvModel.evaluate``:
-the validation pass *and* every live seed's counterfactual pass, one loop over the validation batches,
-so the two cannot be told apart here), ``governor_and_observation`` (governor check and snapshot,
-rollback and re-validation on a panic, signal recording, history, observation, legality masks),
-``policy`` (one batched forward per step and the bootstrap value), ``lifecycle_reward`` and ``apply``
-(seed modules built or removed). The rest of the episode is timed by wrapping ``VecEnv._gather``
-(stacking the measured numbers into the signals, after the timed loops of ``measure``),
-``VecEnv.reset``, ``EpisodeRunner._epoch_event`` (the per-step telemetry payload) and the rollout
-assembly; whatever is still left is reported as ``episode: unaccounted``, never hidden. Every row is
+Phases of the episode are the environment's own timings (``EpisodeResult.timings``, seconds summed over
+the steps): ``host_training`` and ``validation`` (validation with every live seed's counterfactual), from
+the host bank; ``governor_and_observation``, ``lifecycle_reward``, ``apply`` (seed modules built or
+removed), ``final_evaluation``; ``policy`` (one batched forward per step and the bootstrap). The rest of
+the episode is timed by wrapping ``VecEnv.reset`` and the rollout's assembly (rewards, epoch events,
+summaries); whatever is still left is reported as ``episode: unaccounted``, never hidden. Every row is
 the median over the measured iterations; the shares are of the summed wall time, so they add up to 100%.
 
 Target (the issue's): everything that is not host training or validation + counterfactual under 5% of
@@ -40,7 +34,7 @@ import torch
 from bench.harness import Context, Row, Stats, SuiteResult, Target, suite
 
 FULL_EPISODES, QUICK_EPISODES = 5, 2
-CASE = "default 4 envs x 25 epochs"
+CASE = "default 8 envs x 25 epochs"
 #: (row label, key): rollout timings first, in the runner's order, then the rest of the iteration.
 HOST, VALIDATION = "host training", "validation + counterfactual"
 PHASES = (
@@ -50,10 +44,9 @@ PHASES = (
     ("policy inference", "policy"),
     ("lifecycle + reward", "lifecycle_reward"),
     ("apply (build/remove seeds)", "apply"),
-    ("signals gather (VecEnv._gather)", "gather"),
-    ("env.reset (fresh hosts, loaders)", "reset"),
-    ("per-step telemetry payload", "epoch_event"),
-    ("rollout assembly + summaries", "assembly"),
+    ("final evaluation (val + test)", "final_evaluation"),
+    ("env.reset (fresh hosts, loaders, first epoch)", "reset"),
+    ("rollout assembly (rewards, events, summaries)", "assembly"),
     ("episode: unaccounted", "episode_rest"),
     ("event log writes", "event_log"),
     ("PPO update", "update"),
@@ -69,6 +62,7 @@ ROLLOUT_KEYS = (
     "policy",
     "lifecycle_reward",
     "apply",
+    "final_evaluation",
 )
 
 
@@ -90,7 +84,8 @@ def build_run(cfg, run_dir: Path):
     from esper.shell.env.rollout import EpisodeRunner
     from esper.shell.runtime.training import TrainingRun
 
-    run = TrainingRun(cfg, run_dir, resume=False)
+    run = TrainingRun(cfg, run_dir)
+    run.open_log(resume=False)
     runner = EpisodeRunner(run.env, run.controller)
     return run, runner
 
@@ -113,6 +108,18 @@ class Clock:
 
         setattr(obj, name, timed)
 
+    def count_first_epoch(self, env) -> None:
+        """After each (wrapped) reset, the seconds of the first epoch it measured (already in the
+        environment's timings, so the reset row excludes them)."""
+        fn = env.reset
+
+        def reset(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            self.acc["first_epoch"] += sum(env.timings.values())
+            return out
+
+        env.reset = reset
+
 
 def iteration(run, runner, update: int, clock: Clock) -> dict[str, float]:
     """One iteration of ``TrainingRun.train``'s loop, timed by phase (seconds); ``wall`` is the whole."""
@@ -129,10 +136,12 @@ def iteration(run, runner, update: int, clock: Clock) -> dict[str, float]:
         run.log.write("anomaly", update=update + 1, **anomaly.as_dict())
     t4 = time.perf_counter()
     if (update + 1) % run.cfg.checkpoint_every == 0 or update + 1 == run.cfg.updates:
-        run.save(update + 1)
+        run.save(run.boundary(update + 1))
     t5 = time.perf_counter()
     out = {k: float(result.timings.get(k, 0.0)) for k in ROLLOUT_KEYS}
-    out.update({k: float(clock.acc[k]) for k in ("gather", "reset", "epoch_event", "assembly")})
+    out.update({k: float(clock.acc[k]) for k in ("reset", "assembly")})
+    # reset trains and measures the first epoch, which the environment's timings count already
+    out["reset"] = max(0.0, out["reset"] - float(clock.acc["first_epoch"]))
     out["episode_rest"] = (t1 - t0) - sum(out.values())
     out.update(event_log=t2 - t1, update=t3 - t2, update_log=t4 - t3, checkpoint=t5 - t4, wall=t5 - t0)
     out["episode"] = t1 - t0
@@ -154,8 +163,7 @@ def run(ctx: Context) -> SuiteResult:
         run_, runner = build_run(cfg, Path(tmp))
         clock = Clock()
         clock.wrap(run_.env, "reset", "reset")
-        clock.wrap(run_.env, "_gather", "gather")
-        clock.wrap(runner, "_epoch_event", "epoch_event")
+        clock.count_first_epoch(run_.env)
         clock.wrap(runner, "_assemble", "assembly")
         clock.wrap(runner, "_episode_summaries", "assembly")
         warm = iteration(run_, runner, 0, clock)
@@ -176,7 +184,7 @@ def _report(res: SuiteResult, cfg, warm: dict[str, float], samples: list[dict[st
         stats = Stats.of([s[key] for s in samples], 1)
         note = f"{100 * share[key]:.2f}% of wall"
         if key == "validation":
-            note += "; EnvModel.evaluate: validation and counterfactual passes in one loop"
+            note += "; validation and every live seed's counterfactual pass"
         if key == "update":
             steps = sorted({int(s["update_steps"]) for s in samples})
             stops = int(sum(s["early_stopped"] for s in samples))
@@ -215,8 +223,8 @@ def _report(res: SuiteResult, cfg, warm: dict[str, float], samples: list[dict[st
         f"update): {100 * listed:.2f}% of wall; everything else besides host training and validation: "
         f"{100 * (non_host - listed):.2f}%.",
         "largest non-host phases: " + ", ".join(f"{label} {100 * s:.2f}%" for s, label in others[:3]) + ".",
-        f"config: {cfg.env.task} {cfg.env.image_size}x{cfg.env.image_size}, {cfg.env.n_envs} envs x "
-        f"{cfg.lifecycle.max_epochs} epochs, batch {cfg.env.batch_size}, channels {cfg.env.channels}, "
-        f"policy {cfg.ppo.hidden}/{cfg.ppo.head_hidden}, device {cfg.env.device}, "
-        f"torch threads {torch.get_num_threads()}.",
+        f"config: {cfg.env.task}, {cfg.env.n_envs} envs x {cfg.lifecycle.max_epochs} epochs, batch "
+        f"{cfg.env.batch_size}, host step {'batched' if cfg.env.batched else 'per env'}, policy "
+        f"{cfg.ppo.hidden}/{cfg.ppo.head_hidden}, device {cfg.env.device}, torch threads "
+        f"{torch.get_num_threads()}.",
     ]

@@ -1,109 +1,121 @@
-"""Would training the envs' hosts as one model buy more episodes an update? One SGD step of E hosts
-as E separate modules (what ``EnvModel.train_epoch`` does, env by env) against one module whose
-convolutions are grouped over the E envs (each env its own input channel, its own weights and its
-own batch of signals), at the default's host shape.
+"""Host training: one epoch of every env's host, env by env (the per-env reference path,
+:class:`~esper.shell.env.bank.PerEnvHosts`) against all envs as one batch
+(:class:`~esper.shell.env.batched.BatchedHosts`), at the embedded default's shape (MNIST-1D, batch 128,
+31 batches an epoch, validation with counterfactuals), interleaved in rounds.
 
-The model is a stand-in, not esper's host: the default :class:`~esper.shell.host.hosts.CNN1dHost`
-(1 -> 8 -> 8 -> 8 pointwise convolutions, batch norm, ReLU, max-pools 2, 2, 1, a linear head on the
-mean over positions) with a ``conv_heavy``-shaped seed after the first block (k3 conv -> group norm ->
-ReLU -> k3 conv, added), fully blended. Grouping it is exact (:func:`grouped_from`; a test checks the
-logits). Seeds differ from env to env in the real loop (blueprint, slot, stage), so this is what
-grouping could give at best, before any of that bookkeeping.
+Three seed populations, because the batch's cost depends on how alike the envs' seeds are (a group of
+envs holding one blueprint in a slot runs as one module):
+
+- ``host only``: no seed (the first epochs of every episode);
+- ``converged``: conv_heavy fossilized in b0 everywhere, self_attention blending in b2 in half the envs
+  (what the default's trained controller grows);
+- ``diverse``: every env a different blueprint in every slot, mixed stages and styles, two envs with an
+  incubating seed (what an untrained controller grows: the batch's worst case).
+
+Each row also gives the step's FLOPs (counted by ``torch.utils.flop_counter`` on one batched training
+step, forward and backward) and its ratio to the FLOP floor: the time the FLOPs would take at this
+machine's measured single-thread sgemm rate (the rate a dense matmul reaches here, an upper bound no
+small-kernel workload attains).
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
-import torch.nn.functional as F
-from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
-from bench.harness import Context, Row, SuiteResult, round_ratio, suite
+from bench.harness import Context, Row, SuiteResult, Target, round_ratio, suite
+from esper.core.spec import Stage, Style
+from esper.shell.env.bank import PerEnvHosts
+from esper.shell.env.batched import BatchedHosts
+from esper.shell.env.config import EnvConfig
+from esper.shell.host.batched import plan, stack_inputs
+from esper.shell.runtime.memory import tune_allocator
 
-BATCH, LENGTH, WIDTH, CLASSES = 128, 40, 8, 10
-
-
-class GroupedHost(nn.Module):
-    """``envs`` hosts of the default's shape in one module (``envs=1``: one ordinary host).
-    ``forward``: signals ``[N, envs, L]`` (env e's batch in channel e) -> logits ``[N, envs, classes]``."""
-
-    def __init__(self, envs: int = 1):
-        super().__init__()
-        c, g = WIDTH * envs, envs
-        self.envs = envs
-        self.conv0 = nn.Conv1d(g, c, 1, bias=False, groups=g)
-        self.norm0 = nn.BatchNorm1d(c)
-        self.seed_in = nn.Conv1d(c, c, 3, padding=1, bias=False, groups=g)
-        self.seed_norm = nn.GroupNorm(2 * g, c)  # two groups per env, as the seed's own GN(2, 8)
-        self.seed_out = nn.Conv1d(c, c, 3, padding=1, bias=False, groups=g)
-        self.conv1 = nn.Conv1d(c, c, 1, bias=False, groups=g)
-        self.norm1 = nn.BatchNorm1d(c)
-        self.conv2 = nn.Conv1d(c, c, 1, bias=False, groups=g)
-        self.norm2 = nn.BatchNorm1d(c)
-        self.head = nn.Conv1d(c, CLASSES * g, 1, groups=g)  # a linear head per env
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool1d(F.relu(self.norm0(self.conv0(x))), 2)
-        x = x + self.seed_out(F.relu(self.seed_norm(self.seed_in(x))))
-        x = F.max_pool1d(F.relu(self.norm1(self.conv1(x))), 2)
-        x = F.relu(self.norm2(self.conv2(x)))
-        return self.head(x.mean(-1, keepdim=True)).view(x.shape[0], self.envs, CLASSES)
+POPULATIONS = ("host only", "converged", "diverse")
 
 
-def grouped_from(hosts: list[GroupedHost]) -> GroupedHost:
-    """One grouped module holding ``hosts``' parameters (every tensor's env-e block is host e's)."""
-    grouped = GroupedHost(len(hosts))
-    with torch.no_grad():
-        for name, p in grouped.named_parameters():
-            p.copy_(torch.cat([dict(h.named_parameters())[name] for h in hosts]))
-    return grouped
+def populate(bank, names: tuple[str, ...], population: str) -> None:
+    """Put the population's seeds into every env of ``bank`` (either path: the same calls)."""
+    n = bank.n
+    bp = names.index
+    for e in range(n):
+        if population == "converged":
+            bank.germinate(e, 0, bp("conv_heavy"), Style.LINEAR_ADD, 1)
+            bank.set_slot(e, 0, alpha=1.0, stage=int(Stage.FOSSILIZED))
+            if e % 2:
+                bank.germinate(e, 2, bp("self_attention"), Style.LINEAR_ADD, 1)
+                bank.set_slot(e, 2, alpha=0.5, stage=int(Stage.BLENDING))
+        elif population == "diverse":
+            real = [b for b in names if b != "noop"]
+            for s in range(3):
+                incubating = (e, s) in ((1, 0), (5, 2))
+                stage = Stage.TRAINING if incubating else (Stage.BLENDING, Stage.FOSSILIZED)[e % 2]
+                bank.germinate(e, s, bp(real[(e + 3 * s) % len(real)]), list(Style)[(e + s) % 4], 1)
+                bank.set_slot(e, s, alpha=0.0 if stage == Stage.TRAINING else 0.6, stage=int(stage))
 
 
-def host_sgd(params) -> torch.optim.Optimizer:
-    """The hosts' optimizer in this suite and its test (both sides of the comparison use it)."""
-    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+def step_flops(bank: BatchedHosts) -> int:
+    """FLOPs of one batched training step (forward and backward) of ``bank``'s hosts as they stand."""
+    train_plan = plan(bank.hosts)
+    x, y = stack_inputs([next(iter(ld.train)) for ld in bank.loaders])
+    with FlopCounterMode(display=False) as counter:
+        total, _, _ = bank.stack.loss(x, y, train_plan, None)
+        total.backward()
+    bank.optimizer.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
 
 
-def grouped_loss(grouped: GroupedHost, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The sum over envs of each env's mean cross-entropy (``x [N, E, L]``, ``y [N, E]``): its gradient
-    in env e's parameters is env e's own."""
-    return F.cross_entropy(grouped(x).reshape(-1, CLASSES), y.reshape(-1), reduction="sum") / x.shape[0]
+def sgemm_rate(n: int = 512, seconds: float = 0.5) -> float:
+    """This machine's float32 matmul rate (FLOP/s) on the current threads."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.mm(a, b)
+        count += 1
+    return 2 * n**3 * count / (time.perf_counter() - start)
 
 
-@suite("grouped_hosts", help="E hosts' SGD step: E modules vs one module grouped over the envs", order=60)
+@suite("hosts", help="one epoch of every env's host: env by env vs all envs as one batch", order=60)
 def run(ctx: Context) -> SuiteResult:
-    res = SuiteResult(ratio_label="x vs separate")
-    for envs in (8,) if ctx.quick else (8, 16):
-        _case(ctx, res, envs)
+    tune_allocator()
+    res = SuiteResult(ratio_label="x vs per-env")
+    rate = sgemm_rate()
+    for envs in (8,) if ctx.quick else (8, 32):
+        for population in POPULATIONS:
+            _case(ctx, res, envs, population, rate)
     res.notes.append(
-        "A stand-in at the default host's shape with one conv_heavy-shaped seed (bench/suites/hosts.py); "
-        "one SGD step of every env's host per call. What grouping the envs could buy at best: real envs "
-        "differ in their seeds."
+        f"One epoch = 31 training steps of batch 128 per env and the validation with counterfactuals; "
+        f"both paths on {torch.get_num_threads()} torch thread(s), the per-env path one env after the other. "
+        f"FLOP floor: the batched step's FLOPs at this machine's measured sgemm rate "
+        f"({rate / 1e9:.1f} GFLOP/s on one 512x512 matmul)."
     )
     return res
 
 
-def _case(ctx: Context, res: SuiteResult, envs: int) -> None:
-    hosts = [GroupedHost().to(ctx.device) for _ in range(envs)]
-    grouped = grouped_from(hosts).to(ctx.device)
-    xs = [torch.randn(BATCH, 1, LENGTH, device=ctx.device) for _ in range(envs)]
-    ys = [torch.randint(0, CLASSES, (BATCH,), device=ctx.device) for _ in range(envs)]
-    x, y = torch.cat(xs, 1), torch.stack(ys, 1)
-    opts = [host_sgd(h.parameters()) for h in hosts]
-    opt = host_sgd(grouped.parameters())
-
-    def separate():
-        for host, o, xe, ye in zip(hosts, opts, xs, ys):
-            o.zero_grad(set_to_none=True)
-            F.cross_entropy(host(xe)[:, 0], ye).backward()
-            o.step()
-
-    def one_module():
-        opt.zero_grad(set_to_none=True)
-        grouped_loss(grouped, x, y).backward()
-        opt.step()
-
-    stats = ctx.compare({"separate": separate, "grouped": one_module})
-    case = f"{envs} envs x batch {BATCH}"
-    res.rows.append(Row(case, f"{envs} separate modules", stats["separate"], ratio=1.0))
-    res.rows.append(Row(case, "one module, convs grouped over envs", stats["grouped"],
-                        ratio=round_ratio(stats["separate"], stats["grouped"])))  # fmt: skip
+def _case(ctx: Context, res: SuiteResult, envs: int, population: str, rate: float) -> None:
+    device = torch.device("cpu")
+    cfg = EnvConfig(task="mnist1d", n_envs=envs, batch_size=128, workers=1)
+    task = cfg.build_task()
+    names = task.make_host().blueprint_names
+    banks = {"per-env": PerEnvHosts(cfg, task, device), "batched": BatchedHosts(cfg, task, device)}
+    for bank in banks.values():
+        bank.reset(list(range(envs)))
+        populate(bank, names, population)
+    flops = step_flops(banks["batched"])
+    rounds = 3 if ctx.quick else 5
+    stats = ctx.compare({k: (lambda b=b: b.measure(1.0)) for k, b in banks.items()}, rounds=rounds)
+    case = f"{envs} envs, {population}"
+    step_ms = stats["batched"].median_ms / 31  # the epoch's training steps dominate
+    floor_ms = flops / rate * 1e3
+    res.rows.append(Row(case, "per-env (reference)", stats["per-env"], ratio=1.0))
+    res.rows.append(Row(
+        case, "batched", stats["batched"], ratio=round_ratio(stats["per-env"], stats["batched"]),
+        note=f"step {flops / 1e6:.0f} MFLOP: ~{step_ms:.1f} ms a step, {step_ms / floor_ms:.0f}x the floor "
+             f"({floor_ms:.2f} ms)",
+    ))  # fmt: skip
+    if population == "converged":
+        ratio = round_ratio(stats["per-env"], stats["batched"])
+        res.targets.append(Target(f"batched host epoch, {case}", ratio, ">= 5x the per-env path", ratio >= 5))

@@ -1,0 +1,120 @@
+"""One PPO update of the embedded default at two revisions, interleaved on one machine.
+
+    python -m bench.revisions --base 828fa25 --rounds 3            # this checkout against 828fa25
+    python -m bench.revisions --base 828fa25 --envs 32 --rounds 2
+
+Each round runs ``python -m esper.shell.run --updates 1 --eval_episodes 0`` (the issue's measure: one
+update of the default preset, no held-out check) once at each revision, in alternating order (A B, B A,
+...), each in a fresh process with its own run directory, and reads the process's wall time and the
+run's ``timings`` event (host training, validation, ...). The result is the median over rounds of the
+per-round ratio base / this, so a machine whose speed drifts between rounds hits both alike. The base
+revision is checked out into a temporary git worktree (removed after).
+
+Writes ``bench/results/perf/<date>-<host>-revisions[-<tag>].{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.harness import machine_info
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "perf"
+
+
+def one_update(checkout: Path, run_dir: Path, name: str, envs: int) -> dict:
+    """Wall seconds of one update of the default at ``checkout``, and its timings event."""
+    cmd = [sys.executable, "-m", "esper.shell.run", "--updates", "1", "--eval_episodes", "0", "--report",
+           "false", "--progress", "false", "--run_dir", str(run_dir), "--name", name]  # fmt: skip
+    if envs != 8:
+        cmd += ["--env.n_envs", str(envs)]
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{checkout}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+    events = [json.loads(line) for line in (run_dir / name / "events.jsonl").read_text().splitlines()]
+    timings = next(e for e in events if e["event"] == "timings")
+    return {"wall_s": wall, **{k: v for k, v in timings.items() if isinstance(v, float) and k != "t"}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.revisions", description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", default="828fa25", help="the revision to compare against (828fa25)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--envs", type=int, default=8, help="env.n_envs (8: the default's)")
+    p.add_argument("--tag", default="")
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args(argv)
+    rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()  # fmt: skip
+    rows: dict[str, list[dict]] = {"base": [], "this": []}
+    with tempfile.TemporaryDirectory(prefix="esper-revisions-") as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(base), rev], cwd=ROOT, check=True)
+        try:
+            for r in range(args.rounds):
+                order = ("base", "this") if r % 2 == 0 else ("this", "base")
+                for which in order:
+                    checkout = base if which == "base" else ROOT
+                    rows[which].append(one_update(checkout, Path(tmp) / "runs", f"{which}-{r}", args.envs))
+                    print(f"round {r + 1} {which}: {rows[which][-1]['wall_s']:.1f} s", file=sys.stderr)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT)
+    ratios = [b["wall_s"] / t["wall_s"] for b, t in zip(rows["base"], rows["this"])]
+    host = [b["host_training"] / t["host_training"] for b, t in zip(rows["base"], rows["this"])]
+    result = {
+        "machine": machine_info(__import__("torch").device("cpu")),
+        "base": rev,
+        "envs": args.envs,
+        "rounds": rows,
+        "ratio_wall_median": statistics.median(ratios),
+        "ratio_host_training_median": statistics.median(host),
+    }
+    text = _markdown(result, args)
+    print(text)
+    if not args.no_write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        stem = f"{result['machine']['date_utc'][:10]}-{result['machine']['host']}-revisions"
+        stem += f"-{args.envs}envs" + (f"-{args.tag}" if args.tag else "")
+        (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
+        (RESULTS / f"{stem}.md").write_text(text)
+    return 0
+
+
+def _markdown(result: dict, args) -> str:
+    m = result["machine"]
+    lines = [
+        f"# One update of the default: this checkout ({m['git']}) against {result['base']}",
+        "",
+        f"{m['date_utc']} UTC, {m['host']} ({m['cpu']}, {m['cpu_count']} cores), torch {m['torch']}; "
+        f"{result['envs']} envs, {args.rounds} interleaved rounds, each run a fresh process "
+        "(`python -m esper.shell.run --updates 1 --eval_episodes 0`).",
+        "",
+        "| round | base wall s | this wall s | ratio | base host training s | this host training s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, (b, t) in enumerate(zip(result["rounds"]["base"], result["rounds"]["this"]), 1):
+        lines.append(f"| {i} | {b['wall_s']:.1f} | {t['wall_s']:.1f} | {b['wall_s'] / t['wall_s']:.2f}x | "
+                     f"{b['host_training']:.1f} | {t['host_training']:.1f} |")  # fmt: skip
+    lines += [
+        "",
+        f"Median of per-round ratios: **{result['ratio_wall_median']:.2f}x** on the process's wall time, "
+        f"{result['ratio_host_training_median']:.2f}x on host training.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
