@@ -13,7 +13,7 @@ envs holding one blueprint in a slot runs as one module):
   incubating seed (what an untrained controller grows: the batch's worst case).
 
 Each row also gives the step's FLOPs (counted by ``torch.utils.flop_counter`` on one batched training
-step, forward and backward) and its ratio to the FLOP floor: the time the FLOPs would take at this
+step, forward and backward; a convolution's backward counted as twice its forward, :func:`step_flops`) and its ratio to the FLOP floor: the time the FLOPs would take at this
 machine's measured single-thread sgemm rate (the rate a dense matmul reaches here, an upper bound no
 small-kernel workload attains).
 """
@@ -64,7 +64,12 @@ def step_flops(bank: BatchedHosts) -> int:
         total, _, _ = bank.stack.loss(x, y, train_plan, None)
         total.backward()
     bank.optimizer.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
+    counts = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
+    # torch's count of a grouped convolution's backward ignores the groups (it grew with the square of
+    # the envs here); a convolution's backward is its input and its weight gradient, twice its forward
+    conv = counts.pop("aten.convolution", 0)
+    counts.pop("aten.convolution_backward", None)
+    return sum(counts.values()) + 3 * conv
 
 
 def sgemm_rate(n: int = 512, seconds: float = 0.5) -> float:
