@@ -13,9 +13,9 @@ envs holding one blueprint in a slot runs as one module):
   incubating seed (what an untrained controller grows: the batch's worst case).
 
 Each row also gives the step's FLOPs (counted by ``torch.utils.flop_counter`` on one batched training
-step, forward and backward; a convolution's backward counted as twice its forward, :func:`step_flops`) and its ratio to the FLOP floor: the time the FLOPs would take at this
-machine's measured single-thread sgemm rate (the rate a dense matmul reaches here, an upper bound no
-small-kernel workload attains).
+step, forward and backward; a convolution's backward counted as twice its forward, :func:`step_flops`)
+and its ratio to the FLOP floor: the time the FLOPs would take at this machine's measured single-thread
+sgemm rate (the rate a dense matmul reaches here, an upper bound no small-kernel workload attains).
 """
 
 from __future__ import annotations
