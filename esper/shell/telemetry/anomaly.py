@@ -19,7 +19,9 @@ to ignore:
   ten, such as ``tempo`` or ``style``, which only a germination reads, is held to a tenth of the
   threshold) and times the entropy coefficient's annealing (its value now over its first), and not at
   all once the coefficient has annealed below ``entropy_anneal_floor`` of its first value: a policy the
-  run tells to commit is not flagged for committing;
+  run tells to commit is not flagged for committing. A collapse is an event, not a level: a head is
+  flagged when its entropy falls below its threshold, and again only after it has recovered above
+  ``entropy_rearm`` times the threshold (a committed head stays flagged once, not at every update);
 - **explained variance** is judged against a level that rises with training progress (the original's
   schedule: -0.5 during the first 10 % of the updates, -0.2 until 25 %, 0 until 75 %, 0.1 after), or
   one fixed ``value_collapse`` with ``value_schedule`` off.
@@ -74,6 +76,12 @@ class AnomalyConfig:
         "check (0: never)",
         ge=0,
         lt=1,
+    )
+    entropy_rearm: float = doc(
+        2.0,
+        "a head's collapse is flagged when it falls below its threshold, then not again until its entropy "
+        "has risen above this x the threshold (0: flagged at every update it stays below)",
+        ge=0,
     )
     kl_spike_factor: float = doc(3.0, "flag kl_approx above this x its running EMA (after the warm-up)", gt=1)
     kl_spike_ema: float = doc(0.9, "decay of the KL running EMA", ge=0, lt=1)
@@ -162,8 +170,8 @@ class AnomalyDetector:
     (per-head dicts ``head_entropy`` and ``head_weight``); metrics absent from the dict are not
     checked. ``updates`` (the run's length) lets the explained-variance threshold follow progress,
     ``entropy_coef`` (its first value) lets the entropy threshold follow the annealing; without them
-    those thresholds stay fixed. Stateful through the KL and gradient-norm running EMAs and the
-    escalation (``state_dict`` / ``load_state_dict``)."""
+    those thresholds stay fixed. Stateful through the KL and gradient-norm running EMAs, the heads whose
+    collapse was flagged and the escalation (``state_dict`` / ``load_state_dict``)."""
 
     def __init__(
         self,
@@ -183,6 +191,8 @@ class AnomalyDetector:
         self.grad_seen = 0
         #: The last update that logs detail (after an anomaly; 0: none).
         self.detail_until = 0
+        #: Heads whose entropy collapse was flagged and has not recovered since (``entropy_rearm``).
+        self.collapsed: set[str] = set()
 
     # ------------------------------------------------------------------------------------------ checks
     def check(self, metrics: Mapping[str, Any], *, update: int | None = None) -> list[Anomaly]:
@@ -277,8 +287,13 @@ class AnomalyDetector:
             if not (_isfinite(ent) and _isfinite(w) and w > 0):
                 continue
             limit = self.entropy_threshold(w, coef)
-            if ent < limit:
+            rearm = self.cfg.entropy_rearm
+            if head in self.collapsed and (rearm <= 0 or ent > rearm * limit):
+                self.collapsed.discard(head)  # recovered (or latching is off): the next collapse counts
+            if ent < limit and head not in self.collapsed:
                 out.append(Anomaly("entropy_collapse", ent, limit, f"head {head} (weight {w:.3g})"))
+                if rearm > 0:
+                    self.collapsed.add(head)
         return out
 
     def _kl(self, kl: float) -> Anomaly | None:
@@ -344,7 +359,8 @@ class AnomalyDetector:
     # -------------------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
         return {"kl_ema": self.kl_ema, "n_seen": self.n_seen, "grad_ema": self.grad_ema,
-                "grad_seen": self.grad_seen, "detail_until": self.detail_until}  # fmt: skip
+                "grad_seen": self.grad_seen, "detail_until": self.detail_until,
+                "collapsed": sorted(self.collapsed)}  # fmt: skip
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output (a checkpoint from before the gradient-norm EMA and the
@@ -354,6 +370,7 @@ class AnomalyDetector:
         self.grad_ema = None if sd.get("grad_ema") is None else float(sd["grad_ema"])
         self.grad_seen = int(sd.get("grad_seen", 0))
         self.detail_until = int(sd.get("detail_until", 0))
+        self.collapsed = set(sd.get("collapsed", ()))
 
 
 def _isfinite(v: Any) -> bool:

@@ -191,7 +191,6 @@ def test_H1_entropy_collapse_is_flagged():
     # the threshold is 0.1 times the head's relevance weight (0.5 here; finding H1's scaling, issue 47)
     assert "blueprint" in found[0].detail and found[0].value == 0.02 and found[0].threshold == 0.05
     # the threshold is configurable
-    assert det.check(_metrics(head_entropy=ent, head_weight=weight)) != []
     loose = AnomalyDetector(AnomalyConfig(entropy_collapse=0.01))
     assert loose.check(_metrics(head_entropy=ent, head_weight=weight)) == []
     with pytest.raises(KeyError, match="head_weight"):
@@ -278,6 +277,35 @@ def test_H1_entropy_threshold_follows_relevance_and_annealing():
     assert _kinds(found) == ["entropy_collapse"] and "head tempo" in found[0].detail
     always = AnomalyDetector(AnomalyConfig(entropy_anneal_floor=0.0), entropy_coef=0.03)
     assert always.entropy_threshold(1.0, 0.003) == pytest.approx(0.01)
+
+
+def test_H1_entropy_collapse_is_flagged_once_until_the_head_recovers():
+    """Issue 47, on fresh seeds 110-111 of the default: the tempo head committed at update 7 and stayed
+    committed, and the detector flagged it at 7 and 9 of the 22 updates (the old rule: every update it
+    stayed below). A collapse is now flagged when it happens, and again only after the head's entropy
+    has recovered above ``entropy_rearm`` times its threshold and fallen below it again."""
+    det = AnomalyDetector(AnomalyConfig(entropy_by_anneal=False))
+    weight = dict.fromkeys(HEADS, 0.5)  # every threshold 0.05
+
+    def flagged(blueprint_entropy: float) -> list[str]:
+        ent = dict.fromkeys(HEADS, 0.6)
+        ent["blueprint"] = blueprint_entropy
+        return [a.detail.split()[1] for a in det.check(_metrics(head_entropy=ent, head_weight=weight))]
+
+    assert flagged(0.02) == ["blueprint"]  # falls below: flagged
+    assert [flagged(e) for e in (0.01, 0.03, 0.08)] == [[], [], []]  # below, or not yet above 2 x 0.05
+    assert flagged(0.04) == []  # 0.08 < 0.1: not recovered, so still the same collapse
+    assert flagged(0.2) == []  # recovered above 0.1 ...
+    assert flagged(0.02) == ["blueprint"]  # ... so a new collapse is flagged
+    # the latch survives a resume
+    again = AnomalyDetector(AnomalyConfig(entropy_by_anneal=False))
+    again.load_state_dict(det.state_dict())
+    assert again.collapsed == {"blueprint"}
+    # entropy_rearm 0: the old behaviour, flagged at every update it stays below
+    level = AnomalyDetector(AnomalyConfig(entropy_by_anneal=False, entropy_rearm=0.0))
+    ent = dict.fromkeys(HEADS, 0.6)
+    ent["blueprint"] = 0.02
+    assert [len(level.check(_metrics(head_entropy=ent, head_weight=weight))) for _ in range(3)] == [1, 1, 1]
 
 
 def test_explained_variance_threshold_rises_with_training_progress():
