@@ -138,8 +138,9 @@ def test_a_refused_resume_touches_no_file(done_run, capsys):
     (check,) = read_events(done_run / "events.jsonl", "heldout_check")
     assert check["controller"] == "ppo" and "greedy_test_acc" in check  # both readouts of the controller
     lo, hi = check["greedy_gain_ci95"]
-    assert lo <= check["greedy_gain"] <= hi and check["greedy_test_acc"] - check["static_test_acc"] == \
-        pytest.approx(check["greedy_gain"], abs=1e-4)  # paired over the same hosts
+    assert lo <= check["greedy_gain"] <= hi and check["greedy_test_acc"] - check[
+        "static_test_acc"
+    ] == pytest.approx(check["greedy_gain"], abs=1e-4)  # paired over the same hosts
 
 
 def test_damaged_or_foreign_checkpoints_are_refused_in_one_line(done_run, capsys):
@@ -204,10 +205,10 @@ def test_a_run_that_cannot_continue_stops_in_one_line_and_resumes_with_saner_opt
 def test_a_nonfinite_rollout_stops_the_run_with_the_last_checkpoint_intact(tmp_path, capsys, monkeypatch):
     real = PPOTrainer.update
 
-    def poisoned(self, batch):
+    def poisoned(self, batch, **kw):
         if self.state.updates == 1:
             batch["next", "raw_reward"][0, 0] = float("nan")
-        return real(self, batch)
+        return real(self, batch, **kw)
 
     monkeypatch.setattr(PPOTrainer, "update", poisoned)
     status, err = cli(capsys, *TINY, "--updates", "3", "--run_dir", tmp_path, "--name", "r")
