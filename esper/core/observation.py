@@ -182,6 +182,46 @@ def obs_dim(n_slots: int, n_blueprints: int, *, window: int = 5, seed_grads: boo
     return len(observation_layout(n_slots, n_blueprints, window=window, seed_grads=seed_grads))
 
 
+def global_dim(*, window: int = 5) -> int:
+    """Length of the observation's global part (base, history, tail: the columns before the slots)."""
+    return len(_BASE) + 2 * window + len(_BASE_TAIL)
+
+
+def slot_state_names(*, seed_grads: bool = False) -> tuple[str, ...]:
+    """The per-slot features without the blueprint one-hot, in :func:`split_observation`'s order: what
+    describes a slot whatever the host's blueprint catalogue."""
+    return (
+        *_SLOT_HEAD, *(SEED_GRAD_FEATURES if seed_grads else ()), "param_frac",
+        *(f"style_{s.name}" for s in Style), *(f"tempo_{i}" for i in range(len(TEMPO_EPOCHS))), *_SLOT_TAIL,
+    )  # fmt: skip
+
+
+def split_observation(
+    obs: torch.Tensor, n_slots: int, n_blueprints: int, *, window: int = 5
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``obs [*L, obs_dim]`` -> its global part ``[*L, global_dim]``, every slot's features without the
+    blueprint one-hot ``[*L, S, len(slot_state_names())]`` and the one-hot ``[*L, S, n_blueprints]``
+    (with or without ``lifecycle.seed_grad_features``: read from the length). Shapes that do not depend
+    on the host: what the host-agnostic policy normalizes and reads (views and one copy, no sync)."""
+    g = global_dim(window=window)
+    rest = obs.shape[-1] - g
+    if n_slots < 1 or n_blueprints < 1 or rest <= 0 or rest % n_slots:
+        raise ValueError(
+            f"split_observation: {obs.shape[-1]} columns are not an observation of {n_slots} slots "
+            f"and {n_blueprints} blueprints"
+        )
+    per = rest // n_slots
+    grads = per - n_blueprints - len(slot_state_names())
+    if grads not in (0, len(SEED_GRAD_FEATURES)):
+        raise ValueError(
+            f"split_observation: {per} features per slot fit no layout of {n_blueprints} blueprints"
+        )
+    slots = obs[..., g:].unflatten(-1, (n_slots, per))
+    first = len(_SLOT_HEAD) + grads + 1  # the blueprint one-hot follows param_frac
+    state = torch.cat([slots[..., :first], slots[..., first + n_blueprints :]], dim=-1)
+    return obs[..., :g], state, slots[..., first : first + n_blueprints]
+
+
 # ---------------------------------------------------------------------------------------- observe
 def observe(
     signals: TensorDict,
@@ -332,10 +372,13 @@ __all__ = [
     "LOSS_MAX",
     "SEED_GRAD_FEATURES",
     "clean_loss",
+    "global_dim",
     "init_history",
     "obs_dim",
     "observation_layout",
     "observe",
     "scale_loss",
+    "slot_state_names",
+    "split_observation",
     "update_history",
 ]

@@ -18,7 +18,7 @@ from esper.core.lifecycle import (
     lifecycle_step,
     record_signals,
 )
-from esper.core.observation import init_history, observe, update_history
+from esper.core.observation import init_history, observe, split_observation, update_history
 from esper.core.rewards import RewardConfig, RewardFamily, RewardMode, compute_reward
 from esper.core.spec import AlphaCurve, Op, Stage, Tempo
 from tests.core.test_lifecycle import N_BP, make_action, make_signals
@@ -98,6 +98,9 @@ def test_observe_and_history_compile(compile_check):
         signals["slots", k] = torch.full(signals["slots"].batch_size, v)
     fn = lambda g, h, s: observe(g, h, s, max_epochs=25, n_blueprints=N_BP, lifecycle_cfg=on)
     compile_check(fn, signals, history, slots)
+    # its split into the global part, the slot features and the blueprint one-hot (ppo.policy set, issue 46)
+    obs = observe(signals, history, slots, max_epochs=25, n_blueprints=N_BP, lifecycle_cfg=on)
+    compile_check(lambda x: split_observation(x, slots.batch_size[-1], N_BP), obs)
 
 
 @pytest.mark.parametrize(

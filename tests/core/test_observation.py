@@ -13,10 +13,13 @@ from tensordict import TensorDict
 from esper.core.lifecycle import LifecycleConfig, init_slots, lifecycle_step, record_signals
 from esper.core.observation import (
     SEED_GRAD_FEATURES,
+    global_dim,
     init_history,
     obs_dim,
     observation_layout,
     observe,
+    slot_state_names,
+    split_observation,
     update_history,
 )
 from esper.core.spec import SLOT_FIELDS, Op, Stage, Tempo
@@ -83,6 +86,27 @@ def test_layout_names_are_unique_and_sized():
     per_slot = [n for n in observation_layout(3, N_BP) if n.startswith("slot0.")]
     assert len(observation_layout(3, N_BP)) == 23 + 3 * len(per_slot)
     assert "slot2.g5_ready" in observation_layout(3, N_BP)
+
+
+@pytest.mark.parametrize("seed_grads", [False, True])
+@pytest.mark.parametrize(("S", "nb"), [(1, 1), (3, 8), (5, 7)])
+def test_split_observation_names_every_column_whatever_the_host(S, nb, seed_grads):
+    """The global part, each slot's features without the blueprint one-hot (their own, host-independent
+    names) and the one-hot: every column of the layout lands where its name says, once."""
+    names = observation_layout(S, nb, seed_grads=seed_grads)
+    x = torch.arange(len(names), dtype=torch.float32).expand(2, -1)  # [*L, obs_dim]
+    glob, state, onehot = split_observation(x, S, nb)
+    assert glob.shape == (2, global_dim()) and [names[int(i)] for i in glob[0]] == list(names[: global_dim()])
+    per = slot_state_names(seed_grads=seed_grads)
+    assert state.shape == (2, S, len(per)) and onehot.shape == (2, S, nb)
+    for s in range(S):
+        assert [names[int(i)] for i in state[1, s]] == [f"slot{s}.{n}" for n in per]
+        assert [names[int(i)] for i in onehot[1, s]] == [f"slot{s}.blueprint_{b}" for b in range(nb)]
+    assert glob.numel() // 2 + state.numel() // 2 + onehot.numel() // 2 == len(names)
+    with pytest.raises(ValueError, match="split_observation: .* (not an observation of|fit no layout)"):
+        split_observation(x[..., :-1], S, nb)
+    with pytest.raises(ValueError, match="fit no layout"):
+        split_observation(torch.zeros(obs_dim(S, nb) + S), S, nb)
 
 
 def test_features_land_in_their_columns():

@@ -77,6 +77,51 @@ BLUEPRINTS: dict[str, tuple[str, ...]] = {
     "transformer": ("noop", "norm", "lora", "lora_large", "mlp_small", "attention", "mlp"),
 }
 
+#: A receptive field that covers every position (:data:`BLUEPRINT_TRAITS`).
+GLOBAL = 0
+#: What any family can state about each of its blueprints, by name: its kind and its receptive field
+#: (the positions one output reads through the seed's weights: a kernel's extent, 1 for a per-position
+#: map, :data:`GLOBAL` where it mixes every position; normalization statistics are not counted). The
+#: host-agnostic policy describes blueprints by these (:mod:`esper.shell.host.descriptors`), never by
+#: their index in one family's list. Kinds: ``identity`` (the no-op), ``normalization``, ``attention``
+#: (a channel gate from a global summary: squeeze-excite), ``self_attention`` (positions mixed by
+#: attention), ``depthwise``, ``convolution``, ``mlp``, ``low_rank``.
+BLUEPRINT_TRAITS: dict[str, dict[str, tuple[str, int]]] = {
+    "cnn": {
+        "noop": ("identity", 1),
+        "norm": ("normalization", 1),
+        "attention": ("attention", GLOBAL),
+        "depthwise": ("depthwise", 3),
+        "bottleneck": ("convolution", 3),
+        "conv_small": ("convolution", 3),
+        "conv_light": ("convolution", 3),
+        "conv_heavy": ("convolution", 5),
+    },
+    "cnn1d": {
+        "noop": ("identity", 1),
+        "norm": ("normalization", 1),
+        "attention": ("attention", GLOBAL),
+        "depthwise": ("depthwise", 5),
+        "conv_small": ("convolution", 3),
+        "conv_light": ("convolution", 3),
+        "self_attention": ("self_attention", GLOBAL),
+        "conv_heavy": ("convolution", 5),
+    },
+    "transformer": {
+        "noop": ("identity", 1),
+        "norm": ("normalization", 1),
+        "lora": ("low_rank", 1),
+        "lora_large": ("low_rank", 1),
+        "mlp_small": ("mlp", 1),
+        "attention": ("self_attention", GLOBAL),
+        "mlp": ("mlp", 1),
+    },
+}
+#: The kinds of :data:`BLUEPRINT_TRAITS`, in the descriptor's column order.
+BLUEPRINT_KINDS = (
+    "identity", "normalization", "attention", "self_attention", "depthwise", "convolution", "mlp", "low_rank",
+)  # fmt: skip
+
 #: The final projection of a seed starts at its default init times this (biases zero).
 FINAL_INIT_SCALE = 1e-2
 
@@ -311,7 +356,10 @@ def param_count(module: nn.Module) -> int:
 
 __all__ = [
     "BLUEPRINTS",
+    "BLUEPRINT_KINDS",
+    "BLUEPRINT_TRAITS",
     "FINAL_INIT_SCALE",
+    "GLOBAL",
     "CausalSelfAttention",
     "LoRA",
     "NormSeed",
