@@ -70,7 +70,7 @@ RESUMABLE = ("updates", "progress", "report", "eval_episodes", "threads", "check
              "run_dir", "name", "env.workers", "env.device", "env.devices", "env.amp", "env.data_path",
              "ppo.", "anomaly.")  # fmt: skip
 #: ... except these, which fix the shapes of the saved tensors.
-SHAPE_FIELDS = ("ppo.hidden", "ppo.head_hidden")
+SHAPE_FIELDS = ("ppo.hidden", "ppo.head_hidden", "ppo.policy")
 
 
 # ------------------------------------------------------------------------------------------------- CLI

@@ -110,3 +110,32 @@ def test_compiled_kl_early_stop_skips_the_same_step_as_eager():
     _assert_same_policy(p_eager, p_comp)
     state_e, state_c = eager.optimizer.state_dict()["state"], comp.optimizer.state_dict()["state"]
     assert [float(s["step"]) for s in state_c.values()] == [float(s["step"]) for s in state_e.values()]
+
+
+def test_compiled_update_of_the_set_policy_is_one_graph_per_host_shape_and_equals_eager():
+    """``ppo.policy set`` (a TensorDict input, pointer heads): the step traces as one fullgraph, a host
+    with another number of slots compiles it once more and nothing recompiles after; every update
+    matches the eager trainer's."""
+    from tests.shell.agent.test_setpolicy import LAYOUTS, _rollout
+    from tests.shell.agent.test_setpolicy import _agent as _set_agent
+
+    torch._dynamo.reset()
+    backend = CountingBackend()
+    cfg = PPOConfig(
+        policy="set", hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None, lr=1e-2
+    )
+    agents = [_set_agent(cfg, seed=0) for _ in range(2)]
+    eager, comp = (
+        PPOTrainer(a, cfg, compile=c, compile_backend=backend, generator=torch.Generator().manual_seed(0))
+        for a, c in zip(agents, (False, True))
+    )
+    graphs = []
+    for i, name in enumerate(("cnn1d-3", "cnn1d-5", "cnn1d-3")):
+        rollout = _rollout(agents[0], LAYOUTS[name], E=4, T=5, seed=70 + i)
+        m_eager, m_comp = eager.update(rollout.clone()), comp.update(rollout.clone())
+        graphs.append(len(backend.graphs))
+        for key in ("loss_objective", "loss_critic", "kl_approx", "grad_norm"):
+            assert abs(m_comp[key] - m_eager[key]) <= 1e-4 * (1 + abs(m_eager[key])), (i, key)
+        for x, y in zip(agents[0].policy.parameters(), agents[1].policy.parameters()):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+    assert graphs == [2, 3, 3], "GAE's graph and one step graph per host shape; nothing more"

@@ -1,12 +1,22 @@
 """The agent: Tamiyo's network plus the observation statistics it reads its input with.
 
-What the policy sees is ``cat(normalize(raw_obs), op_legality)``: the raw observation normalized with
-the agent's statistics (frozen during a rollout; the trainer updates them before each PPO update,
-finding C5), plus one bit per op saying whether it is legal now for this agent (with ``ppo.param_cap``,
-after the cap's narrowing, :meth:`Agent.legal`). That input is what a learning controller stores as
-``observation`` (finding S2), so the PPO update re-scores exactly the inputs the actions were sampled
-from; the value therefore also depends on the legality masks, and the truncation bootstrap uses the
-post-action ones (finding H4).
+What the flat policy (``ppo.policy flat``) sees is ``cat(normalize(raw_obs), op_legality)``: the raw
+observation normalized with the agent's statistics (frozen during a rollout; the trainer updates them
+before each PPO update, finding C5), plus one bit per op saying whether it is legal now for this agent
+(with ``ppo.param_cap``, after the cap's narrowing, :meth:`Agent.legal`). The host-agnostic policy
+(``ppo.policy set``, :mod:`esper.shell.agent.setpolicy`) sees a TensorDict whose shapes follow the host
+(:meth:`Agent.policy_input`): the observation's global part normalized with its own statistics and the
+op bits; each slot's features without the blueprint one-hot, normalized with statistics pooled over
+the enabled slots of every env and step (one set of statistics whatever the number of slots), beside
+the slot's position, width and held blueprint's descriptor from the host's layout
+(:mod:`esper.shell.host.descriptors`, carried by the step); and every blueprint's descriptor. Either
+input is what a learning controller stores as ``observation`` (finding S2), so the PPO update re-scores
+exactly the inputs the actions were sampled from; the value therefore also depends on the legality
+masks, and the truncation bootstrap uses the post-action ones (finding H4).
+
+The agent owns the normalization: :meth:`Agent.update_statistics` takes in a rollout's raw observations
+(the flat policy's statistics are one running-statistics TensorDict of the whole vector, as checkpoints
+have always held it; the set policy's hold ``global`` and ``slot`` entries).
 
 An agent acts without a learner: evaluation restores one from a checkpoint with :meth:`Agent.load`,
 with no optimizer built (:mod:`esper.shell.agent.trainer` trains it).
@@ -14,16 +24,25 @@ with no optimizer built (:mod:`esper.shell.agent.trainer` trains it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from esper.core.masks import within_param_cap
 from esper.core.normalize import normalize, running_stats
-from esper.core.observation import obs_dim
+from esper.core.observation import global_dim, obs_dim, slot_state_names, split_observation
 from esper.core.spec import ActionSpec, Op
 from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
+from esper.shell.agent.setpolicy import SetRecurrentActorCritic
 from esper.shell.env.vecenv import StepInput
+from esper.shell.host.descriptors import DESCRIPTOR_FEATURES, SLOT_FEATURES
+
+Policy = FactoredRecurrentActorCritic | SetRecurrentActorCritic
+#: ``update(stats, x, valid)``: running statistics after the batch ``x [*L, *shape]`` (``valid [*L]``
+#: bool or None), e.g. :func:`esper.shell.agent.collective.update_stats` over every process.
+UpdateStats = Callable[[TensorDict, torch.Tensor, torch.Tensor | None], TensorDict]
 
 
 def policy_input_dim(raw_obs_dim: int) -> int:
@@ -48,71 +67,164 @@ def size_prior(
 
 
 class Agent:
-    """``policy`` and ``obs_stats`` (a running-statistics TensorDict of the raw observation), with the
-    config values that shape what it sees: ``obs_clip``, and ``param_cap`` (0: none) checked against the
-    env's ``germination_cost [S, n_blueprints]``."""
+    """``policy`` and ``obs_stats`` (running statistics of the raw observation: one TensorDict for the flat
+    policy, ``global`` and ``slot`` entries for the set policy), with the config values that shape what it
+    sees: ``obs_clip``, and ``param_cap`` (0: none) checked against each step's host's germination cost
+    (``StepInput.host``; else ``germination_cost [S, n_blueprints]``, the env's the agent was built for)."""
 
     def __init__(
         self,
-        policy: FactoredRecurrentActorCritic,
+        policy: Policy,
         obs_stats: TensorDict,
         *,
         obs_clip: float,
         param_cap: float = 0.0,
         germination_cost: torch.Tensor | None = None,
     ) -> None:
-        if param_cap > 0 and germination_cost is None:
-            raise ValueError("ppo.param_cap needs the env's germination_cost (VecEnv.germination_cost)")
         self.policy, self.obs_stats, self.obs_clip = policy, obs_stats, obs_clip
         self.param_cap, self.germination_cost = param_cap, germination_cost
         self.device = next(policy.parameters()).device
+        #: The input is a TensorDict whose shapes follow the host (``ppo.policy set``).
+        self.is_set = isinstance(policy, SetRecurrentActorCritic)
+        if param_cap > 0 and germination_cost is None and not self.is_set:
+            raise ValueError("ppo.param_cap needs the env's germination_cost (VecEnv.germination_cost)")
 
     def legal(self, step: StepInput) -> TensorDict:
         """The env's legality, narrowed to what keeps the seeds within ``param_cap`` when set."""
         if self.param_cap <= 0:
             return step.legal
-        cost = self.germination_cost.to(step.legal.device)
+        cost = step.host.germination_cost if step.host is not None else self.germination_cost
+        if cost is None:
+            raise ValueError("ppo.param_cap needs the host's germination cost (StepInput.host)")
+        cost = cost.to(step.legal.device)
         return within_param_cap(step.legal, step.slots["seed_params"], cost, self.param_cap)
 
     def normalize(self, raw_obs: torch.Tensor) -> torch.Tensor:
-        """Raw observations normalized with the current (frozen) statistics."""
+        """Raw observations normalized with the current (frozen) statistics (the flat policy's input)."""
         return normalize(self.obs_stats, raw_obs, clip=self.obs_clip)
 
-    def policy_input(self, step: StepInput, legal: TensorDict | None = None) -> torch.Tensor:
-        """``[E, obs + n_ops]``: what the policy reads (the module docstring)."""
+    def policy_input(self, step: StepInput, legal: TensorDict | None = None) -> torch.Tensor | TensorDict:
+        """What the policy reads (the module docstring): ``[E, obs + n_ops]`` for the flat policy, a
+        TensorDict ``[E]`` for the set policy."""
         legal = self.legal(step) if legal is None else legal
-        return torch.cat([self.normalize(step.raw_obs), legal["op"].float()], dim=-1)
+        ops = legal["op"].float()
+        if not self.is_set:
+            return torch.cat([self.normalize(step.raw_obs), ops], dim=-1)
+        host = step.host
+        if host is None:
+            raise ValueError("the set policy reads the host's layout: the step has none (StepInput.host)")
+        raw = step.raw_obs
+        glob, state, held = split_observation(raw, host.n_slots, host.n_blueprints)
+        E, S = raw.shape[0], host.n_slots
+        clip = self.obs_clip
+        descriptors = host.descriptors.to(raw.device)
+        slots = torch.cat(
+            [
+                normalize(self.obs_stats["slot"], state, clip=clip),
+                host.slot_features.to(raw.device).expand(E, S, len(SLOT_FEATURES)),
+                torch.einsum("esb,sbd->esd", held.float(), descriptors),  # the held blueprint's (0: none)
+            ],
+            dim=-1,
+        )
+        return TensorDict(
+            {
+                "globals": torch.cat([normalize(self.obs_stats["global"], glob, clip=clip), ops], dim=-1),
+                "slots": slots,
+                "enabled": state[..., 0] > 0.5,  # the raw ``enabled`` column
+                "blueprints": descriptors.expand(E, *descriptors.shape),
+                "log_cost": host.log_cost.to(raw.device).expand(E, *host.log_cost.shape),
+            },
+            batch_size=[E],
+        )
+
+    def update_statistics(self, batch: TensorDictBase, update: UpdateStats) -> None:
+        """Take in a rollout's ``raw_observation`` (``[E, T, obs]``) with ``update``: the whole vector
+        (flat), or the global part and every enabled slot's features pooled over slots (set; the host's
+        shape is read from the stored input)."""
+        raw = batch["raw_observation"]
+        if not self.is_set:
+            self.obs_stats = update(self.obs_stats, raw, None)
+            return
+        S, B = batch["observation", "log_cost"].shape[-2:]
+        glob, state, _ = split_observation(raw, S, B)
+        self.obs_stats = TensorDict(
+            {
+                "global": update(self.obs_stats["global"], glob, None),
+                "slot": update(self.obs_stats["slot"], state, state[..., 0] > 0.5),
+            },
+            batch_size=[],
+        )
 
     def load(self, trainer_state: dict) -> Agent:
         """Restore the policy's weights and the observation statistics from a checkpoint's ``trainer``
         entry (:meth:`esper.shell.agent.trainer.PPOTrainer.state_dict`); returns self."""
         self.policy.load_state_dict(trainer_state["policy"])
-        self.obs_stats = TensorDict(trainer_state["obs_stats"], batch_size=[]).to(self.device)
+        self.obs_stats = load_stats(trainer_state["obs_stats"], self.obs_stats, self.device)
         return self
+
+
+def load_stats(saved: dict, current: TensorDict, device: torch.device) -> TensorDict:
+    """Saved observation statistics, checked against the layout of ``current`` (a flat policy's are one
+    set, a set policy's ``global`` and ``slot``): a one-line ValueError where they differ."""
+    stats = TensorDict(saved, batch_size=[]).to(device)
+    mine = sorted((str(k), tuple(v.shape)) for k, v in current.items(True, True))
+    theirs = sorted((str(k), tuple(v.shape)) for k, v in stats.items(True, True))
+    if mine != theirs:
+        raise ValueError(
+            f"the checkpoint's observation statistics {theirs} do not fit this policy's {mine} (another "
+            "ppo.policy, or another observation layout)"
+        )
+    return stats
+
+
+def set_stats(*, seed_grads: bool = False, device: torch.device | str | None = None) -> TensorDict:
+    """Empty statistics of the set policy: the observation's global part, and one slot's features."""
+    return TensorDict(
+        {
+            "global": running_stats((global_dim(),), device=device),
+            "slot": running_stats((len(slot_state_names(seed_grads=seed_grads)),), device=device),
+        },
+        batch_size=[],
+    )
 
 
 def build_agent(
     ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str,
     germination_cost: torch.Tensor | None = None, raw_obs_dim: int | None = None,
 ) -> Agent:  # fmt: skip
-    """A fresh agent for an action space: the network initialized from the global torch generator (seed
-    it first), empty observation statistics. ``germination_cost`` (the env's ``[S, n_blueprints]``) is
-    needed with ``ppo.size_bias`` or ``ppo.param_cap``; ``raw_obs_dim`` is the env's observation length
+    """A fresh agent for an action space: the network (``ppo.policy``) initialized from the global torch
+    generator (seed it first), empty observation statistics. ``germination_cost`` (the env's ``[S,
+    n_blueprints]``) is needed with ``ppo.size_bias`` or ``ppo.param_cap`` for the flat policy; the set
+    policy reads each step's host instead. ``raw_obs_dim`` is the env's observation length
     (``VecEnv.obs_dim``; None: the default layout's, without ``lifecycle.seed_grad_features``)."""
     raw_dim = obs_dim(spec.n_slots, spec.n_blueprints) if raw_obs_dim is None else raw_obs_dim
-    policy = FactoredRecurrentActorCritic(
-        policy_input_dim(raw_dim), spec, hidden=ppo.hidden, head_hidden=ppo.head_hidden,
-        wait_bias=ppo.wait_bias,
-        germinate_bias=ppo.germinate_bias,
-        blend_bias=ppo.blend_bias,
-        slot_bias=ppo.slot_bias,
-        slot_order_bias=ppo.slot_order_bias,
-        blueprint_prior=size_prior(ppo.size_bias, germination_cost, spec),
-    ).to(device)  # fmt: skip
+    biases = dict(wait_bias=ppo.wait_bias, germinate_bias=ppo.germinate_bias, blend_bias=ppo.blend_bias,
+                  slot_order_bias=ppo.slot_order_bias)  # fmt: skip
+    device = torch.device(device)
+    if ppo.policy == "set":
+        # the slot features' count says whether the layout holds the seeds' gradient features
+        _, state, _ = split_observation(torch.zeros(raw_dim), spec.n_slots, spec.n_blueprints)
+        n_state = state.shape[-1]
+        seed_grads = n_state != len(slot_state_names())
+        policy = SetRecurrentActorCritic(
+            global_dim() + len(Op), n_state + len(SLOT_FEATURES) + len(DESCRIPTOR_FEATURES),
+            len(DESCRIPTOR_FEATURES), hidden=ppo.hidden, head_hidden=ppo.head_hidden,
+            size_bias=ppo.size_bias, **biases,
+        ).to(device)  # fmt: skip
+        stats = set_stats(seed_grads=seed_grads, device=device)
+    else:
+        policy = FactoredRecurrentActorCritic(
+            policy_input_dim(raw_dim), spec, hidden=ppo.hidden, head_hidden=ppo.head_hidden,
+            slot_bias=ppo.slot_bias, blueprint_prior=size_prior(ppo.size_bias, germination_cost, spec),
+            **biases,
+        ).to(device)  # fmt: skip
+        stats = running_stats((raw_dim,), device=device)
     return Agent(
-        policy, running_stats((raw_dim,), device=torch.device(device)), obs_clip=ppo.obs_clip,
-        param_cap=ppo.param_cap, germination_cost=germination_cost,
-    )  # fmt: skip
+        policy, stats, obs_clip=ppo.obs_clip, param_cap=ppo.param_cap, germination_cost=germination_cost
+    )
 
 
-__all__ = ["Agent", "build_agent", "policy_input_dim", "size_prior"]
+__all__ = [
+    "Agent", "Policy", "UpdateStats", "build_agent", "load_stats", "policy_input_dim", "set_stats",
+    "size_prior",
+]  # fmt: skip

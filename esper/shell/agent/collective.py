@@ -36,13 +36,15 @@ def check_finite_everywhere(batch: TensorDictBase, dist: Dist) -> None:
 
 
 def update_stats(
-    stats: TensorDict, x: torch.Tensor, dist: Dist, momentum: float | None = None
-) -> TensorDict:
-    """``stats`` updated with the batch ``x``; with several processes, with the whole batch (every
-    process's part, merged exactly in rank order), so every process holds the same statistics."""
+    stats: TensorDict, x: torch.Tensor, dist: Dist, momentum: float | None = None,
+    valid: torch.Tensor | None = None,
+) -> TensorDict:  # fmt: skip
+    """``stats`` updated with the batch ``x`` (``valid``: bool over its leading dims, False samples
+    ignored); with several processes, with the whole batch (every process's part, merged exactly in rank
+    order), so every process holds the same statistics."""
     if not dist.active:
-        return update_running_stats(stats, x, momentum=momentum)
-    part = batch_stats(x, stats["mean"].dim())
+        return update_running_stats(stats, x, valid=valid, momentum=momentum)
+    part = batch_stats(x, stats["mean"].dim(), valid=valid)
     flat = torch.cat([part["count"].reshape(1), part["mean"].reshape(-1), part["var"].reshape(-1)])
     whole = None
     for row in dist.gather_tensors(flat):
@@ -116,12 +118,33 @@ def whole_rollout(part: TensorDictBase, dist: Dist) -> TensorDictBase:
     return torch.cat([TensorDict(d, batch_size=part.batch_size) for d in parts], 0)
 
 
+def shape_key(td: TensorDictBase) -> tuple:
+    """What must match for two rollouts to share a minibatch: every entry's shape past the env dim (the
+    episode's length and the host's slots and blueprints)."""
+    return tuple(sorted((str(k), tuple(v.shape[1:])) for k, v in td.items(True, True)))
+
+
+def keep_replay(rollouts: list[TensorDictBase], k: int) -> list[TensorDictBase]:
+    """The rollouts ``ppo.replay`` keeps, newest first: the ``k`` newest of each shape (:func:`shape_key`),
+    so training on several tasks keeps ``k`` of each task's host shape (one task: the ``k`` newest)."""
+    seen: dict[tuple, int] = {}
+    out = []
+    for td in rollouts:
+        key = shape_key(td)
+        if seen.get(key, 0) < k:
+            seen[key] = seen.get(key, 0) + 1
+            out.append(td)
+    return out
+
+
 __all__ = [
     "advantage_stats",
     "check_finite",
     "check_finite_everywhere",
+    "keep_replay",
     "reduce_health",
     "reduce_report",
+    "shape_key",
     "update_stats",
     "whole_rollout",
 ]

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from esper.core.spec import HEADS
 from esper.shell.config.fields import check_fields, doc
 
+#: The networks ``ppo.policy`` chooses between (:mod:`esper.shell.agent.policy`,
+#: :mod:`esper.shell.agent.setpolicy`).
+POLICIES = ("flat", "set")
+
 
 @dataclass(frozen=True, slots=True)
 class PPOConfig:
@@ -47,8 +51,16 @@ class PPOConfig:
     obs_momentum: float | None = doc(
         None, "EMA momentum of observation statistics (none: exact Welford)", ge=0, le=1
     )
+    policy: str = doc(
+        "flat",
+        "the network: flat (input and slot and blueprint heads sized by the host it trains on) | set "
+        "(no shape depends on the host: slots encoded with shared weights, blueprints by descriptors any "
+        "family states, pointer heads; acts on hosts with any slots and blueprint catalogue)",
+    )
     hidden: int = doc(128, "LSTM / trunk width", ge=1)
-    head_hidden: int = doc(64, "hidden width of each head", ge=1)
+    head_hidden: int = doc(
+        64, "hidden width of each head (and of the set policy's slot and blueprint encodings)", ge=1
+    )
     wait_bias: float = doc(0.0, "initial logit of WAIT above the other ops (0: uniform over the legal ops)")
     germinate_bias: float = doc(
         0.0,
@@ -75,7 +87,8 @@ class PPOConfig:
         0.0,
         "a capacity prior: the blueprint head starts this x ln(parameters) logits on each blueprint (its "
         "germination cost, the log averaged over the slots), so an untrained policy grows a seed about in "
-        "proportion to its size at 1 (0: uniform over the legal blueprints)",
+        "proportion to its size at 1 (0: uniform over the legal blueprints); the set policy adds a learned "
+        "weight, starting here, times ln(cost) at the chosen slot",
         ge=0,
     )
     param_cap: float = doc(
@@ -106,6 +119,13 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "ppo")
+        if self.policy not in POLICIES:
+            raise ValueError(f"ppo.policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.policy == "set" and self.slot_bias:
+            raise ValueError(
+                "ppo.slot_bias is the flat policy's (a table per slot of one host); the set policy "
+                "conditions the later heads on the chosen slot's encoding: drop --ppo.slot_bias"
+            )
         if self.head_entropy_weights and len(self.head_entropy_weights) != len(HEADS):
             raise ValueError(
                 f"ppo.head_entropy_weights needs {len(HEADS)} values ({', '.join(HEADS)}), "
@@ -129,4 +149,4 @@ def _anneal(start: float, end: float | None, updates: int, update: int) -> float
     return (1.0 - frac) * start + frac * end  # exactly ``end`` once annealed
 
 
-__all__ = ["PPOConfig"]
+__all__ = ["POLICIES", "PPOConfig"]

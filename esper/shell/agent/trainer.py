@@ -18,11 +18,12 @@ every episode ends at T: truncated, or terminal with ``lifecycle.terminal_at_lim
    not finite (that step is never taken) or the parameters ended non-finite: a non-finite update is
    never applied, so it can never reach a checkpoint.
 
-With ``ppo.replay K`` the last K rollouts join the batch after step 4, each re-scored by the current
-policy and critic and re-based for decoupled PPO (:func:`esper.core.decouple`); step 5 normalizes over
-all of it, then scales each replayed step's advantage by its truncated behaviour weight. Step 2's
-statistics see only the new rollout. With several processes each keeps its own envs' rollouts, and
-the update is the one process's (:func:`esper.shell.agent.steps.local_rows`).
+With ``ppo.replay K`` the last K rollouts join the batch after step 4 (of the new one's host shape: with
+several training tasks K are kept per shape, :func:`~esper.shell.agent.collective.keep_replay`), each
+re-scored by the current policy and critic and re-based for decoupled PPO (:func:`esper.core.decouple`);
+step 5 normalizes over all of it, then scales each replayed step's advantage by its truncated behaviour
+weight. Step 2's statistics see only the new rollout. With several processes each keeps its own envs'
+rollouts, and the update is the one process's (:func:`esper.shell.agent.steps.local_rows`).
 
 With several processes (``dist``, each holding the rollout of its slice of the envs) the update is
 the same update of the whole batch: 2. merges the statistics of every process's part exactly
@@ -74,12 +75,14 @@ from esper.core.normalize import (
     scale,
 )
 from esper.core.spec import HEADS, KEYS, ActionSpec
-from esper.shell.agent.agent import Agent, build_agent
+from esper.shell.agent.agent import Agent, build_agent, load_stats
 from esper.shell.agent.collective import (
     advantage_stats,
     check_finite_everywhere,
+    keep_replay,
     reduce_health,
     reduce_report,
+    shape_key,
     update_stats,
     whole_rollout,
 )
@@ -97,7 +100,7 @@ class TrainerState:
 
     reward_stats: TensorDict
     updates: int = 0
-    #: The last ``ppo.replay`` rollouts as they came in (newest first), for decoupled re-use.
+    #: The last ``ppo.replay`` rollouts of each shape as they came in (newest first), for decoupled re-use.
     replay: list = field(default_factory=list)
 
 
@@ -189,8 +192,9 @@ class PPOTrainer:
         st = self.state
         # C5: statistics include this batch before the update (the stored observations are not
         # re-normalized: they are what the policy saw, S2).
-        agent = self.agent
-        agent.obs_stats = update_stats(agent.obs_stats, batch["raw_observation"], self.dist, cfg.obs_momentum)
+        self.agent.update_statistics(
+            batch, lambda stats, x, valid: update_stats(stats, x, self.dist, cfg.obs_momentum, valid)
+        )
         # Rewards are divided by the spread of discounted returns (what the critic must predict), not
         # of single rewards: a sparse terminal bonus would otherwise dominate the scale.
         raw = batch["next", "raw_reward"]
@@ -266,14 +270,15 @@ class PPOTrainer:
         # the whole batch's envs (each process holds a slice of the new rollout and of each replayed one)
         block = batch.batch_size[0]  # this process's envs of each rollout in the batch
         batch_envs = block * self.dist.world
-        n_envs = batch_envs + sum(td.batch_size[0] for td in self.state.replay) * self.dist.world
+        replayed = [td for td in self.state.replay if shape_key(td) == shape_key(batch)]  # one host shape
+        n_envs = batch_envs + sum(td.batch_size[0] for td in replayed) * self.dist.world
         if n_envs % cfg.n_minibatches:
             raise ValueError(f"ppo.n_minibatches={cfg.n_minibatches} must divide n_envs={n_envs}")
         incoming = batch.clone() if cfg.replay else None  # as it came in: prepare writes into batch
         lstm = self._lstm_health(batch)
-        batch = self.prepare(batch, replayed=self.state.replay)
+        batch = self.prepare(batch, replayed=replayed)
         if cfg.replay:
-            self.state.replay = [incoming, *self.state.replay][: cfg.replay]
+            self.state.replay = keep_replay([incoming, *self.state.replay], cfg.replay)
         coef = cfg.entropy_coef_at(self.state.updates)
         lr = cfg.lr_at(self.state.updates)
         self.step.begin_update(lr, block=block)
@@ -390,18 +395,18 @@ class PPOTrainer:
         for group, decay in zip(self.optimizer.param_groups, (0.0, self.cfg.critic_weight_decay)):
             group.update(lr=self.cfg.lr, eps=self.cfg.adam_eps, weight_decay=decay)
         device = next(self.policy.parameters()).device
-        self.agent.obs_stats = TensorDict(sd["obs_stats"], batch_size=[]).to(device)
+        self.agent.obs_stats = load_stats(sd["obs_stats"], self.agent.obs_stats, device)
         self.state.reward_stats = TensorDict(sd["reward_stats"], batch_size=[]).to(device)
         self.state.updates = int(sd["updates"])
         self.generator.set_state(sd["generator"])
-        # a checkpoint from before ppo.replay has none; of a longer one, the newest this config re-uses;
-        # each is stored whole, and this process keeps its own slice of the envs
+        # a checkpoint from before ppo.replay has none; of a longer one, the newest this config re-uses
+        # (of each shape); each is stored whole, and this process keeps its own slice of the envs
         kept = []
-        for d in sd.get("replay", [])[: self.cfg.replay]:
+        for d in sd.get("replay", []):
             whole = TensorDict(d, batch_size=d["is_init"].shape)
             first, count = self.dist.shard(whole.batch_size[0])
             kept.append(whole[first : first + count].to(device))
-        self.state.replay = kept
+        self.state.replay = keep_replay(kept, self.cfg.replay)
 
 
 def _flatten_update_metrics(m: dict) -> dict:

@@ -47,6 +47,7 @@ from esper.shell.env.batched import BatchedHosts
 from esper.shell.env.config import EnvConfig, check_devices, lr_scale
 from esper.shell.env.governor import Governor, GovernorConfig
 from esper.shell.env.seeding import train_host_seeds
+from esper.shell.host.descriptors import HostLayout, describe_host
 from esper.shell.host.model import SEED_GRAD_KEYS
 
 #: Lifecycle events that record how the seed will be blended: its style and tempo (chosen at germination,
@@ -65,6 +66,9 @@ class StepInput:
     slots: TensorDict  # [E, S]
     signals: TensorDict  # [E]
     history: TensorDict  # [E]
+    #: The host's shape-free description (slots, blueprint descriptors, germination costs): what the
+    #: host-agnostic policy reads besides the observation (None: a controller that needs none).
+    host: HostLayout | None = None
 
 
 @dataclass
@@ -126,6 +130,8 @@ class VecEnv:
         self.blueprint_names = probe.blueprint_names
         #: ``[S, n_blueprints]``: the most parameters each germination can add (a controller's cap).
         self.germination_cost = probe.germination_cost().to(self.device)
+        #: The host's shape-free description (:mod:`esper.shell.host.descriptors`), on every step.
+        self.layout = describe_host(probe, self.germination_cost).to(self.device)
         self.spec = ActionSpec(
             n_slots=probe.n_slots,
             n_blueprints=len(probe.blueprint_names),
@@ -261,7 +267,7 @@ class VecEnv:
             slots, self.spec, max_seeds=lc.max_seeds, min_prune_age=lc.min_prune_age, gates=gates,
             auto_advance=lc.auto_advance, prune_below=lc.prune_floor,
         )  # fmt: skip
-        return StepInput(raw_obs, legal, slots, signals, self.history)
+        return StepInput(raw_obs, legal, slots, signals, self.history, self.layout)
 
     def _govern(self, signals: TensorDict) -> list[str | None]:
         """Governor check on this epoch's validation losses (one host sync). Panicked envs are rolled

@@ -2,11 +2,12 @@
 heuristic by default) or a run's trained controller zero-shot, each on the same hosts (initial weights,
 data order, seed modules), as an evaluation runs them (:func:`esper.shell.eval.episodes.run_episodes`).
 
-Today's learned controller has head and input sizes fixed by the host it was trained on: the number of
-slots, and the blueprint catalogue of its family (docs/grow-your-model.md, the limits). It acts on a user
-host with as many slots and the same family, e.g. a ``cnn1d`` network with three slots and a run on the
-default MNIST-1D task; :func:`check_controller_fits` refuses any other in one line that says what
-differs.
+A run's learned controller of the flat policy (``ppo.policy flat``, the default) has head and input sizes
+fixed by the host it was trained on: the number of slots, and the blueprint catalogue of its family
+(docs/grow-your-model.md, the limits). It acts on a user host with as many slots and the same family,
+e.g. a ``cnn1d`` network with three slots and a run on the default MNIST-1D task;
+:func:`check_controller_fits` refuses any other in one line that says what differs. A run of the
+host-agnostic policy (``ppo.policy set``) acts on any host: only its checkpoint's loading is checked.
 """
 
 from __future__ import annotations
@@ -69,19 +70,15 @@ def _describe(host: Host, seed_grads: bool) -> dict[str, Any]:
     }
 
 
-def check_controller_fits(run_cfg: RunConfig, checkpoint: dict[str, Any], task: Task, *,
-                          run: str = "the run") -> None:  # fmt: skip
-    """Refuse, in one ValueError line, a run whose controller cannot act on ``task``'s host: it names
-    what differs (the family and its blueprint catalogue, the number of slots, the blueprint count, the
-    observation's length) between the run's host (rebuilt from ``run_cfg``) and this one, or why the
-    checkpoint does not load into a controller for this host."""
+def _check_same_shape(run_cfg: RunConfig, task: Task, seed_grads: bool, run: str) -> None:
+    """A flat controller's check: the run's host and ``task``'s agree in family, slots, blueprints and
+    observation length (one-line ValueError naming what differs)."""
     try:
         run_host = _fresh_host(run_cfg.env.build_task())
     except (OSError, ValueError) as e:
         raise ValueError(
             f"{run}: cannot rebuild its {run_cfg.env.task} host to check its controller: {e}"
         ) from None
-    seed_grads = run_cfg.lifecycle.seed_grad_features
     theirs, ours = _describe(run_host, seed_grads), _describe(_fresh_host(task), seed_grads)
     diffs = []
     if theirs["family"] != ours["family"]:
@@ -95,20 +92,33 @@ def check_controller_fits(run_cfg: RunConfig, checkpoint: dict[str, Any], task: 
             diffs.append(f"{what}: the run's {theirs[key]}, this host's {ours[key]}")
     if diffs:
         raise ValueError(
-            f"{run}: its controller cannot act on this host: {'; '.join(diffs)}. Today's controller acts "
-            f"only on hosts like the one it trained on: give the model {theirs['slots']} slots of family "
-            f"{theirs['family']}, or grow it without a run (the heuristic)"
+            f"{run}: its controller cannot act on this host: {'; '.join(diffs)}. A flat controller "
+            f"(ppo.policy flat) acts only on hosts like the one it trained on: give the model "
+            f"{theirs['slots']} slots of family {theirs['family']}, grow it without a run (the heuristic), "
+            "or use a run of --ppo.policy set, which acts on any host"
         )
+
+
+def check_controller_fits(run_cfg: RunConfig, checkpoint: dict[str, Any], task: Task, *,
+                          run: str = "the run") -> None:  # fmt: skip
+    """Refuse, in one ValueError line, a run whose controller cannot act on ``task``'s host: it names
+    what differs (the family and its blueprint catalogue, the number of slots, the blueprint count, the
+    observation's length) between the run's host (rebuilt from ``run_cfg``) and this one, or why the
+    checkpoint does not load into a controller for this host. A run of the set policy (``ppo.policy
+    set``) acts on any host: only the loading is checked."""
+    seed_grads = run_cfg.lifecycle.seed_grad_features
+    if run_cfg.ppo.policy == "flat":
+        _check_same_shape(run_cfg, task, seed_grads, run)
     host = _fresh_host(task)
     names = host.blueprint_names
     # the env's action space, as VecEnv builds it (noop masked)
     spec = ActionSpec(host.n_slots, len(names), tuple(i for i, b in enumerate(names) if b == "noop"))
     with torch.random.fork_rng(devices=[]):
         agent = build_agent(run_cfg.ppo, spec, device="cpu", germination_cost=host.germination_cost(),
-                            raw_obs_dim=ours["observation"])  # fmt: skip
+                            raw_obs_dim=_describe(host, seed_grads)["observation"])  # fmt: skip
     try:
         agent.load(checkpoint["trainer"])
-    except (RuntimeError, KeyError) as e:
+    except (RuntimeError, KeyError, ValueError) as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
         named = [line for line in lines if line.startswith(("size mismatch", "Missing", "Unexpected"))]
         why = (named or lines)[0]

@@ -5,16 +5,20 @@ and growth on fresh hosts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
 
 from esper.core.spec import Stage, Style
 from esper.shell.agent.agent import build_agent
+from esper.shell.config.fields import to_dict
 from esper.shell.config.presets import preset
 from esper.shell.env.bank import snapshot_state
 from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.model import EnvModel
+from esper.shell.runtime.checkpoint import save_checkpoint
 from esper.shell.user import Slot, UserHost, check_controller_fits, grow, user_task
 
 
@@ -244,6 +248,31 @@ def test_error_run_whose_controller_cannot_act_on_the_host():
     _one_line(err)
 
 
+def test_a_set_policy_run_acts_on_user_hosts_of_any_slots_and_family(tmp_path):
+    """``ppo.policy set``: the controller of a run on the 3-slot MNIST-1D host fits a user network with 2
+    ``cnn1d`` slots and a 2-D one (another family and catalogue); ``grow`` runs it on the 2-slot one; a
+    checkpoint of another ``ppo.policy`` still does not load, in one line."""
+    run_cfg = preset("smoke", {"env.task": "longrange", "ppo.policy": "set", "ppo.germinate_bias": 3})
+    checkpoint = _checkpoint(run_cfg, run_cfg.env.build_task())
+    splits = {"train": _data(64, 0), "val": _data(32, 1), "test": _data(32, 2)}
+    two = user_task(lambda: Net1d((8, 8)), batch_size=32, **splits)
+    check_controller_fits(run_cfg, checkpoint, two)
+    images = {k: (torch.randn(8, 1, 8, 8), y[:8]) for k, (_, y) in splits.items()}
+    check_controller_fits(run_cfg, checkpoint, user_task(Net2d, **images))  # one cnn slot
+    flat = _checkpoint(preset("smoke", {"env.task": "longrange"}), run_cfg.env.build_task())
+    with pytest.raises(ValueError, match="its controller does not load for this host") as err:
+        check_controller_fits(run_cfg, flat, two)
+    _one_line(err)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(to_dict(run_cfg)))
+    save_checkpoint(run_dir / "checkpoint.pt", checkpoint)
+    out = grow(two, ("ppo_greedy", "ppo"), run_dir=run_dir, episodes=2, epochs=3, n_envs=2)
+    for records in out.values():
+        assert len(records) == 2 and all(0 <= g["slot"] < 2 for r in records for g in r["germinations"])
+    assert any(r["germinations"] for r in out["ppo"]), "it acted on the user's slots"
+
+
 # -------------------------------------------------------------------------------------------- growing
 def test_grow_static_and_a_placement_on_the_same_fresh_hosts():
     task = user_task(Net1d, train=_data(96, 0), val=_data(32, 1), test=_data(32, 2), batch_size=32)
@@ -255,8 +284,10 @@ def test_grow_static_and_a_placement_on_the_same_fresh_hosts():
     # noise data: the seed never passes its gate into blending, but it was built where the plan says
     built = [[(g["slot"], g["blueprint"]) for g in r["germinations"]] for r in placed]
     assert built == [[(1, "conv_heavy")]] * 2
-    assert static[0]["host_params"] == placed[0]["host_params"] == sum(
-        p.numel() for p in task.make_host().host_parameters()
+    assert (
+        static[0]["host_params"]
+        == placed[0]["host_params"]
+        == sum(p.numel() for p in task.make_host().host_parameters())
     )
     with pytest.raises(ValueError, match="ppo is a run's trained controller: pass run_dir"):
         grow(task, ("ppo",), episodes=1)

@@ -124,6 +124,7 @@ def test_a_refused_resume_touches_no_file(done_run, capsys):
     before = snapshot(done_run)
     for args, message in [
         (["--ppo.hidden", "32"], "ppo.hidden 16 -> 32"),
+        (["--ppo.policy", "set"], "ppo.policy 'flat' -> 'set'"),
         (["--env.task", "digits"], "env.task 'mnist1d' -> 'digits'"),
         (["--updates", "1"], "--updates 1 is fewer than the 2 update(s) this run has done"),
         (["--ppo.lr", "-1"], "ppo.lr must be > 0"),
@@ -138,9 +139,8 @@ def test_a_refused_resume_touches_no_file(done_run, capsys):
     (check,) = read_events(done_run / "events.jsonl", "heldout_check")
     assert check["controller"] == "ppo" and "greedy_test_acc" in check  # both readouts of the controller
     lo, hi = check["greedy_gain_ci95"]
-    assert lo <= check["greedy_gain"] <= hi and check["greedy_test_acc"] - check[
-        "static_test_acc"
-    ] == pytest.approx(check["greedy_gain"], abs=1e-4)  # paired over the same hosts
+    paired = check["greedy_test_acc"] - check["static_test_acc"]  # paired over the same hosts
+    assert lo <= check["greedy_gain"] <= hi and paired == pytest.approx(check["greedy_gain"], abs=1e-4)
 
 
 def test_damaged_or_foreign_checkpoints_are_refused_in_one_line(done_run, capsys):
