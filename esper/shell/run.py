@@ -310,7 +310,8 @@ def _start_locked(parser, args, signals: StopSignals, dist: Dist, held: contextl
         if dist.active:
             shape += f" over {dist.world} processes"
         todo = f"{cfg.updates - run.start} update(s)"
-        print(f"esper: {cfg.policy} on {cfg.env.task}, {shape}, {todo} -> {run_dir}", file=sys.stderr)
+        tasks = ", ".join(cfg.training_tasks) + (" in turn" if len(cfg.training_tasks) > 1 else "")
+        print(f"esper: {cfg.policy} on {tasks}, {shape}, {todo} -> {run_dir}", file=sys.stderr)
     return run.train()
 
 

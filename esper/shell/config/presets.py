@@ -20,7 +20,7 @@ from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig
 from esper.shell.agent.config import PPOConfig
 from esper.shell.config.fields import check_fields, doc, with_overrides
-from esper.shell.env.config import EnvConfig
+from esper.shell.env.config import TASKS, EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.telemetry.anomaly import AnomalyConfig
 
@@ -56,21 +56,34 @@ class RunConfig:
     )
     run_dir: str = doc("runs", "parent folder of run directories")
     name: str = doc(
-        "", f"run directory name: letters, digits and {NAME_PUNCTUATION}, at most {NAME_MAX} characters "
-        "(empty: <preset>-<timestamp>)"
+        "",
+        f"run directory name: letters, digits and {NAME_PUNCTUATION}, at most {NAME_MAX} characters "
+        "(empty: <preset>-<timestamp>)",
     )
     checkpoint_every: int = doc(
         1, "write the checkpoint every N updates (also at the end and on Ctrl-C / SIGTERM)", ge=1
     )
     report: bool = doc(True, "write plots and report.md into the run directory at the end")
     eval_episodes: int = doc(
-        8, "at the end: the controller and the static host on this many fresh hosts, test accuracy (0: skip)",
+        8,
+        "at the end: the controller and the static host on this many fresh hosts, test accuracy (0: skip)",
         ge=0,
     )
     progress: bool = doc(True, "show a progress bar on stderr")
     threads: int = doc(
         0, "torch intra-op threads of the process (0: the cores / env.workers, at least 1)", ge=0
     )
+    tasks: tuple[str, ...] = doc(
+        (), "training tasks (comma-separated): each update's episodes come from one of them, in turn from "
+        "the first (round-robin), each on the env section's settings with its own task; env.task must be "
+        "one of them (the held-out check's and evaluate's task). Tasks whose hosts differ in shape need "
+        "--ppo.policy set (empty: env.task alone)",
+    )  # fmt: skip
+    init_from: str = doc(
+        "", "start the learned controller from this run directory's checkpoint (its weights and observation "
+        "statistics; a fresh optimizer, none of its updates): fine-tuning a trained controller on this run's "
+        "task (empty: a fresh controller)",
+    )  # fmt: skip
     env: EnvConfig = field(default_factory=EnvConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
@@ -103,11 +116,47 @@ class RunConfig:
         if not self.run_dir.strip():
             raise ValueError("run_dir must not be empty")
         check_run_name(self.name)
+        self._check_tasks()
+        if self.init_from and self.policy != "ppo":
+            raise ValueError(f"init_from starts a learned controller; policy {self.policy} has none")
         if self.env.n_envs % self.ppo.n_minibatches:
             raise ValueError(
                 f"ppo.n_minibatches={self.ppo.n_minibatches} must divide env.n_envs={self.env.n_envs} "
                 "(minibatches hold whole env sequences)"
             )
+
+    def _check_tasks(self) -> None:
+        if not self.tasks:
+            return
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"tasks: unknown task(s) {unknown}; tasks: {', '.join(TASKS)}")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks: {', '.join(self.tasks)} names a task twice")
+        if self.env.task not in self.tasks:
+            raise ValueError(
+                f"env.task {self.env.task!r} is not one of tasks ({', '.join(self.tasks)}): it is the task "
+                f"the held-out check and evaluate use; pass --env.task {self.tasks[0]}"
+            )
+        for task in self.tasks:
+            try:
+                dataclasses.replace(self.env, task=task)
+            except ValueError as e:
+                raise ValueError(f"tasks: {task}: {e}") from None
+
+    @property
+    def training_tasks(self) -> tuple[str, ...]:
+        """The tasks the run trains on (``tasks``, else ``env.task`` alone)."""
+        return self.tasks or (self.env.task,)
+
+    def task_of(self, update: int) -> str:
+        """The task of update ``update`` (0-based): the training tasks in turn, from the first."""
+        tasks = self.training_tasks
+        return tasks[update % len(tasks)]
+
+    def for_task(self, task: str) -> RunConfig:
+        """This config on ``task`` alone: the env section with its task, no other training task."""
+        return dataclasses.replace(self, env=dataclasses.replace(self.env, task=task), tasks=())
 
 
 def _flat(sections: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -126,10 +175,22 @@ def _default() -> dict[str, Any]:
     host with three slots, 8 envs, 25-epoch episodes, the OBJECTIVE reward."""
     return dict(
         updates=22,
-        env={"task": "mnist1d", "n_envs": 8, "batch_size": 128, "host_lr": 0.05, "seed_lr": 0.05,
-             "lr_schedule": "cosine", "workers": 2},
-        lifecycle={"min_prune_age": 6, "auto_advance": True, "timeout_fossilizes": True, "prune_gate": True,
-                   "terminal_at_limit": True},
+        env={
+            "task": "mnist1d",
+            "n_envs": 8,
+            "batch_size": 128,
+            "host_lr": 0.05,
+            "seed_lr": 0.05,
+            "lr_schedule": "cosine",
+            "workers": 2,
+        },
+        lifecycle={
+            "min_prune_age": 6,
+            "auto_advance": True,
+            "timeout_fossilizes": True,
+            "prune_gate": True,
+            "terminal_at_limit": True,
+        },
         reward={"param_weight": 0.0, "param_budget": 720.0},
         # Why these settings (README, "Why the controller did not learn at first"): an untrained policy
         # germinates as often as it waits where a slot is free (germinate_bias = wait_bias), so seeds
@@ -153,11 +214,26 @@ def _default() -> dict[str, Any]:
         # saw conv_heavy in b0 in training, so the blueprint head starts on a capacity prior (size_bias 1:
         # each blueprint about in proportion to its parameters), adopted by the rule on fresh seeds 100-109.
         eval_episodes=6,
-        ppo={"hidden": 64, "head_hidden": 32, "lr": 3e-3, "lr_end": 3e-4, "lr_anneal_updates": 22,
-             "n_epochs": 8, "target_kl": 0.03,
-             "wait_bias": 3.0, "germinate_bias": 3.0, "entropy_coef": 0.03, "entropy_coef_end": 0.003,
-             "entropy_anneal_updates": 22, "head_entropy_weights": (1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0),
-             "replay": 3, "blend_bias": 3.0, "gae_lambda": 1.0, "param_cap": 720.0, "size_bias": 1.0},
+        ppo={
+            "hidden": 64,
+            "head_hidden": 32,
+            "lr": 3e-3,
+            "lr_end": 3e-4,
+            "lr_anneal_updates": 22,
+            "n_epochs": 8,
+            "target_kl": 0.03,
+            "wait_bias": 3.0,
+            "germinate_bias": 3.0,
+            "entropy_coef": 0.03,
+            "entropy_coef_end": 0.003,
+            "entropy_anneal_updates": 22,
+            "head_entropy_weights": (1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0),
+            "replay": 3,
+            "blend_bias": 3.0,
+            "gae_lambda": 1.0,
+            "param_cap": 720.0,
+            "size_bias": 1.0,
+        },
     )
 
 
@@ -238,12 +314,16 @@ def _smoke() -> dict[str, Any]:
 PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "default": _default,
     # the suite's other tasks (bench.suite, docs/suite.md): the default's controller, their own sizes
-    "mnist1d_deep": _on_default("MNIST-1D on a deeper host: five pointwise blocks, five slots.",
-                                env={"task": "mnist1d_deep"}),
-    "longrange": _on_default("Two distant pulses, same sign or not: only a seed that mixes all positions "
-                             "relates them.", env={"task": "longrange"}),
-    "digits_shallow": _on_default("The digits resized larger, on a shallow 2-D host (two 3x3 blocks).",
-                                  env={"task": "digits_shallow"}),
+    "mnist1d_deep": _on_default(
+        "MNIST-1D on a deeper host: five pointwise blocks, five slots.", env={"task": "mnist1d_deep"}
+    ),
+    "longrange": _on_default(
+        "Two distant pulses, same sign or not: only a seed that mixes all positions relates them.",
+        env={"task": "longrange"},
+    ),
+    "digits_shallow": _on_default(
+        "The digits resized larger, on a shallow 2-D host (two 3x3 blocks).", env={"task": "digits_shallow"}
+    ),
     "digits": _digits,
     "stdlib_text": _stdlib_text,
     "cifar10": _cifar10,

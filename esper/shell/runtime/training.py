@@ -30,7 +30,7 @@ from esper.shell.config.presets import RunConfig
 from esper.shell.env.rollout import EpisodeResult, EpisodeRunner, merge_results
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.eval.heldout import heldout_check
-from esper.shell.runtime.checkpoint import rng_state, save_checkpoint, set_rng_state
+from esper.shell.runtime.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from esper.shell.runtime.cli import STOPPED, describe, repeat_line
 from esper.shell.runtime.distributed import SINGLE, Dist, PeerLost, rank_device
 from esper.shell.runtime.rundir import StopSignals, Terminated
@@ -93,18 +93,37 @@ class TrainingRun:
         device = rank_device(cfg.env.device, dist)
         devices = cfg.env.devices if not dist.active else ()
         env_cfg = dataclasses.replace(cfg.env, n_envs=n, device=device, devices=devices)
-        self.env = VecEnv(
-            env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, first_env=first, reward=cfg.reward,
-            gamma=cfg.ppo.gamma,
-        )
+        #: One VecEnv per training task (``tasks``); update u runs ``cfg.task_of(u)``'s.
+        self.envs = {
+            task: VecEnv(
+                dataclasses.replace(env_cfg, task=task), cfg.lifecycle, cfg.governor, seed=cfg.seed,
+                first_env=first, reward=cfg.reward, gamma=cfg.ppo.gamma,
+            )
+            for task in cfg.training_tasks
+        }  # fmt: skip
+        #: The env of ``env.task``: the held-out check's, and the one the learner is built for.
+        self.env = self.envs[cfg.env.task]
+        check_shapes(cfg, self.envs)
         self.agent, self.trainer = build_learner(
-            cfg.ppo, self.env.spec, device=torch.device(device), seed=cfg.seed, compile=cfg.compile,
-            dist=dist, germination_cost=self.env.germination_cost, raw_obs_dim=self.env.obs_dim,
+            cfg.ppo,
+            self.env.spec,
+            device=torch.device(device),
+            seed=cfg.seed,
+            compile=cfg.compile,
+            dist=dist,
+            germination_cost=self.env.germination_cost,
+            raw_obs_dim=self.env.obs_dim,
         )
         if cfg.policy == "ppo":  # actions sampled per env, from the global env index: see PPOController
-            self.controller = PPOController(self.agent, per_env=True)
+            controller = PPOController(self.agent, per_env=True)
+            self.controllers = dict.fromkeys(self.envs, controller)
         else:
-            self.controller = HeuristicController(self.env.blueprint_names, cfg.lifecycle)
+            self.controllers = {
+                t: HeuristicController(e.blueprint_names, cfg.lifecycle) for t, e in self.envs.items()
+            }
+        self.controller = self.controllers[cfg.env.task]
+        if cfg.init_from and checkpoint is None:
+            self._init_from(Path(cfg.init_from))
         self.detector = AnomalyDetector(
             cfg.anomaly, target_kl=cfg.ppo.target_kl, updates=cfg.updates, entropy_coef=cfg.ppo.entropy_coef
         )
@@ -134,6 +153,27 @@ class TrainingRun:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(f"checkpoint {self.dir / CHECKPOINT} does not fit this run: {first}") from None
         self.saved = self.start
+
+    def _init_from(self, run_dir: Path) -> None:
+        """``init_from``: the learned controller's weights and observation statistics from another run's
+        checkpoint (one-line errors where it is missing or does not fit)."""
+        path = run_dir / CHECKPOINT
+        if not path.is_file():
+            raise ValueError(f"init_from: {path} not found (a directory of {PROG} that finished an update)")
+        ckpt = load_checkpoint(path, map_location=self.agent.device)
+        theirs = ckpt.get("config", {}).get("ppo", {}).get("policy", "flat")
+        if theirs != self.cfg.ppo.policy:
+            raise ValueError(
+                f"init_from {run_dir}: its controller is ppo.policy {theirs}, this run's "
+                f"{self.cfg.ppo.policy}: pass --ppo.policy {theirs}"
+            )
+        try:
+            self.agent.load(ckpt["trainer"])
+        except (KeyError, RuntimeError, ValueError) as e:
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+            named = [line for line in lines if line.startswith(("size mismatch", "Missing", "Unexpected"))]
+            why = f"init_from {run_dir}: its controller does not load into this run's: {(named or lines)[0]}"
+            raise ValueError(why) from None
 
     def open_log(self, *, resume: bool) -> None:
         """Open ``events.jsonl`` (a resumed run first rewinds it to its checkpoint, see the module
@@ -183,18 +223,25 @@ class TrainingRun:
             self.open_log(resume=False)
         T = cfg.lifecycle.max_epochs
         bar = progress(
-            (cfg.updates - self.start) * T, desc=f"{cfg.policy} {cfg.env.task}",
+            (cfg.updates - self.start) * T, desc=f"{cfg.policy} {'+'.join(cfg.training_tasks)}",
             enabled=cfg.progress and self.dist.is_main,
         )  # fmt: skip
-        runner = EpisodeRunner(self.env, self.controller, on_epoch=lambda ev: bar.update(1))
+        runners = {t: EpisodeRunner(env, self.controllers[t], on_epoch=lambda ev: bar.update(1))
+                   for t, env in self.envs.items()}  # fmt: skip
+        several = len(runners) > 1
         last = self.boundary(self.start)  # the state a stop falls back to
         update = self.start
         try:
             for update in range(self.start, cfg.updates):
                 t0 = time.perf_counter()
-                result = self._gather(runner.run(update))
+                task = cfg.task_of(update)
+                result = self._gather(runners[task].run(update))
+                if several:
+                    for ep in result.episodes:
+                        ep["task"] = task
                 self._log_episodes(update, result)
-                row = {"update": update + 1, **_episode_means(result.episodes)}
+                row = {"update": update + 1, **({"task": task} if several else {})}
+                row.update(_episode_means(result.episodes))
                 flags = _flag_counts(result.episodes)
                 row.update(flags)
                 steps = len(result.episodes) * T
@@ -293,7 +340,8 @@ class TrainingRun:
         table = summary_table(self.rows, [c for c in SUMMARY_COLUMNS if any(c in r for r in self.rows)])
         print(table)
         check = (
-            heldout_check(cfg, self.dir, self.trainer.state_dict(replay=False), self.env.task)
+            heldout_check(cfg.for_task(cfg.env.task), self.dir, self.trainer.state_dict(replay=False),
+                          self.env.task)
             if cfg.eval_episodes else None
         )  # fmt: skip
         if check is not None:
@@ -335,8 +383,30 @@ def _cpu_copy(obj):
     return obj
 
 
-SUMMARY_COLUMNS = ("update", "return", "test_acc", "val_acc", "params", "fossilized", "pruned", "hacking",
-                   "ransomware", "kl", "entropy", "ev", "seconds")  # fmt: skip
+def check_shapes(cfg: RunConfig, envs: dict[str, VecEnv]) -> None:
+    """Refuse, in one line, training tasks whose hosts differ in shape where the learner cannot take them:
+    the flat policy's input and slot and blueprint heads are sized by one host, and a compiled step builds
+    one graph per host shape and batch size (``ppo.replay``)."""
+    shapes = {(e.spec.n_slots, e.blueprint_names, e.obs_dim) for e in envs.values()}
+    if cfg.policy != "ppo" or len(shapes) == 1:
+        return
+    if cfg.ppo.policy == "flat":
+        seen = "; ".join(f"{t} {e.spec.n_slots} slots, {e.task.family} blueprints" for t, e in envs.items())
+        raise ValueError(
+            f"tasks: the flat policy acts on one host shape, these differ ({seen}); train them with "
+            "--ppo.policy set"
+        )
+    graphs, limit = len(shapes) * (cfg.ppo.replay + 1), torch.compiler.config.recompile_limit
+    if cfg.compile and graphs > limit:
+        raise ValueError(
+            f"tasks: {len(shapes)} host shapes with --compile and ppo.replay={cfg.ppo.replay} need {graphs} "
+            f"graphs, over torch.compile's recompile_limit of {limit}: fewer tasks, a smaller --ppo.replay, "
+            "or run without --compile"
+        )
+
+
+SUMMARY_COLUMNS = ("update", "task", "return", "test_acc", "val_acc", "params", "fossilized", "pruned",
+                   "hacking", "ransomware", "kl", "entropy", "ev", "seconds")  # fmt: skip
 
 
 def _flag_counts(episodes: list[dict]) -> dict[str, int]:

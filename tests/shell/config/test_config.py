@@ -50,10 +50,23 @@ def test_every_preset_builds_a_valid_frozen_config(name):
         # the default's controller is the candidate the seeds 80-89 rule judged, with the capacity prior the
         # seeds 100-109 rule judged (docs/experiment-log.md):
         # a change here needs a new rule on fresh seeds, not only a green suite
-        ("default", {"env.task": "mnist1d", "reward.mode": RewardMode.OBJECTIVE, "updates": 22,
-                     "env.n_envs": 8, "ppo.replay": 3, "ppo.blend_bias": 3.0,
-                     "lifecycle.terminal_at_limit": True, "ppo.gae_lambda": 1.0, "reward.param_weight": 0.0,
-                     "reward.param_budget": 720.0, "ppo.param_cap": 720.0, "ppo.size_bias": 1.0}),
+        (
+            "default",
+            {
+                "env.task": "mnist1d",
+                "reward.mode": RewardMode.OBJECTIVE,
+                "updates": 22,
+                "env.n_envs": 8,
+                "ppo.replay": 3,
+                "ppo.blend_bias": 3.0,
+                "lifecycle.terminal_at_limit": True,
+                "ppo.gae_lambda": 1.0,
+                "reward.param_weight": 0.0,
+                "reward.param_budget": 720.0,
+                "ppo.param_cap": 720.0,
+                "ppo.size_bias": 1.0,
+            },
+        ),
         ("digits", {"env.task": "digits", "env.n_envs": 4, "env.channels": (4, 8, 16), "ppo.lr": 1e-3}),
         ("stdlib_text", {"env.task": "stdlib_text", "env.n_envs": 2, "ppo.n_minibatches": 1}),
         ("cifar10", {"env.task": "cifar10", "env.device": "cuda", "env.amp": True, "ppo.entropy_coef": 0.1}),
@@ -340,3 +353,50 @@ def test_every_field_is_documented_and_defaults_are_immutable():
     assert not undocumented
     with pytest.raises(TypeError, match="immutable"):
         doc([1, 2], "a list default would be shared between instances")
+
+
+# ------------------------------------------------------ the set policy, several tasks, init_from (issue 46)
+def test_ppo_policy_is_flat_by_default_and_set_on_request():
+    assert preset("default").ppo.policy == "flat" and preset("smoke").ppo.policy == "flat"
+    assert preset("default", {"ppo.policy": "set"}).ppo.policy == "set"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"ppo.policy": "graph"}, "ppo.policy must be one of flat, set, got 'graph'"),
+        ({"ppo.policy": "set", "ppo.slot_bias": "true"}, "ppo.slot_bias is the flat policy's"),
+        ({"tasks": "mnist1d,nope"}, "tasks: unknown task(s) ['nope']"),
+        ({"tasks": "mnist1d,mnist1d"}, "tasks: mnist1d, mnist1d names a task twice"),
+        (
+            {"tasks": "mnist1d_deep,longrange"},
+            "env.task 'mnist1d' is not one of tasks (mnist1d_deep, longrange)",
+        ),
+        ({"tasks": "mnist1d,digits", "env.data_seed": "5"}, "tasks: digits: "),
+        ({"init_from": "runs/x", "policy": "heuristic"}, "init_from starts a learned controller"),
+    ],
+)
+def test_set_policy_tasks_and_init_from_are_refused_in_one_line(overrides, message):
+    with pytest.raises(ValueError) as exc:
+        preset("smoke", overrides)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_tasks_take_turns_from_the_first_and_each_is_a_config_of_its_own():
+    cfg = preset("smoke", {"tasks": "mnist1d,mnist1d_deep,longrange", "ppo.policy": "set"})
+    assert cfg.tasks == ("mnist1d", "mnist1d_deep", "longrange")
+    assert cfg.training_tasks == cfg.tasks
+    assert [cfg.task_of(u) for u in range(5)] == [
+        "mnist1d",
+        "mnist1d_deep",
+        "longrange",
+        "mnist1d",
+        "mnist1d_deep",
+    ]
+    one = cfg.for_task("mnist1d_deep")
+    assert one.env.task == "mnist1d_deep" and one.tasks == () and one.training_tasks == ("mnist1d_deep",)
+    assert one.ppo == cfg.ppo and one.env.n_envs == cfg.env.n_envs  # the run's settings, on another task
+    plain = preset("smoke")
+    assert plain.tasks == () and plain.training_tasks == ("mnist1d",) and plain.task_of(7) == "mnist1d"
+    assert from_dict(RunConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg  # stored in config.json
+    assert preset("smoke", {"init_from": "runs/a"}).init_from == "runs/a"
