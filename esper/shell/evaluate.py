@@ -3,6 +3,7 @@
     python -m esper.shell.evaluate runs/default-20261123-101500                   # 20 episodes each
     python -m esper.shell.evaluate RUN_DIR --episodes 50 --seed 7 --controllers ppo,static,grow_all
     python -m esper.shell.evaluate RUN_DIR --data-seed 5 --controllers ppo,heuristic_tuned,plan_search@0.5x
+    python -m esper.shell.evaluate RUN_DIR --task mnist1d_deep --data-seed 5     # zero-shot, another task
 
 The run's controller is loaded from ``RUN_DIR/checkpoint.pt`` and frozen (no update, observation
 statistics as saved) and run twice: ``ppo`` samples its policy as in training (seeded), ``ppo_greedy``
@@ -21,6 +22,11 @@ hosts and data draw, by validation accuracy (:mod:`esper.shell.eval.search`; the
 ``RUN_DIR/search/``). ``--data-seed S`` evaluates on a fresh draw of generated data (the tasks
 ``mnist1d``, ``mnist1d_deep``, ``longrange``); a fixed dataset (``digits``, ...) refuses it: its test
 split is the only held-out draw.
+
+``--task T`` evaluates on another task: the run's settings with T's task (:meth:`RunConfig.for_task`), T's
+own data draw for the searches and ``--data-seed`` for a fresh one, the results in ``RUN_DIR/eval-T/``:
+zero-shot transfer for a controller of ``--ppo.policy set``, which acts on any host (a flat-policy run is
+refused in one line where T's host differs in shape, :func:`esper.shell.user.check_controller_fits`).
 
 The verdict is the held-out **test** accuracy of each episode's final host (a split neither the host's
 training nor the controller ever reads) and the parameters the controller added. Written to
@@ -80,8 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="evaluate on this draw of generated data (mnist1d, mnist1d_deep, longrange; default: "
                         "the run's own draw); refused for a fixed dataset, whose test split is the only "
                         "held-out draw")  # fmt: skip
+    p.add_argument("--task", default=None,
+                   help="evaluate on another task than the run's (zero-shot transfer; its searches select on "
+                        "the task's own draw): refused for a flat-policy run whose host shape differs "
+                        "(default: the run's task)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None,
-                   help="where results.json, report.md and plots/ go (default RUN_DIR/eval)")  # fmt: skip
+                   help="where results.json, report.md and plots/ go (default RUN_DIR/eval, "
+                        "RUN_DIR/eval-TASK with --task)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.threads < 0:
@@ -93,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = compare_controllers(args.run_dir, episodes=args.episodes, seed=args.seed,
                                       controllers=names, show_progress=not args.no_progress,
                                       threads=args.threads, out=args.out,
-                                      data_seed=args.data_seed)  # fmt: skip
+                                      data_seed=args.data_seed, task=args.task)  # fmt: skip
     except (OSError, ValueError) as e:
         return report(PROG, e)
     for name, s in results["controllers"].items():
@@ -107,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     draw = "a fixed dataset's test split" if meta["data_seed"] is None else f"data seed {meta['data_seed']}"
     print(f"data: {draw} (the run's own draw: {meta['selection_data_seed']})")
     print(repeat_line(args.seed, results["meta"]["torch_threads"]))
-    print(f"results: {(args.out or Path(args.run_dir) / 'eval') / 'results.json'}")
+    default = Path(args.run_dir) / ("eval" if args.task is None else f"eval-{args.task}")
+    print(f"results: {(args.out or default) / 'results.json'}")
     return 0
 
 

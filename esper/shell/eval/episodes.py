@@ -24,7 +24,7 @@ import torch
 from esper.shell.config.fields import from_dict
 from esper.shell.config.presets import RunConfig
 from esper.shell.data.tasks import Task
-from esper.shell.env.config import GENERATED_TASKS
+from esper.shell.env.config import GENERATED_TASKS, TASKS
 from esper.shell.env.seeding import eval_host_seeds
 from esper.shell.env.vecenv import BLEND_SETTINGS
 from esper.shell.eval.controllers import (
@@ -125,6 +125,7 @@ def compare_controllers(
     threads: int | None = None,
     out: str | Path | None = None,
     data_seed: int | None = None,
+    task: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate the run in ``run_dir`` (as :mod:`esper.shell.evaluate` describes) and write ``out``
     (``RUN_DIR/eval/`` by default); returns the results dict. ``threads``: torch intra-op threads to
@@ -132,7 +133,10 @@ def compare_controllers(
     CLI passes 0: two env threads on two cores with two intra-op threads each ran the evaluation ~4x
     slower per episode than training. ``data_seed``: evaluate on that draw of generated data (the run
     trained, and the searches select, on its own draw); refused for a fixed dataset. The searches'
-    choices are kept in ``RUN_DIR/search/``."""
+    choices are kept in ``RUN_DIR/search/``. ``task``: evaluate on another task (the run's config on that
+    task, :meth:`RunConfig.for_task`, its own data draw for the searches: zero-shot transfer; the
+    controller is checked to act on its host, :func:`esper.shell.user.check_controller_fits`; written to
+    ``RUN_DIR/eval-TASK/``, the searches' choices to ``RUN_DIR/search-TASK/``)."""
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.json"
     if not cfg_path.is_file():
@@ -140,7 +144,15 @@ def compare_controllers(
     if episodes < 2:
         raise ValueError(f"--episodes must be >= 2 (a confidence interval needs two), got {episodes}")
     check_names(controllers)
-    cfg = from_dict(RunConfig, json.loads(cfg_path.read_text()))
+    run_cfg = cfg = from_dict(RunConfig, json.loads(cfg_path.read_text()))
+    if task is not None:  # another task: the run's settings on it, the task's own draw for the searches
+        if task not in TASKS:
+            raise ValueError(f"--task: unknown task {task!r}; tasks: {', '.join(TASKS)}")
+        try:
+            env = dataclasses.replace(cfg.env, task=task, data_seed=None)
+            cfg = dataclasses.replace(cfg, env=env, tasks=())
+        except ValueError as e:
+            raise ValueError(f"--task {task}: the run's settings do not fit it: {e}") from None
     eval_cfg = cfg
     if data_seed is not None:
         if cfg.env.task not in GENERATED_TASKS:
@@ -159,11 +171,18 @@ def compare_controllers(
         checkpoint = load_checkpoint(ckpt, map_location=cfg.env.device)
         if "trainer" not in checkpoint:
             raise ValueError(f"{ckpt} has no 'trainer' entry: not a checkpoint of python -m esper.shell.run")
+        if task is not None:
+            from esper.shell.user.grow import check_controller_fits  # (it imports this module)
+
+            where = f"--task {task}: run {run_dir}"
+            check_controller_fits(run_cfg, checkpoint, cfg.env.build_task(), run=where)
+    suffix = f"-{task}" if task is not None else ""
     results = compare_on_config(eval_cfg, controllers, episodes=episodes, seed=seed, checkpoint=checkpoint,
                                 show_progress=show_progress, selection_cfg=cfg,
-                                search_cache=run_dir / "search")  # fmt: skip
+                                search_cache=run_dir / f"search{suffix}")  # fmt: skip
     results["meta"]["run_dir"] = str(run_dir)
-    write_eval(Path(out) if out is not None else run_dir / "eval", results)
+    results["meta"]["trained_on"] = list(run_cfg.training_tasks)
+    write_eval(Path(out) if out is not None else run_dir / f"eval{suffix}", results)
     return results
 
 
@@ -232,8 +251,9 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
             "data_seed": task.data_seed,
             "selection_data_seed": selection_task.data_seed,
             "learned_compute_host_epochs": learned_compute(cfg),
-            "plan_search_budgets": {n: plan_budget(n, cfg) for n in controllers
-                                    if is_searched(n) and n != "heuristic_tuned"},
+            "plan_search_budgets": {
+                n: plan_budget(n, cfg) for n in controllers if is_searched(n) and n != "heuristic_tuned"
+            },
             "ppo_acts": "; ".join(f"{name} {how}" for name, (_, how) in PPO_READOUTS.items()),
             "grow_all_blueprint": grow_all_blueprint(task),
             "param_weight": cfg.reward.param_weight,
