@@ -22,11 +22,13 @@ from pathlib import Path
 import torch
 
 from esper.core.rewards import FLAGS
+from esper.shell.agent.agent import Agent
 from esper.shell.agent.controller import PPOController
 from esper.shell.agent.trainer import build_learner
 from esper.shell.baselines.heuristic import HeuristicController
 from esper.shell.config.fields import to_dict
 from esper.shell.config.presets import RunConfig
+from esper.shell.env.config import EnvConfig
 from esper.shell.env.rollout import EpisodeResult, EpisodeRunner, merge_results
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.eval.heldout import heldout_check
@@ -94,36 +96,21 @@ class TrainingRun:
         devices = cfg.env.devices if not dist.active else ()
         env_cfg = dataclasses.replace(cfg.env, n_envs=n, device=device, devices=devices)
         #: One VecEnv per training task (``tasks``); update u runs ``cfg.task_of(u)``'s.
-        self.envs = {
-            task: VecEnv(
-                dataclasses.replace(env_cfg, task=task), cfg.lifecycle, cfg.governor, seed=cfg.seed,
-                first_env=first, reward=cfg.reward, gamma=cfg.ppo.gamma,
-            )
-            for task in cfg.training_tasks
-        }  # fmt: skip
+        self.envs = build_envs(cfg, env_cfg, first)
         #: The env of ``env.task``: the held-out check's, and the one the learner is built for.
         self.env = self.envs[cfg.env.task]
-        check_shapes(cfg, self.envs)
         self.agent, self.trainer = build_learner(
-            cfg.ppo,
-            self.env.spec,
-            device=torch.device(device),
-            seed=cfg.seed,
-            compile=cfg.compile,
-            dist=dist,
-            germination_cost=self.env.germination_cost,
-            raw_obs_dim=self.env.obs_dim,
-        )
+            cfg.ppo, self.env.spec, device=torch.device(device), seed=cfg.seed, compile=cfg.compile,
+            dist=dist, germination_cost=self.env.germination_cost, raw_obs_dim=self.env.obs_dim,
+        )  # fmt: skip
         if cfg.policy == "ppo":  # actions sampled per env, from the global env index: see PPOController
-            controller = PPOController(self.agent, per_env=True)
-            self.controllers = dict.fromkeys(self.envs, controller)
+            self.controllers = dict.fromkeys(self.envs, PPOController(self.agent, per_env=True))
         else:
-            self.controllers = {
-                t: HeuristicController(e.blueprint_names, cfg.lifecycle) for t, e in self.envs.items()
-            }
+            heuristic = lambda env: HeuristicController(env.blueprint_names, cfg.lifecycle)
+            self.controllers = {task: heuristic(env) for task, env in self.envs.items()}
         self.controller = self.controllers[cfg.env.task]
         if cfg.init_from and checkpoint is None:
-            self._init_from(Path(cfg.init_from))
+            init_agent_from(self.agent, Path(cfg.init_from), cfg.ppo.policy)
         self.detector = AnomalyDetector(
             cfg.anomaly, target_kl=cfg.ppo.target_kl, updates=cfg.updates, entropy_coef=cfg.ppo.entropy_coef
         )
@@ -153,27 +140,6 @@ class TrainingRun:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(f"checkpoint {self.dir / CHECKPOINT} does not fit this run: {first}") from None
         self.saved = self.start
-
-    def _init_from(self, run_dir: Path) -> None:
-        """``init_from``: the learned controller's weights and observation statistics from another run's
-        checkpoint (one-line errors where it is missing or does not fit)."""
-        path = run_dir / CHECKPOINT
-        if not path.is_file():
-            raise ValueError(f"init_from: {path} not found (a directory of {PROG} that finished an update)")
-        ckpt = load_checkpoint(path, map_location=self.agent.device)
-        theirs = ckpt.get("config", {}).get("ppo", {}).get("policy", "flat")
-        if theirs != self.cfg.ppo.policy:
-            raise ValueError(
-                f"init_from {run_dir}: its controller is ppo.policy {theirs}, this run's "
-                f"{self.cfg.ppo.policy}: pass --ppo.policy {theirs}"
-            )
-        try:
-            self.agent.load(ckpt["trainer"])
-        except (KeyError, RuntimeError, ValueError) as e:
-            lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-            named = [line for line in lines if line.startswith(("size mismatch", "Missing", "Unexpected"))]
-            why = f"init_from {run_dir}: its controller does not load into this run's: {(named or lines)[0]}"
-            raise ValueError(why) from None
 
     def open_log(self, *, resume: bool) -> None:
         """Open ``events.jsonl`` (a resumed run first rewinds it to its checkpoint, see the module
@@ -236,12 +202,11 @@ class TrainingRun:
                 t0 = time.perf_counter()
                 task = cfg.task_of(update)
                 result = self._gather(runners[task].run(update))
-                if several:
-                    for ep in result.episodes:
-                        ep["task"] = task
+                tagged = {"task": task} if several else {}  # several tasks: each episode and row says its own
+                for ep in result.episodes:
+                    ep.update(tagged)
                 self._log_episodes(update, result)
-                row = {"update": update + 1, **({"task": task} if several else {})}
-                row.update(_episode_means(result.episodes))
+                row = {"update": update + 1, **tagged, **_episode_means(result.episodes)}
                 flags = _flag_counts(result.episodes)
                 row.update(flags)
                 steps = len(result.episodes) * T
@@ -381,6 +346,43 @@ def _cpu_copy(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_cpu_copy(v) for v in obj)
     return obj
+
+
+def build_envs(cfg: RunConfig, env_cfg: EnvConfig, first: int) -> dict[str, VecEnv]:
+    """One :class:`VecEnv` per training task, each ``env_cfg`` (this process's slice of the envs, from
+    the global env ``first``) with its task; refused in one line where the learner cannot take their
+    shapes (:func:`check_shapes`)."""
+    envs = {
+        task: VecEnv(
+            dataclasses.replace(env_cfg, task=task), cfg.lifecycle, cfg.governor, seed=cfg.seed,
+            first_env=first, reward=cfg.reward, gamma=cfg.ppo.gamma,
+        )
+        for task in cfg.training_tasks
+    }  # fmt: skip
+    check_shapes(cfg, envs)
+    return envs
+
+
+def init_agent_from(agent: Agent, run_dir: Path, policy: str) -> None:
+    """``init_from``: ``agent``'s weights and observation statistics from another run's checkpoint (one-line
+    errors where it is missing, of another ``ppo.policy`` than ``policy``, or does not fit)."""
+    path = run_dir / CHECKPOINT
+    if not path.is_file():
+        raise ValueError(f"init_from: {path} not found (a directory of {PROG} that finished an update)")
+    ckpt = load_checkpoint(path, map_location=agent.device)
+    theirs = ckpt.get("config", {}).get("ppo", {}).get("policy", "flat")
+    if theirs != policy:
+        raise ValueError(
+            f"init_from {run_dir}: its controller is ppo.policy {theirs}, this run's {policy}: "
+            f"pass --ppo.policy {theirs}"
+        )
+    try:
+        agent.load(ckpt["trainer"])
+    except (KeyError, RuntimeError, ValueError) as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        named = [line for line in lines if line.startswith(("size mismatch", "Missing", "Unexpected"))]
+        why = f"init_from {run_dir}: its controller does not load into this run's: {(named or lines)[0]}"
+        raise ValueError(why) from None
 
 
 def check_shapes(cfg: RunConfig, envs: dict[str, VecEnv]) -> None:
