@@ -143,38 +143,11 @@ class PPOTrainer:
         #: Consecutive updates rolled back for a non-finite loss, gradient or parameter.
         self.bad_streak = 0
         self.params = list(policy.parameters())
-        weights = cfg.head_entropy_weights or (1.0,) * len(HEADS)
-        head_weights = dict(zip(HEADS, weights))
-
-        # The fused Triton kernels where they run (CUDA with Triton), the core functions elsewhere.
-        use_kernels = device.type == "cuda" and kernels.HAS_TRITON
-        categorical = kernels.masked_categorical if use_kernels else masked_categorical
-        gae_impl = kernels.gae if use_kernels else gae
-
-        def loss_fn(td: TensorDictBase, counts: TensorDict | None = None) -> TensorDict:
-            # entropy_coef is a per-head weight here; the annealed scalar multiplies loss_entropy
-            # outside, so a changing coefficient never recompiles the loss.
-            return ppo_loss(
-                td,
-                factored=True,
-                clip_epsilon=cfg.clip_epsilon,
-                value_clip=cfg.value_clip,
-                value_coef=cfg.value_coef,
-                entropy_coef=head_weights,
-                target_kl=cfg.target_kl,
-                categorical=categorical,
-                counts=counts,
-            )
-
-        def gae_fn(td: TensorDictBase) -> TensorDictBase:
-            return gae_impl(td, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
-
-        self.loss_fn = loss_fn
-        self._categorical = categorical
-        compiled = lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, backend=compile_backend)
-        self.gae_fn = compiled(gae_fn) if compile else gae_fn
+        self.loss_fn, self.gae_fn, self._categorical = loss_functions(
+            cfg, device, compile=compile, backend=compile_backend
+        )
         learner = Learner(
-            policy, self.optimizer, loss_fn, self._rescore,
+            policy, self.optimizer, self.loss_fn, self._rescore,
             GradHealthConfig.for_clipped_ppo(cfg.max_grad_norm, factor=cfg.grad_explode_factor),
             cfg.max_grad_norm, cfg.target_kl,
         )  # fmt: skip
@@ -184,7 +157,7 @@ class PPOTrainer:
     # ----------------------------------------------------------------------------------------- update
     def prepare(self, batch: TensorDictBase, *, replayed: list[TensorDictBase] = ()) -> TensorDictBase:
         """Steps 1-5 of the module docstring; returns the batch ready for the epochs. ``replayed``:
-        earlier rollouts (``ppo.replay``), re-scored by :meth:`_rescore_replayed` and appended along
+        earlier rollouts (``ppo.replay``), re-scored by :func:`rescore_replayed` and appended along
         the env dim after step 4; step 5 normalizes over all of it. The advantages' statistics before
         step 5 go to :attr:`advantage`."""
         cfg = self.cfg
@@ -215,7 +188,8 @@ class PPOTrainer:
             batch["state_value"] = self._rescore(batch)["state_value"]
             weight = None
             if replayed:
-                old = [self._rescore_replayed(td) for td in replayed]
+                fns = (self._rescore, self.gae_fn, self._categorical)
+                old = [rescore_replayed(td, st.reward_stats, cfg, *fns) for td in replayed]
                 weight = torch.cat([torch.ones_like(batch["advantage"])] + [w for _, w in old], 0)
                 batch = torch.cat([batch] + [td for td, _ in old], 0)
             self.advantage = advantage_stats(batch["advantage"], batch.get(KEYS.valid, None), self.dist)
@@ -225,29 +199,6 @@ class PPOTrainer:
             if weight is not None:  # after normalizing: the weight scales each step's share, not the spread
                 batch["advantage"] = batch["advantage"] * weight
         return batch
-
-    def _rescore_replayed(self, old: TensorDictBase) -> tuple[TensorDictBase, torch.Tensor]:
-        """An earlier rollout made ready for this update (``ppo.replay``): its rewards scaled with the
-        current statistics, V from the current critic (the value-clip anchor and GAE's values; the
-        truncated last step's bootstrap stays the rollout's, whose post-action state is not stored),
-        GAE, and :func:`esper.core.decouple`: each head's stored log-prob replaced by the current
-        (proximal) policy's and the truncated behaviour weight, returned beside the batch. Runs under
-        ``no_grad``; the stored observations are those the behaviour policy saw (S2)."""
-        cfg, st = self.cfg, self.state
-        td = old.clone()
-        td["next", "reward"] = scale(st.reward_stats, td["next", "raw_reward"], clip=cfg.reward_clip)
-        prox = self._rescore(td)
-        values = prox["state_value"]
-        boot = td["next", "state_value"][:, -1:]
-        td["state_value"] = values
-        td["next", "state_value"] = torch.cat([values[:, 1:], boot.to(values.dtype)], dim=1)
-        self.gae_fn(td)
-        td["current"] = prox
-        rebased = decouple(td, factored=True, categorical=self._categorical)
-        del td["current"]
-        weight = rebased.pop("behaviour_weight")
-        td.update(rebased)
-        return td, weight.reshape(td["advantage"].shape)
 
     def update(self, batch: TensorDictBase, *, detail: bool = False) -> dict[str, float | list[float]]:
         """One PPO update on a rollout ``[n_envs, T]``. Returns host-side metrics (one sync per
@@ -407,6 +358,71 @@ class PPOTrainer:
             first, count = self.dist.shard(whole.batch_size[0])
             kept.append(whole[first : first + count].to(device))
         self.state.replay = keep_replay(kept, self.cfg.replay)
+
+
+def loss_functions(
+    cfg: PPOConfig, device: torch.device, *, compile: bool = False, backend: str | Callable = "inductor"
+) -> tuple[Callable, Callable, Callable]:
+    """The trainer's loss (``ppo_loss`` with the config's coefficients, factored over the heads), GAE
+    (compiled with ``compile``) and masked categorical: the fused Triton kernels where they run (CUDA
+    with Triton), the core functions elsewhere."""
+    weights = cfg.head_entropy_weights or (1.0,) * len(HEADS)
+    head_weights = dict(zip(HEADS, weights))
+    use_kernels = device.type == "cuda" and kernels.HAS_TRITON
+    categorical = kernels.masked_categorical if use_kernels else masked_categorical
+    gae_impl = kernels.gae if use_kernels else gae
+
+    def loss_fn(td: TensorDictBase, counts: TensorDict | None = None) -> TensorDict:
+        # entropy_coef is a per-head weight here; the annealed scalar multiplies loss_entropy
+        # outside, so a changing coefficient never recompiles the loss.
+        return ppo_loss(
+            td,
+            factored=True,
+            clip_epsilon=cfg.clip_epsilon,
+            value_clip=cfg.value_clip,
+            value_coef=cfg.value_coef,
+            entropy_coef=head_weights,
+            target_kl=cfg.target_kl,
+            categorical=categorical,
+            counts=counts,
+        )
+
+    def gae_fn(td: TensorDictBase) -> TensorDictBase:
+        return gae_impl(td, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
+
+    if compile:
+        gae_fn = torch.compile(gae_fn, fullgraph=True, dynamic=False, backend=backend)
+    return loss_fn, gae_fn, categorical
+
+
+def rescore_replayed(
+    old: TensorDictBase,
+    reward_stats: TensorDict,
+    cfg: PPOConfig,
+    rescore: Callable[[TensorDictBase], TensorDict],
+    gae_fn: Callable[[TensorDictBase], TensorDictBase],
+    categorical: Callable,
+) -> tuple[TensorDictBase, torch.Tensor]:
+    """An earlier rollout made ready for this update (``ppo.replay``): its rewards scaled with the
+    current statistics, V from the current critic (``rescore``: the value-clip anchor and GAE's values;
+    the truncated last step's bootstrap stays the rollout's, whose post-action state is not stored),
+    GAE, and :func:`esper.core.decouple`: each head's stored log-prob replaced by the current
+    (proximal) policy's and the truncated behaviour weight, returned beside the batch. Call under
+    ``no_grad``; the stored observations are those the behaviour policy saw (S2)."""
+    td = old.clone()
+    td["next", "reward"] = scale(reward_stats, td["next", "raw_reward"], clip=cfg.reward_clip)
+    prox = rescore(td)
+    values = prox["state_value"]
+    boot = td["next", "state_value"][:, -1:]
+    td["state_value"] = values
+    td["next", "state_value"] = torch.cat([values[:, 1:], boot.to(values.dtype)], dim=1)
+    gae_fn(td)
+    td["current"] = prox
+    rebased = decouple(td, factored=True, categorical=categorical)
+    del td["current"]
+    weight = rebased.pop("behaviour_weight")
+    td.update(rebased)
+    return td, weight.reshape(td["advantage"].shape)
 
 
 def _flatten_update_metrics(m: dict) -> dict:
