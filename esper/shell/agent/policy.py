@@ -53,6 +53,35 @@ def _mlp(n_in: int, n_hidden: int, n_out: int, out_gain: float) -> nn.Sequential
     return net
 
 
+def recurrent_trunk(n_in: int, hidden: int) -> tuple[nn.Sequential, nn.LSTM, nn.LayerNorm]:
+    """The trunk both policies share: an encoder (linear, layer norm, ReLU), a one-layer LSTM (orthogonal
+    weights, forget-gate bias 1) and the layer norm after it."""
+    encoder = nn.Sequential(nn.Linear(n_in, hidden), nn.LayerNorm(hidden), nn.ReLU())
+    nn.init.orthogonal_(encoder[0].weight, math.sqrt(2))
+    nn.init.zeros_(encoder[0].bias)
+    lstm = nn.LSTM(hidden, hidden, batch_first=True)
+    for name, p in lstm.named_parameters():
+        if "weight" in name:
+            nn.init.orthogonal_(p)
+        else:
+            nn.init.zeros_(p)
+            p.data[hidden : 2 * hidden] = 1.0  # forget-gate bias
+    return encoder, lstm, nn.LayerNorm(hidden)
+
+
+@torch.no_grad()
+def start_biases(heads: nn.ModuleDict, *, wait_bias: float, germinate_bias: float, blend_bias: float) -> None:
+    """The initial preferences both policies share. The heads' last layers start near zero (gain 0.01),
+    so their biases are the initial logits: WAIT starts ``wait_bias`` logits above the ops that change a
+    live seed (PRUNE, SET_ALPHA_TARGET, FOSSILIZE, ADVANCE), GERMINATE ``germinate_bias``, and each blend
+    head ``blend_bias`` above its other choices on the fixed schedules' blend (DEFAULT_BLEND; 0:
+    uniform)."""
+    heads["op"][2].bias[int(Op.WAIT)] = float(wait_bias)
+    heads["op"][2].bias[int(Op.GERMINATE)] = float(germinate_bias)
+    for head, choice in DEFAULT_BLEND.items():
+        heads[head][2].bias[choice] = float(blend_bias)
+
+
 class FactoredRecurrentActorCritic(nn.Module):
     def __init__(
         self,
@@ -76,17 +105,7 @@ class FactoredRecurrentActorCritic(nn.Module):
                 f"obs_dim, hidden and head_hidden must be >= 1, got {obs_dim}, {hidden}, {head_hidden}"
             )
         self.obs_dim, self.spec, self.hidden = obs_dim, spec, hidden
-        self.encoder = nn.Sequential(nn.Linear(obs_dim, hidden), nn.LayerNorm(hidden), nn.ReLU())
-        nn.init.orthogonal_(self.encoder[0].weight, math.sqrt(2))
-        nn.init.zeros_(self.encoder[0].bias)
-        self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
-        for name, p in self.lstm.named_parameters():
-            if "weight" in name:
-                nn.init.orthogonal_(p)
-            else:
-                nn.init.zeros_(p)
-                p.data[hidden : 2 * hidden] = 1.0  # forget-gate bias
-        self.post_norm = nn.LayerNorm(hidden)
+        self.encoder, self.lstm, self.post_norm = recurrent_trunk(obs_dim, hidden)
         self.op_embedding = nn.Embedding(len(Op), op_embed)
         self.slot_embedding = nn.Embedding(spec.n_slots, slot_embed)
         sizes = spec.sizes
@@ -104,16 +123,8 @@ class FactoredRecurrentActorCritic(nn.Module):
             )
             for table in self.slot_bias.values():
                 nn.init.zeros_(table.weight)
-        # The op head's last layer starts near zero (gain 0.01), so its bias is the initial preference:
-        # WAIT starts ``wait_bias`` logits above the ops that change a live seed (PRUNE,
-        # SET_ALPHA_TARGET, FOSSILIZE, ADVANCE), GERMINATE ``germinate_bias`` (0, 0: uniform).
+        start_biases(self.heads, wait_bias=wait_bias, germinate_bias=germinate_bias, blend_bias=blend_bias)
         with torch.no_grad():
-            self.heads["op"][2].bias[int(Op.WAIT)] = float(wait_bias)
-            self.heads["op"][2].bias[int(Op.GERMINATE)] = float(germinate_bias)
-            # Each blend head starts ``blend_bias`` logits above its other choices on the fixed
-            # schedules' blend (DEFAULT_BLEND; 0: uniform).
-            for head, choice in DEFAULT_BLEND.items():
-                self.heads[head][2].bias[choice] = float(blend_bias)
             # Slot s starts s * slot_order_bias logits below slot 0 (0: uniform over the legal slots).
             order = torch.arange(spec.n_slots, dtype=self.heads["slot"][2].bias.dtype)
             self.heads["slot"][2].bias.sub_(float(slot_order_bias) * order)  # 0 leaves +0.0, bit for bit

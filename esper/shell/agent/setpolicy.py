@@ -43,8 +43,16 @@ from torch import nn
 
 from esper.core import distributions as dist
 from esper.core.masks import action_masks, slot_mask
-from esper.core.spec import DEFAULT_BLEND, HEADS, ActionSpec, Op
-from esper.shell.agent.policy import RecurrentState, _mlp, _mode_heads, _sample, check_masks
+from esper.core.spec import HEADS, ActionSpec, Op
+from esper.shell.agent.policy import (
+    RecurrentState,
+    _mlp,
+    _mode_heads,
+    _sample,
+    check_masks,
+    recurrent_trunk,
+    start_biases,
+)
 
 #: The heads whose sizes are fixed by the action space's enums (everything but the pointers).
 FIXED_HEADS = tuple(h for h in HEADS if h not in ("slot", "blueprint"))
@@ -114,17 +122,7 @@ class SetRecurrentActorCritic(nn.Module):
         d = self.encoding = head_hidden
         self.slot_encoder = _encoder(slot_dim, d)
         self.blueprint_encoder = _encoder(descriptor_dim, d)
-        self.encoder = nn.Sequential(nn.Linear(global_dim + 2 * d, hidden), nn.LayerNorm(hidden), nn.ReLU())
-        nn.init.orthogonal_(self.encoder[0].weight, math.sqrt(2))
-        nn.init.zeros_(self.encoder[0].bias)
-        self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
-        for name, p in self.lstm.named_parameters():
-            if "weight" in name:
-                nn.init.orthogonal_(p)
-            else:
-                nn.init.zeros_(p)
-                p.data[hidden : 2 * hidden] = 1.0  # forget-gate bias
-        self.post_norm = nn.LayerNorm(hidden)
+        self.encoder, self.lstm, self.post_norm = recurrent_trunk(global_dim + 2 * d, hidden)
         self.op_embedding = nn.Embedding(len(Op), op_embed)
         sizes = ActionSpec(1, 1).sizes
         later = hidden + op_embed + d  # trunk, op, the chosen slot's encoding
@@ -136,11 +134,7 @@ class SetRecurrentActorCritic(nn.Module):
         self.value_head = _mlp(hidden, head_hidden, 1, 1.0)
         #: The flat network's per-slot table has no counterpart here (the chosen slot's encoding).
         self.slot_bias = None
-        with torch.no_grad():
-            self.heads["op"][2].bias[int(Op.WAIT)] = float(wait_bias)
-            self.heads["op"][2].bias[int(Op.GERMINATE)] = float(germinate_bias)
-            for head, choice in DEFAULT_BLEND.items():
-                self.heads[head][2].bias[choice] = float(blend_bias)
+        start_biases(self.heads, wait_bias=wait_bias, germinate_bias=germinate_bias, blend_bias=blend_bias)
 
     # ------------------------------------------------------------------------------------ building blocks
     def initial_state(self, batch: int, device: torch.device | str | None = None) -> RecurrentState:
