@@ -23,6 +23,7 @@ from esper.shell.env.vecenv import StepInput
 from esper.shell.host.descriptors import describe_host
 from esper.shell.host.hosts import CNN1dHost, CNNHost, TransformerHost
 from esper.shell.runtime.checkpoint import load_checkpoint, save_checkpoint
+from tests.shell.agent.test_trainer import finish_rollout
 
 CFG = PPOConfig(policy="set", hidden=16, head_hidden=16, n_epochs=1, n_minibatches=2, target_kl=None)
 
@@ -157,22 +158,7 @@ def _rollout(agent, layout, E: int = 4, T: int = 5, seed: int = 0) -> TensorDict
         out["raw_observation"] = step.raw_obs
         out["recurrent_state"] = TensorDict({"h": h[0], "c": c[0]}, [E])
         steps.append(out)
-    td = torch.stack(steps, 1)
-    done = torch.zeros(E, T, dtype=torch.bool)
-    done[:, -1] = True
-    td["is_init"] = torch.zeros(E, T, dtype=torch.bool)
-    td["is_init"][:, 0] = True
-    td["next"] = TensorDict(
-        {
-            "raw_reward": torch.randn(E, T, generator=g),
-            "done": done,
-            "truncated": done.clone(),
-            "terminated": torch.zeros_like(done),
-            "state_value": torch.cat([td["state_value"][:, 1:], torch.randn(E, 1, generator=g)], 1),
-        },
-        [E, T],
-    )
-    return td
+    return finish_rollout(steps, g)
 
 
 @pytest.mark.parametrize("name", ["cnn1d-3", "cnn1d-5", "transformer-2"])

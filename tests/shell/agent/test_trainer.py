@@ -58,7 +58,14 @@ def make_rollout(policy, trainer, E=4, T=5, seed=0, state=None) -> TensorDict:
         out["raw_observation"] = raw
         out["recurrent_state"] = TensorDict({"h": h[0], "c": c[0]}, [E])
         steps.append(out)
+    return finish_rollout(steps, g)
+
+
+def finish_rollout(steps: list[TensorDict], g: torch.Generator) -> TensorDict:
+    """The acting steps ``[E]`` stacked into a rollout ``[E, T]`` that starts an episode and is truncated
+    at its last step, with random raw rewards and a random bootstrap value (drawn from ``g``)."""
     td = torch.stack(steps, 1)
+    E, T = td.batch_size
     done = torch.zeros(E, T, dtype=torch.bool)
     done[:, -1] = True
     td["is_init"] = torch.zeros(E, T, dtype=torch.bool)
