@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from bench.growth.pooling import BASELINES, _arm, _paired
-from esper.shell.baselines.simple import GROW_ALL_BLUEPRINT
 from esper.shell.config.presets import preset
+from esper.shell.data.tasks import GROW_ALL_BLUEPRINT
 from esper.shell.eval.stats import mean_ci95
 from esper.shell.host.blueprints import BLUEPRINTS
 

@@ -70,6 +70,12 @@ class RewardConfig:
         "OBJECTIVE: seed parameters the host may add before param_over_weight is charged as well "
         "(0: no budget)",
     )
+    param_budget_share: float = _f(
+        0.0,
+        "OBJECTIVE: the budget as a share of the seed parameters the task's grow_all adds (0.6: 60 % of "
+        "growing everything; the same words on every host). Resolved per task by the shell "
+        "(with_param_budget); set, it replaces param_budget, which must then be 0",
+    )
     param_over_weight: float = _f(
         10.0, "OBJECTIVE: points per host-size of seed parameters above param_budget, on top of param_weight"
     )
@@ -184,6 +190,11 @@ class RewardConfig:
         for name in ("hacking_ratio", "loss_std", "sparse_param_budget", "ratio_low_scale"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{where}.{name} must be > 0, got {getattr(self, name)}")
+        if self.param_budget > 0 and self.param_budget_share > 0:
+            raise ValueError(
+                f"{where}: param_budget ({self.param_budget:g}) and param_budget_share "
+                f"({self.param_budget_share:g}) both set; give the budget one way (set the other to 0)"
+            )
         if self.fossilize_bonus_epochs < 1:
             raise ValueError(
                 f"{where}.fossilize_bonus_epochs must be >= 1, got {self.fossilize_bonus_epochs}"
@@ -192,4 +203,18 @@ class RewardConfig:
             raise ValueError(f"{where}: loss_baseline ({self.loss_baseline}) must be > loss_target")
 
 
-__all__ = ["COMPONENTS", "FLAGS", "PARAM_SHARES", "RewardConfig", "RewardFamily", "RewardMode"]
+def with_param_budget(cfg: RewardConfig, grow_all_params: float) -> RewardConfig:
+    """``cfg`` with its budget in parameters: ``param_budget_share x grow_all_params`` where a share is
+    set (the share then 0), else ``cfg`` itself. ``grow_all_params``: the seed parameters the task's
+    ``grow_all`` adds to its host (:func:`esper.shell.data.tasks.grow_all_params`)."""
+    if cfg.param_budget_share <= 0:
+        return cfg
+    if not grow_all_params > 0:
+        raise ValueError(f"param_budget_share needs grow_all's parameters (> 0), got {grow_all_params}")
+    budget = cfg.param_budget_share * float(grow_all_params)
+    return dataclasses.replace(cfg, param_budget=budget, param_budget_share=0.0)
+
+
+__all__ = [
+    "COMPONENTS", "FLAGS", "PARAM_SHARES", "RewardConfig", "RewardFamily", "RewardMode", "with_param_budget",
+]  # fmt: skip

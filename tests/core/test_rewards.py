@@ -13,6 +13,7 @@ from tensordict import TensorDict
 
 from esper.core.lifecycle import LifecycleConfig, init_slots, lifecycle_step
 from esper.core.observation import init_history, update_history
+from esper.core.reward_config import with_param_budget
 from esper.core.rewards import (
     COMPONENTS,
     FLAGS,
@@ -593,6 +594,14 @@ def test_objective_budget_prefers_the_most_accurate_host_within_it():
     torch.testing.assert_close(budget, torch.tensor([78.0, 73.0]))  # 81 - 3 - 10 * 100 / 200
     with pytest.raises(ValueError, match="param_budget"):
         RewardConfig(param_budget=-1.0)
+    with pytest.raises(ValueError, match="both set"):  # a budget is given one way
+        RewardConfig(param_budget=720.0, param_budget_share=0.6)
+    # a share is resolved into parameters once the task's grow_all is known, and only then
+    resolved = with_param_budget(RewardConfig(param_budget_share=0.5), 1000)
+    assert (resolved.param_budget, resolved.param_budget_share) == (500.0, 0.0)
+    assert with_param_budget(RewardConfig(param_budget=300.0), 1000).param_budget == 300.0
+    with pytest.raises(ValueError, match="grow_all"):
+        with_param_budget(RewardConfig(param_budget_share=0.5), 0)
 
 
 def test_reward_config_rejects_an_unknown_param_share():

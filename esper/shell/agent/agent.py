@@ -33,7 +33,7 @@ from esper.core.masks import within_param_cap
 from esper.core.normalize import normalize, running_stats
 from esper.core.observation import global_dim, obs_dim, slot_state_names, split_observation
 from esper.core.spec import ActionSpec, Op
-from esper.shell.agent.config import PPOConfig
+from esper.shell.agent.config import PPOConfig, param_cap_on
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
 from esper.shell.agent.setpolicy import SetRecurrentActorCritic
 from esper.shell.env.vecenv import StepInput
@@ -69,8 +69,10 @@ def size_prior(
 class Agent:
     """``policy`` and ``obs_stats`` (running statistics of the raw observation: one TensorDict for the flat
     policy, ``global`` and ``slot`` entries for the set policy), with the config values that shape what it
-    sees: ``obs_clip``, and ``param_cap`` (0: none) checked against each step's host's germination cost
-    (``StepInput.host``; else ``germination_cost [S, n_blueprints]``, the env's the agent was built for)."""
+    sees: ``obs_clip``, and ``param_cap`` (0: none; or ``param_cap_share`` of what ``grow_all`` adds to
+    each step's host, :func:`~esper.shell.agent.config.param_cap_on`) checked against each step's host's
+    germination cost (``StepInput.host``; else ``germination_cost [S, n_blueprints]``, the env's the agent
+    was built for)."""
 
     def __init__(
         self,
@@ -79,10 +81,12 @@ class Agent:
         *,
         obs_clip: float,
         param_cap: float = 0.0,
+        param_cap_share: float = 0.0,
         germination_cost: torch.Tensor | None = None,
     ) -> None:
         self.policy, self.obs_stats, self.obs_clip = policy, obs_stats, obs_clip
-        self.param_cap, self.germination_cost = param_cap, germination_cost
+        self.param_cap, self.param_cap_share = param_cap, param_cap_share
+        self.germination_cost = germination_cost
         self.device = next(policy.parameters()).device
         #: The input is a TensorDict whose shapes follow the host (``ppo.policy set``).
         self.is_set = isinstance(policy, SetRecurrentActorCritic)
@@ -90,14 +94,15 @@ class Agent:
             raise ValueError("ppo.param_cap needs the env's germination_cost (VecEnv.germination_cost)")
 
     def legal(self, step: StepInput) -> TensorDict:
-        """The env's legality, narrowed to what keeps the seeds within ``param_cap`` when set."""
-        if self.param_cap <= 0:
+        """The env's legality, narrowed to what keeps the seeds within the cap when one is set."""
+        if self.param_cap <= 0 and self.param_cap_share <= 0:
             return step.legal
         cost = step.host.germination_cost if step.host is not None else self.germination_cost
         if cost is None:
             raise ValueError("ppo.param_cap needs the host's germination cost (StepInput.host)")
-        cost = cost.to(step.legal.device)
-        return within_param_cap(step.legal, step.slots["seed_params"], cost, self.param_cap)
+        grow_all = step.host.grow_all_params if step.host is not None else 0.0
+        cap = param_cap_on(self.param_cap, self.param_cap_share, grow_all)
+        return within_param_cap(step.legal, step.slots["seed_params"], cost.to(step.legal.device), cap)
 
     def normalize(self, raw_obs: torch.Tensor) -> torch.Tensor:
         """Raw observations normalized with the current (frozen) statistics (the flat policy's input)."""
@@ -220,7 +225,8 @@ def build_agent(
         ).to(device)  # fmt: skip
         stats = running_stats((raw_dim,), device=device)
     return Agent(
-        policy, stats, obs_clip=ppo.obs_clip, param_cap=ppo.param_cap, germination_cost=germination_cost
+        policy, stats, obs_clip=ppo.obs_clip, param_cap=ppo.param_cap, param_cap_share=ppo.param_cap_share,
+        germination_cost=germination_cost,
     )
 
 

@@ -99,6 +99,13 @@ class PPOConfig:
         "the baselines are not",
         ge=0,
     )
+    param_cap_share: float = doc(
+        0.0,
+        "param_cap as a share of the seed parameters the host's grow_all adds (0.6: 60 % of growing "
+        "everything), resolved on each step's host, so one setting reads the same on every task "
+        "(esper.shell.data.tasks.grow_all_params). 0: param_cap as given; set, param_cap must be 0",
+        ge=0,
+    )
     replay: int = doc(
         0,
         "earlier batches each update re-uses (0: on-policy PPO). A replayed batch is re-scored at the "
@@ -126,6 +133,11 @@ class PPOConfig:
                 "ppo.slot_bias is the flat policy's (a table per slot of one host); the set policy "
                 "conditions the later heads on the chosen slot's encoding: drop --ppo.slot_bias"
             )
+        if self.param_cap > 0 and self.param_cap_share > 0:
+            raise ValueError(
+                f"ppo.param_cap ({self.param_cap:g}) and ppo.param_cap_share ({self.param_cap_share:g}) both "
+                "set; give the cap one way (set the other to 0)"
+            )
         if self.head_entropy_weights and len(self.head_entropy_weights) != len(HEADS):
             raise ValueError(
                 f"ppo.head_entropy_weights needs {len(HEADS)} values ({', '.join(HEADS)}), "
@@ -142,6 +154,20 @@ class PPOConfig:
         return _anneal(self.lr, self.lr_end, self.lr_anneal_updates, update)
 
 
+def param_cap_on(cap: float, share: float, grow_all_params: float) -> float:
+    """The learned controller's cap in seed parameters on a host where ``grow_all`` adds
+    ``grow_all_params``: ``share x grow_all_params`` where ``ppo.param_cap_share`` is set, else
+    ``ppo.param_cap`` (0: no cap)."""
+    if share <= 0:
+        return cap
+    if not grow_all_params > 0:
+        raise ValueError(
+            "ppo.param_cap_share needs the host's grow_all parameters (HostLayout.grow_all_params, from "
+            f"VecEnv), got {grow_all_params}"
+        )
+    return share * float(grow_all_params)
+
+
 def _anneal(start: float, end: float | None, updates: int, update: int) -> float:
     if end is None or updates == 0:
         return start
@@ -149,4 +175,4 @@ def _anneal(start: float, end: float | None, updates: int, update: int) -> float
     return (1.0 - frac) * start + frac * end  # exactly ``end`` once annealed
 
 
-__all__ = ["POLICIES", "PPOConfig"]
+__all__ = ["POLICIES", "PPOConfig", "param_cap_on"]

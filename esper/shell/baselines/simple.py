@@ -3,9 +3,9 @@
 - :class:`StaticController` (``static``): always WAIT; the host never grows.
 - :class:`RandomController` (``random``): uniform over legal actions: the op uniformly among the
   legal ops, the slot uniformly among the slots legal for that op, every other head uniformly.
-- :class:`GrowAllController` (``grow_all``): a fixed schedule: germinate one blueprint (the best one
-  for the task, :data:`GROW_ALL_BLUEPRINT`) in every empty enabled slot, blend each seed in as soon
-  as its gate allows, fossilize it as soon as G5 allows. Each step it does the first that applies,
+- :class:`GrowAllController` (``grow_all``): a fixed schedule: germinate one blueprint (the task's
+  best, :attr:`esper.shell.data.tasks.Task.grow_all`) in every empty enabled slot, blend each seed in
+  as soon as its gate allows, fossilize it as soon as G5 allows. Each step it does the first that applies,
   on the first slot where it applies: FOSSILIZE a ready HOLDING seed, ADVANCE a seed whose gate
   (G2 or G3) would pass, GERMINATE into an empty slot; else WAIT. Given a *plan* (slot -> blueprint,
   ``grow:b0=conv_heavy+b2=depthwise`` in :mod:`esper.shell.eval.controllers`) it grows only the planned
@@ -28,10 +28,6 @@ from esper.core.lifecycle import LifecycleConfig, gate_readiness
 from esper.core.masks import action_masks, slot_mask
 from esper.core.spec import ALPHA_TARGETS, DEFAULT_BLEND, HEADS, Op, Style, Tempo
 from esper.shell.env.vecenv import StepInput
-
-#: The blueprint ``grow_all`` germinates, per host family: the one with the largest mean gain in
-#: held-out accuracy when grown into every slot (bench suite ``growth``; see bench/results).
-GROW_ALL_BLUEPRINT = {"cnn1d": "conv_heavy", "cnn": "conv_light", "transformer": "mlp"}
 
 
 def _actions(ops: dict[str, torch.Tensor], n: int, device: torch.device) -> TensorDict:
@@ -193,5 +189,5 @@ class GrowAllController(FixedController):
 
 
 __all__ = [
-    "GROW_ALL_BLUEPRINT", "FixedController", "GrowAllController", "RandomController", "StaticController"
+    "FixedController", "GrowAllController", "RandomController", "StaticController"
 ]

@@ -31,7 +31,12 @@ from esper.shell.data.datasets import (
     split_bytes,
     stdlib_source_bytes,
 )
+from esper.shell.host.blueprints import build_blueprint, param_count
 from esper.shell.host.hosts import Batch, CNN1dHost, CNNHost, Host, TransformerHost
+
+#: The blueprint ``grow_all`` germinates on a task that names none, per host family: the one with the
+#: largest mean gain in held-out accuracy when grown into every slot (bench suite ``growth``).
+GROW_ALL_BLUEPRINT = {"cnn1d": "conv_heavy", "cnn": "conv_light", "transformer": "mlp"}
 
 #: ``digits_shallow``: the side its 8×8 images are resized to.
 DIGITS_SHALLOW_SIZE = 32
@@ -67,8 +72,22 @@ class Task:
     #: for a fixed dataset, whose test split is the only held-out draw.
     data_seed: int | None = None
     #: The blueprint ``grow_all`` germinates in every slot: the one that gained most on this task (None:
-    #: its family's, :data:`esper.shell.baselines.simple.GROW_ALL_BLUEPRINT`).
+    #: its family's, :data:`GROW_ALL_BLUEPRINT`; :attr:`grow_all` is the one in force).
     grow_all_blueprint: str | None = None
+
+    @property
+    def grow_all(self) -> str:
+        """The blueprint ``grow_all`` grows on this task: its own, else its family's."""
+        return self.grow_all_blueprint or GROW_ALL_BLUEPRINT[self.family]
+
+
+def grow_all_params(task: Task, host: Host, slots: tuple[int, ...] = ()) -> int:
+    """The seed parameters ``grow_all`` adds to ``host`` (a host of ``task``): its blueprint
+    (:attr:`Task.grow_all`) in every enabled slot (``slots``: their indices; empty: all), gates not
+    counted. The unit of the budgets stated as a share of it (``reward.param_budget_share``,
+    ``ppo.param_cap_share``): "60 % of what growing everything adds" reads the same on any host."""
+    enabled = slots or tuple(range(host.n_slots))
+    return sum(param_count(build_blueprint(task.family, task.grow_all, host.slots[s].width)) for s in enabled)
 
 
 class _PerDevice:
@@ -342,12 +361,14 @@ def make_task(name: str, **kwargs) -> Task:
 __all__ = [
     "DEEP_BLOCKS",
     "DIGITS_SHALLOW_SIZE",
+    "GROW_ALL_BLUEPRINT",
     "PRESETS",
     "Loaders",
     "Task",
     "cifar10_task",
     "digits_shallow_task",
     "digits_task",
+    "grow_all_params",
     "longrange_task",
     "make_task",
     "mnist1d_deep_task",

@@ -39,9 +39,10 @@ from esper.core.lifecycle import (
 )
 from esper.core.masks import legal_masks
 from esper.core.observation import init_history, obs_dim, observe, update_history
+from esper.core.reward_config import with_param_budget
 from esper.core.rewards import RewardConfig, compute_reward
 from esper.core.spec import ActionSpec, Stage, Style, Tempo
-from esper.shell.data.tasks import Task
+from esper.shell.data.tasks import Task, grow_all_params
 from esper.shell.env.bank import PerEnvHosts
 from esper.shell.env.batched import BatchedHosts
 from esper.shell.env.config import EnvConfig, check_devices, lr_scale
@@ -118,7 +119,7 @@ class VecEnv:
     ) -> None:
         check_devices(cfg)
         self.cfg, self.lifecycle = cfg, lifecycle
-        self.reward_cfg, self.gamma = reward or RewardConfig(), gamma
+        self.gamma = gamma
         #: Global index of this VecEnv's first env (several processes may each run a slice).
         self.first_env = first_env
         self.task = task if task is not None else cfg.build_task()
@@ -130,8 +131,6 @@ class VecEnv:
         self.blueprint_names = probe.blueprint_names
         #: ``[S, n_blueprints]``: the most parameters each germination can add (a controller's cap).
         self.germination_cost = probe.germination_cost().to(self.device)
-        #: The host's shape-free description (:mod:`esper.shell.host.descriptors`), on every step.
-        self.layout = describe_host(probe, self.germination_cost).to(self.device)
         self.spec = ActionSpec(
             n_slots=probe.n_slots,
             n_blueprints=len(probe.blueprint_names),
@@ -143,6 +142,12 @@ class VecEnv:
                 f"env.slots {bad} out of range: the {self.task.name} host has slots 0..{probe.n_slots - 1}"
             )
         self.enabled = tuple((i in cfg.slots) if cfg.slots else True for i in range(probe.n_slots))
+        #: The seed parameters ``grow_all`` adds here: the unit of the budgets stated as a share of it.
+        self.grow_all_params = grow_all_params(self.task, probe, tuple(cfg.slots))
+        #: The reward's configuration, its budget in parameters of this task (``param_budget_share``).
+        self.reward_cfg = with_param_budget(reward or RewardConfig(), self.grow_all_params)
+        #: The host's shape-free description (:mod:`esper.shell.host.descriptors`), on every step.
+        self.layout = describe_host(probe, self.germination_cost, self.grow_all_params).to(self.device)
         #: Length of the raw observation (:func:`esper.core.observation.obs_dim` of this host and config).
         self.obs_dim = obs_dim(
             self.spec.n_slots, self.spec.n_blueprints, seed_grads=lifecycle.seed_grad_features

@@ -14,14 +14,8 @@ from esper.core.spec import ALPHA_TARGETS, HEADS, Style, Tempo
 from esper.shell.agent.agent import build_agent
 from esper.shell.agent.controller import PPOController
 from esper.shell.baselines.heuristic import HeuristicController
-from esper.shell.baselines.simple import (
-    GROW_ALL_BLUEPRINT,
-    GrowAllController,
-    RandomController,
-    StaticController,
-)
+from esper.shell.baselines.simple import GrowAllController, RandomController, StaticController
 from esper.shell.config.presets import RunConfig
-from esper.shell.data.tasks import Task
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.eval.search import HEURISTIC_TUNED, is_searched
 
@@ -92,7 +86,7 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
     base, at, settings = name.partition(STYLE_SEP)
     blend = parse_blend(name, settings) if at else {}
     if base == "grow_all" or base.startswith("grow_all:"):
-        blueprint = base.partition(":")[2] or grow_all_blueprint(env.task)
+        blueprint = base.partition(":")[2] or env.task.grow_all
         return GrowAllController(_blueprint_index(name, blueprint, env), cfg.lifecycle, **blend)
     if base.startswith(PLAN_PREFIX):
         return GrowAllController(parse_plan(base, env), cfg.lifecycle, **blend)
@@ -101,12 +95,6 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
     raise ValueError(
         f"unknown controller {name!r}; controllers: {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
     )
-
-
-def grow_all_blueprint(task: Task) -> str:
-    """The blueprint ``grow_all`` grows on ``task``: the task's own (:attr:`Task.grow_all_blueprint`),
-    else its family's (:data:`~esper.shell.baselines.simple.GROW_ALL_BLUEPRINT`)."""
-    return task.grow_all_blueprint or GROW_ALL_BLUEPRINT[task.family]
 
 
 def _blueprint_index(name: str, blueprint: str, env: VecEnv) -> int:

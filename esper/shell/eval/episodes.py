@@ -21,9 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from esper.core.reward_config import with_param_budget
+from esper.shell.agent.config import param_cap_on
 from esper.shell.config.fields import from_dict
 from esper.shell.config.presets import RunConfig
-from esper.shell.data.tasks import Task
+from esper.shell.data.tasks import Task, grow_all_params
 from esper.shell.env.config import GENERATED_TASKS, TASKS
 from esper.shell.env.seeding import eval_host_seeds
 from esper.shell.env.vecenv import BLEND_SETTINGS
@@ -34,7 +36,6 @@ from esper.shell.eval.controllers import (
     PPO_CONTROLLERS,
     PPO_READOUTS,
     STYLE_SEP,
-    grow_all_blueprint,
     make_controller,
 )
 from esper.shell.eval.output import write_eval
@@ -230,6 +231,7 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
             records[name] = run_episodes(cfg, task, name, range(episodes), eval_seed=seed,
                                          checkpoint=checkpoint, on_epoch=on_epoch,
                                          searched=searched.get(name))  # fmt: skip
+    grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
     summaries = {}
     for name, recs in records.items():
         summaries[name] = summarize(recs)
@@ -255,11 +257,15 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
                 n: plan_budget(n, cfg) for n in controllers if is_searched(n) and n != "heuristic_tuned"
             },
             "ppo_acts": "; ".join(f"{name} {how}" for name, (_, how) in PPO_READOUTS.items()),
-            "grow_all_blueprint": grow_all_blueprint(task),
+            "grow_all_blueprint": task.grow_all,
             "param_weight": cfg.reward.param_weight,
-            "param_budget": cfg.reward.param_budget,
+            "grow_all_params": grow_all,  # the unit of the budgets stated as a share
+            "param_budget": with_param_budget(cfg.reward, grow_all).param_budget,  # in parameters
+            "param_budget_share": cfg.reward.param_budget_share,
             "param_over_weight": cfg.reward.param_over_weight,
-            "ppo_param_cap": cfg.ppo.param_cap,  # the learned controller's hard cap (0: none)
+            # the learned controller's hard cap in parameters (0: none)
+            "ppo_param_cap": param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, grow_all),
+            "ppo_param_cap_share": cfg.ppo.param_cap_share,
             "reward_mode": cfg.reward.mode.name,
             "trained_updates": int(checkpoint["progress"]["update"]) if checkpoint else None,
             "torch_threads": torch.get_num_threads(),  # the numbers repeat at the same seed and threads

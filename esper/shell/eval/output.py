@@ -106,7 +106,9 @@ def report_markdown(results: dict, plots: Sequence[Path]) -> str:
         "from host training and from the controller); intervals are 95 % Student-t over episodes."
         + (
             f" The learned controller may hold at most {meta['ppo_param_cap']:g} seed parameters "
-            "(`ppo.param_cap`); the baselines have no cap."
+            + (f"({meta['ppo_param_cap_share']:g} of the {meta['grow_all_params']:g} that `grow_all` adds, "
+               "`ppo.param_cap_share`)" if meta.get("ppo_param_cap_share", 0) > 0 else "(`ppo.param_cap`)")
+            + "; the baselines have no cap."
             if meta.get("ppo_param_cap", 0) > 0 else ""
         ),
         "",

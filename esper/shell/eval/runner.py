@@ -36,6 +36,7 @@ def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequ
             env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, task=task, reward=cfg.reward,
             gamma=cfg.ppo.gamma,
         )  # fmt: skip
+        reward = env.reward_cfg  # its budget in this task's parameters
         try:
             runner = EpisodeRunner(env, make(env, start), on_epoch=on_epoch)
             result = runner.run(start, host_seeds=chunk)
@@ -45,7 +46,7 @@ def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequ
         for i, ep in enumerate(result.episodes):
             rec = dict(ep)
             rec["test_objective"] = objective_on_test(ep["final_test_acc"], ep["params_added"],
-                                                      ep["host_params"], cfg.reward)  # fmt: skip
+                                                      ep["host_params"], reward)  # fmt: skip
             rec["val_acc_curve"] = [float(a) for a in curves[i]]
             records.append(rec)
     return records

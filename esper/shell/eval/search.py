@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from esper.shell.baselines.heuristic import HeuristicController, HeuristicThresholds
-from esper.shell.baselines.simple import GROW_ALL_BLUEPRINT, GrowAllController
+from esper.shell.baselines.simple import GrowAllController
 from esper.shell.config.fields import to_dict
 from esper.shell.config.presets import RunConfig
 from esper.shell.data.tasks import Task
@@ -188,7 +188,7 @@ def plan_space(task: Task, slot_names: Sequence[str], enabled: Sequence[bool], s
     task's ``grow_all`` blueprint first, then the others from the largest), then every other plan (each
     enabled slot empty or one blueprint, at least one grown) in an order drawn from ``seed``."""
     blueprints = [b for b in BLUEPRINTS[task.family] if b != "noop"]
-    first = task.grow_all_blueprint or GROW_ALL_BLUEPRINT.get(task.family)
+    first = task.grow_all
     order = ([first] if first in blueprints else []) + [b for b in reversed(blueprints) if b != first]
     slots = [s for s, on in zip(slot_names, enabled) if on]
     uniform = ["+".join(f"{s}={b}" for s in slots) for b in order]

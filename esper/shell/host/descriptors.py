@@ -59,6 +59,9 @@ class HostLayout:
     descriptors: torch.Tensor
     #: ``[S, B]``: ``ln(max(cost, 1))``.
     log_cost: torch.Tensor
+    #: The seed parameters the task's ``grow_all`` adds to the host (its enabled slots): the unit of
+    #: ``ppo.param_cap_share`` (:func:`esper.shell.data.tasks.grow_all_params`; 0: not known).
+    grow_all_params: float = 0.0
 
     @property
     def n_slots(self) -> int:
@@ -85,9 +88,12 @@ def blueprint_traits(family: str, name: str) -> tuple[str, int]:
     return traits[name]
 
 
-def describe_host(host: Host, germination_cost: torch.Tensor | None = None) -> HostLayout:
+def describe_host(
+    host: Host, germination_cost: torch.Tensor | None = None, grow_all_params: float = 0.0
+) -> HostLayout:
     """The :class:`HostLayout` of ``host`` (``germination_cost``: its :meth:`Host.germination_cost`,
-    computed when not given). Pure bookkeeping on the CPU; builds each seed once for the costs."""
+    computed when not given; ``grow_all_params``: what the task's ``grow_all`` adds to it, 0 when not
+    known). Pure bookkeeping on the CPU; builds each seed once for the costs."""
     cost = (host.germination_cost() if germination_cost is None else germination_cost).detach().float().cpu()
     widths = tuple(s.width for s in host.slots)
     names = host.blueprint_names
@@ -119,7 +125,7 @@ def describe_host(host: Host, germination_cost: torch.Tensor | None = None) -> H
     return HostLayout(
         family=host.family, slot_names=host.slot_names, slot_widths=widths, blueprint_names=tuple(names),
         host_params=host_params, germination_cost=cost, slot_features=slot_features,
-        descriptors=descriptors.contiguous(), log_cost=log_cost,
+        descriptors=descriptors.contiguous(), log_cost=log_cost, grow_all_params=float(grow_all_params),
     )  # fmt: skip
 
 

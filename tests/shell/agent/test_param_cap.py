@@ -65,9 +65,9 @@ class _Watch:
         return self.inner.bootstrap(step)
 
 
-def _held(cap: float) -> torch.Tensor:
+def _held(cap: float, share: float = 0.0) -> torch.Tensor:
     env = VecEnv(ENV, LIFECYCLE, GovernorConfig(), seed=3)
-    ppo = PPOConfig(hidden=16, head_hidden=16, germinate_bias=6.0, param_cap=cap)
+    ppo = PPOConfig(hidden=16, head_hidden=16, germinate_bias=6.0, param_cap=cap, param_cap_share=share)
     raw = obs_dim(env.spec.n_slots, env.spec.n_blueprints)
     torch.manual_seed(0)
     policy = FactoredRecurrentActorCritic(
@@ -75,7 +75,7 @@ def _held(cap: float) -> torch.Tensor:
     )
     agent = Agent(
         policy, running_stats((raw,)), obs_clip=ppo.obs_clip, param_cap=ppo.param_cap,
-        germination_cost=env.germination_cost,
+        param_cap_share=ppo.param_cap_share, germination_cost=env.germination_cost,
     )  # fmt: skip
     ctl = _Watch(PPOController(agent, generator=torch.Generator().manual_seed(1), learns=False))
     EpisodeRunner(env, ctl).run(0)
@@ -87,6 +87,31 @@ def test_a_capped_controller_never_holds_more_than_the_cap():
     assert uncapped.max() > CAP  # the same policy and hosts overspend without the cap
     assert capped.max() <= CAP
     assert capped.max() > 0  # it still grows
+
+
+def test_a_cap_stated_as_a_share_of_grow_all_is_that_many_parameters_on_the_host():
+    """``ppo.param_cap_share``: 0.25 of the 1,200 parameters grow_all adds to the default's host is the
+    cap of 300, step for step (the same draws, the same held parameters)."""
+    one = VecEnv(dataclasses.replace(ENV, n_envs=1), LIFECYCLE, GovernorConfig(), seed=0)
+    assert one.grow_all_params == 1200
+    assert torch.equal(_held(0.0, share=CAP / 1200), _held(CAP))
+
+
+def test_a_share_cap_needs_the_step_s_host():
+    env = VecEnv(dataclasses.replace(ENV, n_envs=1), LIFECYCLE, GovernorConfig(), seed=0)
+    raw = obs_dim(env.spec.n_slots, env.spec.n_blueprints)
+    policy = FactoredRecurrentActorCritic(policy_input_dim(raw), env.spec, hidden=8, head_hidden=8)
+    agent = Agent(policy, running_stats((raw,)), obs_clip=10.0, param_cap_share=0.5,
+                  germination_cost=env.germination_cost)  # fmt: skip
+    step = env.reset(0).obs
+    assert agent.legal(step) is not step.legal  # the env's step holds its host's layout
+    with pytest.raises(ValueError, match="param_cap_share needs the host's grow_all parameters"):
+        agent.legal(dataclasses.replace(step, host=None))
+
+
+def test_a_cap_is_given_one_way():
+    with pytest.raises(ValueError, match="both set"):
+        PPOConfig(param_cap=720.0, param_cap_share=0.6)
 
 
 def test_a_cap_needs_the_cost_table():

@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from esper.core.reward_config import with_param_budget
+from esper.shell.agent.config import param_cap_on
 from esper.shell.config.fields import to_dict
 from esper.shell.config.presets import TASK_SIZE_FIELDS, preset
 from esper.shell.data.datasets import load_longrange
-from esper.shell.data.tasks import make_task
+from esper.shell.data.tasks import grow_all_params, make_task
 from esper.shell.env.config import GENERATED_TASKS, EnvConfig
 
 #: Suite task -> (host family, slots, input shape, classes, grow_all's blueprint).
@@ -99,3 +101,27 @@ def test_suite_presets_train_the_defaults_controller(name):
     differ = sorted(k for k in default if default[k] != cfg[k])
     assert differ and all(k.startswith(TASK_SIZE_FIELDS) for k in differ), differ
     assert cfg["env.task"] == name
+
+
+#: Suite task -> the seed parameters grow_all adds (conv_heavy in every slot: 400 per 1-D slot of width
+#: 8, 1,168 per 2-D one).
+GROW_ALL_PARAMS = {"mnist1d": 1200, "mnist1d_deep": 2000, "longrange": 1200, "digits_shallow": 2336}
+
+
+@pytest.mark.parametrize("name", sorted(SUITE_TASKS))
+def test_the_budget_and_the_cap_read_as_a_share_of_grow_all_on_every_task(name):
+    """Issue 45's one configuration: the default's 720-parameter budget and cap were 60 % of grow_all's
+    1,200 on MNIST-1D; stated as that share, each task's are 60 % of its own grow_all (the default's
+    stay 720 exactly), where the absolute 720 would be 36 % of mnist1d_deep's and 31 % of
+    digits_shallow's. Enabling fewer slots shrinks the unit with them."""
+    task = make_task(name, **SMALL[name])
+    host = task.make_host()
+    expect = GROW_ALL_PARAMS[name]
+    assert grow_all_params(task, host) == expect
+    assert grow_all_params(task, host, (0,)) == expect // len(host.slot_names)
+    cfg = preset("default" if name == "mnist1d" else name)
+    assert cfg.reward.param_budget_share == cfg.ppo.param_cap_share == 0.6
+    assert with_param_budget(cfg.reward, expect).param_budget == 0.6 * expect
+    assert param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, expect) == 0.6 * expect
+    if name == "mnist1d":
+        assert 0.6 * expect == 720.0  # the default's budget and cap are unchanged

@@ -5,11 +5,10 @@ come to depend on (its removal hurts) without being better for it."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
+from esper.core.reward_config import with_param_budget
 from esper.core.rewards import parameter_cost
 from esper.shell.baselines.simple import GrowAllController, StaticController
 from esper.shell.config.presets import preset
@@ -63,10 +62,12 @@ def test_shaped_reward_is_kept_as_an_option():
 def test_the_default_preset_is_the_objective_reward():
     cfg = preset("default")
     assert cfg.reward.mode.name == "OBJECTIVE" and cfg.env.task == "mnist1d"
-    # growth is charged: free up to the budget, then at param_over_weight points per host-size
-    charged = torch.tensor([0.0, cfg.reward.param_budget, 1200.0])
-    cost = parameter_cost(charged, torch.full_like(charged, 274.0), dataclasses.replace(cfg.reward))
-    assert cfg.reward.param_budget > 0 and cost[0] == 0 and cost[1] == 0 and cost[2] > 10
+    # growth is charged: free up to the budget (60 % of grow_all's 1,200 here), then at
+    # param_over_weight points per host-size
+    reward = with_param_budget(cfg.reward, 1200)
+    charged = torch.tensor([0.0, reward.param_budget, 1200.0])
+    cost = parameter_cost(charged, torch.full_like(charged, 274.0), reward)
+    assert reward.param_budget == 720.0 and cost[0] == 0 and cost[1] == 0 and cost[2] > 10
 
 
 class _LateGrowth:
