@@ -87,7 +87,9 @@ def grow_all_params(task: Task, host: Host, slots: tuple[int, ...] = ()) -> int:
     counted. The unit of the budgets stated as a share of it (``reward.param_budget_share``,
     ``ppo.param_cap_share``): "60 % of what growing everything adds" reads the same on any host."""
     enabled = slots or tuple(range(host.n_slots))
-    return sum(param_count(build_blueprint(task.family, task.grow_all, host.slots[s].width)) for s in enabled)
+    with torch.random.fork_rng(devices=[]):  # building a seed draws its init: leave the caller's stream
+        seeds = [build_blueprint(task.family, task.grow_all, host.slots[s].width) for s in enabled]
+    return sum(param_count(seed) for seed in seeds)
 
 
 class _PerDevice:

@@ -231,7 +231,8 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
             records[name] = run_episodes(cfg, task, name, range(episodes), eval_seed=seed,
                                          checkpoint=checkpoint, on_epoch=on_epoch,
                                          searched=searched.get(name))  # fmt: skip
-    grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
+    with torch.random.fork_rng(devices=[]):  # a fresh host draws its init: leave the caller's stream
+        grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
     summaries = {}
     for name, recs in records.items():
         summaries[name] = summarize(recs)

@@ -18,7 +18,7 @@ from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig, RewardMode, objective
 from esper.core.spec import HEADS, Op, Stage
 from esper.shell.baselines.simple import GrowAllController, RandomController, StaticController
-from esper.shell.data.datasets import load_mnist1d
+from esper.shell.data.datasets import _mnist1d_draw, load_mnist1d
 from esper.shell.env.config import EnvConfig, lr_scale
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
@@ -39,6 +39,7 @@ def test_mnist1d_splits_are_deterministic_disjoint_and_leave_global_rngs_alone()
     before = (random.random(), np.random.rand())  # noqa: NPY002
     random.seed(5)
     np.random.seed(5)  # noqa: NPY002
+    _mnist1d_draw.cache_clear()  # generate here, not from an earlier test's draw
     (tx, ty), (vx, _), (sx, sy) = load_mnist1d()
     assert (random.random(), np.random.rand()) == before  # noqa: NPY002
     assert tx.shape == (4000, 1, 40) and vx.shape == (1000, 1, 40) and sx.shape == (1000, 1, 40)
@@ -49,6 +50,17 @@ def test_mnist1d_splits_are_deterministic_disjoint_and_leave_global_rngs_alone()
     assert not (rows[0] & rows[1]) and not (rows[0] & rows[2]) and not (rows[1] & rows[2])
     with pytest.raises(ValueError, match="splits"):
         load_mnist1d(splits=(100, 5, 100))
+
+
+def test_an_mnist1d_draw_is_made_once_per_process_and_each_call_gets_its_own_copy():
+    _mnist1d_draw.cache_clear()
+    (tx, _), _, _ = load_mnist1d(splits=(100, 20, 20), seed=3)
+    tx.fill_(7.0)  # a caller that writes into its data does not reach the next caller's
+    (tx2, ty2), _, _ = load_mnist1d(splits=(100, 20, 20), seed=3)
+    assert _mnist1d_draw.cache_info().hits == 1 and not torch.equal(tx, tx2)
+    _mnist1d_draw.cache_clear()
+    (fresh, fy), _, _ = load_mnist1d(splits=(100, 20, 20), seed=3)
+    assert torch.equal(fresh, tx2) and torch.equal(fy, ty2)
 
 
 # ------------------------------------------------------------------------------------------ seeds
