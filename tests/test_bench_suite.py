@@ -11,6 +11,7 @@ import pytest
 import bench.growth.training as bg
 from bench.suite import CONTROLLERS, FINAL_DATA_SEED, SUITE, final_data_seed, plan_name
 from bench.suite.cli import main
+from bench.suite.transfer import amortization
 
 
 def _results(k: int, data_seed: int | None, names) -> dict:
@@ -73,3 +74,58 @@ def test_suite_final_draws_and_refusals(tmp_path):
     assert final_data_seed("digits_shallow", 2) is None  # a fixed dataset: its test split
     with pytest.raises(SystemExit):
         main(["--tasks", "nope", "--runs", str(tmp_path), "--out", str(tmp_path)])
+
+
+def test_transfer_trains_on_the_other_tasks_and_evaluates_on_the_held_out_one(tmp_path, monkeypatch):
+    """``--transfer TASK`` (issue 46): the set policy on the default, trained on every other suite task,
+    evaluated zero-shot on TASK's fresh hosts and final draw; the results go under ``"transfer"``."""
+    trained, evaluated = [], []
+
+    def train(k, root, extra):
+        trained.append((k, root.name, list(extra)))
+        return root / f"seed{k}", 60.0
+
+    def evaluate(run_dir, k, episodes, names, out, data_seed=None, extra=()):
+        evaluated.append((k, out, data_seed, list(extra)))
+        return _results(k, data_seed, names)
+
+    monkeypatch.setattr(bg, "_train", train)
+    monkeypatch.setattr(bg, "_evaluate", evaluate)
+    out = tmp_path / "results"
+    assert main(["--transfer", "mnist1d", "--seeds", "2", "--first-seed", "7", "--episodes", "2",
+                 "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0  # fmt: skip
+    others = ["mnist1d_deep", "longrange", "digits_shallow"]
+    assert [t[:2] for t in trained] == [(7, "transfer-mnist1d"), (8, "transfer-mnist1d")]
+    assert trained[0][2] == ["--preset", "default", "--ppo.policy", "set", "--tasks", ",".join(others),
+                             "--env.task", others[0]]  # fmt: skip
+    assert [(k, d, x) for k, _, d, x in evaluated] == [
+        (7, FINAL_DATA_SEED + 7, ["--task", "mnist1d"]), (8, FINAL_DATA_SEED + 8, ["--task", "mnist1d"])
+    ]
+    saved = json.loads(next(out.glob("*-transfer-mnist1d.json")).read_text())
+    entry = saved["transfer"]["mnist1d"]
+    assert saved["tasks"] == {} and entry["trained_on"] == others
+    assert set(entry["controllers"]) == set(CONTROLLERS)
+    assert entry["controllers"]["ppo_greedy"]["training_seeds"] == [7, 8]
+    assert entry["amortization"]["readout"] == "ppo_greedy" and "goals" in entry
+    md = next(out.glob("*-transfer-mnist1d.md")).read_text()
+    assert "## Transfer to mnist1d (held out of training)" in md and "**Amortization:**" in md
+    assert any(p.name.endswith("-transfer-mnist1d-acc-vs-compute.png") for p in out.iterdir())
+    with pytest.raises(SystemExit):  # a task outside the suite
+        main(["--transfer", "digits", "--runs", str(tmp_path), "--out", str(out)])
+
+
+def test_amortization_reads_plan_search_s_curve():
+    def ctl(target, curve):
+        out = {"ppo_greedy": {"test_acc_mean": target}}
+        for m, (x, a) in zip((0.25, 0.5, 1.0, 2.0), curve):
+            out[plan_name(m)] = {"compute_host_epochs": x, "test_acc_mean": a}
+        return out
+
+    curve = [(1000, 60.0), (2000, 70.0), (4000, 80.0), (8000, 85.0)]
+    assert amortization(ctl(75.0, curve)) == {"readout": "ppo_greedy", "test_acc_mean": 75.0,
+                                                   "host_epochs": 3000, "bound": "about"}  # fmt: skip
+    assert amortization(ctl(55.0, curve))["bound"] == "at most"
+    assert amortization(ctl(55.0, curve))["host_epochs"] == 1000
+    assert (amortization(ctl(90.0, curve))["bound"], amortization(ctl(90.0, curve))["host_epochs"]) == (
+        "more than", 8000)
+    assert amortization({"ppo_greedy": {"test_acc_mean": 50.0}})["host_epochs"] is None

@@ -4,6 +4,7 @@
     python -m bench.suite --tasks longrange --seeds 2 --episodes 4
     python -m bench.suite --first-seed 5 --seeds 5         # seeds 5-9; finished seeds are kept
     python -m bench.suite --jobs 2                         # two (task, seed) runs at a time
+    python -m bench.suite --transfer mnist1d --seeds 5     # trained on the others, judged on mnist1d
 
 For each task of :data:`SUITE` (a preset of ``python -m esper.shell.run``: the default's controller,
 reward and lifecycle, only the task's own sizes differ; docs/suite.md says why each task is there):

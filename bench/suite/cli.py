@@ -15,6 +15,7 @@ import bench.suite
 from bench.harness import machine_info
 from bench.suite.report import goals, markdown, plots
 from bench.suite.run import EVAL_EPISODES, SUITE, run_suite
+from bench.suite.transfer import run_transfer
 
 BENCH = Path(__file__).resolve().parents[1]
 
@@ -33,19 +34,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=Path, default=BENCH / "runs" / "suite",
                    help="where the training runs go (finished seeds and evaluations are kept)")  # fmt: skip
     p.add_argument("--out", type=Path, default=BENCH / "results" / "suite")
+    p.add_argument("--transfer", metavar="TASK", default=None,
+                   help="instead of the tasks: train the set policy on every other suite task and evaluate "
+                        "it zero-shot on TASK (issue 46; results under \"transfer\")")  # fmt: skip
     args = p.parse_args(argv)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     command = "python -m bench.suite " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
-        suite = run_suite(tasks, args.seeds, args.first_seed, args.episodes, args.jobs, args.runs)
+        sizes = (args.seeds, args.first_seed, args.episodes, args.jobs, args.runs)
+        if args.transfer is not None:
+            suite = run_transfer(args.transfer, *sizes)
+        else:
+            suite = run_suite(tasks, *sizes)
     except ValueError as e:
         p.error(str(e))
     info = machine_info(torch.device("cpu"))
     info["date"] = dt.date.today().isoformat()
-    for t in suite["tasks"].values():
+    for t in (*suite["tasks"].values(), *suite.get("transfer", {}).values()):
         t["goals"] = goals(t["controllers"])
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{info['date']}-{info.get('host', 'host')}"
+    if args.transfer is not None:
+        stem += f"-transfer-{args.transfer}"
     files = plots(args.out, stem, suite)
     (args.out / f"{stem}.md").write_text(markdown(info, suite, command.strip(), files))
     (args.out / f"{stem}.json").write_text(

@@ -58,37 +58,65 @@ def markdown(info: dict, suite: dict[str, Any], command: str, plot_files: dict[s
         "",
     ]
     for task, t in suite["tasks"].items():
-        ctl = t["controllers"]
-        d = t["data"]
-        seeds = next(iter(ctl.values()))["training_seeds"] if ctl else []
-        draws = d["final_data_seeds"]
-        draw = "the test split of a fixed dataset" if draws and draws[0] is None else f"data seeds {draws}"
-        lines += [
-            f"## {task} (preset `{t['preset']}`)",
+        lines += _section(f"## {task} (preset `{t['preset']}`)", t, [], plot_files.get(task, []))
+    for task, t in suite.get("transfer", {}).items():
+        am = t.get("amortization") or {}
+        trained = ", ".join(f"`{x}`" for x in t.get("trained_on", []))
+        flags = " ".join(t.get("flags", []))
+        intro = [
+            f"Zero-shot: the controller trained on {trained} (the default with `{flags}`) acts on `{task}`, "
+            "which it never saw; it spent no host epochs there (the column counts its training elsewhere). "
+            "The baselines and the searches run on this task's training hosts and own draw.",
             "",
-            f"Training seeds {seeds}; {d['episodes_per_seed']} fresh hosts each (evaluation seeds "
-            f"{d['eval_seeds']}); final draw: {draw}; selection draw: data seed {d['selection_data_seed']}. "
-            f"The learned controller's training: {_f(t.get('learned_compute_host_epochs'), 0)} host epochs.",
-            "",
-            "| controller | test acc % [95 % CI] | params added | host epochs spent | chosen on training "
-            "hosts |",
-            "|---|---|---:|---:|---|",
         ]
-        for name, c in ctl.items():
-            lo, hi = c["test_acc_ci95"]
-            chosen = c.get("chosen", {})
-            picks = sorted({str(v) if not isinstance(v, dict) else _thresholds(v) for v in chosen.values()})
-            lines.append(
-                f"| {name} | {_f(c['test_acc_mean'])} [{_f(lo)}, {_f(hi)}] | "
-                f"{_f(c['params_added_mean'], 0)} | "
-                f"{_f(c['compute_host_epochs'], 0)} | {'; '.join(f'`{p}`' for p in picks[:3])}"
-                f"{f' (+{len(picks) - 3} more)' if len(picks) > 3 else ''} |"
-            )
-        lines += ["", *_goal_lines(goals(ctl)), ""]
-        lines += [f"![{p.stem}]({p.name})" for p in plot_files.get(task, [])]
-        lines.append("")
+        if am.get("host_epochs") is not None:
+            intro += [
+                f"**Amortization:** `plan_search` on `{task}` needs {am['bound']} "
+                f"{_f(am['host_epochs'], 0)} host epochs to reach the transferred `{am['readout']}`'s "
+                f"{_f(am['test_acc_mean'])} % (read off its curve at "
+                f"{', '.join(f'{m:g}' for m in PLAN_MULTIPLES)} times the learned controller's training "
+                "compute).",
+                "",
+            ]
+        key = f"transfer-{task}"
+        lines += _section(f"## Transfer to {task} (held out of training)", t, intro, plot_files.get(key, []))
     lines += [f"![{p.stem}]({p.name})" for p in plot_files.get("", [])]
     return "\n".join(lines) + "\n"
+
+
+def _section(title: str, t: dict[str, Any], intro: list[str], plot_files: list[Path]) -> list[str]:
+    """One task's (or one held-out task's) table, its goals and its plots."""
+    ctl = t["controllers"]
+    d = t["data"]
+    seeds = next(iter(ctl.values()))["training_seeds"] if ctl else []
+    draws = d["final_data_seeds"]
+    draw = "the test split of a fixed dataset" if draws and draws[0] is None else f"data seeds {draws}"
+    lines = [
+        title,
+        "",
+        *intro,
+        f"Training seeds {seeds}; {d['episodes_per_seed']} fresh hosts each (evaluation seeds "
+        f"{d['eval_seeds']}); final draw: {draw}; selection draw: data seed {d['selection_data_seed']}. "
+        f"The learned controller's training: {_f(t.get('learned_compute_host_epochs'), 0)} host epochs.",
+        "",
+        "| controller | test acc % [95 % CI] | params added | host epochs spent | chosen on training "
+        "hosts |",
+        "|---|---|---:|---:|---|",
+    ]
+    for name, c in ctl.items():
+        lo, hi = c["test_acc_ci95"]
+        chosen = c.get("chosen", {})
+        picks = sorted({str(v) if not isinstance(v, dict) else _thresholds(v) for v in chosen.values()})
+        lines.append(
+            f"| {name} | {_f(c['test_acc_mean'])} [{_f(lo)}, {_f(hi)}] | "
+            f"{_f(c['params_added_mean'], 0)} | "
+            f"{_f(c['compute_host_epochs'], 0)} | {'; '.join(f'`{p}`' for p in picks[:3])}"
+            f"{f' (+{len(picks) - 3} more)' if len(picks) > 3 else ''} |"
+        )
+    lines += ["", *_goal_lines(goals(ctl)), ""]
+    lines += [f"![{p.stem}]({p.name})" for p in plot_files]
+    lines.append("")
+    return lines
 
 
 def _thresholds(chosen: dict) -> str:
@@ -112,9 +140,11 @@ def _goal_lines(g: dict[str, Any]) -> list[str]:
 
 
 def plots(out: Path, stem: str, suite: dict[str, Any]) -> dict[str, list[Path]]:
-    """Per task, test accuracy against parameters added and against host epochs spent; ``{task: [paths]}``."""
+    """Per task (and per held-out task of a transfer run, ``transfer-TASK``), test accuracy against
+    parameters added and against host epochs spent; ``{task: [paths]}``."""
     files: dict[str, list[Path]] = {}
-    for task, t in suite["tasks"].items():
+    entries = [*suite["tasks"].items(), *((f"transfer-{k}", v) for k, v in suite.get("transfer", {}).items())]
+    for task, t in entries:
         ctl = t["controllers"]
         if not ctl:
             continue
