@@ -129,3 +129,44 @@ def test_amortization_reads_plan_search_s_curve():
     assert (amortization(ctl(90.0, curve))["bound"], amortization(ctl(90.0, curve))["host_epochs"]) == (
         "more than", 8000)
     assert amortization({"ppo_greedy": {"test_acc_mean": 50.0}})["host_epochs"] is None
+
+
+def test_finetune_starts_from_each_seed_s_transfer_run_beside_a_fresh_network(tmp_path, monkeypatch):
+    """``--finetune TASK`` (issue 46): per seed, the task's preset with the set policy from the transfer
+    run's weights (``--init_from``) and from scratch, same seed; the curves pooled over seeds."""
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    with pytest.raises(SystemExit):  # the transfer runs come first
+        main(["--finetune", "longrange", "--seeds", "2", "--runs", str(runs), "--out", str(out)])
+    for k in (0, 1):
+        (runs / "transfer-longrange" / f"seed{k}").mkdir(parents=True)
+        (runs / "transfer-longrange" / f"seed{k}" / "checkpoint.pt").write_bytes(b"")
+    trained = []
+
+    def train(k, root, extra):
+        trained.append((k, root.name, list(extra)))
+        run_dir = root / f"seed{k}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lift = 10.0 if "--init_from" in extra else 0.0  # the transferred start is ahead
+        acc = lambda u, e: 50.0 + lift + u + k + e
+        lines = [json.dumps({"event": "episode", "update": u, "env": e, "final_test_acc": acc(u, e)})
+                 for u in (1, 2, 3) for e in (0, 1)]  # fmt: skip
+        (run_dir / "events.jsonl").write_text("\n".join(lines) + "\n")
+        return run_dir, 1.0
+
+    monkeypatch.setattr(bg, "_train", train)
+    assert main(["--finetune", "longrange", "--seeds", "2", "--updates", "3", "--runs", str(runs),
+                 "--out", str(out)]) == 0  # fmt: skip
+    tuned = [x for k, arm, x in trained if arm == "tuned"]
+    scratch = [x for k, arm, x in trained if arm == "scratch"]
+    assert len(tuned) == len(scratch) == 2
+    base = ["--preset", SUITE["longrange"], "--ppo.policy", "set", "--updates", "3"]
+    assert scratch[0] == base and tuned[0][:6] == base
+    assert tuned[0][6:] == ["--init_from", str(runs / "transfer-longrange" / "seed0")]
+    saved = json.loads(next(out.glob("*-finetune-longrange.json")).read_text())
+    curves = saved["transfer"]["longrange"]["finetune"]
+    assert curves["tuned"]["updates"] == [1, 2, 3] and curves["scratch"]["training_seeds"] == [0, 1]
+    # update 1: seeds 0 and 1 average 51.5 and 52.5 from scratch -> 52.0; fine-tuned 10 above
+    assert curves["scratch"]["test_acc_mean"][0] == pytest.approx(52.0)
+    assert curves["tuned"]["test_acc_mean"][0] == pytest.approx(62.0)
+    md = next(out.glob("*-finetune-longrange.md")).read_text()
+    assert "| 1 | 62.0 [" in md and (out / next(out.glob("*-finetune.png")).name).is_file()

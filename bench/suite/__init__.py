@@ -5,6 +5,7 @@
     python -m bench.suite --first-seed 5 --seeds 5         # seeds 5-9; finished seeds are kept
     python -m bench.suite --jobs 2                         # two (task, seed) runs at a time
     python -m bench.suite --transfer mnist1d --seeds 5     # trained on the others, judged on mnist1d
+    python -m bench.suite --finetune mnist1d --seeds 5     # then: fine-tuned there vs from scratch
 
 For each task of :data:`SUITE` (a preset of ``python -m esper.shell.run``: the default's controller,
 reward and lifecycle, only the task's own sizes differ; docs/suite.md says why each task is there):

@@ -8,11 +8,14 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import bench.suite
 from bench.harness import machine_info
+from bench.suite import finetune
+from bench.suite.finetune import run_finetune
 from bench.suite.report import goals, markdown, plots
 from bench.suite.run import EVAL_EPISODES, SUITE, run_suite
 from bench.suite.transfer import run_transfer
@@ -20,7 +23,7 @@ from bench.suite.transfer import run_transfer
 BENCH = Path(__file__).resolve().parents[1]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     doc = bench.suite.__doc__.split("\n\n")[0]
     p = argparse.ArgumentParser(prog="python -m bench.suite", description=doc)
     p.add_argument("--tasks", default=",".join(SUITE), help=f"comma-separated subset of {','.join(SUITE)}")
@@ -37,29 +40,57 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--transfer", metavar="TASK", default=None,
                    help="instead of the tasks: train the set policy on every other suite task and evaluate "
                         "it zero-shot on TASK (issue 46; results under \"transfer\")")  # fmt: skip
-    args = p.parse_args(argv)
+    p.add_argument("--finetune", metavar="TASK", default=None,
+                   help="after --transfer TASK: fine-tune each seed's transferred controller on TASK, and "
+                        "train the same network there from scratch; their learning curves")  # fmt: skip
+    p.add_argument("--updates", type=int, default=22, help="--finetune's updates per run (22, the default's)")
+    return p
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.transfer is not None and args.finetune is not None:
+        raise ValueError("--transfer and --finetune are separate runs: transfer first, then fine-tune")
+    if args.finetune is not None:
+        return run_finetune(args.finetune, args.seeds, args.first_seed, args.updates, args.jobs, args.runs)
+    sizes = (args.seeds, args.first_seed, args.episodes, args.jobs, args.runs)
+    if args.transfer is not None:
+        return run_transfer(args.transfer, *sizes)
+    return run_suite(tasks, *sizes)
+
+
+def _write(args: argparse.Namespace, suite: dict[str, Any], info: dict[str, Any], command: str) -> Path:
+    """The results files; returns the table's path."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{info['date']}-{info.get('host', 'host')}"
+    if args.finetune is not None:
+        stem += f"-finetune-{args.finetune}"
+        curves = suite["transfer"][args.finetune]["finetune"]
+        png = finetune.plot(args.out, stem, args.finetune, curves)
+        when = f"{info['date']}, {info.get('host')}, revision {info.get('git')}"
+        head = [f"# Fine-tuning after transfer ({when})", "", f"`{command}`", ""]
+        text = "\n".join([*head, *finetune.markdown(args.finetune, curves, png)])
+    else:
+        for t in (*suite["tasks"].values(), *suite.get("transfer", {}).values()):
+            t["goals"] = goals(t["controllers"])
+        if args.transfer is not None:
+            stem += f"-transfer-{args.transfer}"
+        text = markdown(info, suite, command, plots(args.out, stem, suite))
+    (args.out / f"{stem}.md").write_text(text)
+    saved = {"machine": info, "command": command, **suite}
+    (args.out / f"{stem}.json").write_text(json.dumps(saved, indent=1))
+    return args.out / f"{stem}.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
     command = "python -m bench.suite " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
-        sizes = (args.seeds, args.first_seed, args.episodes, args.jobs, args.runs)
-        if args.transfer is not None:
-            suite = run_transfer(args.transfer, *sizes)
-        else:
-            suite = run_suite(tasks, *sizes)
+        suite = _run(args)
     except ValueError as e:
         p.error(str(e))
     info = machine_info(torch.device("cpu"))
     info["date"] = dt.date.today().isoformat()
-    for t in (*suite["tasks"].values(), *suite.get("transfer", {}).values()):
-        t["goals"] = goals(t["controllers"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{info['date']}-{info.get('host', 'host')}"
-    if args.transfer is not None:
-        stem += f"-transfer-{args.transfer}"
-    files = plots(args.out, stem, suite)
-    (args.out / f"{stem}.md").write_text(markdown(info, suite, command.strip(), files))
-    (args.out / f"{stem}.json").write_text(
-        json.dumps({"machine": info, "command": command.strip(), **suite}, indent=1)
-    )
-    print((args.out / f"{stem}.md").read_text())
+    print(_write(args, suite, info, command.strip()).read_text())
     return 0

@@ -1,0 +1,125 @@
+"""Fine-tuning after transfer (issue 46): how fast the transferred controller learns the held-out task,
+next to the same controller trained there from scratch.
+
+For each training seed k of a finished transfer run (``--runs/transfer-TASK/seedk``, from
+``python -m bench.suite --transfer TASK``), two runs of the task's suite preset with the set policy:
+``tuned`` starts from the transfer run's weights and observation statistics (``--init_from``),
+``scratch`` from a fresh network, both ``--seed k`` (the same training hosts, data order and draws).
+The curve is each update's training episodes' final test accuracy (the task's training hosts and own
+draw: a learning curve, not the held-out table), averaged over the envs, then over seeds with a 95 %
+interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.growth import training
+from bench.suite.run import SUITE
+from bench.suite.transfer import TRANSFER_FLAGS, training_tasks
+from esper.shell.eval.stats import mean_ci95
+from esper.shell.telemetry.events import read_events
+
+#: The two arms: started from the transferred controller, and from a fresh network.
+ARMS = ("tuned", "scratch")
+
+
+def curve(run_dir: Path) -> list[float]:
+    """Per update (1, 2, ...), the mean final test accuracy of that update's training episodes."""
+    by_update: dict[int, list[float]] = {}
+    for ev in read_events(run_dir / "events.jsonl", "episode"):
+        by_update.setdefault(int(ev["update"]), []).append(float(ev["final_test_acc"]))
+    return [float(np.mean(by_update[u])) for u in sorted(by_update)]
+
+
+def pool_curves(per_seed: dict[int, list[float]]) -> dict[str, Any]:
+    """Seeds' curves (cut to the shortest) -> per update the mean over seeds and its 95 % interval."""
+    n = min(len(c) for c in per_seed.values())
+    stats = [mean_ci95([c[u] for c in per_seed.values()]) for u in range(n)]
+    return {"updates": list(range(1, n + 1)), "test_acc_mean": [m for m, _ in stats],
+            "test_acc_ci95": [list(ci) for _, ci in stats], "training_seeds": sorted(per_seed)}  # fmt: skip
+
+
+def run_finetune(heldout: str, seeds: int, first_seed: int, updates: int, jobs: int, runs: Path,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
+    """Both arms for every seed (``jobs`` runs at a time), pooled:
+    ``{"tasks": {}, "transfer": {heldout: {"finetune": {"tuned": ..., "scratch": ...}}}}``."""
+    training_tasks(heldout)  # a suite task
+    if seeds < 1 or first_seed < 0 or updates < 1 or jobs < 1:
+        raise ValueError("--seeds, --updates and --jobs must be >= 1, --first-seed >= 0")
+    seed_range = range(first_seed, first_seed + seeds)
+    sources = {k: runs / f"transfer-{heldout}" / f"seed{k}" for k in seed_range}
+    missing = [str(p) for p in sources.values() if not (p / "checkpoint.pt").is_file()]
+    if missing:
+        raise ValueError(f"--finetune needs the transfer runs first (python -m bench.suite --transfer "
+                         f"{heldout}); missing: {', '.join(missing)}")  # fmt: skip
+    base = ["--preset", SUITE[heldout], *TRANSFER_FLAGS, "--updates", str(updates)]
+    threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
+    root = runs / f"finetune-{heldout}"
+
+    def one(job: tuple[str, int]) -> tuple[str, int, list[float]]:
+        arm, k = job
+        extra = ["--init_from", str(sources[k])] if arm == "tuned" else []
+        run_dir, _ = training._train(k, root / arm, [*base, *extra, *threads])
+        log(f"fine-tuning on {heldout}, {arm}, seed {k}: done")
+        return arm, k, curve(run_dir)
+
+    jobs_list = [(arm, k) for k in seed_range for arm in ARMS]
+    with ThreadPoolExecutor(max_workers=jobs) as workers:
+        done = list(workers.map(one, jobs_list))
+    pooled = {arm: pool_curves({k: c for a, k, c in done if a == arm}) for arm in ARMS}
+    about = {"updates": updates, "preset": SUITE[heldout], "flags": list(TRANSFER_FLAGS),
+             "trained_on": training_tasks(heldout)}  # fmt: skip
+    entry = {"finetune": {**pooled, **about}}
+    return {"tasks": {}, "transfer": {heldout: entry}}
+
+
+def plot(out: Path, stem: str, heldout: str, finetune: dict[str, Any]) -> Path:
+    """The two arms' curves with their 95 % bands."""
+    from esper.shell.telemetry.plots import finish_figure, new_figure
+
+    fig, ax = new_figure()
+    for arm, color in zip(ARMS, ("#2a9d8f", "#8d99ae")):
+        c = finetune[arm]
+        lo, hi = zip(*c["test_acc_ci95"])
+        ax.plot(c["updates"], c["test_acc_mean"], marker="o", ms=3, color=color,
+                label=f"{arm} ({len(c['training_seeds'])} seeds)")  # fmt: skip
+        ax.fill_between(c["updates"], lo, hi, color=color, alpha=0.2)
+    ax.set_xlabel("update")
+    ax.set_ylabel("training episodes' final test accuracy (%)")
+    ax.set_title(f"{heldout}: fine-tuned after transfer vs from scratch (95 % CI over seeds)")
+    return finish_figure(fig, ax, out / f"{stem}-finetune.png")
+
+
+def markdown(heldout: str, finetune: dict[str, Any], png: Path) -> list[str]:
+    """The curves at a few updates, as a table, and the plot."""
+    tuned, scratch = finetune["tuned"], finetune["scratch"]
+    n = len(tuned["updates"])
+    picks = sorted({u for u in (1, 2, 4, 8, 16, n) if u <= n})
+    lines = [
+        f"## Fine-tuning on {heldout} after transfer",
+        "",
+        f"`tuned`: the set policy trained on {', '.join(f'`{t}`' for t in finetune['trained_on'])}, "
+        f"fine-tuned on `{heldout}` (`--init_from`); `scratch`: the same network fresh. Preset "
+        f"`{finetune['preset']}`, {finetune['updates']} updates, training seeds {tuned['training_seeds']}. "
+        "Each update's training episodes' final test accuracy (training hosts, the task's own draw), "
+        "mean over seeds [95 % CI].",
+        "",
+        "| update | tuned | scratch |",
+        "|---:|---|---|",
+    ]
+    for u in picks:
+        cells = []
+        for c in (tuned, scratch):
+            m, (lo, hi) = c["test_acc_mean"][u - 1], c["test_acc_ci95"][u - 1]
+            cells.append(f"{m:.1f} [{lo:.1f}, {hi:.1f}]")
+        lines.append(f"| {u} | {cells[0]} | {cells[1]} |")
+    return [*lines, "", f"![{png.stem}]({png.name})", ""]
+
+
+__all__ = ["ARMS", "curve", "markdown", "plot", "pool_curves", "run_finetune"]
