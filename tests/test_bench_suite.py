@@ -28,7 +28,9 @@ def _results(k: int, data_seed: int | None, names) -> dict:
     return {"controllers": ctl, "correlations": {}, "meta": meta}
 
 
-def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
+def _mock_runs(monkeypatch) -> tuple[list, list]:
+    """bench.growth's training and evaluation steps mocked: what each was asked, in order
+    (``(k, run root's name, flags)`` and ``(k, out, data_seed, controllers, flags)``)."""
     trained, evaluated = [], []
 
     def train(k, root, extra):
@@ -36,17 +38,22 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
         return root / f"seed{k}", 60.0
 
     def evaluate(run_dir, k, episodes, names, out, data_seed=None, extra=()):
-        evaluated.append((k, out, data_seed, tuple(names)))
+        evaluated.append((k, out, data_seed, tuple(names), list(extra)))
         return _results(k, data_seed, names)
 
     monkeypatch.setattr(bg, "_train", train)
     monkeypatch.setattr(bg, "_evaluate", evaluate)
+    return trained, evaluated
+
+
+def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
+    trained, evaluated = _mock_runs(monkeypatch)
     out = tmp_path / "results"
     assert main(["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
                  "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0  # fmt: skip
     assert [t[:2] for t in trained] == [(3, "longrange"), (4, "longrange")]
     assert trained[0][2] == ["--preset", SUITE["longrange"]]  # the preset only: no controller flags
-    assert [(k, d) for k, _, d, _ in evaluated] == [(3, FINAL_DATA_SEED + 3), (4, FINAL_DATA_SEED + 4)]
+    assert [(k, d) for k, _, d, _, _ in evaluated] == [(3, FINAL_DATA_SEED + 3), (4, FINAL_DATA_SEED + 4)]
     assert evaluated[0][3] == CONTROLLERS and {plan_name(m) for m in (0.25, 0.5, 1, 2)} <= set(CONTROLLERS)
     files = sorted(p.name for p in out.iterdir())
     saved = json.loads(next(out.glob("*.json")).read_text())
@@ -79,18 +86,7 @@ def test_suite_final_draws_and_refusals(tmp_path):
 def test_transfer_trains_on_the_other_tasks_and_evaluates_on_the_held_out_one(tmp_path, monkeypatch):
     """``--transfer TASK`` (issue 46): the set policy on the default, trained on every other suite task,
     evaluated zero-shot on TASK's fresh hosts and final draw; the results go under ``"transfer"``."""
-    trained, evaluated = [], []
-
-    def train(k, root, extra):
-        trained.append((k, root.name, list(extra)))
-        return root / f"seed{k}", 60.0
-
-    def evaluate(run_dir, k, episodes, names, out, data_seed=None, extra=()):
-        evaluated.append((k, out, data_seed, list(extra)))
-        return _results(k, data_seed, names)
-
-    monkeypatch.setattr(bg, "_train", train)
-    monkeypatch.setattr(bg, "_evaluate", evaluate)
+    trained, evaluated = _mock_runs(monkeypatch)
     out = tmp_path / "results"
     assert main(["--transfer", "mnist1d", "--seeds", "2", "--first-seed", "7", "--episodes", "2",
                  "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0  # fmt: skip
@@ -98,7 +94,7 @@ def test_transfer_trains_on_the_other_tasks_and_evaluates_on_the_held_out_one(tm
     assert [t[:2] for t in trained] == [(7, "transfer-mnist1d"), (8, "transfer-mnist1d")]
     assert trained[0][2] == ["--preset", "default", "--ppo.policy", "set", "--tasks", ",".join(others),
                              "--env.task", others[0]]  # fmt: skip
-    assert [(k, d, x) for k, _, d, x in evaluated] == [
+    assert [(k, d, x) for k, _, d, _, x in evaluated] == [
         (7, FINAL_DATA_SEED + 7, ["--task", "mnist1d"]), (8, FINAL_DATA_SEED + 8, ["--task", "mnist1d"])
     ]
     saved = json.loads(next(out.glob("*-transfer-mnist1d.json")).read_text())
