@@ -340,7 +340,21 @@ def preset(name: str, overrides: dict[str, Any] | None = None) -> RunConfig:
     is built together with that override."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
-    return with_overrides(RunConfig(), {**_flat(PRESETS[name]()), **(overrides or {})})
+    base = _flat(PRESETS[name]())
+    for given, other in _ONE_WAY:  # a budget given one way on the command line replaces the preset's other
+        if overrides and given in overrides and other not in overrides and base.get(other):
+            base[other] = 0.0
+    return with_overrides(RunConfig(), {**base, **(overrides or {})})
+
+
+#: Settings stated either in parameters or as a share of grow_all's: an override of one clears the
+#: preset's other (giving both at once is refused by the config).
+_ONE_WAY = (
+    ("reward.param_budget", "reward.param_budget_share"),
+    ("reward.param_budget_share", "reward.param_budget"),
+    ("ppo.param_cap", "ppo.param_cap_share"),
+    ("ppo.param_cap_share", "ppo.param_cap"),
+)
 
 
 __all__ = ["NAME_MAX", "POLICIES", "PRESETS", "TASK_SIZE_FIELDS", "RunConfig", "check_run_name", "preset"]

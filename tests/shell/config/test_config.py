@@ -402,3 +402,15 @@ def test_tasks_take_turns_from_the_first_and_each_is_a_config_of_its_own():
     assert plain.tasks == () and plain.training_tasks == ("mnist1d",) and plain.task_of(7) == "mnist1d"
     assert from_dict(RunConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg  # stored in config.json
     assert preset("smoke", {"init_from": "runs/a"}).init_from == "runs/a"
+
+
+def test_a_budget_given_one_way_on_the_command_line_replaces_the_preset_s_other_way():
+    """The default states its budget and cap as shares of grow_all; ``--reward.param_budget 500`` or
+    ``--ppo.param_cap 300`` replaces the share instead of being refused as both set, and the reverse."""
+    cfg = preset("default", {"reward.param_budget": "500", "ppo.param_cap": "300"})
+    assert (cfg.reward.param_budget, cfg.reward.param_budget_share) == (500.0, 0.0)
+    assert (cfg.ppo.param_cap, cfg.ppo.param_cap_share) == (300.0, 0.0)
+    cfg = preset("default", {"reward.param_budget_share": "0.5"})
+    assert (cfg.reward.param_budget, cfg.reward.param_budget_share) == (0.0, 0.5)
+    with pytest.raises(ValueError, match="both set"):  # both on one command line: refused
+        preset("default", {"ppo.param_cap": "300", "ppo.param_cap_share": "0.5"})
