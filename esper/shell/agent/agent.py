@@ -168,6 +168,14 @@ class Agent:
         return self
 
 
+def load_error_line(e: BaseException) -> str:
+    """One line of why :meth:`Agent.load` failed: the line that names a mismatched, missing or unexpected
+    weight where there is one (torch's message spans many), else the message's first line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    named = [line for line in lines if line.startswith(("size mismatch", "Missing", "Unexpected"))]
+    return (named or lines)[0]
+
+
 def load_stats(saved: dict, current: TensorDict, device: torch.device) -> TensorDict:
     """Saved observation statistics, checked against the layout of ``current`` (a flat policy's are one
     set, a set policy's ``global`` and ``slot``): a one-line ValueError where they differ."""
@@ -231,6 +239,6 @@ def build_agent(
 
 
 __all__ = [
-    "Agent", "Policy", "UpdateStats", "build_agent", "load_stats", "policy_input_dim", "set_stats",
-    "size_prior",
+    "Agent", "Policy", "UpdateStats", "build_agent", "load_error_line", "load_stats", "policy_input_dim",
+    "set_stats", "size_prior",
 ]  # fmt: skip

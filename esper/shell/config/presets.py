@@ -155,8 +155,11 @@ class RunConfig:
         return tasks[update % len(tasks)]
 
     def for_task(self, task: str) -> RunConfig:
-        """This config on ``task`` alone: the env section with its task, no other training task."""
-        return dataclasses.replace(self, env=dataclasses.replace(self.env, task=task), tasks=())
+        """This config on ``task`` alone: the env section with its task, no other training task. A data
+        seed is a draw of the run's own task: on another task it falls back to that task's own draw."""
+        data_seed = self.env.data_seed if task == self.env.task else None
+        env = dataclasses.replace(self.env, task=task, data_seed=data_seed)
+        return dataclasses.replace(self, env=env, tasks=())
 
 
 def _flat(sections: dict[str, Any], prefix: str = "") -> dict[str, Any]:

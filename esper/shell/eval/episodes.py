@@ -150,8 +150,7 @@ def compare_controllers(
         if task not in TASKS:
             raise ValueError(f"--task: unknown task {task!r}; tasks: {', '.join(TASKS)}")
         try:
-            env = dataclasses.replace(cfg.env, task=task, data_seed=None)
-            cfg = dataclasses.replace(cfg, env=env, tasks=())
+            cfg = cfg.for_task(task)
         except ValueError as e:
             raise ValueError(f"--task {task}: the run's settings do not fit it: {e}") from None
     eval_cfg = cfg

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from esper.core.rewards import FLAGS
-from esper.shell.agent.agent import Agent
+from esper.shell.agent.agent import Agent, load_error_line
 from esper.shell.agent.controller import PPOController
 from esper.shell.agent.trainer import build_learner
 from esper.shell.baselines.heuristic import HeuristicController
@@ -379,9 +379,7 @@ def init_agent_from(agent: Agent, run_dir: Path, policy: str) -> None:
     try:
         agent.load(ckpt["trainer"])
     except (KeyError, RuntimeError, ValueError) as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-        named = [line for line in lines if line.startswith(("size mismatch", "Missing", "Unexpected"))]
-        why = f"init_from {run_dir}: its controller does not load into this run's: {(named or lines)[0]}"
+        why = f"init_from {run_dir}: its controller does not load into this run's: {load_error_line(e)}"
         raise ValueError(why) from None
 
 

@@ -21,7 +21,7 @@ import torch
 
 from esper.core.observation import obs_dim
 from esper.core.spec import ActionSpec
-from esper.shell.agent.agent import build_agent
+from esper.shell.agent.agent import build_agent, load_error_line
 from esper.shell.config.fields import from_dict, with_overrides
 from esper.shell.config.presets import RunConfig, preset
 from esper.shell.data.tasks import Task
@@ -119,10 +119,7 @@ def check_controller_fits(run_cfg: RunConfig, checkpoint: dict[str, Any], task: 
     try:
         agent.load(checkpoint["trainer"])
     except (RuntimeError, KeyError, ValueError) as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-        named = [line for line in lines if line.startswith(("size mismatch", "Missing", "Unexpected"))]
-        why = (named or lines)[0]
-        raise ValueError(f"{run}: its controller does not load for this host: {why}") from None
+        raise ValueError(f"{run}: its controller does not load for this host: {load_error_line(e)}") from None
 
 
 def grow(
