@@ -52,10 +52,11 @@ class PPOConfig:
         None, "EMA momentum of observation statistics (none: exact Welford)", ge=0, le=1
     )
     policy: str = doc(
-        "flat",
-        "the network: flat (input and slot and blueprint heads sized by the host it trains on) | set "
-        "(no shape depends on the host: slots encoded with shared weights, blueprints by descriptors any "
-        "family states, pointer heads; acts on hosts with any slots and blueprint catalogue)",
+        "set",
+        "the network: set (the default: no shape depends on the host: slots encoded with shared weights, "
+        "blueprints by descriptors any family states, pointer heads; acts on hosts with any slots and "
+        "blueprint catalogue) | flat (input and slot and blueprint heads sized by the host it trains on; "
+        "the default before 2026-11-29, docs/experiment-log.md)",
     )
     hidden: int = doc(128, "LSTM / trunk width", ge=1)
     head_hidden: int = doc(

@@ -3,6 +3,7 @@ consistency (the first PPO epoch must see ratio 1)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -247,8 +248,10 @@ def test_slot_order_bias_starts_the_slot_head_on_the_first_legal_slot(bias):
 
 
 def _policy(cfg: PPOConfig, cost: torch.Tensor | None = None):
-    """The network a run builds for ``cfg`` (``cost``: the env's germination cost, for the size prior)."""
-    return build_agent(cfg, SPEC, device="cpu", germination_cost=cost).policy
+    """The flat network a run builds for ``cfg`` with ``ppo.policy flat`` (``cost``: the env's germination
+    cost, for the size prior; the set policy's priors: tests/shell/agent/test_setpolicy.py)."""
+    flat = dataclasses.replace(cfg, policy="flat")
+    return build_agent(flat, SPEC, device="cpu", germination_cost=cost).policy
 
 
 def test_slot_order_bias_reaches_the_policy_from_the_ppo_config():

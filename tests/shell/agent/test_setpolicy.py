@@ -308,7 +308,8 @@ def test_checkpoint_round_trip_and_a_flat_checkpoint_is_refused_in_one_line():
     # the agent alone (evaluation, growing a user's model) loads it too
     alone = _agent(seed=8).load(sd)
     torch.testing.assert_close(alone.obs_stats["global", "var"], agent.obs_stats["global", "var"])
-    flat = build_agent(PPOConfig(hidden=16, head_hidden=16), _spec(LAYOUTS["cnn1d-3"]), device="cpu")
+    flat_cfg = PPOConfig(policy="flat", hidden=16, head_hidden=16)
+    flat = build_agent(flat_cfg, _spec(LAYOUTS["cnn1d-3"]), device="cpu")
     flat_sd = {"policy": flat.policy.state_dict(), "obs_stats": flat.obs_stats.to_dict()}
     with pytest.raises((RuntimeError, ValueError)):
         _agent().load(flat_sd)

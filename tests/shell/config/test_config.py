@@ -358,9 +358,11 @@ def test_every_field_is_documented_and_defaults_are_immutable():
 
 
 # ------------------------------------------------------ the set policy, several tasks, init_from (issue 46)
-def test_ppo_policy_is_flat_by_default_and_set_on_request():
-    assert preset("default").ppo.policy == "flat" and preset("smoke").ppo.policy == "flat"
-    assert preset("default", {"ppo.policy": "set"}).ppo.policy == "set"
+def test_ppo_policy_is_set_by_default_and_flat_on_request():
+    """The set policy became the default by the rule written before seeds 120-129 ran (the experiment
+    log: it matched the flat one within the flat one's interval at at most 1.25x its training time)."""
+    assert preset("default").ppo.policy == "set" and preset("smoke").ppo.policy == "set"
+    assert preset("default", {"ppo.policy": "flat"}).ppo.policy == "flat"
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,8 @@ def runs(tmp_path_factory):
     """Two one-update runs on mnist1d: ``set`` (the host-agnostic policy) and ``flat``."""
     root = tmp_path_factory.mktemp("runs")
     n = torch.get_num_threads()
-    for name, extra in (("set", ["--ppo.policy", "set", "--ppo.germinate_bias", "3"]), ("flat", [])):
+    arms = (("set", ["--ppo.policy", "set", "--ppo.germinate_bias", "3"]), ("flat", ["--ppo.policy", "flat"]))
+    for name, extra in arms:
         argv = [*TINY, *extra, "--updates", "1", "--run_dir", str(root), "--name", name]
         assert run_mod.main(argv) == 0, name
     torch.set_num_threads(n)

@@ -227,7 +227,8 @@ def _checkpoint(run_cfg, task) -> dict:
 
 
 def test_error_run_whose_controller_cannot_act_on_the_host():
-    run_cfg = preset("smoke", {"env.task": "longrange"})  # a cnn1d host with three slots, data in 0.2 s
+    # the flat policy (a cnn1d host with three slots, data in 0.2 s): its shapes are one host's
+    run_cfg = preset("smoke", {"env.task": "longrange", "ppo.policy": "flat"})
     checkpoint = _checkpoint(run_cfg, run_cfg.env.build_task())
     splits = {"train": _data(8, 0), "val": _data(8, 1), "test": _data(8, 2)}
     check_controller_fits(run_cfg, checkpoint, user_task(Net1d, **splits))  # three cnn1d slots: it fits
@@ -242,7 +243,8 @@ def test_error_run_whose_controller_cannot_act_on_the_host():
         check_controller_fits(run_cfg, checkpoint, user_task(three_2d, **images))
     _one_line(err)
     # same sizes, but a checkpoint of another network (here: other hidden sizes) does not load
-    other = _checkpoint(preset("smoke", {"env.task": "longrange", "ppo.hidden": 8}), run_cfg.env.build_task())
+    other = _checkpoint(preset("smoke", {"env.task": "longrange", "ppo.policy": "flat", "ppo.hidden": 8}),
+                        run_cfg.env.build_task())
     with pytest.raises(ValueError, match="its controller does not load for this host") as err:
         check_controller_fits(run_cfg, other, user_task(Net1d, **splits))
     _one_line(err)
@@ -259,7 +261,8 @@ def test_a_set_policy_run_acts_on_user_hosts_of_any_slots_and_family(tmp_path):
     check_controller_fits(run_cfg, checkpoint, two)
     images = {k: (torch.randn(8, 1, 8, 8), y[:8]) for k, (_, y) in splits.items()}
     check_controller_fits(run_cfg, checkpoint, user_task(Net2d, **images))  # one cnn slot
-    flat = _checkpoint(preset("smoke", {"env.task": "longrange"}), run_cfg.env.build_task())
+    flat_cfg = preset("smoke", {"env.task": "longrange", "ppo.policy": "flat"})
+    flat = _checkpoint(flat_cfg, run_cfg.env.build_task())
     with pytest.raises(ValueError, match="its controller does not load for this host") as err:
         check_controller_fits(run_cfg, flat, two)
     _one_line(err)

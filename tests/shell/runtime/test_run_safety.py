@@ -124,7 +124,7 @@ def test_a_refused_resume_touches_no_file(done_run, capsys):
     before = snapshot(done_run)
     for args, message in [
         (["--ppo.hidden", "32"], "ppo.hidden 16 -> 32"),
-        (["--ppo.policy", "set"], "ppo.policy 'flat' -> 'set'"),
+        (["--ppo.policy", "flat"], "ppo.policy 'set' -> 'flat'"),
         (["--env.task", "digits"], "env.task 'mnist1d' -> 'digits'"),
         (["--updates", "1"], "--updates 1 is fewer than the 2 update(s) this run has done"),
         (["--ppo.lr", "-1"], "ppo.lr must be > 0"),

@@ -52,7 +52,8 @@ def test_several_tasks_take_turns_and_one_set_policy_learns_on_hosts_of_3_and_5_
 
 
 def test_the_flat_policy_refuses_tasks_whose_hosts_differ_in_one_line(tmp_path, capsys):
-    status, err = cli(capsys, *TINY, "--tasks", "mnist1d,mnist1d_deep", "--run_dir", tmp_path, "--name", "r")
+    flat = ["--ppo.policy", "flat", "--tasks", "mnist1d,mnist1d_deep"]
+    status, err = cli(capsys, *TINY, *flat, "--run_dir", tmp_path, "--name", "r")
     assert status == 2
     line = error_line(err)
     assert "tasks: the flat policy acts on one host shape, these differ (mnist1d 3 slots" in line
