@@ -4,9 +4,10 @@ with the host by SGD for E epochs; test accuracy per blueprint, mean over traini
 designs only: a task enters the suite after its headroom is measured on its preset with the lifecycle
 (docs/suite.md).
 
-usage: python -m bench.suite.blueprints_everywhere VARIANT [epochs] [seeds]
+usage: python -m bench.suite.blueprints_everywhere VARIANT [epochs] [seeds] [first_seed]
 VARIANT: lr_small:N (``longrange`` with N training signals), m1d_small:N (MNIST-1D with N), lr_spike:N
-(``longrange`` with width-1 pulses of height 4 and N training signals)."""
+(``longrange`` with width-1 pulses of height 4 and N training signals); ``@S`` after it draws the data
+from seed S (default 11), e.g. lr_spike:4000@12."""
 import sys
 import time
 
@@ -19,27 +20,29 @@ from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.hosts import CNN1dHost
 
 
-def variant(name):
-    # returns (train, val, test), n_classes, host kwargs
-    if name.startswith("lr_small"):  # longrange with a small training split
-        n = int(name.split(":")[1])
-        s = load_longrange(splits=(n, 1000, 2000), seed=11)
-        return s, 2, dict(pools=(4, 1, 1))
-    if name.startswith("m1d_small"):
-        n = int(name.split(":")[1])
-        s = load_mnist1d(splits=(n, 1000, 2000), seed=11)
-        return s, 10, dict(pools=(2, 2, 1))
-    if name.startswith("lr_spike"):  # width-1 spikes: nothing local to denoise
-        n = int(name.split(":")[1])
-        s = load_longrange(splits=(n, 1000, 2000), seed=11, width=1, amplitude=4.0)
-        return s, 2, dict(pools=(4, 1, 1))
+def variant(name: str):
+    """``((train, val, test), n_classes, pools)`` of a VARIANT (see the module's docstring)."""
+    kind, _, rest = name.partition(":")
+    n, _, data_seed = rest.partition("@")
+    if not n.isdigit() or not (data_seed or "11").isdigit():
+        raise SystemExit(f"{name}: give the training signals as KIND:N[@S], e.g. lr_spike:4000@12")
+    splits, seed = (int(n), 1000, 2000), int(data_seed or 11)
+    if kind == "lr_small":  # longrange with a small training split
+        return load_longrange(splits=splits, seed=seed), 2, (4, 1, 1)
+    if kind == "m1d_small":
+        return load_mnist1d(splits=splits, seed=seed), 10, (2, 2, 1)
+    if kind == "lr_spike":  # width-1 pulses: nothing local to denoise
+        return load_longrange(splits=splits, seed=seed, width=1, amplitude=4.0), 2, (4, 1, 1)
     raise SystemExit(f"unknown variant {name}")
 
 
-def run(name, bp, seed, epochs):
-    ((tx, ty), _, (sx, sy)), n_classes, kw = variant(name)
+def run(data, bp: str, seed: int, epochs: int) -> tuple[float, float, int]:
+    """Test and train accuracy (%) and parameters added of one host with ``bp`` in every slot (``static``:
+    none), trained on ``data`` (:func:`variant`'s) with one SGD optimizer over host and seeds alike (lr
+    0.01, momentum 0.9, weight decay 5e-4; the env's step decays only the host's weights)."""
+    ((tx, ty), _, (sx, sy)), n_classes, pools = data
     torch.manual_seed(seed)
-    host = CNN1dHost(tx.shape[1], tx.shape[-1], (8, 8, 8), n_classes, (1, 1, 1), kw["pools"])
+    host = CNN1dHost(tx.shape[1], tx.shape[-1], (8, 8, 8), n_classes, (1, 1, 1), pools)
     if bp != "static":
         b = BLUEPRINTS["cnn1d"].index(bp)
         for i in range(host.n_slots):
@@ -69,9 +72,11 @@ if __name__ == "__main__":
     name = sys.argv[1]
     epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 15
     seeds = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+    first = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     t0 = time.time()
+    data = variant(name)  # drawn once: every blueprint and seed trains on the same signals
     for bp in ("static", *BLUEPRINTS["cnn1d"][1:]):
-        rs = [run(name, bp, s, epochs) for s in range(seeds)]
+        rs = [run(data, bp, s, epochs) for s in range(first, first + seeds)]
         te = sum(r[0] for r in rs) / seeds
         tr = sum(r[1] for r in rs) / seeds
         print(f"{name:14s} {bp:15s} test {te:5.1f} train {tr:5.1f} params {rs[0][2]:4d}  "

@@ -56,7 +56,7 @@ class PPOConfig:
         "the network: set (the default: no shape depends on the host: slots encoded with shared weights, "
         "blueprints by descriptors any family states, pointer heads; acts on hosts with any slots and "
         "blueprint catalogue) | flat (input and slot and blueprint heads sized by the host it trains on; "
-        "the default before 2026-11-29, docs/experiment-log.md)",
+        "the default before ba27988, docs/experiment-log.md)",
     )
     hidden: int = doc(128, "LSTM / trunk width", ge=1)
     head_hidden: int = doc(
