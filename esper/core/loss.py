@@ -39,10 +39,12 @@ Output: a TensorDict with TorchRL's names — ``loss_objective``, ``loss_critic`
 ``clip_fraction``, ``value_clip_fraction``, ``explained_variance``, ``ESS``, ``max_ratio``,
 ``mean_ratio`` — plus ``min_ratio`` of the joint ratio, ``early_stop`` (bool: ``kl_approx > 1.5 *
 target_kl``), and per head (factored mode) ``(head, loss_objective | entropy | kl | clip_fraction |
-weight)``. ``total_loss(out)`` sums the three ``loss_*`` terms. ``explained_variance`` is one scalar
-(shape ``[]``) over all valid steps, 0 when the target is constant; TorchRL's is ``torch.var(..., dim=0)``,
-shape ``[1]`` on a flat ``[B, 1]`` batch (equal to ours there up to its ``eps``), one value per time step
-on an ``[N, T, 1]`` batch.
+weight)`` and ``(head, choice_share)`` (``[n]``: the share of the steps where the head counted on which
+the batch's action took each choice, so a low entropy says what it committed to). ``total_loss(out)``
+sums the three ``loss_*`` terms. ``explained_variance`` is one scalar (shape ``[]``) over all valid
+steps, 0 when the target is constant; TorchRL's is ``torch.var(..., dim=0)``, shape ``[1]`` on a flat
+``[B, 1]`` batch (equal to ours there up to its ``eps``), one value per time step on an ``[N, T, 1]``
+batch.
 
 TorchRL parity (single head, no ``action_mask`` or one with >= 2 legal choices on every step).
 ``ClipPPOLoss(actor, critic, clip_epsilon=e, entropy_coeff=c, critic_coeff=k, loss_critic_type=L,
@@ -175,6 +177,7 @@ def ppo_loss(
                 "kl": _wmean(kl.detach(), w, w_sum),
                 "clip_fraction": _wmean(clipped, w, w_sum),
                 "weight": w_sum / n_valid,
+                "choice_share": _choice_share(action, logits.shape[-1], w, w_sum),
             }
 
     kl_approx = _msum(kl_per_step, valid) / n_valid
@@ -335,6 +338,15 @@ def _head_weight(
         rel = relevance[..., HEAD_INDEX[head]].to(like.dtype)
         w = rel if w is None else w * rel
     return w
+
+
+def _choice_share(action: torch.Tensor, n: int, w: torch.Tensor | None, w_sum: torch.Tensor) -> torch.Tensor:
+    """``[n]``: the share of the steps where a head counted (weights ``w``, their sum ``w_sum``) on which
+    it chose each of its ``n`` choices (what a low entropy committed to)."""
+    picked = torch.nn.functional.one_hot(action, n).to(w_sum.dtype)
+    if w is not None:
+        picked = picked * w.unsqueeze(-1)
+    return picked.reshape(-1, n).sum(0) / w_sum.clamp(min=1.0)
 
 
 def _valid(td: TensorDictBase, keys: Keys, dtype: torch.dtype) -> torch.Tensor | None:

@@ -340,6 +340,29 @@ def test_H3_sparse_head_entropy_is_a_masked_mean():
     assert out["blueprint", "weight"].item() == pytest.approx(0.1 if mask.sum() > 1 else 0.0)
 
 
+def test_choice_share_is_what_each_head_chose_where_it_counted():
+    """Issue 47: ``(head, choice_share)`` says what a head's low entropy committed to: the share of the
+    steps where it counted (valid, relevant, more than one legal choice) on which the batch took each
+    choice, counted here by a plain loop."""
+    td = factored_batch(4, 9, seed=5)
+    td["collector", "mask"] = torch.rand(4, 9, generator=torch.Generator().manual_seed(1)) > 0.2
+    out = ppo_loss(td, factored=True)
+    for head in HEADS:
+        n = td[head, "action_mask"].shape[-1]
+        counts, total = [0] * n, 0
+        for e in range(4):
+            for t in range(9):
+                op = Op(int(td["op", "action"][e, t]))
+                relevant = head == "op" or head in RELEVANCE[op]
+                if td["collector", "mask"][e, t] and relevant and td[head, "action_mask"][e, t].sum() > 1:
+                    counts[int(td[head, "action"][e, t])] += 1
+                    total += 1
+        expected = [c / max(total, 1) for c in counts]
+        assert out[head, "choice_share"].tolist() == pytest.approx(expected, abs=1e-6), head
+        if total:
+            assert sum(expected) == pytest.approx(1.0)
+
+
 def test_H6_kl_only_counts_heads_that_mattered():
     """Changing a head's logits where it did not matter changes neither its KL nor the joint KL."""
     td = factored_batch(2, 8, ops=torch.full((8,), int(Op.WAIT)), seed=4, grad=False)

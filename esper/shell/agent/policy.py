@@ -39,7 +39,7 @@ from torch import nn
 
 from esper.core import distributions as dist
 from esper.core.masks import action_masks, slot_mask
-from esper.core.spec import DEFAULT_BLEND, HEADS, ActionSpec, Op
+from esper.core.spec import ALPHA_TARGETS, DEFAULT_BLEND, HEADS, ActionSpec, Op, Style, Tempo
 
 RecurrentState = tuple[torch.Tensor, torch.Tensor]
 
@@ -80,6 +80,17 @@ def start_biases(heads: nn.ModuleDict, *, wait_bias: float, germinate_bias: floa
     heads["op"][2].bias[int(Op.GERMINATE)] = float(germinate_bias)
     for head, choice in DEFAULT_BLEND.items():
         heads[head][2].bias[choice] = float(blend_bias)
+
+
+def prior_choices(blend_bias: float) -> dict[str, tuple[int, str]]:
+    """The choice each blend head starts favouring, as :func:`start_biases` sets it: ``{head: (index,
+    name)}`` of the fixed schedules' blend when ``blend_bias`` is above 0, else none (the heads start
+    uniform). The anomaly detector calls a collapse onto such a choice a commitment, not a fault."""
+    if blend_bias <= 0:
+        return {}
+    names = {"style": lambda i: Style(i).name, "tempo": lambda i: Tempo(i).name,
+             "alpha_target": lambda i: f"alpha {ALPHA_TARGETS[i]:g}"}  # fmt: skip
+    return {head: (choice, names[head](choice)) for head, choice in DEFAULT_BLEND.items()}
 
 
 class FactoredRecurrentActorCritic(nn.Module):

@@ -24,6 +24,7 @@ import torch
 from esper.core.rewards import FLAGS
 from esper.shell.agent.agent import Agent, load_error_line
 from esper.shell.agent.controller import PPOController
+from esper.shell.agent.policy import prior_choices
 from esper.shell.agent.trainer import build_learner
 from esper.shell.baselines.heuristic import HeuristicController
 from esper.shell.config.fields import to_dict
@@ -112,8 +113,9 @@ class TrainingRun:
         if cfg.init_from and checkpoint is None:
             init_agent_from(self.agent, Path(cfg.init_from), cfg.ppo.policy)
         self.detector = AnomalyDetector(
-            cfg.anomaly, target_kl=cfg.ppo.target_kl, updates=cfg.updates, entropy_coef=cfg.ppo.entropy_coef
-        )
+            cfg.anomaly, target_kl=cfg.ppo.target_kl, updates=cfg.updates, entropy_coef=cfg.ppo.entropy_coef,
+            priors=prior_choices(cfg.ppo.blend_bias),
+        )  # fmt: skip
         self.start = 0
         self.rows: list[dict] = []
         #: The update of the newest checkpoint on disk (None: none yet).
@@ -253,11 +255,13 @@ class TrainingRun:
             return self._stop(last, STOPPED, f"stopped during update {update + 1}: {e}", "")
 
     def _anomalies(self, update: int, found: list, bar) -> None:
-        """Log each anomaly of ``update`` and say it on the progress bar."""
+        """Log each finding of ``update`` (an alarm as an ``anomaly`` event, a note as a ``note``) and say
+        it on the progress bar."""
         for anomaly in found:
-            self._event("anomaly", update=update, **anomaly.as_dict())
+            kind = "anomaly" if anomaly.severity == "alarm" else "note"
+            self._event(kind, update=update, **anomaly.as_dict())
             if self.dist.is_main:
-                bar.write(f"anomaly at update {update}: {anomaly}")
+                bar.write(f"{kind} at update {update}: {anomaly.kind}: {anomaly.detail}")
 
     def _gather(self, result: EpisodeResult) -> EpisodeResult:
         """Every process's events of this batch, in global env order (the rollout stays this one's)."""

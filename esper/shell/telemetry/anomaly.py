@@ -5,7 +5,10 @@ run config's ``anomaly`` section; every threshold configurable, finding M21): ra
 collapse, entropy collapse of a head that mattered (H1), KL spikes against a running EMA or the KL
 target (H2), value collapse (explained variance), a drift of the gradient norm from its running EMA,
 the LSTM's health (saturated units, dead or exploded state rows), NaN/Inf anywhere, and an update the
-trainer rolled back (``rolled_back``: a non-finite loss, gradient or parameter).
+trainer rolled back (``rolled_back``: a non-finite loss, gradient or parameter). Each finding is an
+:class:`Anomaly` of severity ``alarm``, or ``note`` for what is worth a line in the report but is no
+fault (a head committed to its prior's choice): the run logs alarms as ``anomaly`` events and notes as
+``note`` events, and only alarms escalate.
 :meth:`AnomalyDetector.check_rewards` checks an update's episodes: the share of env-steps whose reward
 raised the ``hacking`` or ``ransomware`` flag (finding H9), each its own kind (``reward_hacking``,
 ``ransomware``). The run writes each :class:`Anomaly` to its event log
@@ -22,6 +25,20 @@ to ignore:
   run tells to commit is not flagged for committing. A collapse is an event, not a level: a head is
   flagged when its entropy falls below its threshold, and again only after it has recovered above
   ``entropy_rearm`` times the threshold (a committed head stays flagged once, not at every update);
+  and a head that collapsed onto the choice its start bias favours (``priors``: ``ppo.blend_bias``
+  starts the blend heads on the fixed schedules' blend) is a ``note``, not an alarm (``entropy_prior_note``):
+  the head committed to what the run told it to prefer, and the report says so. Over the twenty
+  training runs of seeds 120-129 (set and flat policies) every one of the eleven entropy alarms was such
+  a commitment, and the runs that raised one scored no lower than those that did not;
+- **ratio explosion** is an alarm when ``max_ratio`` (one step's joint ratio, the most extreme of
+  thousands) is above ``ratio_explosion`` *and* the importance weights' effective sample size (``ESS``)
+  fell below ``ratio_explosion_ess``: a single rare action made five times likelier, with the batch's
+  ESS, KL and clip fraction as usual, is what the clipped surrogate is for (the four such flags of those
+  runs came at ESS 0.86-0.89, KL and clip fraction at their run's median);
+- **gradient drift** is judged against a running EMA that starts, after the warm-up, at the median of the
+  warm-up's norms rather than at the first update's norm (``grad_drift_median``): the first update,
+  with an untrained critic, has the run's largest gradient, and an EMA seeded there reads the normal
+  fall of the next few updates as a drift (four alarms of those runs);
 - **explained variance** is judged against a level that rises with training progress (the original's
   schedule: -0.5 during the first 10 % of the updates, -0.2 until 25 %, 0 until 75 %, 0.1 after), or
   one fixed ``value_collapse`` with ``value_schedule`` off.
@@ -44,7 +61,16 @@ from esper.shell.config.fields import check_fields, doc
 
 @dataclass(frozen=True, slots=True)
 class AnomalyConfig:
-    ratio_explosion: float = doc(5.0, "flag max_ratio above this", gt=1)
+    ratio_explosion: float = doc(
+        5.0, "flag max_ratio above this (when ESS is below ratio_explosion_ess)", gt=1
+    )
+    ratio_explosion_ess: float = doc(
+        0.5,
+        "a max_ratio above ratio_explosion is an alarm only when the update's ESS is below this too (1: "
+        "max_ratio alone; an update without ESS is judged on max_ratio alone)",
+        gt=0,
+        le=1,
+    )
     ratio_collapse: float = doc(0.1, "flag min_ratio below this", ge=0, lt=1)
     entropy_collapse: float = doc(
         0.1,
@@ -83,6 +109,11 @@ class AnomalyConfig:
         "has risen above this x the threshold (0: flagged at every update it stays below)",
         ge=0,
     )
+    entropy_prior_note: bool = doc(
+        True,
+        "a head that collapsed onto the choice its start bias favours (ppo.blend_bias's fixed blend) is a "
+        "note, not an alarm (needs the update's head_choice_share)",
+    )
     kl_spike_factor: float = doc(3.0, "flag kl_approx above this x its running EMA (after the warm-up)", gt=1)
     kl_spike_ema: float = doc(0.9, "decay of the KL running EMA", ge=0, lt=1)
     kl_spike_warmup: int = doc(3, "updates seen before the EMA test applies", ge=0)
@@ -109,6 +140,11 @@ class AnomalyConfig:
     )
     grad_drift_ema: float = doc(0.9, "decay of the gradient-norm running EMA", ge=0, lt=1)
     grad_drift_warmup: int = doc(3, "updates seen before the gradient-norm drift test applies", ge=0)
+    grad_drift_median: bool = doc(
+        True,
+        "start the gradient-norm EMA after the warm-up at the median of its norms (False: at the first "
+        "update's norm, the largest of a run whose critic starts untrained)",
+    )
     lstm_saturation: float = doc(
         0.5,
         "flag when more than this share of the LSTM's hidden units sit saturated (|h| >= 0.95)",
@@ -154,12 +190,15 @@ class AnomalyConfig:
 
 @dataclass(frozen=True, slots=True)
 class Anomaly:
-    """One flagged metric; ``as_dict()`` gives the fields of an ``anomaly`` event (plus ``update``)."""
+    """One flagged metric; ``as_dict()`` gives the fields of its ``anomaly`` or ``note`` event (plus
+    ``update``)."""
 
     kind: str
     value: float | None
     threshold: float | None
     detail: str
+    #: ``alarm`` (an ``anomaly`` event, escalates the detail) or ``note`` (a ``note`` event: no fault).
+    severity: str = "alarm"
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "value": self.value, "threshold": self.threshold, "detail": self.detail}
@@ -170,8 +209,10 @@ class AnomalyDetector:
     (per-head dicts ``head_entropy`` and ``head_weight``); metrics absent from the dict are not
     checked. ``updates`` (the run's length) lets the explained-variance threshold follow progress,
     ``entropy_coef`` (its first value) lets the entropy threshold follow the annealing; without them
-    those thresholds stay fixed. Stateful through the KL and gradient-norm running EMAs, the heads whose
-    collapse was flagged and the escalation (``state_dict`` / ``load_state_dict``)."""
+    those thresholds stay fixed. ``priors`` (head → the index and name of the choice its start bias favours,
+    :func:`esper.shell.agent.policy.prior_choices`) lets a collapse onto that choice be a note. Stateful
+    through the KL and gradient-norm running EMAs, the heads whose collapse was flagged and the
+    escalation (``state_dict`` / ``load_state_dict``)."""
 
     def __init__(
         self,
@@ -180,8 +221,10 @@ class AnomalyDetector:
         *,
         updates: int | None = None,
         entropy_coef: float | None = None,
+        priors: Mapping[str, tuple[int, str]] | None = None,
     ) -> None:
         self.cfg = cfg if cfg is not None else AnomalyConfig()
+        self.priors = dict(priors or {})
         if target_kl is not None and not target_kl > 0:
             raise ValueError(f"target_kl must be > 0 or None, got {target_kl}")
         self.target_kl, self.updates, self.entropy_coef = target_kl, updates, entropy_coef
@@ -189,6 +232,8 @@ class AnomalyDetector:
         self.n_seen = 0
         self.grad_ema: float | None = None
         self.grad_seen = 0
+        #: The warm-up's gradient norms (their median starts the EMA; ``grad_drift_median``).
+        self.grad_warm: list[float] = []
         #: The last update that logs detail (after an anomaly; 0: none).
         self.detail_until = 0
         #: Heads whose entropy collapse was flagged and has not recovered since (``entropy_rearm``).
@@ -209,7 +254,10 @@ class AnomalyDetector:
                 )
             )  # fmt: skip
         if _finite(metrics, "max_ratio") and metrics["max_ratio"] > cfg.ratio_explosion:
-            out.append(Anomaly("ratio_explosion", metrics["max_ratio"], cfg.ratio_explosion, "max_ratio"))
+            ess = metrics["ESS"] if _finite(metrics, "ESS") else None
+            if ess is None or cfg.ratio_explosion_ess >= 1 or ess < cfg.ratio_explosion_ess:
+                why = "max_ratio" if ess is None else f"max_ratio, with ESS {ess:.3g}"
+                out.append(Anomaly("ratio_explosion", metrics["max_ratio"], cfg.ratio_explosion, why))
         if _finite(metrics, "min_ratio") and metrics["min_ratio"] < cfg.ratio_collapse:
             out.append(Anomaly("ratio_collapse", metrics["min_ratio"], cfg.ratio_collapse, "min_ratio"))
         out += self._entropy(metrics)
@@ -281,6 +329,7 @@ class AnomalyDetector:
         if "head_weight" not in metrics:
             raise KeyError("AnomalyDetector: head_entropy needs head_weight (which heads mattered)")
         weights, out = metrics["head_weight"], []
+        shares = metrics.get("head_choice_share") or {}
         coef = metrics.get("entropy_coef") if _finite(metrics, "entropy_coef") else None
         for head, ent in metrics["head_entropy"].items():
             w = weights[head]
@@ -291,10 +340,26 @@ class AnomalyDetector:
             if head in self.collapsed and (rearm <= 0 or ent > rearm * limit):
                 self.collapsed.discard(head)  # recovered (or latching is off): the next collapse counts
             if ent < limit and head not in self.collapsed:
-                out.append(Anomaly("entropy_collapse", ent, limit, f"head {head} (weight {w:.3g})"))
+                out.append(self._collapse(head, ent, limit, w, shares.get(head)))
                 if rearm > 0:
                     self.collapsed.add(head)
         return out
+
+    def _collapse(self, head: str, ent: float, limit: float, weight: float, share: Any) -> Anomaly:
+        """A head's collapse: an alarm, or a note when it committed to its prior's choice (the choice the
+        batch took most often where the head counted is the one its start bias favours)."""
+        what = f"head {head} (weight {weight:.3g})"
+        prior = self.priors.get(head)
+        if self.cfg.entropy_prior_note and prior is not None and isinstance(share, (list, tuple)) and share:
+            top = max(range(len(share)), key=lambda i: share[i])
+            if top == prior[0]:
+                return Anomaly(
+                    "prior_commitment", ent, limit,
+                    f"{what} committed to {prior[1]}, the choice its start bias favours ({share[top]:.1%} of "
+                    "its steps)",
+                    severity="note",
+                )  # fmt: skip
+        return Anomaly("entropy_collapse", ent, limit, what)
 
     def _kl(self, kl: float) -> Anomaly | None:
         cfg = self.cfg
@@ -330,8 +395,12 @@ class AnomalyDetector:
                     "grad_drift", norm, ema / cfg.grad_drift, f"grad_norm < EMA / {cfg.grad_drift}"
                 )
         beta = cfg.grad_drift_ema
-        self.grad_ema = norm if ema is None else beta * ema + (1.0 - beta) * norm
         self.grad_seen += 1
+        if cfg.grad_drift_median and self.grad_seen <= cfg.grad_drift_warmup:
+            self.grad_warm.append(norm)  # the warm-up: the EMA starts at its median when it ends
+            self.grad_ema = _median(self.grad_warm) if self.grad_seen == cfg.grad_drift_warmup else None
+        else:
+            self.grad_ema = norm if ema is None else beta * ema + (1.0 - beta) * norm
         return found
 
     def _lstm(self, metrics: Mapping[str, Any]) -> list[Anomaly]:
@@ -353,13 +422,14 @@ class AnomalyDetector:
         return out
 
     def _escalate(self, found: list[Anomaly], update: int | None) -> None:
-        if found and update is not None and self.cfg.escalate_updates > 0:
+        if any(a.severity == "alarm" for a in found) and update is not None and self.cfg.escalate_updates > 0:
             self.detail_until = max(self.detail_until, update + self.cfg.escalate_updates)
 
     # -------------------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
         return {"kl_ema": self.kl_ema, "n_seen": self.n_seen, "grad_ema": self.grad_ema,
-                "grad_seen": self.grad_seen, "detail_until": self.detail_until,
+                "grad_seen": self.grad_seen, "grad_warm": list(self.grad_warm),
+                "detail_until": self.detail_until,
                 "collapsed": sorted(self.collapsed)}  # fmt: skip
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
@@ -369,8 +439,15 @@ class AnomalyDetector:
         self.n_seen = int(sd["n_seen"])
         self.grad_ema = None if sd.get("grad_ema") is None else float(sd["grad_ema"])
         self.grad_seen = int(sd.get("grad_seen", 0))
+        self.grad_warm = [float(g) for g in sd.get("grad_warm", ())]
         self.detail_until = int(sd.get("detail_until", 0))
         self.collapsed = set(sd.get("collapsed", ()))
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
 def _isfinite(v: Any) -> bool:

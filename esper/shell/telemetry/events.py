@@ -45,7 +45,8 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``nonfinite_steps`` and ``rolled_back`` (a non-finite step ended the update and undid it),
     ``grad_norm``, ``seconds``; per-head
     dicts ``head_entropy`` (normalized, in [0, 1]), ``head_kl``, ``head_clip_fraction``,
-    ``head_weight`` (fraction of steps where the head mattered), ``head_grad_norm`` (by parameter
+    ``head_weight`` (fraction of steps where the head mattered), ``head_choice_share`` (per head a list:
+    the share of those steps on which the batch took each choice), ``head_grad_norm`` (by parameter
     group: trunk, each head, value); the rollout's LSTM states (after each episode's first step):
     ``lstm_h_norm_mean``, ``lstm_h_norm_max``, ``lstm_c_norm_mean``, ``lstm_c_norm_max``,
     ``lstm_nonfinite``, ``lstm_too_small_frac``, ``lstm_too_large_frac``, ``lstm_h_saturated_frac``,
@@ -59,7 +60,11 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``update``, ``kind`` (see :class:`~esper.shell.telemetry.anomaly.AnomalyDetector`: an update's
     ``nonfinite``, ``rolled_back``, ``ratio_explosion``, ``ratio_collapse``, ``entropy_collapse``,
     ``kl_spike``, ``value_collapse``, ``grad_drift``, ``lstm_saturation``, ``lstm_norm``; an update's
-    episodes' ``reward_hacking``, ``ransomware``), ``value``, ``threshold``, ``detail``.
+    episodes' ``reward_hacking``, ``ransomware``), ``value``, ``threshold``, ``detail``, ``severity``
+    (``alarm``).
+``note``
+    what the detector reports but is no fault, with the fields of an ``anomaly`` (``severity`` ``note``):
+    ``prior_commitment``, a head whose entropy collapsed onto the choice its start bias favours.
 ``governor``
     ``update``, ``epoch``, ``env``, ``reason`` (nonfinite, lobotomy, spike).
 ``checkpoint``
@@ -109,6 +114,7 @@ EVENT_KINDS = (
     "ppo_update",
     "ppo_detail",
     "anomaly",
+    "note",
     "governor",
     "checkpoint",
     "run_end",
@@ -322,6 +328,7 @@ class RunEvents:
         self.epochs = by_kind["epoch"]
         self.lifecycle = by_kind["lifecycle"]
         self.anomalies = by_kind["anomaly"]
+        self.notes = by_kind["note"]
         self.governor = by_kind["governor"]
         self.checkpoints = by_kind["checkpoint"]
         self.heldout = by_kind["heldout_check"][-1] if by_kind["heldout_check"] else None

@@ -159,6 +159,15 @@ def summary_markdown(run: RunEvents, run_dir: Path, plots: Sequence[Path]) -> st
             lines.append(f"\n… and {len(run.anomalies) - 50} more (see events.jsonl)")
     else:
         lines.append("none")
+    if run.notes:
+        lines += ["", f"## Notes ({len(run.notes)})", "",
+                  "Findings of the anomaly detector that are no fault: a head whose entropy collapsed onto "
+                  "the choice its start bias favours (`ppo.blend_bias`) committed to what the run told it "
+                  "to prefer (`anomaly.entropy_prior_note`).", "",
+                  "| update | kind | value | threshold | detail |", "|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {_fmt(a.get('update'))} | {_fmt(a.get('kind'))} | {_fmt(a.get('value'))} | "
+                  f"{_fmt(a.get('threshold'))} | {_fmt(a.get('detail'))} |"
+                  for a in run.notes[:50]]  # fmt: skip
     if plots:
         lines += ["", "## Plots", ""]
         lines += [f"![{p.stem}](plots/{p.name})" for p in plots]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from esper.core.spec import HEADS, Op, Stage
+from esper.shell.agent.policy import prior_choices
 from esper.shell.telemetry.anomaly import AnomalyConfig, AnomalyDetector
 from esper.shell.telemetry.console import progress, summary_table
 from esper.shell.telemetry.events import (
@@ -333,10 +334,11 @@ def test_explained_variance_threshold_rises_with_training_progress():
 def test_grad_norm_drift_is_flagged():
     """Issue 47: the gradient norm against its running EMA (after a warm-up), both ways: a jump to
     ``grad_drift`` times the EMA, or a fall to a ``grad_drift``-th of it."""
-    det, ema = AnomalyDetector(), None
+    det, ema = AnomalyDetector(), 0.45  # the EMA starts at the warm-up's median (0.40, 0.50, 0.45)
     for g in (0.40, 0.50, 0.45, 0.42, 0.48, 0.38):
         assert det.check(_metrics(grad_norm=g)) == []
-        ema = g if ema is None else 0.9 * ema + 0.1 * g
+    for g in (0.42, 0.48, 0.38):
+        ema = 0.9 * ema + 0.1 * g
     found = det.check(_metrics(grad_norm=2.5))
     assert _kinds(found) == ["grad_drift"] and found[0].threshold == pytest.approx(3.0 * ema)
     det2 = AnomalyDetector()
@@ -353,6 +355,71 @@ def test_grad_norm_drift_is_flagged():
     assert restored.grad_ema == det.grad_ema and restored.grad_seen == det.grad_seen
     restored.load_state_dict({"kl_ema": None, "n_seen": 2})  # a checkpoint from before the drift EMA
     assert restored.grad_ema is None and restored.grad_seen == 0 and restored.detail_until == 0
+
+
+def test_grad_drift_ema_starts_at_the_warm_up_median_not_the_first_update():
+    """Issue 47, on fresh seeds 120-129 of the set policy: the first update's gradient norm (an untrained
+    critic) is the run's largest, and an EMA seeded there read the normal fall of the next updates as a
+    drift (seed 124: 5.50, 2.15, 1.23, 1.29, 1.41 flagged at updates 4 and 5, below EMA / 3 though the
+    norm had held for three updates). The EMA now starts after the warm-up at its median; a real
+    vanishing gradient is flagged as before; ``grad_drift_median`` off restores the old reference."""
+    seed124 = (5.50, 2.15, 1.23, 1.29, 1.41, 2.16, 3.05)
+    new, old = AnomalyDetector(), AnomalyDetector(AnomalyConfig(grad_drift_median=False))
+    assert [_kinds(new.check(_metrics(grad_norm=g))) for g in seed124] == [[]] * 7
+    assert [_kinds(old.check(_metrics(grad_norm=g))) for g in seed124][3:5] == [["grad_drift"]] * 2
+    assert _kinds(new.check(_metrics(grad_norm=0.2))) == ["grad_drift"]  # a tenth of the level: vanishing
+    # the warm-up survives a resume in the middle of it
+    half = AnomalyDetector()
+    for g in seed124[:2]:
+        half.check(_metrics(grad_norm=g))
+    resumed = AnomalyDetector()
+    resumed.load_state_dict(half.state_dict())
+    resumed.check(_metrics(grad_norm=seed124[2]))
+    assert resumed.grad_ema == 2.15 and resumed.grad_warm == [5.50, 2.15, 1.23]
+
+
+def test_ratio_explosion_needs_a_collapsed_effective_sample_size():
+    """Issue 47, on fresh seeds 120-129: max_ratio (one step's joint ratio, the most extreme of thousands)
+    went above 5 at one update of four runs (5.2-6.7), each time with the ESS at 0.86-0.89 and the KL and
+    clip fraction at their run's median: one rare action made likelier, which the clip bounds, flagged
+    as an explosion. It is now an alarm only with the ESS below ``ratio_explosion_ess`` (0.5) too; an
+    update without ESS, or ``ratio_explosion_ess`` 1, is judged on max_ratio alone."""
+    seed126 = _metrics(max_ratio=6.69, ESS=0.86, kl_approx=0.0199, clip_fraction=0.134)
+    assert AnomalyDetector().check(seed126) == []
+    alone = AnomalyDetector(AnomalyConfig(ratio_explosion_ess=1.0))
+    assert _kinds(alone.check(seed126)) == ["ratio_explosion"]
+    found = AnomalyDetector().check(_metrics(max_ratio=6.69, ESS=0.3))
+    assert _kinds(found) == ["ratio_explosion"] and "ESS 0.3" in found[0].detail
+    assert _kinds(AnomalyDetector().check(_metrics(max_ratio=6.69))) == ["ratio_explosion"]  # no ESS
+
+
+def test_an_entropy_collapse_onto_the_prior_choice_is_a_note_not_an_alarm():
+    """Issue 47, on fresh seeds 120-129 (set and flat policies, 20 runs): all 11 ``entropy_collapse``
+    alarms were a blend head (tempo, style, alpha_target) committing to the choice ``ppo.blend_bias``
+    starts it on (FAST, LINEAR_ADD, alpha 1: every germination after the flag took it), and the runs that
+    raised one scored no lower. Such a collapse is now a ``note`` (no escalation); a collapse onto another
+    choice, or of a head without a prior, stays an alarm; ``entropy_prior_note`` off restores the alarm."""
+    priors = prior_choices(3.0)
+    assert priors == {"style": (0, "LINEAR_ADD"), "tempo": (0, "FAST"), "alpha_target": (2, "alpha 1")}
+    assert prior_choices(0.0) == {}
+    ent, weight = dict.fromkeys(HEADS, 0.6), dict.fromkeys(HEADS, 0.9)
+    ent["tempo"], weight["tempo"] = 0.002, 0.117  # seed 126 of the set policy, update 2
+    shares = {"tempo": [0.998, 0.001, 0.001]}
+    m = _metrics(head_entropy=ent, head_weight=weight, head_choice_share=shares)
+    det = AnomalyDetector(priors=priors)
+    found = det.check(m, update=2)
+    assert _kinds(found) == ["prior_commitment"] and found[0].severity == "note"
+    assert "committed to FAST" in found[0].detail and not det.detail_due(3)  # a note does not escalate
+    assert det.check(m, update=3) == []  # latched like an alarm
+    other = _metrics(head_entropy=ent, head_weight=weight, head_choice_share={"tempo": [0.001, 0.001, 0.998]})
+    found = AnomalyDetector(priors=priors).check(other, update=2)
+    assert _kinds(found) == ["entropy_collapse"] and found[0].severity == "alarm"
+    assert _kinds(AnomalyDetector().check(m)) == ["entropy_collapse"]  # no priors told
+    assert _kinds(AnomalyDetector(priors=priors).check(_metrics(head_entropy=ent, head_weight=weight))) == [
+        "entropy_collapse"
+    ]  # no choice shares in the metrics
+    off = AnomalyDetector(AnomalyConfig(entropy_prior_note=False), priors=priors)
+    assert _kinds(off.check(m)) == ["entropy_collapse"]
 
 
 def test_lstm_health_is_flagged():
