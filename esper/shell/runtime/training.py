@@ -150,7 +150,9 @@ class TrainingRun:
         moved = rewind_events(path, self.start) if resume else 0
         self.log = EventLog(path, append=resume)
         prov = provenance(self.cfg, self.dist)
-        self.log.write("run_start", config=to_dict(self.cfg), provenance=prov, resumed_from=self.start)
+        names = {"slots": list(self.env.slot_names), "blueprints": list(self.env.blueprint_names)}
+        self.log.write("run_start", config=to_dict(self.cfg), provenance=prov, resumed_from=self.start,
+                       **names)  # fmt: skip
         if moved:
             self.log.write("log_rewound", update=self.start, discarded=moved, path="events.discarded.jsonl")
             print(f"esper: {moved} event line(s) of updates after the checkpoint (update {self.start}) moved "

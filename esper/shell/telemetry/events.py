@@ -12,7 +12,9 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
 ``run_start``
     ``config`` (nested dict), ``versions`` (dict: python, torch, tensordict, ...), ``git_rev``
     (str or null), ``device`` (str); the report also accepts the last three inside one
-    ``provenance`` dict.
+    ``provenance`` dict. ``esper.shell.run`` also writes ``slots`` and ``blueprints`` (the names of the
+    host's slots and of its blueprint catalogue, in the slot and blueprint heads' order, of
+    ``env.task``'s host).
 ``epoch``
     ``update``, ``epoch``; [env]: ``val_acc``, ``val_loss``, ``train_loss``, ``reward``, ``op``,
     ``slot``, ``blueprint`` (names of the action taken), ``hacking`` and ``ransomware`` (bool: the

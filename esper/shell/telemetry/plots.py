@@ -4,8 +4,8 @@ A run's plots (:data:`PLOTS`, drawn by :func:`esper.shell.telemetry.report.write
 ``RUN_DIR/plots/``) read a :class:`~esper.shell.telemetry.events.RunEvents`: the episode returns, the
 final hosts' accuracy and the parameters added, each head's entropy, the PPO losses, the update's health
 (gradient norm, explained variance, the advantages), the LSTM's health, the last update's seed
-lifecycle, each slot's contribution over time, the blueprints germinated per slot and the reward's
-hacking and ransomware flags. An evaluation's plots
+lifecycle, each slot's contribution over time, the blueprints germinated per slot, what each head
+chose where it counted, and the reward's hacking and ransomware flags. An evaluation's plots
 (:mod:`esper.shell.eval.output`) and the growth bench's draw on :func:`new_figure` and
 :func:`finish_figure`. Plots without data are skipped (their function returns None). Everything uses
 matplotlib's object API on the Agg canvas: no pyplot, no global backend state.
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from esper.core.spec import Stage
+from esper.core.spec import ALPHA_TARGETS, AlphaCurve, AlphaSpeed, Op, Stage, Style, Tempo
 from esper.shell.telemetry.events import RunEvents, finite_number
 
 STAGE_COLORS = {
@@ -164,6 +164,48 @@ def plot_entropy(run: RunEvents, path: Path) -> Path | None:
         ax.plot(x, _series(run.ppo, "head_entropy", head), label=head)
     ax.set(xlabel="update", ylabel="normalized entropy", title="Per-head entropy", ylim=(-0.02, 1.02))
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    return _save(fig, path)
+
+
+#: How a head's choices are named on a plot (slot and blueprint: the host's, from ``run_start``'s
+#: ``slots`` and ``blueprints``; by index where the log has none).
+CHOICE_NAMES: dict[str, list[str]] = {
+    "op": [o.name for o in Op],
+    "style": [s.name for s in Style],
+    "tempo": [t.name for t in Tempo],
+    "alpha_target": [f"alpha {a:g}" for a in ALPHA_TARGETS],
+    "alpha_speed": [a.name for a in AlphaSpeed],
+    "alpha_curve": [c.name for c in AlphaCurve],
+}
+
+
+def plot_choices(run: RunEvents, path: Path) -> Path | None:
+    """Each head's choices over the updates (``head_choice_share``: the share of the steps where the head
+    counted on which the batch took each choice), one stacked panel per head: what a head whose entropy
+    fell committed to."""
+    heads = _ordered_keys(e.get("head_choice_share") for e in run.ppo)
+    if not heads:
+        return None
+    x = [e["update"] for e in run.ppo]
+    cols = 4
+    rows = -(-len(heads) // cols)
+    fig, axes = _figure(rows, cols, size=(3.2 * cols, 2.6 * rows))
+    for i, head in enumerate(heads):
+        ax = axes[i // cols, i % cols]
+        rows_ = [e.get("head_choice_share", {}).get(head) for e in run.ppo]
+        n = max((len(r) for r in rows_ if isinstance(r, list)), default=0)
+        shares = np.full((n, len(x)), np.nan)
+        for j, r in enumerate(rows_):
+            if isinstance(r, list) and len(r) == n:
+                shares[:, j] = [float(v) if finite_number(v) else np.nan for v in r]
+        names = CHOICE_NAMES.get(head) or (run.start or {}).get({"slot": "slots"}.get(head, head + "s"))
+        names = names if isinstance(names, list) and len(names) == n else [f"{head} {k}" for k in range(n)]
+        ax.stackplot(x, np.nan_to_num(shares), labels=names)
+        ax.set(title=head, ylim=(0, 1.02), xlabel="update" if i // cols == rows - 1 else None)
+        ax.legend(fontsize=5, loc="lower left", ncol=2)
+    for j in range(len(heads), rows * cols):
+        axes[j // cols, j % cols].set_axis_off()
+    fig.suptitle("What each head chose where it counted (share of its steps)")
     return _save(fig, path)
 
 
@@ -429,6 +471,7 @@ PLOTS = (
     ("returns.png", plot_returns),
     ("accuracy.png", plot_accuracy),
     ("entropy.png", plot_entropy),
+    ("choices.png", plot_choices),
     ("losses.png", plot_losses),
     ("update_health.png", plot_update_health),
     ("lstm_health.png", plot_lstm_health),

@@ -59,8 +59,13 @@ def test_tiny_run_end_to_end_then_resume(tmp_path):
         # issue 47: the LSTM's health and the advantages, every update
         assert {"lstm_h_norm_mean", "lstm_h_saturated_frac", "lstm_nonfinite"} <= set(u)
         assert {"adv_mean", "adv_std", "adv_max_abs", "adv_pos_frac"} <= set(u)
+        # what each head chose where it counted: one share per choice, summing to 1 where it counted
+        shares = u["head_choice_share"]
+        assert len(shares["op"]) == 6 and abs(sum(shares["op"]) - 1) < 1e-5
+        assert len(shares["blueprint"]) == len(events[0]["blueprints"])
     epochs = [e for e in events if e["event"] == "epoch"]
     assert len(epochs) == 3 * 5 and all(len(e["val_acc"]) == 2 for e in epochs)
+    assert events[0]["slots"] == epochs[0]["slot_names"] and "conv_heavy" in events[0]["blueprints"]
     for e in epochs:  # issue 47: per slot, the measured contribution and gradient ratio; the reward flags
         assert len(e["contribution"]) == len(e["grad_ratio"]) == 2
         assert all(len(row) == len(e["slot_names"]) for row in e["contribution"])

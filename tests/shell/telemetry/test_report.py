@@ -92,10 +92,20 @@ def _write_run(
                     min_ratio=0.8,
                     head_entropy={h: 0.9 - 0.1 * u for h in HEADS},
                     head_weight=dict.fromkeys(HEADS, 0.5),
+                    head_choice_share={
+                        "op": [0.6 - 0.1 * u, 0.4 + 0.1 * u, 0, 0, 0, 0],
+                        "slot": [0.5, 0.5],
+                        "tempo": [0.9 + 0.05 * u, 0.1 - 0.05 * u, 0.0],
+                    },
                 )
         log.write(
             "anomaly", update=1, kind="kl_spike", value=0.08, threshold=0.03, detail="kl_approx > 3 x EMA"
         )
+        log.write(
+            "note", update=2, kind="prior_commitment", value=0.003, threshold=0.0116,
+            detail="head tempo (weight 0.127) committed to FAST, the choice its start bias favours",
+            severity="note",
+        )  # fmt: skip
         log.write("governor", update=2, epoch=4, env=1, reason="spike")
         log.write(
             "heldout_check", episodes=4, controller="ppo", test_acc=71.5, static_test_acc=45.25,
@@ -113,7 +123,7 @@ def test_report_writes_plots_and_summary(tmp_path):
     _write_run(tmp_path)
     assert main([str(tmp_path)]) == 0
     plots = tmp_path / "plots"
-    for name in ("returns", "accuracy", "entropy", "seed_timeline", "losses"):
+    for name in ("returns", "accuracy", "entropy", "choices", "seed_timeline", "losses"):
         assert _is_png(plots / f"{name}.png"), name
     md = (tmp_path / "report.md").read_text()
     assert "updates: 3 (3 PPO updates, 6 episodes)" in md
@@ -127,6 +137,8 @@ def test_report_writes_plots_and_summary(tmp_path):
     assert "fossilize 6" in md and "germinate 6" in md
     assert "governor rollbacks: 1 (spike 1)" in md
     assert "kl_spike" in md and "Anomalies (1)" in md
+    # a note (issue 47) is listed apart from the alarms: no fault, what the run asked for
+    assert "## Notes (1)" in md and "committed to FAST" in md and md.index("Anomalies") < md.index("Notes")
     assert "`n_envs` | 2" in md and "`ppo.lr` | 0.0003" in md and "abc1234" in md
     assert "![seed_timeline](plots/seed_timeline.png)" in md
 
@@ -139,6 +151,7 @@ def test_report_on_a_heuristic_run_skips_ppo_plots(tmp_path):
     plots = tmp_path / "plots"
     assert _is_png(plots / "returns.png") and _is_png(plots / "seed_timeline.png")
     assert not (plots / "entropy.png").exists() and not (plots / "losses.png").exists()
+    assert not (plots / "choices.png").exists()
     md = (tmp_path / "report.md").read_text()
     assert "updates: 1 (0 PPO updates, 1 episodes)" in md and "entropy.png" not in md
     assert "git: `abc1234`" in md and "torch 2.13.0" in md and "germinated 1" in md
