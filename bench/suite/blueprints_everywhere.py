@@ -6,8 +6,8 @@ designs only: a task enters the suite after its headroom is measured on its pres
 
 usage: python -m bench.suite.blueprints_everywhere VARIANT [epochs] [seeds] [first_seed]
 VARIANT: lr_small:N (``longrange`` with N training signals), m1d_small:N (MNIST-1D with N), lr_spike:N
-(``longrange`` with width-1 pulses of height 4 and N training signals); ``@S`` after it draws the data
-from seed S (default 11), e.g. lr_spike:4000@12."""
+(``longrange`` with width-1 pulses of height 4 and N training signals), retrieval:N (:func:`load_retrieval`
+with N); ``@S`` after it draws the data from seed S (default 11), e.g. lr_spike:4000@12."""
 import sys
 import time
 
@@ -18,6 +18,32 @@ from esper.core.spec import Stage, Style
 from esper.shell.data.datasets import load_longrange, load_mnist1d
 from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.hosts import CNN1dHost
+
+
+def load_retrieval(splits: tuple[int, int, int], seed: int, length: int = 64, items: int = 3,
+                   levels: int = 6, noise: float = 0.3):  # fmt: skip
+    """Does an item carry the query's value? Two channels of noise (std ``noise``): channel 0 holds
+    ``items`` one-position pulses of heights ``1 + v`` at distinct random positions, channel 1 one query
+    pulse of height ``1 + q`` elsewhere (``v, q`` in ``range(levels)``, the items' values distinct); the
+    class is whether some item's value is ``q`` (balanced: drawn first, the items built to match). What
+    each channel holds is a histogram a global average keeps, but the class is their product (is the
+    query's level among the items' levels), which a linear read-out of averaged features cannot form:
+    a seed must relate the two channels across the whole length."""
+    g = torch.Generator().manual_seed(seed)
+    n = sum(splits)
+    x = noise * torch.randn(n, 2, length, generator=g)
+    y = torch.randint(0, 2, (n,), generator=g)
+    q = torch.randint(0, levels, (n,), generator=g)
+    for i in range(n):
+        others = torch.tensor([v for v in range(levels) if v != q[i]])
+        vals = others[torch.randperm(len(others), generator=g)[:items]]
+        if y[i]:
+            vals[torch.randint(0, items, (1,), generator=g)] = q[i]
+        pos = torch.randperm(length, generator=g)[: items + 1]
+        x[i, 0, pos[:items]] += 1.0 + vals.float()
+        x[i, 1, pos[items]] += 1.0 + q[i].float()
+    a, b = splits[0], splits[0] + splits[1]
+    return (x[:a], y[:a]), (x[a:b], y[a:b]), (x[b:], y[b:])
 
 
 def variant(name: str):
@@ -33,6 +59,8 @@ def variant(name: str):
         return load_mnist1d(splits=splits, seed=seed), 10, (2, 2, 1)
     if kind == "lr_spike":  # width-1 pulses: nothing local to denoise
         return load_longrange(splits=splits, seed=seed, width=1, amplitude=4.0), 2, (4, 1, 1)
+    if kind == "retrieval":
+        return load_retrieval(splits, seed), 2, (4, 1, 1)
     raise SystemExit(f"unknown variant {name}")
 
 
