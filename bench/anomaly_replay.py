@@ -22,15 +22,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from esper.core.spec import ALPHA_TARGETS, Style, Tempo
+from esper.core.spec import ALPHA_TARGETS, CHOICE_NAMES
 from esper.shell.agent.policy import prior_choices
 from esper.shell.telemetry.anomaly import AnomalyConfig, AnomalyDetector
 from esper.shell.telemetry.events import read_events
 
-#: The blend heads whose choices a lifecycle event names, and how it writes each choice.
+#: The blend heads whose choices a lifecycle event names, and how it writes each choice (the alpha
+#: target as its value).
 _LOGGED_CHOICES = {
-    "style": [s.name for s in Style],
-    "tempo": [t.name for t in Tempo],
+    "style": list(CHOICE_NAMES["style"]),
+    "tempo": list(CHOICE_NAMES["tempo"]),
     "alpha_target": list(ALPHA_TARGETS),
 }
 

@@ -94,6 +94,18 @@ ALPHA_TARGETS: tuple[float, ...] = (0.5, 0.7, 1.0)
 DEFAULT_BLEND: Mapping[str, int] = MappingProxyType(
     {"style": int(Style.LINEAR_ADD), "tempo": int(Tempo.FAST), "alpha_target": ALPHA_TARGETS.index(1.0)}
 )
+#: The name of each choice of the heads whose choices do not depend on the host (slot and blueprint
+#: choices are the host's), in head order: what plots and the anomaly detector's notes print.
+CHOICE_NAMES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "op": tuple(o.name for o in Op),
+        "style": tuple(s.name for s in Style),
+        "tempo": tuple(t.name for t in Tempo),
+        "alpha_target": tuple(f"alpha {a:g}" for a in ALPHA_TARGETS),
+        "alpha_speed": tuple(a.name for a in AlphaSpeed),
+        "alpha_curve": tuple(c.name for c in AlphaCurve),
+    }
+)
 #: Ramp length (epochs) for each AlphaSpeed; 0 means the new alpha applies at once.
 ALPHA_SPEED_STEPS: tuple[int, ...] = (0, 3, 5, 8)
 #: Steepness of each AlphaCurve (0 for the two non-sigmoid curves).
@@ -288,6 +300,7 @@ __all__ = [
     "ALPHA_CURVE_STEEPNESS",
     "ALPHA_SPEED_STEPS",
     "ALPHA_TARGETS",
+    "CHOICE_NAMES",
     "DEFAULT_BLEND",
     "HEADS",
     "HEAD_INDEX",

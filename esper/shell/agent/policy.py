@@ -39,7 +39,7 @@ from torch import nn
 
 from esper.core import distributions as dist
 from esper.core.masks import action_masks, slot_mask
-from esper.core.spec import ALPHA_TARGETS, DEFAULT_BLEND, HEADS, ActionSpec, Op, Style, Tempo
+from esper.core.spec import CHOICE_NAMES, DEFAULT_BLEND, HEADS, ActionSpec, Op
 
 RecurrentState = tuple[torch.Tensor, torch.Tensor]
 
@@ -88,9 +88,7 @@ def prior_choices(blend_bias: float) -> dict[str, tuple[int, str]]:
     uniform). The anomaly detector calls a collapse onto such a choice a commitment, not a fault."""
     if blend_bias <= 0:
         return {}
-    names = {"style": lambda i: Style(i).name, "tempo": lambda i: Tempo(i).name,
-             "alpha_target": lambda i: f"alpha {ALPHA_TARGETS[i]:g}"}  # fmt: skip
-    return {head: (choice, names[head](choice)) for head, choice in DEFAULT_BLEND.items()}
+    return {head: (choice, CHOICE_NAMES[head][choice]) for head, choice in DEFAULT_BLEND.items()}
 
 
 class FactoredRecurrentActorCritic(nn.Module):

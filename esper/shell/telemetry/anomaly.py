@@ -52,6 +52,7 @@ its telemetry up to debug for a while after an anomaly.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -398,7 +399,8 @@ class AnomalyDetector:
         self.grad_seen += 1
         if cfg.grad_drift_median and self.grad_seen <= cfg.grad_drift_warmup:
             self.grad_warm.append(norm)  # the warm-up: the EMA starts at its median when it ends
-            self.grad_ema = _median(self.grad_warm) if self.grad_seen == cfg.grad_drift_warmup else None
+            done = self.grad_seen == cfg.grad_drift_warmup
+            self.grad_ema = statistics.median(self.grad_warm) if done else None
         else:
             self.grad_ema = norm if ema is None else beta * ema + (1.0 - beta) * norm
         return found
@@ -442,12 +444,6 @@ class AnomalyDetector:
         self.grad_warm = [float(g) for g in sd.get("grad_warm", ())]
         self.detail_until = int(sd.get("detail_until", 0))
         self.collapsed = set(sd.get("collapsed", ()))
-
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
 def _isfinite(v: Any) -> bool:

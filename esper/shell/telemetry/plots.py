@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from esper.core.spec import ALPHA_TARGETS, AlphaCurve, AlphaSpeed, Op, Stage, Style, Tempo
+from esper.core.spec import CHOICE_NAMES, Stage
 from esper.shell.telemetry.events import RunEvents, finite_number
 
 STAGE_COLORS = {
@@ -167,22 +167,11 @@ def plot_entropy(run: RunEvents, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-#: How a head's choices are named on a plot (slot and blueprint: the host's, from ``run_start``'s
-#: ``slots`` and ``blueprints``; by index where the log has none).
-CHOICE_NAMES: dict[str, list[str]] = {
-    "op": [o.name for o in Op],
-    "style": [s.name for s in Style],
-    "tempo": [t.name for t in Tempo],
-    "alpha_target": [f"alpha {a:g}" for a in ALPHA_TARGETS],
-    "alpha_speed": [a.name for a in AlphaSpeed],
-    "alpha_curve": [c.name for c in AlphaCurve],
-}
-
-
 def plot_choices(run: RunEvents, path: Path) -> Path | None:
     """Each head's choices over the updates (``head_choice_share``: the share of the steps where the head
     counted on which the batch took each choice), one stacked panel per head: what a head whose entropy
-    fell committed to."""
+    fell committed to. Choices are named by :data:`~esper.core.spec.CHOICE_NAMES`, slots and blueprints
+    by ``run_start``'s ``slots`` and ``blueprints`` (by index where the log has none)."""
     heads = _ordered_keys(e.get("head_choice_share") for e in run.ppo)
     if not heads:
         return None
@@ -192,14 +181,14 @@ def plot_choices(run: RunEvents, path: Path) -> Path | None:
     fig, axes = _figure(rows, cols, size=(3.2 * cols, 2.6 * rows))
     for i, head in enumerate(heads):
         ax = axes[i // cols, i % cols]
-        rows_ = [e.get("head_choice_share", {}).get(head) for e in run.ppo]
-        n = max((len(r) for r in rows_ if isinstance(r, list)), default=0)
+        per_update = [e.get("head_choice_share", {}).get(head) for e in run.ppo]
+        n = max((len(r) for r in per_update if isinstance(r, list)), default=0)
         shares = np.full((n, len(x)), np.nan)
-        for j, r in enumerate(rows_):
+        for j, r in enumerate(per_update):
             if isinstance(r, list) and len(r) == n:
                 shares[:, j] = [float(v) if finite_number(v) else np.nan for v in r]
         names = CHOICE_NAMES.get(head) or (run.start or {}).get({"slot": "slots"}.get(head, head + "s"))
-        names = names if isinstance(names, list) and len(names) == n else [f"{head} {k}" for k in range(n)]
+        names = list(names) if names and len(names) == n else [f"{head} {k}" for k in range(n)]
         ax.stackplot(x, np.nan_to_num(shares), labels=names)
         ax.set(title=head, ylim=(0, 1.02), xlabel="update" if i // cols == rows - 1 else None)
         ax.legend(fontsize=5, loc="lower left", ncol=2)
