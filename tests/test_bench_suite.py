@@ -14,17 +14,19 @@ from bench.suite.cli import main
 from bench.suite.transfer import amortization
 
 
-def _results(k: int, data_seed: int | None, names) -> dict:
+def _results(k: int, data_seed: int | None, names, run_dir=None) -> dict:
     """An evaluation's ``results.json`` as ``esper.shell.evaluate`` writes it (two episodes each)."""
     ctl = {}
     for i, name in enumerate(names):
         eps = [{"final_test_acc": 40.0 + i + k + e, "params_added": 10.0 * i, "return": float(i),
                 "test_objective": 40.0 + i} for e in range(2)]  # fmt: skip
-        ctl[name] = {"per_episode": eps, "compute_host_epochs": 100 * i}
+        grown = {"b0=conv_heavy": 1, "": 1} if k % 2 else {"b0=conv_heavy": 2}
+        ctl[name] = {"per_episode": eps, "compute_host_epochs": 100 * i, "grown_counts": grown}
         if name.startswith(("plan_search", "heuristic_tuned")):
             ctl[name]["search"] = {"chosen": "b0=conv_heavy" if name.startswith("plan") else {"min_epoch": 1}}
     meta = {"data_seed": data_seed, "selection_data_seed": 42, "eval_seed": 1000 + k, "episodes": 2,
-            "learned_compute_host_epochs": 4400}  # fmt: skip
+            "learned_compute_host_epochs": 4400, "run_dir": None if run_dir is None else str(run_dir),
+            "git_rev": "e" * 40}  # fmt: skip
     return {"controllers": ctl, "correlations": {}, "meta": meta}
 
 
@@ -35,11 +37,13 @@ def _mock_runs(monkeypatch) -> tuple[list, list]:
 
     def train(k, root, extra):
         trained.append((k, root.name, list(extra)))
+        (root / f"seed{k}").mkdir(parents=True, exist_ok=True)
+        (root / f"seed{k}" / "provenance.json").write_text(json.dumps({"git_rev": f"{k}" * 40}))
         return root / f"seed{k}", 60.0
 
     def evaluate(run_dir, k, episodes, names, out, data_seed=None, extra=()):
         evaluated.append((k, out, data_seed, tuple(names), list(extra)))
-        return _results(k, data_seed, names)
+        return _results(k, data_seed, names, run_dir)
 
     monkeypatch.setattr(bg, "_train", train)
     monkeypatch.setattr(bg, "_evaluate", evaluate)
@@ -69,7 +73,13 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     assert entry["ppo_greedy"]["compute_host_epochs"] == 100 * i
     assert entry[plan_name(1)]["chosen"] == {"3": "b0=conv_heavy", "4": "b0=conv_heavy"}
     assert saved["tasks"]["longrange"]["goals"]["ppo"]["all_disjoint_above"] in (True, False)
+    # what each controller grew, pooled over seeds (most grown first), and each seed's revisions
+    assert entry["ppo_greedy"]["grown"] == {"b0=conv_heavy": 3, "": 1}
+    assert saved["tasks"]["longrange"]["revisions"] == {"3": {"train": "3333333", "evaluate": "eeeeeee"},
+                                                         "4": {"train": "4444444", "evaluate": "eeeeeee"}}
     md = next(out.glob("*.md")).read_text()
+    assert "`b0=conv_heavy` 75%; `none` 25%" in md
+    assert "Trained at `3333333` (seeds 3), `4444444` (seeds 4); evaluated at `eeeeeee` (seeds 3, 4)." in md
     assert "## longrange (preset `longrange`)" in md and "| plan_search@1x |" in md
     assert "selection draw: data seed 42" in md and "`min_epoch 1`" in md
     assert any(f.endswith("-longrange-acc-vs-params.png") for f in files)

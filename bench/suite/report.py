@@ -97,11 +97,12 @@ def _section(title: str, t: dict[str, Any], intro: list[str], plot_files: list[P
         *intro,
         f"Training seeds {seeds}; {d['episodes_per_seed']} fresh hosts each (evaluation seeds "
         f"{d['eval_seeds']}); final draw: {draw}; selection draw: data seed {d['selection_data_seed']}. "
-        f"The learned controller's training: {_f(t.get('learned_compute_host_epochs'), 0)} host epochs.",
+        f"The learned controller's training: {_f(t.get('learned_compute_host_epochs'), 0)} host epochs."
+        f"{_revision_line(t.get('revisions', {}))}",
         "",
         "| controller | test acc % [95 % CI] | params added | host epochs spent | chosen on training "
-        "hosts |",
-        "|---|---|---:|---:|---|",
+        "hosts | grown most (share of episodes) |",
+        "|---|---|---:|---:|---|---|",
     ]
     for name, c in ctl.items():
         lo, hi = c["test_acc_ci95"]
@@ -111,12 +112,34 @@ def _section(title: str, t: dict[str, Any], intro: list[str], plot_files: list[P
             f"| {name} | {_f(c['test_acc_mean'])} [{_f(lo)}, {_f(hi)}] | "
             f"{_f(c['params_added_mean'], 0)} | "
             f"{_f(c['compute_host_epochs'], 0)} | {'; '.join(f'`{p}`' for p in picks[:3])}"
-            f"{f' (+{len(picks) - 3} more)' if len(picks) > 3 else ''} |"
+            f"{f' (+{len(picks) - 3} more)' if len(picks) > 3 else ''} | {_grown(c.get('grown', {}))} |"
         )
     lines += ["", *_goal_lines(goals(ctl)), ""]
     lines += [f"![{p.stem}]({p.name})" for p in plot_files]
     lines.append("")
     return lines
+
+
+def _grown(grown: dict[str, int], top: int = 2) -> str:
+    """The plans grown most often, each with its share of the episodes (``none`` for the empty plan)."""
+    total = sum(grown.values())
+    if not total:
+        return ""
+    return "; ".join(f"`{plan or 'none'}` {n / total:.0%}" for plan, n in list(grown.items())[:top])
+
+
+def _revision_line(revs: dict[str, dict]) -> str:
+    """" Trained at `abc1234` (seeds ...), evaluated at ..." from the per-seed revisions."""
+    parts = []
+    for what in ("train", "evaluate"):
+        by: dict[str, list[str]] = {}
+        for k, r in revs.items():
+            by.setdefault(r.get(what) or "unrecorded", []).append(k)
+        if by:
+            verb = "Trained" if what == "train" else "evaluated"
+            at = ", ".join(f"`{rev}` (seeds {', '.join(ks)})" for rev, ks in by.items())
+            parts.append(f"{verb} at {at}")
+    return f" {'; '.join(parts)}." if parts else ""
 
 
 def _thresholds(chosen: dict) -> str:

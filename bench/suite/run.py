@@ -3,7 +3,9 @@ steps), then each task's seeds pooled into one entry per controller."""
 
 from __future__ import annotations
 
+import json
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -93,7 +95,9 @@ def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, 
 def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
     """One task's entry from its training seeds' evaluations (``per_seed[k]``: seed k's ``results.json``):
     per controller the mean over seeds with a 95 % interval over seeds, the parameters added, the host
-    epochs spent (their mean over seeds), and what the searches chose."""
+    epochs spent (their mean over seeds), what the searches chose, and what it grew (``grown``: each
+    plan's count of evaluation episodes over all seeds, most grown first); per seed, the revisions that
+    trained and evaluated it (``revisions``)."""
     seeds = sorted(per_seed)
     names = [n for n in per_seed[seeds[0]]["controllers"]
              if all(n in per_seed[k]["controllers"] for k in seeds)]  # fmt: skip
@@ -113,6 +117,9 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
             "per_seed_test_acc": c["per_seed_test_acc"],
             "episodes": c["episodes"],
         }
+        grown = sum((Counter(e.get("grown_counts", {})) for e in entries), Counter())
+        if grown:
+            controllers[n]["grown"] = dict(sorted(grown.items(), key=lambda kv: (-kv[1], kv[0])))
         if any("search" in e for e in entries):
             controllers[n]["chosen"] = {str(k): e["search"]["chosen"] for k, e in zip(seeds, entries)
                                         if "search" in e}  # fmt: skip
@@ -128,7 +135,22 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
             "episodes_per_seed": meta[0].get("episodes"),
         },
         "learned_compute_host_epochs": meta[0].get("learned_compute_host_epochs"),
+        "revisions": {str(k): revisions(m) for k, m in zip(seeds, meta)},
     }
+
+
+def revisions(meta: dict) -> dict[str, str | None]:
+    """The git revisions (short) of one seed: ``train`` from its run directory's ``provenance.json``,
+    ``evaluate`` from the evaluation's meta (None where either did not record one)."""
+
+    def short(rev: str | None) -> str | None:
+        return rev[:7] if rev else None
+
+    train = None
+    prov = Path(meta["run_dir"]) / "provenance.json" if meta.get("run_dir") else None
+    if prov is not None and prov.exists():
+        train = json.loads(prov.read_text()).get("git_rev")
+    return {"train": short(train), "evaluate": short(meta.get("git_rev"))}
 
 
 def planned_compute(task: str) -> int:
@@ -138,5 +160,5 @@ def planned_compute(task: str) -> int:
 
 __all__ = [
     "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "LEARNED", "PLAN_MULTIPLES", "SUITE",
-    "final_data_seed", "plan_name", "planned_compute", "pool_task", "run_suite",
+    "final_data_seed", "plan_name", "planned_compute", "pool_task", "revisions", "run_suite",
 ]  # fmt: skip

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from esper.shell.eval.heldout import heldout_check
 from esper.shell.runtime.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from esper.shell.runtime.cli import STOPPED, describe, repeat_line
 from esper.shell.runtime.distributed import SINGLE, Dist, PeerLost, rank_device
+from esper.shell.runtime.revision import git_revision
 from esper.shell.runtime.rundir import StopSignals, Terminated
 from esper.shell.telemetry.anomaly import AnomalyDetector
 from esper.shell.telemetry.console import progress, summary_table
@@ -54,15 +54,8 @@ def provenance(cfg: RunConfig, dist: Dist = SINGLE) -> dict:
     import tensordict
     import torchrl
 
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip() or None  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        rev = None
     return {
-        "git_rev": rev,
+        "git_rev": git_revision(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "tensordict": tensordict.__version__,
