@@ -24,9 +24,15 @@ def _results(k: int, data_seed: int | None, names, run_dir=None) -> dict:
         ctl[name] = {"per_episode": eps, "compute_host_epochs": 100 * i, "grown_counts": grown}
         if name.startswith(("plan_search", "heuristic_tuned")):
             ctl[name]["search"] = {"chosen": "b0=conv_heavy" if name.startswith("plan") else {"min_epoch": 1}}
+        if name.startswith("plan_search"):  # what the search scored on the training hosts
+            ctl[name]["search"]["candidates"] = [
+                {"plan": "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy", "val_acc_mean": 80.0, "episodes": 4},
+                {"plan": "b0=conv_heavy", "val_acc_mean": 78.0, "episodes": 4},
+                {"plan": "b0=norm", "val_acc_mean": 70.0, "episodes": 2},
+            ]
     meta = {"data_seed": data_seed, "selection_data_seed": 42, "eval_seed": 1000 + k, "episodes": 2,
-            "learned_compute_host_epochs": 4400, "run_dir": None if run_dir is None else str(run_dir),
-            "git_rev": "e" * 40}  # fmt: skip
+            "learned_compute_host_epochs": 4400, "ppo_param_cap": 720.0, "git_rev": "e" * 40,
+            "run_dir": None if run_dir is None else str(run_dir)}  # fmt: skip
     return {"controllers": ctl, "correlations": {}, "meta": meta}
 
 
@@ -77,7 +83,17 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     assert entry["ppo_greedy"]["grown"] == {"b0=conv_heavy": 3, "": 1}
     assert saved["tasks"]["longrange"]["revisions"] == {"3": {"train": "3333333", "evaluate": "eeeeeee"},
                                                          "4": {"train": "4444444", "evaluate": "eeeeeee"}}
+    # the largest plan search's scores beside the controller's plan: the ground for a diagnosis
+    view = saved["tasks"]["longrange"]["search_view"]
+    assert view["3"]["search"] == plan_name(2) and view["3"]["plans_scored"] == 3
+    assert view["3"]["best"]["plan"] == "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy"
+    assert view["3"]["best"]["params"] == 1200  # conv_heavy at width 8 is 400 a slot
+    assert view["3"]["best_within_cap"] == {"plan": "b0=conv_heavy", "params": 400, "val_acc": 78.0,
+                                            "episodes": 4}  # fmt: skip
+    assert view["4"]["controller_plan"] == "b0=conv_heavy"
+    assert view["4"]["controller_plan_scored"]["val_acc"] == 78
     md = next(out.glob("*.md")).read_text()
+    assert "best within the controller's cap of 720: `b0=conv_heavy` 78.0 % (400 params, 4 episodes)" in md
     assert "`b0=conv_heavy` 75%; `none` 25%" in md
     assert "Trained at `3333333` (seeds 3), `4444444` (seeds 4); evaluated at `eeeeeee` (seeds 3, 4)." in md
     assert "## longrange (preset `longrange`)" in md and "| plan_search@1x |" in md

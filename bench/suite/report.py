@@ -114,7 +114,7 @@ def _section(title: str, t: dict[str, Any], intro: list[str], plot_files: list[P
             f"{_f(c['compute_host_epochs'], 0)} | {'; '.join(f'`{p}`' for p in picks[:3])}"
             f"{f' (+{len(picks) - 3} more)' if len(picks) > 3 else ''} | {_grown(c.get('grown', {}))} |"
         )
-    lines += ["", *_goal_lines(goals(ctl)), ""]
+    lines += ["", *_goal_lines(goals(ctl)), *_search_view_lines(t.get("search_view", {})), ""]
     lines += [f"![{p.stem}]({p.name})" for p in plot_files]
     lines.append("")
     return lines
@@ -140,6 +140,27 @@ def _revision_line(revs: dict[str, dict]) -> str:
             at = ", ".join(f"`{rev}` (seeds {', '.join(ks)})" for rev, ks in by.items())
             parts.append(f"{verb} at {at}")
     return f" {'; '.join(parts)}." if parts else ""
+
+
+def _search_view_lines(view: dict[str, dict]) -> list[str]:
+    """Per seed, what the largest plan search scored on the training hosts, beside the controller's plan."""
+    if not view:
+        return []
+
+    def plan(c: dict | None) -> str:
+        if c is None:
+            return "none"
+        return f"`{c['plan']}` {c['val_acc']:.1f} % ({c['params']:,} params, {c['episodes']} episodes)"
+
+    out = ["", "What the largest plan search scored on each seed's training hosts (validation accuracy; "
+           "a plan that ran few episodes is noisy), beside `ppo_greedy`'s most grown plan:", ""]  # fmt: skip
+    for k, v in view.items():
+        mine = v["controller_plan_scored"]
+        unscored = f"`{v['controller_plan']}`, not among the {v['plans_scored']} scored"
+        out.append(f"- seed {k} (`{v['search']}`): best {plan(v['best'])}; best within the controller's "
+                   f"cap of {v['cap']:g}: {plan(v['best_within_cap'])}; the controller's: "
+                   f"{plan(mine) if mine else unscored}.")  # fmt: skip
+    return out
 
 
 def _thresholds(chosen: dict) -> str:

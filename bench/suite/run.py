@@ -136,7 +136,45 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
         },
         "learned_compute_host_epochs": meta[0].get("learned_compute_host_epochs"),
         "revisions": {str(k): revisions(m) for k, m in zip(seeds, meta)},
+        "search_view": search_view(task, per_seed),
     }
+
+
+def search_view(task: str, per_seed: dict[int, dict], readout: str = "ppo_greedy") -> dict[str, Any]:
+    """The plans the largest ``plan_search`` scored on each seed's training hosts (validation accuracy,
+    the mean over the episodes each plan ran), read for a diagnosis of where the learned controller
+    trails: per seed the best plan, the best within the learned controller's parameter cap, and
+    ``readout``'s most grown plan with its score where the search scored it. Scores of plans that ran
+    few episodes are noisy, and the best of many is biased up: read them with their episodes."""
+    out: dict[str, Any] = {}
+    built = None
+    for k, res in sorted(per_seed.items()):
+        ctl = res["controllers"]
+        names = [n for n in (plan_name(m) for m in reversed(PLAN_MULTIPLES)) if "search" in ctl.get(n, {})]
+        if not names or readout not in ctl or "candidates" not in ctl[names[0]]["search"]:
+            continue
+        if built is None:
+            from esper.shell.data.tasks import seed_params
+
+            built = preset(SUITE[task]).env.build_task()
+            host = built.make_host()
+        cap = res["meta"].get("ppo_param_cap")
+        scored = [{"plan": c["plan"], "params": seed_params(built, host, c["plan"]),
+                   "val_acc": c["val_acc_mean"], "episodes": c["episodes"]}
+                  for c in ctl[names[0]]["search"]["candidates"]]  # fmt: skip
+        grown = next(iter(ctl[readout].get("grown_counts", {})), None)
+        out[str(k)] = {
+            "search": names[0], "plans_scored": len(scored), "cap": cap, "best": _best(scored),
+            "best_within_cap": _best([c for c in scored if cap is None or c["params"] <= cap]),
+            "controller_plan": grown,
+            "controller_plan_scored": next((c for c in scored if c["plan"] == grown), None),
+        }  # fmt: skip
+    return out
+
+
+def _best(scored: list[dict]) -> dict | None:
+    """The plan with the highest score (the smaller on a tie)."""
+    return max(scored, key=lambda c: (c["val_acc"], -c["params"]), default=None)
 
 
 def revisions(meta: dict) -> dict[str, str | None]:
@@ -161,4 +199,5 @@ def planned_compute(task: str) -> int:
 __all__ = [
     "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "LEARNED", "PLAN_MULTIPLES", "SUITE",
     "final_data_seed", "plan_name", "planned_compute", "pool_task", "revisions", "run_suite",
+    "search_view",
 ]  # fmt: skip

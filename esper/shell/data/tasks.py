@@ -87,8 +87,18 @@ def grow_all_params(task: Task, host: Host, slots: tuple[int, ...] = ()) -> int:
     counted. The unit of the budgets stated as a share of it (``reward.param_budget_share``,
     ``ppo.param_cap_share``): "60 % of what growing everything adds" reads the same on any host."""
     enabled = slots or tuple(range(host.n_slots))
+    return seed_params(task, host, {s: task.grow_all for s in enabled})
+
+
+def seed_params(task: Task, host: Host, plan: dict[int, str] | str) -> int:
+    """The seed parameters a fixed plan adds to ``host`` (a host of ``task``), gates not counted:
+    ``plan`` maps slot indices to blueprint names, or is written as the searches and evaluations write
+    it (``"b0=conv_heavy+b2=self_attention"``; ``""``: nothing grown)."""
+    if isinstance(plan, str):
+        names = list(host.slot_names)
+        plan = {names.index(s): b for s, _, b in (p.partition("=") for p in plan.split("+") if p)}
     with torch.random.fork_rng(devices=[]):  # building a seed draws its init: leave the caller's stream
-        seeds = [build_blueprint(task.family, task.grow_all, host.slots[s].width) for s in enabled]
+        seeds = [build_blueprint(task.family, b, host.slots[s].width) for s, b in plan.items()]
     return sum(param_count(seed) for seed in seeds)
 
 
@@ -375,6 +385,7 @@ __all__ = [
     "make_task",
     "mnist1d_deep_task",
     "mnist1d_task",
+    "seed_params",
     "stdlib_text_task",
     "tinystories_task",
 ]

@@ -12,7 +12,7 @@ from esper.shell.agent.config import param_cap_on
 from esper.shell.config.fields import to_dict
 from esper.shell.config.presets import TASK_SIZE_FIELDS, preset
 from esper.shell.data.datasets import load_longrange
-from esper.shell.data.tasks import grow_all_params, make_task
+from esper.shell.data.tasks import grow_all_params, make_task, seed_params
 from esper.shell.env.config import GENERATED_TASKS, EnvConfig
 
 #: Suite task -> (host family, slots, input shape, classes, grow_all's blueprint).
@@ -128,3 +128,19 @@ def test_the_budget_and_the_cap_read_as_a_share_of_grow_all_on_every_task(name):
     assert param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, expect) == 0.6 * expect
     if name == "mnist1d":
         assert 0.6 * expect == 720.0  # the default's budget and cap are unchanged
+
+
+@pytest.mark.parametrize("name", ["mnist1d_deep", "digits_shallow"])
+def test_seed_params_of_a_written_plan_is_what_germinating_it_adds(name):
+    """The searches' plans are strings; what one adds is what its seeds hold once germinated, gates not
+    counted (the unit the cap is stated in)."""
+    task = make_task(name, **SMALL[name])
+    host = task.make_host()
+    slots, names = host.slot_names, host.blueprint_names
+    plan = {0: "conv_heavy", len(slots) - 1: names[2]}
+    written = "+".join(f"{slots[s]}={b}" for s, b in plan.items())
+    for s, b in plan.items():
+        host.germinate(s, names.index(b), 0)
+    expect = sum(p.numel() for s in plan for p in host.slot(s).seed.parameters())
+    assert seed_params(task, task.make_host(), written) == seed_params(task, host, plan) == expect > 0
+    assert seed_params(task, host, "") == 0
