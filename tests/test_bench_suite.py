@@ -11,6 +11,7 @@ import pytest
 import bench.growth.training as bg
 from bench.suite import CONTROLLERS, FINAL_DATA_SEED, SUITE, final_data_seed, plan_name
 from bench.suite.cli import main
+from bench.suite.run import EVAL_DIR, OWN_PLAN
 from bench.suite.transfer import amortization
 
 
@@ -34,6 +35,10 @@ def _results(k: int, data_seed: int | None, names, run_dir=None) -> dict:
             "learned_compute_host_epochs": 4400, "ppo_param_cap": 720.0, "git_rev": "e" * 40,
             "run_dir": None if run_dir is None else str(run_dir)}  # fmt: skip
     return {"controllers": ctl, "correlations": {}, "meta": meta}
+
+
+#: ppo_greedy's most grown plan in :func:`_results`, evaluated as a fixed plan.
+OWN = ("grow:b0=conv_heavy",)
 
 
 def _mock_runs(monkeypatch) -> tuple[list, list]:
@@ -63,12 +68,17 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
                  "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0  # fmt: skip
     assert [t[:2] for t in trained] == [(3, "longrange"), (4, "longrange")]
     assert trained[0][2] == ["--preset", SUITE["longrange"]]  # the preset only: no controller flags
-    assert [(k, d) for k, _, d, _, _ in evaluated] == [(3, FINAL_DATA_SEED + 3), (4, FINAL_DATA_SEED + 4)]
-    assert evaluated[0][3] == CONTROLLERS and {plan_name(m) for m in (0.25, 0.5, 1, 2)} <= set(CONTROLLERS)
+    # each seed: every controller, then ppo_greedy's most grown plan as a fixed plan, same hosts and draw
+    assert [(k, o, d, n) for k, o, d, n, _ in evaluated] == [
+        (3, EVAL_DIR, FINAL_DATA_SEED + 3, CONTROLLERS), (3, EVAL_DIR + "-plan", FINAL_DATA_SEED + 3, OWN),
+        (4, EVAL_DIR, FINAL_DATA_SEED + 4, CONTROLLERS), (4, EVAL_DIR + "-plan", FINAL_DATA_SEED + 4, OWN),
+    ]  # fmt: skip
+    assert {plan_name(m) for m in (0.25, 0.5, 1, 2)} <= set(CONTROLLERS)
     files = sorted(p.name for p in out.iterdir())
     saved = json.loads(next(out.glob("*.json")).read_text())
     entry = saved["tasks"]["longrange"]["controllers"]
-    assert set(entry) == set(CONTROLLERS)
+    assert list(entry)[:3] == ["ppo", "ppo_greedy", OWN_PLAN] and set(entry) == {*CONTROLLERS, OWN_PLAN}
+    assert entry[OWN_PLAN]["compute_host_epochs"] == entry["ppo_greedy"]["compute_host_epochs"]
     for name, c in entry.items():
         assert {"test_acc_mean", "test_acc_ci95", "params_added_mean", "compute_host_epochs",
                 "training_seeds"} <= set(c), name  # fmt: skip
@@ -121,12 +131,13 @@ def test_transfer_trains_on_the_other_tasks_and_evaluates_on_the_held_out_one(tm
     assert trained[0][2] == ["--preset", "default", "--ppo.policy", "set", "--tasks", ",".join(others),
                              "--env.task", others[0]]  # fmt: skip
     assert [(k, d, x) for k, _, d, _, x in evaluated] == [
-        (7, FINAL_DATA_SEED + 7, ["--task", "mnist1d"]), (8, FINAL_DATA_SEED + 8, ["--task", "mnist1d"])
-    ]
+        (7, FINAL_DATA_SEED + 7, ["--task", "mnist1d"]), (7, FINAL_DATA_SEED + 7, ["--task", "mnist1d"]),
+        (8, FINAL_DATA_SEED + 8, ["--task", "mnist1d"]), (8, FINAL_DATA_SEED + 8, ["--task", "mnist1d"]),
+    ]  # fmt: skip
     saved = json.loads(next(out.glob("*-transfer-mnist1d.json")).read_text())
     entry = saved["transfer"]["mnist1d"]
     assert saved["tasks"] == {} and entry["trained_on"] == others
-    assert set(entry["controllers"]) == set(CONTROLLERS)
+    assert set(entry["controllers"]) == {*CONTROLLERS, OWN_PLAN}
     assert entry["controllers"]["ppo_greedy"]["training_seeds"] == [7, 8]
     assert entry["amortization"]["readout"] == "ppo_greedy" and "goals" in entry
     md = next(out.glob("*-transfer-mnist1d.md")).read_text()

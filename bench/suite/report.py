@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.suite.run import LEARNED, PLAN_MULTIPLES, SUITE, plan_name
+from bench.suite.run import LEARNED, OWN_PLAN, PLAN_MULTIPLES, SUITE, plan_name
 from esper.shell.eval.output import COLORS
 from esper.shell.telemetry.plots import finish_figure, new_figure
 
@@ -37,6 +37,12 @@ def goals(controllers: dict[str, dict]) -> dict[str, Any]:
         out[name] = {"disjoint_above": above, "all_disjoint_above": bool(above) and all(above.values()),
                      "minus_plan_search_equal_compute": gap,
                      "within_1_of_plan_search": gap is not None and gap >= -WITHIN}  # fmt: skip
+        own = controllers.get(OWN_PLAN)
+        if name == "ppo_greedy" and own is not None and gap is not None:
+            # the gap split: the plans chosen (plan search's against the controller's own, both grown as
+            # fixed plans) and how the controller grew its plan (its plan fixed against the controller)
+            out[name]["gap_split"] = {"plan": equal["test_acc_mean"] - own["test_acc_mean"],
+                                      "growing": own["test_acc_mean"] - c["test_acc_mean"]}  # fmt: skip
     return out
 
 
@@ -179,6 +185,11 @@ def _goal_lines(g: dict[str, Any]) -> list[str]:
         gap = v["minus_plan_search_equal_compute"]
         near = "n/a" if gap is None else f"{gap:+.1f} points against `plan_search` at equal compute" + (
             " (within 1 point or above)" if v["within_1_of_plan_search"] else " (**trails**: diagnose)")
+        split = v.get("gap_split")
+        if split is not None:
+            near += (f"; of the points it trails by, {split['plan']:+.1f} are the plan chosen "
+                     f"(`plan_search@1x` against `{OWN_PLAN}`, its own most grown plan grown as a "
+                     f"fixed plan) and {split['growing']:+.1f} how it grew that plan (timing, blending)")
         out.append(f"- `{name}`: {beats}; {near}.")
     return out
 

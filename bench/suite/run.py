@@ -39,6 +39,9 @@ EVAL_EPISODES = 10
 FINAL_DATA_SEED = 100_000
 #: Where each (task, seed)'s evaluation goes inside its run directory.
 EVAL_DIR = "eval-suite"
+#: The learned controller's most grown plan, grown as a fixed plan on the same hosts: the row that
+#: splits a gap to ``plan_search`` into the plan chosen and how it was grown (timing, blending).
+OWN_PLAN = "ppo_greedy_plan"
 
 
 def plan_name(multiple: float) -> str:
@@ -60,10 +63,35 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int) -> tuple[str, 
     root.mkdir(parents=True, exist_ok=True)
     threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
     run_dir, train_s = training._train(k, root, ["--preset", SUITE[task], *threads])
+    extra = ["--threads", "1"] if jobs > 1 else []
     results = training._evaluate(run_dir, k, episodes, CONTROLLERS, out=EVAL_DIR,
-                                 data_seed=final_data_seed(task, k),
-                                 extra=["--threads", "1"] if jobs > 1 else [])  # fmt: skip
+                                 data_seed=final_data_seed(task, k), extra=extra)  # fmt: skip
+    with_own_plan(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
     return task, k, results, train_s
+
+
+def with_own_plan(results: dict, run_dir: Path, k: int, episodes: int, out: str, data_seed: int | None,
+                  extra: Sequence[str]) -> dict:  # fmt: skip
+    """Add :data:`OWN_PLAN` to seed ``k``'s ``results``: ``ppo_greedy``'s most grown plan evaluated as
+    the fixed plan ``grow:PLAN`` on the same hosts and draw (into ``RUN_DIR/OUT-plan``; kept when
+    there). Its compute is the learned controller's, whose plan it is. Nothing is added when the
+    controller grew nothing."""
+    greedy = results["controllers"].get("ppo_greedy", {})
+    plan = next(iter(greedy.get("grown_counts", {})), "")
+    if not plan:
+        return results
+    name = f"grow:{plan}"
+    own = training._evaluate(run_dir, k, episodes, [name], out=f"{out}-plan", data_seed=data_seed,
+                             extra=extra)["controllers"][name]  # fmt: skip
+    row = {**own, "compute_host_epochs": greedy.get("compute_host_epochs", 0), "plan": plan}
+    ctl = {}
+    for n, c in results["controllers"].items():  # the row goes right after ppo_greedy's
+        if n != OWN_PLAN:
+            ctl[n] = c
+        if n == "ppo_greedy":
+            ctl[OWN_PLAN] = row
+    results["controllers"] = ctl
+    return results
 
 
 def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
@@ -197,7 +225,7 @@ def planned_compute(task: str) -> int:
 
 
 __all__ = [
-    "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "LEARNED", "PLAN_MULTIPLES", "SUITE",
-    "final_data_seed", "plan_name", "planned_compute", "pool_task", "revisions", "run_suite",
-    "search_view",
+    "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES",
+    "SUITE", "final_data_seed", "plan_name", "planned_compute", "pool_task", "revisions", "run_suite",
+    "search_view", "with_own_plan",
 ]  # fmt: skip
