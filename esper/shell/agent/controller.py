@@ -13,6 +13,8 @@ from collections.abc import Collection
 import torch
 from tensordict import TensorDict
 
+from esper.core.masks import slot_mask
+from esper.core.spec import Op
 from esper.shell.agent.agent import Agent
 from esper.shell.env.seeding import derive_seed
 from esper.shell.env.vecenv import StepInput
@@ -27,9 +29,15 @@ class PPOController:
         deterministic: bool | Collection[str] = False,
         learns: bool = True,
         per_env: bool = False,
+        fossilize_when_legal: bool = False,
     ) -> None:
         #: False for a frozen controller under evaluation: the runner then keeps no rollout.
         self.learns = learns
+        #: A diagnostic readout (evaluation only): wherever FOSSILIZE is legal, fossilize
+        #: (:func:`fossilize_where_legal`) whatever the policy chose.
+        if fossilize_when_legal and learns:
+            raise ValueError("fossilize_when_legal overrides the policy's actions: evaluation only")
+        self.fossilize_when_legal = fossilize_when_legal
         self.agent, self.policy = agent, agent.policy
         self.generator, self.deterministic = generator, deterministic
         #: Sample each env's actions from its own generator, seeded by :meth:`seed_envs` from the env's
@@ -58,6 +66,8 @@ class PPOController:
             x, self.state, legal, generator=self.env_generators if self.per_env else self.generator,
             deterministic=self.deterministic,
         )
+        if self.fossilize_when_legal:
+            out = fossilize_where_legal(out, legal)
         out["observation"] = x
         out["raw_observation"] = step.raw_obs
         out["recurrent_state"] = TensorDict({"h": h[0], "c": c[0]}, batch_size=x.shape[:1])
@@ -70,4 +80,16 @@ class PPOController:
         return self.policy.bootstrap_value(self.agent.policy_input(step), self.state)
 
 
-__all__ = ["PPOController"]
+def fossilize_where_legal(out: TensorDict, legal: TensorDict) -> TensorDict:
+    """``out``'s actions, except that every env where FOSSILIZE is legal fossilizes its first slot
+    where it is legal (the later heads are not relevant to FOSSILIZE). The log-probabilities are left
+    as the policy's: nothing learns from these steps."""
+    can = legal["op"][:, Op.FOSSILIZE]
+    fossilize = torch.full_like(out["op", "action"], int(Op.FOSSILIZE))
+    first = slot_mask(legal, fossilize).to(torch.int8).argmax(-1).to(out["slot", "action"].dtype)
+    out["op", "action"] = torch.where(can, fossilize, out["op", "action"])
+    out["slot", "action"] = torch.where(can, first, out["slot", "action"])
+    return out
+
+
+__all__ = ["PPOController", "fossilize_where_legal"]

@@ -37,7 +37,14 @@ PPO_READOUTS: dict[str, tuple[bool | tuple[str, ...], str]] = {
         MIXED_MODE_HEADS,
         "samples the op and slot heads and takes the other heads' most likely choice",
     ),
+    "ppo_greedy_fossilize": (
+        True,
+        "takes each head's most likely choice, but fossilizes wherever FOSSILIZE is legal (a diagnostic "
+        "of how the controller keeps its seeds)",
+    ),
 }
+#: The readouts whose actions are overridden where FOSSILIZE is legal (diagnostics, evaluation only).
+FOSSILIZING_READOUTS = ("ppo_greedy_fossilize",)
 PPO_CONTROLLERS = tuple(PPO_READOUTS)
 CONTROLLERS = ("ppo", "ppo_greedy", "static", "random", "heuristic", "grow_all")
 #: Fixed placements: ``grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]`` grows only those slots, each with its
@@ -50,7 +57,7 @@ PLAN_PREFIX = "grow:"
 #: ``grow:b0=conv_heavy@STANDARD@0.7``.
 STYLE_SEP = "@"
 EXTRA_CONTROLLERS = (
-    "ppo_mixed, heuristic_tuned, plan_search[@HOST_EPOCHS|@Kx], grow_all:BLUEPRINT, "
+    "ppo_mixed, ppo_greedy_fossilize, heuristic_tuned, plan_search[@HOST_EPOCHS|@Kx], grow_all:BLUEPRINT, "
     "grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...], either with @STYLE@TEMPO@ALPHA (any)"
 )
 
@@ -76,7 +83,8 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         agent.load(checkpoint["trainer"])
         agent.policy.eval()
         generator = torch.Generator(device=device).manual_seed(seed)
-        return PPOController(agent, generator=generator, deterministic=PPO_READOUTS[name][0], learns=False)
+        return PPOController(agent, generator=generator, deterministic=PPO_READOUTS[name][0], learns=False,
+                             fossilize_when_legal=name in FOSSILIZING_READOUTS)  # fmt: skip
     if name == "static":
         return StaticController()
     if name == "random":

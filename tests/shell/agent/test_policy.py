@@ -398,3 +398,38 @@ def test_the_per_env_sampler_check_catches_a_sampler_that_ignores_single_choice_
     faults = _per_env_sampling_faults(_biased_net(), rounds=2)
     assert any("blueprint" in f and "illegal" in f for f in faults)
     assert not any("op " in f or "slot " in f for f in faults)
+
+
+def test_the_fossilizing_readout_fossilizes_wherever_it_is_legal_and_nowhere_else():
+    """The diagnostic readout ``ppo_greedy_fossilize``: an env where FOSSILIZE is legal fossilizes
+    its first slot where it is legal; every other env keeps the policy's action."""
+    from esper.shell.agent.controller import fossilize_where_legal
+
+    torch.manual_seed(3)
+    net = FactoredRecurrentActorCritic(10, SPEC, hidden=32, head_hidden=16)
+    E = 32
+    slots = _slots(E, 4)
+    slots["alpha"] = torch.full((E, 3), 0.7)
+    slots["contribution"] = torch.full((E, 3), 5.0)
+    legal = legal_masks(slots, SPEC)
+    can = legal["op"][:, Op.FOSSILIZE]
+    assert can.any() and not can.all()
+    out, _ = net.act(torch.randn(E, 10), net.initial_state(E), legal, deterministic=True)
+    before = out.clone()
+    out = fossilize_where_legal(out, legal)
+    assert torch.equal(out["op", "action"][can], torch.full_like(out["op", "action"][can], int(Op.FOSSILIZE)))
+    holding = legal["slot_by_op"][:, Op.FOSSILIZE]
+    for e in torch.nonzero(can).flatten().tolist():
+        assert out["slot", "action"][e] == torch.nonzero(holding[e]).min()
+    for head in ("op", "slot"):
+        assert torch.equal(out[head, "action"][~can], before[head, "action"][~can])
+
+
+def test_a_learning_controller_refuses_the_fossilizing_override():
+    from esper.shell.agent.controller import PPOController
+
+    flat = dataclasses.replace(PPOConfig(), policy="flat")
+    agent = build_agent(flat, SPEC, device="cpu", germination_cost=torch.ones(5))
+    with pytest.raises(ValueError, match="evaluation only"):
+        PPOController(agent, fossilize_when_legal=True)
+    assert PPOController(agent, fossilize_when_legal=True, learns=False).fossilize_when_legal
