@@ -11,7 +11,7 @@ import pytest
 import bench.growth.training as bg
 from bench.suite import CONTROLLERS, FINAL_DATA_SEED, SUITE, final_data_seed, plan_name
 from bench.suite.cli import main
-from bench.suite.run import EVAL_DIR, OWN_PLAN
+from bench.suite.run import EVAL_DIR, FOSSILIZING, OWN_PLAN
 from bench.suite.transfer import amortization
 
 
@@ -37,8 +37,9 @@ def _results(k: int, data_seed: int | None, names, run_dir=None) -> dict:
     return {"controllers": ctl, "correlations": {}, "meta": meta}
 
 
-#: ppo_greedy's most grown plan in :func:`_results`, evaluated as a fixed plan.
-OWN = ("grow:b0=conv_heavy",)
+#: The diagnostic evaluation of each seed: ppo_greedy's most grown plan in :func:`_results` as a fixed
+#: plan, and the greedy controller fossilizing wherever it may.
+DIAGNOSTICS, DIAG = ("grow:b0=conv_heavy", FOSSILIZING), EVAL_DIR + "-diagnosis"
 
 
 def _mock_runs(monkeypatch) -> tuple[list, list]:
@@ -70,14 +71,15 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     assert trained[0][2] == ["--preset", SUITE["longrange"]]  # the preset only: no controller flags
     # each seed: every controller, then ppo_greedy's most grown plan as a fixed plan, same hosts and draw
     assert [(k, o, d, n) for k, o, d, n, _ in evaluated] == [
-        (3, EVAL_DIR, FINAL_DATA_SEED + 3, CONTROLLERS), (3, EVAL_DIR + "-plan", FINAL_DATA_SEED + 3, OWN),
-        (4, EVAL_DIR, FINAL_DATA_SEED + 4, CONTROLLERS), (4, EVAL_DIR + "-plan", FINAL_DATA_SEED + 4, OWN),
+        (3, EVAL_DIR, FINAL_DATA_SEED + 3, CONTROLLERS), (3, DIAG, FINAL_DATA_SEED + 3, DIAGNOSTICS),
+        (4, EVAL_DIR, FINAL_DATA_SEED + 4, CONTROLLERS), (4, DIAG, FINAL_DATA_SEED + 4, DIAGNOSTICS),
     ]  # fmt: skip
     assert {plan_name(m) for m in (0.25, 0.5, 1, 2)} <= set(CONTROLLERS)
     files = sorted(p.name for p in out.iterdir())
     saved = json.loads(next(out.glob("*.json")).read_text())
     entry = saved["tasks"]["longrange"]["controllers"]
-    assert list(entry)[:3] == ["ppo", "ppo_greedy", OWN_PLAN] and set(entry) == {*CONTROLLERS, OWN_PLAN}
+    assert list(entry)[:4] == ["ppo", "ppo_greedy", OWN_PLAN, FOSSILIZING]
+    assert set(entry) == {*CONTROLLERS, OWN_PLAN, FOSSILIZING}
     assert entry[OWN_PLAN]["compute_host_epochs"] == entry["ppo_greedy"]["compute_host_epochs"]
     for name, c in entry.items():
         assert {"test_acc_mean", "test_acc_ci95", "params_added_mean", "compute_host_epochs",
@@ -137,7 +139,7 @@ def test_transfer_trains_on_the_other_tasks_and_evaluates_on_the_held_out_one(tm
     saved = json.loads(next(out.glob("*-transfer-mnist1d.json")).read_text())
     entry = saved["transfer"]["mnist1d"]
     assert saved["tasks"] == {} and entry["trained_on"] == others
-    assert set(entry["controllers"]) == {*CONTROLLERS, OWN_PLAN}
+    assert set(entry["controllers"]) == {*CONTROLLERS, OWN_PLAN, FOSSILIZING}
     assert entry["controllers"]["ppo_greedy"]["training_seeds"] == [7, 8]
     assert entry["amortization"]["readout"] == "ppo_greedy" and "goals" in entry
     md = next(out.glob("*-transfer-mnist1d.md")).read_text()

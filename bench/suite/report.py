@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.suite.run import LEARNED, OWN_PLAN, PLAN_MULTIPLES, SUITE, plan_name
+from bench.suite.run import FOSSILIZING, LEARNED, OWN_PLAN, PLAN_MULTIPLES, SUITE, plan_name
 from esper.shell.eval.output import COLORS
 from esper.shell.telemetry.plots import finish_figure, new_figure
 
@@ -43,6 +43,10 @@ def goals(controllers: dict[str, dict]) -> dict[str, Any]:
             # fixed plans) and how the controller grew its plan (its plan fixed against the controller)
             out[name]["gap_split"] = {"plan": equal["test_acc_mean"] - own["test_acc_mean"],
                                       "growing": own["test_acc_mean"] - c["test_acc_mean"]}  # fmt: skip
+            if (fossilizing := controllers.get(FOSSILIZING)) is not None:
+                # of the growing part, what fossilizing as soon as legal recovers
+                recovers = fossilizing["test_acc_mean"] - c["test_acc_mean"]
+                out[name]["gap_split"]["fossilizing_recovers"] = recovers
     return out
 
 
@@ -190,6 +194,9 @@ def _goal_lines(g: dict[str, Any]) -> list[str]:
             near += (f"; of the points it trails by, {split['plan']:+.1f} are the plan chosen "
                      f"(`plan_search@1x` against `{OWN_PLAN}`, its own most grown plan grown as a "
                      f"fixed plan) and {split['growing']:+.1f} how it grew that plan (timing, blending)")
+            if "fossilizing_recovers" in split:
+                near += (f"; fossilizing wherever it is legal (`{FOSSILIZING}`) changes `ppo_greedy` by "
+                         f"{split['fossilizing_recovers']:+.1f}")
         out.append(f"- `{name}`: {beats}; {near}.")
     return out
 

@@ -42,7 +42,9 @@ EVAL_DIR = "eval-suite"
 #: The learned controller's most grown plan, grown as a fixed plan on the same hosts: the row that
 #: splits a gap to ``plan_search`` into the plan chosen and how it was grown (timing, blending).
 OWN_PLAN = "ppo_greedy_plan"
-
+#: The greedy controller, fossilizing wherever FOSSILIZE is legal: how much of the growing part is
+#: the seeds kept late (``esper.shell.eval.controllers.FOSSILIZING_READOUTS``).
+FOSSILIZING = "ppo_greedy_fossilize"
 
 def plan_name(multiple: float) -> str:
     """``plan_search@0.25x``: plan search at ``multiple`` times the learned controller's compute."""
@@ -66,33 +68,34 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int) -> tuple[str, 
     extra = ["--threads", "1"] if jobs > 1 else []
     results = training._evaluate(run_dir, k, episodes, CONTROLLERS, out=EVAL_DIR,
                                  data_seed=final_data_seed(task, k), extra=extra)  # fmt: skip
-    with_own_plan(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
+    with_diagnostics(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
     return task, k, results, train_s
 
 
-def with_own_plan(results: dict, run_dir: Path, k: int, episodes: int, out: str, data_seed: int | None,
-                  extra: Sequence[str]) -> dict:  # fmt: skip
-    """Add :data:`OWN_PLAN` to seed ``k``'s ``results``: ``ppo_greedy``'s most grown plan evaluated as
-    the fixed plan ``grow:PLAN`` on the same hosts and draw (into ``RUN_DIR/OUT-plan``; kept when
-    there). Its compute is the learned controller's, whose plan it is. Nothing is added when the
-    controller grew nothing."""
+def with_diagnostics(results: dict, run_dir: Path, k: int, episodes: int, out: str, data_seed: int | None,
+                     extra: Sequence[str]) -> dict:  # fmt: skip
+    """Add two diagnostic rows to seed ``k``'s ``results``, evaluated on the same hosts and draw (into
+    ``RUN_DIR/OUT-diagnosis``; kept when there), right after ``ppo_greedy``'s: :data:`OWN_PLAN`, its most
+    grown plan as the fixed plan ``grow:PLAN`` (none when it grew nothing), and :data:`FOSSILIZING`.
+    Their compute is the learned controller's, whose plan and policy they read."""
     greedy = results["controllers"].get("ppo_greedy", {})
     plan = next(iter(greedy.get("grown_counts", {})), "")
-    if not plan:
-        return results
-    name = f"grow:{plan}"
-    own = training._evaluate(run_dir, k, episodes, [name], out=f"{out}-plan", data_seed=data_seed,
-                             extra=extra)["controllers"][name]  # fmt: skip
-    row = {**own, "compute_host_epochs": greedy.get("compute_host_epochs", 0), "plan": plan}
+    names = {OWN_PLAN: f"grow:{plan}"} if plan else {}
+    names[FOSSILIZING] = FOSSILIZING
+    got = training._evaluate(run_dir, k, episodes, list(names.values()), out=f"{out}-diagnosis",
+                             data_seed=data_seed, extra=extra)["controllers"]  # fmt: skip
+    rows = {row: {**got[name], "compute_host_epochs": greedy.get("compute_host_epochs", 0)}
+            for row, name in names.items()}  # fmt: skip
+    if plan:
+        rows[OWN_PLAN]["plan"] = plan
     ctl = {}
-    for n, c in results["controllers"].items():  # the row goes right after ppo_greedy's
-        if n != OWN_PLAN:
+    for n, c in results["controllers"].items():
+        if n not in rows:
             ctl[n] = c
         if n == "ppo_greedy":
-            ctl[OWN_PLAN] = row
+            ctl.update(rows)
     results["controllers"] = ctl
     return results
-
 
 def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
               log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
@@ -225,7 +228,7 @@ def planned_compute(task: str) -> int:
 
 
 __all__ = [
-    "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES",
-    "SUITE", "final_data_seed", "plan_name", "planned_compute", "pool_task", "revisions", "run_suite",
-    "search_view", "with_own_plan",
+    "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "LEARNED", "OWN_PLAN",
+    "PLAN_MULTIPLES", "SUITE", "final_data_seed", "plan_name", "planned_compute", "pool_task", "revisions",
+    "run_suite", "search_view", "with_diagnostics",
 ]  # fmt: skip

@@ -27,7 +27,7 @@ from bench.suite.run import (
     final_data_seed,
     plan_name,
     pool_task,
-    with_own_plan,
+    with_diagnostics,
 )
 
 #: What the transfer run sets beyond the default: the policy whose shapes do not depend on the host.
@@ -93,7 +93,7 @@ def run_transfer(heldout: str, seeds: int, first_seed: int, episodes: int, jobs:
         run_dir, train_s = training._train(k, root, [*args, *threads])
         results = training._evaluate(run_dir, k, episodes, CONTROLLERS, out=EVAL_DIR,
                                      data_seed=final_data_seed(heldout, k), extra=evaluate_flags)  # fmt: skip
-        with_own_plan(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(heldout, k), evaluate_flags)
+        with_diagnostics(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(heldout, k), evaluate_flags)
         log(f"transfer to {heldout}, seed {k}: done")
         return k, results, train_s
 
