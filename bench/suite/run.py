@@ -16,6 +16,7 @@ import numpy as np
 from bench.growth import training
 from bench.growth.pooling import summarize_runs
 from esper.shell.config.presets import preset
+from esper.shell.data.tasks import Task, seed_params
 from esper.shell.env.config import GENERATED_TASKS
 from esper.shell.eval.search import learned_compute
 
@@ -45,6 +46,7 @@ OWN_PLAN = "ppo_greedy_plan"
 #: The greedy controller, fossilizing wherever FOSSILIZE is legal: how much of the growing part is
 #: the seeds kept late (``esper.shell.eval.controllers.FOSSILIZING_READOUTS``).
 FOSSILIZING = "ppo_greedy_fossilize"
+
 
 def plan_name(multiple: float) -> str:
     """``plan_search@0.25x``: plan search at ``multiple`` times the learned controller's compute."""
@@ -79,7 +81,7 @@ def with_diagnostics(results: dict, run_dir: Path, k: int, episodes: int, out: s
     grown plan as the fixed plan ``grow:PLAN`` (none when it grew nothing), and :data:`FOSSILIZING`.
     Their compute is the learned controller's, whose plan and policy they read."""
     greedy = results["controllers"].get("ppo_greedy", {})
-    plan = next(iter(greedy.get("grown_counts", {})), "")
+    plan = most_grown(greedy)
     names = {OWN_PLAN: f"grow:{plan}"} if plan else {}
     names[FOSSILIZING] = FOSSILIZING
     got = training._evaluate(run_dir, k, episodes, list(names.values()), out=f"{out}-diagnosis",
@@ -96,6 +98,12 @@ def with_diagnostics(results: dict, run_dir: Path, k: int, episodes: int, out: s
             ctl.update(rows)
     results["controllers"] = ctl
     return results
+
+
+def most_grown(controller: dict) -> str:
+    """The plan a controller's evaluation grew most often (``""``: nothing grown)."""
+    return next(iter(controller.get("grown_counts", {})), "")
+
 
 def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
               log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
@@ -178,22 +186,19 @@ def search_view(task: str, per_seed: dict[int, dict], readout: str = "ppo_greedy
     ``readout``'s most grown plan with its score where the search scored it. Scores of plans that ran
     few episodes are noisy, and the best of many is biased up: read them with their episodes."""
     out: dict[str, Any] = {}
-    built = None
+    built: Task | None = None  # built once, where some seed has scored plans
     for k, res in sorted(per_seed.items()):
         ctl = res["controllers"]
         names = [n for n in (plan_name(m) for m in reversed(PLAN_MULTIPLES)) if "search" in ctl.get(n, {})]
         if not names or readout not in ctl or "candidates" not in ctl[names[0]]["search"]:
             continue
-        if built is None:
-            from esper.shell.data.tasks import seed_params
-
-            built = preset(SUITE[task]).env.build_task()
-            host = built.make_host()
+        built = built or preset(SUITE[task]).env.build_task()
+        host = built.make_host()
         cap = res["meta"].get("ppo_param_cap")
         scored = [{"plan": c["plan"], "params": seed_params(built, host, c["plan"]),
                    "val_acc": c["val_acc_mean"], "episodes": c["episodes"]}
                   for c in ctl[names[0]]["search"]["candidates"]]  # fmt: skip
-        grown = next(iter(ctl[readout].get("grown_counts", {})), None)
+        grown = most_grown(ctl[readout]) or None
         out[str(k)] = {
             "search": names[0], "plans_scored": len(scored), "cap": cap, "best": _best(scored),
             "best_within_cap": _best([c for c in scored if cap is None or c["params"] <= cap]),
@@ -229,6 +234,6 @@ def planned_compute(task: str) -> int:
 
 __all__ = [
     "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "LEARNED", "OWN_PLAN",
-    "PLAN_MULTIPLES", "SUITE", "final_data_seed", "plan_name", "planned_compute", "pool_task", "revisions",
-    "run_suite", "search_view", "with_diagnostics",
+    "PLAN_MULTIPLES", "SUITE", "final_data_seed", "most_grown", "plan_name", "planned_compute", "pool_task",
+    "revisions", "run_suite", "search_view", "with_diagnostics",
 ]  # fmt: skip

@@ -10,7 +10,7 @@ and shared (one copy per device). The datasets themselves are in :mod:`esper.she
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -90,13 +90,19 @@ def grow_all_params(task: Task, host: Host, slots: tuple[int, ...] = ()) -> int:
     return seed_params(task, host, {s: task.grow_all for s in enabled})
 
 
+def written_plan(plan: str, slot_names: Sequence[str]) -> dict[int, str]:
+    """A plan as the searches and evaluations write it (``"b0=conv_heavy+b2=self_attention"``; ``""``:
+    nothing grown) -> ``{slot index: blueprint name}``. For plans a search made; a user's ``grow:``
+    controller name is checked by :func:`esper.shell.eval.controllers.parse_plan`."""
+    names = list(slot_names)
+    return {names.index(s): b for s, _, b in (part.partition("=") for part in plan.split("+") if part)}
+
+
 def seed_params(task: Task, host: Host, plan: dict[int, str] | str) -> int:
     """The seed parameters a fixed plan adds to ``host`` (a host of ``task``), gates not counted:
-    ``plan`` maps slot indices to blueprint names, or is written as the searches and evaluations write
-    it (``"b0=conv_heavy+b2=self_attention"``; ``""``: nothing grown)."""
+    ``plan`` maps slot indices to blueprint names, or is written (:func:`written_plan`)."""
     if isinstance(plan, str):
-        names = list(host.slot_names)
-        plan = {names.index(s): b for s, _, b in (p.partition("=") for p in plan.split("+") if p)}
+        plan = written_plan(plan, host.slot_names)
     with torch.random.fork_rng(devices=[]):  # building a seed draws its init: leave the caller's stream
         seeds = [build_blueprint(task.family, b, host.slots[s].width) for s, b in plan.items()]
     return sum(param_count(seed) for seed in seeds)
@@ -388,4 +394,5 @@ __all__ = [
     "seed_params",
     "stdlib_text_task",
     "tinystories_task",
+    "written_plan",
 ]

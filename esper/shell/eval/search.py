@@ -38,7 +38,7 @@ from esper.shell.baselines.heuristic import HeuristicController, HeuristicThresh
 from esper.shell.baselines.simple import GrowAllController
 from esper.shell.config.fields import to_dict
 from esper.shell.config.presets import RunConfig
-from esper.shell.data.tasks import Task
+from esper.shell.data.tasks import Task, written_plan
 from esper.shell.env.seeding import derive_seed, train_host_seeds
 from esper.shell.eval.runner import run_hosts
 from esper.shell.host.blueprints import BLUEPRINTS
@@ -272,11 +272,7 @@ def search_plans(cfg: RunConfig, task: Task, budget: int) -> dict[str, Any]:
 
 
 def _plan_indices(plan: str, slot_names: Sequence[str], blueprint_names: Sequence[str]) -> dict[int, int]:
-    out = {}
-    for part in plan.split("+"):
-        slot, _, bp = part.partition("=")
-        out[slot_names.index(slot)] = blueprint_names.index(bp)
-    return out
+    return {s: blueprint_names.index(b) for s, b in written_plan(plan, slot_names).items()}
 
 
 __all__ = [
