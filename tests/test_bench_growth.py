@@ -53,6 +53,18 @@ def test_learn_passes_train_args_to_every_training_run(tmp_path, monkeypatch):
     assert seen[0][seen[0].index("--seed") + 1] == "0"
 
 
+def test_a_training_run_makes_its_own_folder(tmp_path, monkeypatch):
+    import bench.growth.training as bg
+
+    # the fine-tuning arms train into folders nothing else made (runs/finetune-TASK/ARM): the log
+    # beside the run must not need them to exist
+    monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: _FailedRun())
+    root = tmp_path / "finetune-mnist1d" / "tuned"
+    with pytest.raises(RuntimeError, match="training seed 3 failed"):
+        bg._train(3, root, [])
+    assert (root / "seed3.log").is_file()
+
+
 def test_markdown_names_the_variant_a_learn_stage_trained():
     ctl = {"test_acc_mean": 70.0, "test_acc_ci95": [65.0, 75.0], "params_added_mean": 500.0,
            "params_added_ci95": [400.0, 600.0], "per_seed_test_acc": [70.0]}  # fmt: skip
