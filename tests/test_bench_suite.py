@@ -205,3 +205,26 @@ def test_finetune_starts_from_each_seed_s_transfer_run_beside_a_fresh_network(tm
     assert curves["tuned"]["test_acc_mean"][0] == pytest.approx(62.0)
     md = next(out.glob("*-finetune-longrange.md")).read_text()
     assert "| 1 | 62.0 [" in md and (out / next(out.glob("*-finetune.png")).name).is_file()
+
+
+def test_transfer_goal_reads_the_gain_share_and_the_disjoint_intervals():
+    """Issue 46's goal: the judged readout holds at least 0.80 of grow_all's gain over static and is
+    above static, random and both heuristics with disjoint intervals; either half alone is not met."""
+    from bench.suite.report import _goal_lines, goals, transfer_verdict
+
+    def row(mean, half=1.0):
+        return {"test_acc_mean": mean, "test_acc_ci95": [mean - half, mean + half]}
+
+    base = {"static": row(45.0), "random": row(60.0), "heuristic": row(46.0), "heuristic_tuned": row(67.0),
+            "grow_all": row(85.0), plan_name(1.0): row(84.5)}  # fmt: skip
+    met = goals({**base, "ppo_greedy": row(79.0, 6.0)})
+    assert met["ppo_greedy"]["gain_share"] == pytest.approx(34.0 / 40.0)
+    assert "**met** (0.85 of the gain, above all four)" in transfer_verdict(met, "ppo_greedy")
+    assert "0.85 of `grow_all`'s gain over `static`" in _goal_lines(met)[0]
+    low = goals({**base, "ppo_greedy": row(76.0, 1.0)})  # disjoint, but 0.78 of the gain
+    assert "**not met** (0.78 of the gain, above all four)" in transfer_verdict(low, "ppo_greedy")
+    wide = goals({**base, "ppo_greedy": row(79.0, 12.0)})  # the share, but overlapping heuristic_tuned
+    assert "**not met** (0.85 of the gain, not above all four)" in transfer_verdict(wide, "ppo_greedy")
+    no_grow_all = goals({k: v for k, v in base.items() if k != "grow_all"} | {"ppo_greedy": row(79.0)})
+    assert no_grow_all["ppo_greedy"]["gain_share"] is None
+    assert "not judged" in transfer_verdict(no_grow_all, "ppo_greedy")

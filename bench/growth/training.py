@@ -43,7 +43,7 @@ def _train(k: int, run_root: Path, extra: list[str]) -> tuple[Path, float]:
     if (run_dir / "checkpoint.pt").exists():  # an interrupted run: continue it
         cmd = [sys.executable, "-m", "esper.shell.run", "--resume", str(run_dir), "--progress", "false"]
     t0 = time.perf_counter()
-    run_root.mkdir(parents=True, exist_ok=True)  # its log goes beside the run, before the run makes the folder
+    run_root.mkdir(parents=True, exist_ok=True)  # the log goes beside the run, before the run exists
     log = run_root / f"seed{k}.log"
     with log.open("w") as out:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)

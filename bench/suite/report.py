@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.suite.run import FOSSILIZING, LEARNED, OWN_PLAN, PLAN_MULTIPLES, SUITE, plan_name
+from bench.suite.transfer import READOUT
 from esper.shell.eval.output import COLORS
 from esper.shell.telemetry.plots import finish_figure, new_figure
 
@@ -16,6 +17,9 @@ from esper.shell.telemetry.plots import finish_figure, new_figure
 MUST_BEAT = ("static", "random", "heuristic", "heuristic_tuned")
 #: Within this many points of ``plan_search`` at equal compute, or above it (the issue's second goal).
 WITHIN = 1.0
+#: The transferred controller's share of ``grow_all``'s gain over ``static`` on the held-out task
+#: (issue 46's goal, with :data:`MUST_BEAT` by disjoint intervals).
+TRANSFER_GAIN_SHARE = 0.80
 
 
 def _f(x: float | None, nd: int = 1) -> str:
@@ -27,6 +31,8 @@ def goals(controllers: dict[str, dict]) -> dict[str, Any]:
     ``plan_search`` at equal compute (``plan_search@1x``)."""
     out: dict[str, Any] = {}
     equal = controllers.get(plan_name(1.0))
+    static, grow_all = controllers.get("static"), controllers.get("grow_all")
+    headroom = grow_all["test_acc_mean"] - static["test_acc_mean"] if static and grow_all else None
     for name in LEARNED:
         c = controllers.get(name)
         if c is None:
@@ -36,7 +42,10 @@ def goals(controllers: dict[str, dict]) -> dict[str, Any]:
         gap = c["test_acc_mean"] - equal["test_acc_mean"] if equal else None
         out[name] = {"disjoint_above": above, "all_disjoint_above": bool(above) and all(above.values()),
                      "minus_plan_search_equal_compute": gap,
-                     "within_1_of_plan_search": gap is not None and gap >= -WITHIN}  # fmt: skip
+                     "within_1_of_plan_search": gap is not None and gap >= -WITHIN,
+                     # its gain over static as a share of grow_all's (None without headroom to share)
+                     "gain_share": (c["test_acc_mean"] - static["test_acc_mean"]) / headroom
+                     if headroom else None}  # fmt: skip
         own = controllers.get(OWN_PLAN)
         if name == "ppo_greedy" and own is not None and gap is not None:
             # the gap split: the plans chosen (plan search's against the controller's own, both grown as
@@ -79,6 +88,7 @@ def markdown(info: dict, suite: dict[str, Any], command: str, plot_files: dict[s
             "The baselines and the searches run on this task's training hosts and own draw.",
             "",
         ]
+        intro += [transfer_verdict(goals(t["controllers"]), am.get("readout", READOUT)), ""]
         if am.get("host_epochs") is not None:
             intro += [
                 f"**Amortization:** `plan_search` on `{task}` needs {am['bound']} "
@@ -197,8 +207,24 @@ def _goal_lines(g: dict[str, Any]) -> list[str]:
             if "fossilizing_recovers" in split:
                 near += (f"; fossilizing wherever it is legal (`{FOSSILIZING}`) changes `ppo_greedy` by "
                          f"{split['fossilizing_recovers']:+.1f}")
-        out.append(f"- `{name}`: {beats}; {near}.")
+        share = v.get("gain_share")
+        share = "" if share is None else f"; {share:.2f} of `grow_all`'s gain over `static`"
+        out.append(f"- `{name}`: {beats}{share}; {near}.")
     return out
+
+
+def transfer_verdict(g: dict[str, Any], readout: str) -> str:
+    """Issue 46's goal, read off a held-out task's goals: ``readout`` above :data:`MUST_BEAT` with
+    disjoint intervals and at least :data:`TRANSFER_GAIN_SHARE` of ``grow_all``'s gain."""
+    v = g.get(readout)
+    if v is None or v.get("gain_share") is None:
+        return f"**Transfer goal:** not judged (no `{readout}`, `static` or `grow_all` row)."
+    share_ok = v["gain_share"] >= TRANSFER_GAIN_SHARE
+    met = share_ok and v["all_disjoint_above"]
+    return (f"**Transfer goal** (`{readout}` at least {TRANSFER_GAIN_SHARE:.2f} of `grow_all`'s gain over "
+            f"`static`, and above {', '.join(MUST_BEAT)} with disjoint 95 % intervals): "
+            f"**{'met' if met else 'not met'}** ({v['gain_share']:.2f} of the gain, "
+            f"{'above all four' if v['all_disjoint_above'] else 'not above all four'}).")
 
 
 def plots(out: Path, stem: str, suite: dict[str, Any]) -> dict[str, list[Path]]:
@@ -245,4 +271,6 @@ def plots(out: Path, stem: str, suite: dict[str, Any]) -> dict[str, list[Path]]:
     return files
 
 
-__all__ = ["MUST_BEAT", "SUITE", "WITHIN", "goals", "markdown", "plots"]
+__all__ = [
+    "MUST_BEAT", "SUITE", "TRANSFER_GAIN_SHARE", "WITHIN", "goals", "markdown", "plots", "transfer_verdict",
+]  # fmt: skip
