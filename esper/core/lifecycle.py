@@ -163,6 +163,11 @@ class LifecycleConfig:
     gate_masks: bool = config_field(
         True, "offer ADVANCE / FOSSILIZE only where their gate would pass (a failing one does nothing)"
     )
+    mask_same_alpha: bool = config_field(
+        False,
+        "offer SET_ALPHA_TARGET only targets other than the alpha the seed holds (a ramp to the same alpha "
+        "changes nothing, and FOSSILIZE and PRUNE wait while it runs); off until a rule judges it",
+    )
     prune_gate: bool = config_field(
         False, "PRUNE only seeds that do not pay: a blended seed contributing >= g5_min_contribution is kept"
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from esper.core.spec import HEADS, ActionSpec, Op, Stage, relevance_table
+from esper.core.spec import ALPHA_TARGETS, HEADS, ActionSpec, Op, Stage, relevance_table
 
 
 def head_relevance(op: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
@@ -110,6 +110,7 @@ def legal_masks(
     gates: TensorDict | None = None,
     auto_advance: bool = False,
     prune_below: float | None = None,
+    mask_same_alpha: bool = False,
 ) -> TensorDict:
     """Legality of every head before the op is sampled, batch ``[*E]`` (``gates``, ``auto_advance``,
     ``prune_below``: see :func:`op_slot_legality`).
@@ -117,6 +118,12 @@ def legal_masks(
     Returns ``op [*E, N_OPS]``, ``slot_by_op [*E, N_OPS, S]``, a ``[*E, n]`` mask for every other head
     (all True but for the blueprint head's ``spec.masked_blueprints``). Feed it to
     :func:`action_masks` once the op is known.
+
+    ``mask_same_alpha``: SET_ALPHA_TARGET is not offered the target equal to the alpha its slot's seed
+    holds. Such a ramp leaves alpha where it is, and while it runs FOSSILIZE and PRUNE are illegal (the
+    seed is ramping), so it only delays them. The result then holds ``alpha_target_by_slot
+    [*E, S, n]``, the alpha-target mask under SET_ALPHA_TARGET conditioned on the slot (at most one
+    target is removed, so every row keeps a legal choice); :func:`action_masks` takes its row.
     """
     if slots.batch_dims < 1 or slots.batch_size[-1] != spec.n_slots:
         raise ValueError(
@@ -133,6 +140,10 @@ def legal_masks(
             out[head] = torch.ones(*env_shape, n, dtype=torch.bool, device=by_op.device)
     if spec.masked_blueprints:
         out["blueprint"][..., list(spec.masked_blueprints)] = False
+    if mask_same_alpha:
+        targets = torch.tensor(ALPHA_TARGETS, dtype=slots["alpha"].dtype, device=by_op.device)
+        held = (slots["alpha"].unsqueeze(-1) - targets).abs() < 1e-6  # [*E, S, n]
+        out["alpha_target_by_slot"] = out["alpha_target"].unsqueeze(-2) & ~held
     return TensorDict(out, batch_size=env_shape)
 
 
@@ -189,16 +200,21 @@ def action_masks(legal: TensorDict, op: torch.Tensor, slot: torch.Tensor | None 
     """The mask each head was actually sampled under, given the sampled ``op [*E]``: the slot mask
     is the row of ``slot_by_op`` for that op (:func:`slot_mask`). Where ``legal`` conditions the
     blueprint on the slot (``blueprint_by_slot``, from :func:`within_param_cap`), the sampled
-    ``slot [*E]`` is required and the blueprint mask is its row. Batch ``[*E]``, one ``[*E, n]`` bool
-    entry per head, in :data:`HEADS` order. This is what a rollout stores and what the loss re-applies."""
+    ``slot [*E]`` is required and the blueprint mask is its row; so too the alpha-target mask under
+    SET_ALPHA_TARGET where ``legal`` holds ``alpha_target_by_slot`` (:func:`legal_masks`'
+    ``mask_same_alpha``). Batch ``[*E]``, one ``[*E, n]`` bool entry per head, in :data:`HEADS` order.
+    This is what a rollout stores and what the loss re-applies."""
     out = {h: legal[h] for h in HEADS if h != "slot"}
     out["slot"] = slot_mask(legal, op)
-    if "blueprint_by_slot" in legal.keys():
-        if slot is None:
-            raise ValueError(
-                "action_masks: these masks condition the blueprint on the slot; pass the sampled slot"
-            )
+    keys = legal.keys()
+    if slot is None and ("blueprint_by_slot" in keys or "alpha_target_by_slot" in keys):
+        raise ValueError("action_masks: these masks condition a head on the slot; pass the sampled slot")
+    if "blueprint_by_slot" in keys:
         out["blueprint"] = _row(legal["blueprint_by_slot"], slot)
+    if "alpha_target_by_slot" in keys:
+        setting = (op == int(Op.SET_ALPHA_TARGET)).unsqueeze(-1)
+        by_slot = _row(legal["alpha_target_by_slot"], slot)
+        out["alpha_target"] = torch.where(setting, by_slot, legal["alpha_target"])
     return TensorDict({h: out[h] for h in HEADS}, batch_size=legal.batch_size)
 
 

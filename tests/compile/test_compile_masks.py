@@ -44,3 +44,17 @@ def test_within_param_cap_compiles(compile_check):
         return masks.action_masks(legal, op, slot)
 
     compile_check(fn, slots, seed_params, cost, op, slot)
+
+
+def test_mask_same_alpha_compiles(compile_check):
+    S = Stage
+    spec = ActionSpec(n_slots=3, n_blueprints=4)
+    slots = _slots([[S.HOLDING, S.BLENDING, S.DORMANT], [S.HOLDING, S.HOLDING, S.DORMANT]])
+    slots["alpha"] = torch.tensor([[1.0, 0.7, 0.0], [0.5, 0.6, 0.0]])
+    op = torch.tensor([int(Op.SET_ALPHA_TARGET), int(Op.GERMINATE)])
+    slot = torch.tensor([0, 2])
+
+    def fn(slots, op, slot):
+        return masks.action_masks(masks.legal_masks(slots, spec, mask_same_alpha=True), op, slot)
+
+    compile_check(fn, slots, op, slot)

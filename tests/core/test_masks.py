@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -171,3 +172,57 @@ def test_seed_pays_against_a_per_slot_reference():
     want = [[a > 0 and (0.0 if c != c else c) >= 1.0 for a, c in zip(ar, cr, strict=True)] for ar, cr in rows]
     assert masks.seed_pays(slots, 1.0).tolist() == want
     assert want == [[True, True, False, False], [False, True, False, False]]
+
+
+def test_mask_same_alpha_offers_set_alpha_target_only_a_new_alpha():
+    """``mask_same_alpha``: under SET_ALPHA_TARGET the alpha-target mask is conditioned on the slot and
+    loses the target equal to the alpha that slot's seed holds (the suite's diagnosis: the controller
+    set alpha 1.0 on seeds at 1.0, ramps that changed nothing and kept FOSSILIZE illegal). Other ops'
+    alpha-target masks (GERMINATE's blend-in target) and the default (off) are unchanged."""
+    from esper.core.spec import ALPHA_TARGETS
+
+    S = Stage
+    spec = ActionSpec(n_slots=3, n_blueprints=4)
+    slots = _slots([[S.HOLDING, S.BLENDING, S.DORMANT], [S.HOLDING, S.HOLDING, S.DORMANT]])
+    slots["alpha"] = torch.tensor([[1.0, 0.7, 0.0], [0.5, 0.6, 0.0]])
+    assert "alpha_target_by_slot" not in masks.legal_masks(slots, spec).keys()
+    legal = masks.legal_masks(slots, spec, mask_same_alpha=True)
+    held = [[[abs(a - t) < 1e-6 for t in ALPHA_TARGETS] for a in row] for row in slots["alpha"].tolist()]
+    assert legal["alpha_target_by_slot"].tolist() == [[[not h for h in s] for s in row] for row in held]
+    assert legal["alpha_target"].all(), "the unconditioned row (before the op is known) is unchanged"
+    aset = torch.full((2,), int(Op.SET_ALPHA_TARGET))
+    used = masks.action_masks(legal, aset, torch.tensor([0, 0]))
+    assert used["alpha_target"].tolist() == [[True, True, False], [False, True, True]]
+    assert masks.action_masks(legal, aset, torch.tensor([1, 1]))["alpha_target"].tolist() == [
+        [True, False, True], [True, True, True]]  # 0.6 is no target: nothing to remove  # fmt: skip
+    germ = masks.action_masks(legal, torch.full((2,), int(Op.GERMINATE)), torch.tensor([2, 2]))
+    assert germ["alpha_target"].all()
+    with pytest.raises(ValueError, match="pass the sampled slot"):
+        masks.action_masks(legal, aset)
+
+
+def test_a_ramp_to_the_alpha_held_blocks_fossilize_and_the_mask_removes_it():
+    """Why the mask: SET_ALPHA_TARGET to the alpha a HOLDING seed holds leaves alpha where it is, yet
+    FOSSILIZE is illegal until the ramp ends. With ``mask_same_alpha`` (through the env's config) that
+    choice is never offered, whatever the policy prefers."""
+    from esper.core.lifecycle import LifecycleConfig, init_slots, lifecycle_step, record_signals
+    from esper.core.spec import ALPHA_TARGETS
+    from tests.core.test_lifecycle import make_action, make_signals
+
+    cfg = LifecycleConfig()
+    slots = init_slots(1, [True, False, False])
+    slots["stage"][0, 0] = int(Stage.HOLDING)
+    slots["alpha"][0, 0] = 1.0
+    slots["age"][0, 0] = 12
+    signals = make_signals(1, 3, epoch=12, val_acc=80.0, contribution=5.0, grad_ratio=0.5)
+    slots = record_signals(slots, signals, cfg)
+    assert masks.op_slot_legality(slots)[0, Op.FOSSILIZE, 0]
+    same = make_action(1, Op.SET_ALPHA_TARGET, 0, alpha_target=ALPHA_TARGETS.index(1.0), alpha_speed=2)
+    after, _ = lifecycle_step(slots, same, signals, cfg, n_blueprints=4)
+    assert after["alpha"][0, 0].item() == 1.0, "alpha did not move"
+    assert not masks.op_slot_legality(after)[0, Op.FOSSILIZE, 0], "but FOSSILIZE waits for the ramp"
+    spec = ActionSpec(n_slots=3, n_blueprints=4)
+    legal = masks.legal_masks(slots, spec, mask_same_alpha=True)
+    used = masks.action_masks(legal, torch.tensor([int(Op.SET_ALPHA_TARGET)]), torch.tensor([0]))
+    assert not used["alpha_target"][0, ALPHA_TARGETS.index(1.0)]
+    assert used["alpha_target"][0].sum().item() == len(ALPHA_TARGETS) - 1

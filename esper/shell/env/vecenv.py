@@ -270,7 +270,7 @@ class VecEnv:
         gates = gate_readiness(slots, signals["val_acc"], lc) if lc.gate_masks else None
         legal = legal_masks(
             slots, self.spec, max_seeds=lc.max_seeds, min_prune_age=lc.min_prune_age, gates=gates,
-            auto_advance=lc.auto_advance, prune_below=lc.prune_floor,
+            auto_advance=lc.auto_advance, prune_below=lc.prune_floor, mask_same_alpha=lc.mask_same_alpha,
         )  # fmt: skip
         return StepInput(raw_obs, legal, slots, signals, self.history, self.layout)
 

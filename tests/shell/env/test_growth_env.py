@@ -240,3 +240,11 @@ def test_env_masks_the_noop_blueprint_and_no_controller_germinates_it():
         res = runner.run(seed)
         germinated = [e["blueprint"] for e in res.lifecycle if e["kind"] == "germinated"]
         assert germinated and "noop" not in germinated, germinated
+
+
+def test_the_env_masks_a_ramp_to_the_alpha_held_only_when_configured():
+    """``lifecycle.mask_same_alpha`` reaches the env's legality (the core test shows what it removes)."""
+    for on in (False, True):
+        cfg = EnvConfig(task="mnist1d", n_envs=1, batch_size=128, train_batches=1)
+        env = VecEnv(cfg, LifecycleConfig(max_epochs=2, mask_same_alpha=on), GovernorConfig(), seed=3)
+        assert ("alpha_target_by_slot" in env.reset(0).obs.legal.keys()) == on
