@@ -185,6 +185,8 @@ def test_finetune_starts_from_each_seed_s_transfer_run_beside_a_fresh_network(tm
         acc = lambda u, e: 50.0 + lift + u + k + e
         lines = [json.dumps({"event": "episode", "update": u, "env": e, "final_test_acc": acc(u, e)})
                  for u in (1, 2, 3) for e in (0, 1)]  # fmt: skip
+        # the closing held-out check on fresh hosts: 80 + k fine-tuned, 78 + k from scratch
+        lines.append(json.dumps({"event": "heldout_check", "greedy_test_acc": 78.0 + lift / 5 + k}))
         (run_dir / "events.jsonl").write_text("\n".join(lines) + "\n")
         return run_dir, 1.0
 
@@ -203,8 +205,21 @@ def test_finetune_starts_from_each_seed_s_transfer_run_beside_a_fresh_network(tm
     # update 1: seeds 0 and 1 average 51.5 and 52.5 from scratch -> 52.0; fine-tuned 10 above
     assert curves["scratch"]["test_acc_mean"][0] == pytest.approx(52.0)
     assert curves["tuned"]["test_acc_mean"][0] == pytest.approx(62.0)
+    assert curves["tuned"]["heldout_greedy"]["test_acc_mean"] == pytest.approx(80.5)
+    assert curves["scratch"]["heldout_greedy"]["test_acc_mean"] == pytest.approx(78.5)
+    assert curves["catch_up_update"] is None  # from scratch, 52-54 never reaches the tuned start, 62
     md = next(out.glob("*-finetune-longrange.md")).read_text()
     assert "| 1 | 62.0 [" in md and (out / next(out.glob("*-finetune.png")).name).is_file()
+    assert "first update (62.0 %) at no update of 3." in md
+    assert "tuned 80.5 [" in md and "scratch 78.5 [" in md
+
+
+def test_catch_up_is_the_first_update_scratch_reaches_the_tuned_start():
+    from bench.suite.finetune import catch_up
+
+    tuned = {"updates": [1, 2, 3], "test_acc_mean": [70.0, 71.0, 72.0]}
+    assert catch_up(tuned, {"updates": [1, 2, 3], "test_acc_mean": [60.0, 70.0, 75.0]}) == 2
+    assert catch_up(tuned, {"updates": [1, 2, 3], "test_acc_mean": [60.0, 65.0, 69.9]}) is None
 
 
 def test_transfer_goal_reads_the_gain_share_and_the_disjoint_intervals():

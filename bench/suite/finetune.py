@@ -37,6 +37,20 @@ def curve(run_dir: Path) -> list[float]:
     return [float(np.mean(by_update[u])) for u in sorted(by_update)]
 
 
+def closing_check(run_dir: Path) -> float | None:
+    """The run's closing held-out check (fresh hosts, each head's most likely action): its test accuracy,
+    or None where the run wrote none."""
+    checks = list(read_events(run_dir / "events.jsonl", "heldout_check"))
+    return float(checks[-1]["greedy_test_acc"]) if checks else None
+
+
+def catch_up(tuned: dict[str, Any], scratch: dict[str, Any]) -> int | None:
+    """The first update at which ``scratch``'s mean reaches ``tuned``'s first update (the updates the
+    transferred start saves), or None if it never does."""
+    start = tuned["test_acc_mean"][0]
+    return next((u for u, m in zip(scratch["updates"], scratch["test_acc_mean"]) if m >= start), None)
+
+
 def pool_curves(per_seed: dict[int, list[float]]) -> dict[str, Any]:
     """Seeds' curves (cut to the shortest) -> per update the mean over seeds and its 95 % interval."""
     n = min(len(c) for c in per_seed.values())
@@ -62,17 +76,24 @@ def run_finetune(heldout: str, seeds: int, first_seed: int, updates: int, jobs: 
     threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
     root = runs / f"finetune-{heldout}"
 
-    def one(job: tuple[str, int]) -> tuple[str, int, list[float]]:
+    def one(job: tuple[str, int]) -> tuple[str, int, list[float], float | None]:
         arm, k = job
         extra = ["--init_from", str(sources[k])] if arm == "tuned" else []
         run_dir, _ = training._train(k, root / arm, [*base, *extra, *threads])
         log(f"fine-tuning on {heldout}, {arm}, seed {k}: done")
-        return arm, k, curve(run_dir)
+        return arm, k, curve(run_dir), closing_check(run_dir)
 
     jobs_list = [(arm, k) for k in seed_range for arm in ARMS]
     with ThreadPoolExecutor(max_workers=jobs) as workers:
         done = list(workers.map(one, jobs_list))
-    pooled = {arm: pool_curves({k: c for a, k, c in done if a == arm}) for arm in ARMS}
+    pooled = {arm: pool_curves({k: c for a, k, c, _ in done if a == arm}) for arm in ARMS}
+    for arm in ARMS:
+        finals = {k: h for a, k, _, h in done if a == arm and h is not None}
+        if finals:  # the closing held-out check of each run: fresh hosts, greedy
+            m, ci = mean_ci95(list(finals.values()))
+            pooled[arm]["heldout_greedy"] = {"test_acc_mean": m, "test_acc_ci95": list(ci),
+                                             "training_seeds": sorted(finals)}  # fmt: skip
+    pooled["catch_up_update"] = catch_up(pooled["tuned"], pooled["scratch"])
     about = {"updates": updates, "preset": SUITE[heldout], "flags": list(TRANSFER_FLAGS),
              "trained_on": training_tasks(heldout)}  # fmt: skip
     entry = {"finetune": {**pooled, **about}}
@@ -119,7 +140,18 @@ def markdown(heldout: str, finetune: dict[str, Any], png: Path) -> list[str]:
             m, (lo, hi) = c["test_acc_mean"][u - 1], c["test_acc_ci95"][u - 1]
             cells.append(f"{m:.1f} [{lo:.1f}, {hi:.1f}]")
         lines.append(f"| {u} | {cells[0]} | {cells[1]} |")
+    lines.append("")
+    up = finetune.get("catch_up_update")
+    start = tuned["test_acc_mean"][0]
+    when = f"at update {up}." if up is not None else f"at no update of {n}."
+    lines.append(f"From scratch, the mean first reaches the fine-tuned first update ({start:.1f} %) {when}")
+    if all("heldout_greedy" in c for c in (tuned, scratch)):
+        held = [c["heldout_greedy"] for c in (tuned, scratch)]
+        cells = [f"{h['test_acc_mean']:.1f} [{h['test_acc_ci95'][0]:.1f}, {h['test_acc_ci95'][1]:.1f}]"
+                 for h in held]  # fmt: skip
+        lines.append(f"After the last update, each run's held-out check (fresh hosts, `ppo_greedy`): tuned "
+                     f"{cells[0]} %, scratch {cells[1]} %.")
     return [*lines, "", f"![{png.stem}]({png.name})", ""]
 
 
-__all__ = ["ARMS", "curve", "markdown", "plot", "pool_curves", "run_finetune"]
+__all__ = ["ARMS", "catch_up", "closing_check", "curve", "markdown", "plot", "pool_curves", "run_finetune"]
