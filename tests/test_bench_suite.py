@@ -228,7 +228,8 @@ def test_transfer_goal_reads_the_gain_share_and_the_disjoint_intervals():
     from bench.suite.report import _goal_lines, goals, transfer_verdict
 
     def row(mean, half=1.0):
-        return {"test_acc_mean": mean, "test_acc_ci95": [mean - half, mean + half]}
+        return {"test_acc_mean": mean, "test_acc_ci95": [mean - half, mean + half],
+                "params_added_mean": 100.0}  # fmt: skip
 
     base = {"static": row(45.0), "random": row(60.0), "heuristic": row(46.0), "heuristic_tuned": row(67.0),
             "grow_all": row(85.0), plan_name(1.0): row(84.5)}  # fmt: skip

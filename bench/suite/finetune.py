@@ -117,6 +117,10 @@ def plot(out: Path, stem: str, heldout: str, finetune: dict[str, Any]) -> Path:
     return finish_figure(fig, ax, out / f"{stem}-finetune.png")
 
 
+def _cell(mean: float, ci: list[float]) -> str:
+    return f"{mean:.1f} [{ci[0]:.1f}, {ci[1]:.1f}]"
+
+
 def markdown(heldout: str, finetune: dict[str, Any], png: Path) -> list[str]:
     """The curves at a few updates, as a table, and the plot."""
     tuned, scratch = finetune["tuned"], finetune["scratch"]
@@ -135,10 +139,7 @@ def markdown(heldout: str, finetune: dict[str, Any], png: Path) -> list[str]:
         "|---:|---|---|",
     ]
     for u in picks:
-        cells = []
-        for c in (tuned, scratch):
-            m, (lo, hi) = c["test_acc_mean"][u - 1], c["test_acc_ci95"][u - 1]
-            cells.append(f"{m:.1f} [{lo:.1f}, {hi:.1f}]")
+        cells = [_cell(c["test_acc_mean"][u - 1], c["test_acc_ci95"][u - 1]) for c in (tuned, scratch)]
         lines.append(f"| {u} | {cells[0]} | {cells[1]} |")
     lines.append("")
     up = finetune.get("catch_up_update")
@@ -146,9 +147,8 @@ def markdown(heldout: str, finetune: dict[str, Any], png: Path) -> list[str]:
     when = f"at update {up}." if up is not None else f"at no update of {n}."
     lines.append(f"From scratch, the mean first reaches the fine-tuned first update ({start:.1f} %) {when}")
     if all("heldout_greedy" in c for c in (tuned, scratch)):
-        held = [c["heldout_greedy"] for c in (tuned, scratch)]
-        cells = [f"{h['test_acc_mean']:.1f} [{h['test_acc_ci95'][0]:.1f}, {h['test_acc_ci95'][1]:.1f}]"
-                 for h in held]  # fmt: skip
+        cells = [_cell(c["heldout_greedy"]["test_acc_mean"], c["heldout_greedy"]["test_acc_ci95"])
+                 for c in (tuned, scratch)]  # fmt: skip
         lines.append(f"After the last update, each run's held-out check (fresh hosts, `ppo_greedy`): tuned "
                      f"{cells[0]} %, scratch {cells[1]} %.")
     return [*lines, "", f"![{png.stem}]({png.name})", ""]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.growth.pooling import verdict
 from bench.suite.run import FOSSILIZING, LEARNED, OWN_PLAN, PLAN_MULTIPLES, SUITE, plan_name
 from bench.suite.transfer import READOUT
 from esper.shell.eval.output import COLORS
@@ -31,8 +32,6 @@ def goals(controllers: dict[str, dict]) -> dict[str, Any]:
     ``plan_search`` at equal compute (``plan_search@1x``)."""
     out: dict[str, Any] = {}
     equal = controllers.get(plan_name(1.0))
-    static, grow_all = controllers.get("static"), controllers.get("grow_all")
-    headroom = grow_all["test_acc_mean"] - static["test_acc_mean"] if static and grow_all else None
     for name in LEARNED:
         c = controllers.get(name)
         if c is None:
@@ -43,9 +42,7 @@ def goals(controllers: dict[str, dict]) -> dict[str, Any]:
         out[name] = {"disjoint_above": above, "all_disjoint_above": bool(above) and all(above.values()),
                      "minus_plan_search_equal_compute": gap,
                      "within_1_of_plan_search": gap is not None and gap >= -WITHIN,
-                     # its gain over static as a share of grow_all's (None without headroom to share)
-                     "gain_share": (c["test_acc_mean"] - static["test_acc_mean"]) / headroom
-                     if headroom else None}  # fmt: skip
+                     "gain_share": _gain_share(controllers, name)}  # fmt: skip
         own = controllers.get(OWN_PLAN)
         if name == "ppo_greedy" and own is not None and gap is not None:
             # the gap split: the plans chosen (plan search's against the controller's own, both grown as
@@ -57,6 +54,13 @@ def goals(controllers: dict[str, dict]) -> dict[str, Any]:
                 recovers = fossilizing["test_acc_mean"] - c["test_acc_mean"]
                 out[name]["gap_split"]["fossilizing_recovers"] = recovers
     return out
+
+
+def _gain_share(controllers: dict[str, dict], name: str) -> float | None:
+    """``name``'s gain over ``static`` as a share of ``grow_all``'s (the growth bench's verdict computes
+    it); None without both rows or without headroom to share."""
+    share = verdict(controllers, name).get("gain_share_of_grow_all")
+    return None if share is None or share != share else share
 
 
 def markdown(info: dict, suite: dict[str, Any], command: str, plot_files: dict[str, list[Path]]) -> str:

@@ -19,6 +19,7 @@ from esper.shell.config.presets import preset
 from esper.shell.data.tasks import Task, seed_params
 from esper.shell.env.config import GENERATED_TASKS
 from esper.shell.eval.search import learned_compute
+from esper.shell.host.hosts import Host
 
 #: Suite task -> the preset that trains it (``python -m esper.shell.run --preset``).
 SUITE: dict[str, str] = {
@@ -186,16 +187,17 @@ def search_view(task: str, per_seed: dict[int, dict], readout: str = "ppo_greedy
     ``readout``'s most grown plan with its score where the search scored it. Scores of plans that ran
     few episodes are noisy, and the best of many is biased up: read them with their episodes."""
     out: dict[str, Any] = {}
-    built: Task | None = None  # built once, where some seed has scored plans
+    built: tuple[Task, Host] | None = None  # the task and one host, built once where some seed has scores
     for k, res in sorted(per_seed.items()):
         ctl = res["controllers"]
         names = [n for n in (plan_name(m) for m in reversed(PLAN_MULTIPLES)) if "search" in ctl.get(n, {})]
         if not names or readout not in ctl or "candidates" not in ctl[names[0]]["search"]:
             continue
-        built = built or preset(SUITE[task]).env.build_task()
-        host = built.make_host()
+        if built is None:
+            made = preset(SUITE[task]).env.build_task()
+            built = (made, made.make_host())
         cap = res["meta"].get("ppo_param_cap")
-        scored = [{"plan": c["plan"], "params": seed_params(built, host, c["plan"]),
+        scored = [{"plan": c["plan"], "params": seed_params(*built, c["plan"]),
                    "val_acc": c["val_acc_mean"], "episodes": c["episodes"]}
                   for c in ctl[names[0]]["search"]["candidates"]]  # fmt: skip
         grown = most_grown(ctl[readout]) or None
