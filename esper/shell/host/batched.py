@@ -150,8 +150,13 @@ def run_group(
         return x * _per_sample(torch.tanh(z), x)
     if isinstance(m, PositionAttention):
         q, k, v = run_group([a.qkv for a in mods], x, train).chunk(3, dim=1)  # each [G, C, L, N]
-        y = _attention(*(t.permute(0, 3, 2, 1) for t in (q, k, v)))  # [G, N, L, C]
-        return run_group([a.proj for a in mods], y.permute(0, 3, 2, 1), train)
+        # Contiguous ``[G, N, L, C]`` copies: with one env in the group, the permuted views would fold
+        # into a batched matmul with a batch stride of 1, which the CPU kernel runs matrix by matrix
+        # (3-5x slower); with more envs, matmul makes the same copies itself.
+        y = _attention(*(t.permute(0, 3, 2, 1).contiguous() for t in (q, k, v)))  # [G, N, L, C]
+        # The gradient that comes back through the projection is laid out [G, C, L, N]; the attention's
+        # backward matmuls want it contiguous as [G, N, L, C] (the same matrix-by-matrix fallback).
+        return run_group([a.proj for a in mods], _ContiguousGrad.apply(y).permute(0, 3, 2, 1), train)
     raise NotImplementedError(f"no batched form of {type(m).__name__}")
 
 
@@ -159,6 +164,18 @@ def _gate(gates: Sequence[Gate], x: torch.Tensor, train) -> torch.Tensor:
     """``g(x)`` of GATED_GATE seeds, shaped to broadcast against ``x``."""
     h = F.relu(_linear([g.fc1 for g in gates], _spatial_mean(x), train))
     return _per_sample(torch.sigmoid(_linear([g.fc2 for g in gates], h, train)), x)  # [G, 1, N]
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity, whose backward hands on a contiguous gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
 
 
 class _MaxPool(torch.autograd.Function):
