@@ -15,14 +15,17 @@ autocast (CUDA's fp16 needs a GradScaler per env: that runs on the per-env path,
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from esper.core.spec import Stage, Style
 from esper.shell.data.tasks import Loaders, Task
-from esper.shell.env.bank import MEASURED, seeded, snapshot_state
+from esper.shell.env.bank import MEASURED, PerEnvHosts, seeded, snapshot_state
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.seeding import derive_seed
 from esper.shell.host.batched import StackedHosts, plan, stack_inputs, supports
@@ -228,4 +231,112 @@ class BatchedHosts:
             self.optimizer.state.pop(p, None)
 
 
-__all__ = ["BatchedHosts"]
+class ShardedHosts:
+    """:class:`BatchedHosts` split into ``shards`` batches of consecutive envs, each trained by its own
+    thread (CPU; ``env.workers``). An env's numbers do not depend on which envs share its batch, so the
+    shards answer exactly as one batch would, to float tolerance (a test holds them to it). The point is
+    the second core: the batched step runs on one thread (its kernels are too small to gain from a
+    thread pool), and the shards' kernels release the GIL, so two shards run on two cores at once."""
+
+    def __init__(self, cfg: EnvConfig, task: Task, device: torch.device, shards: int) -> None:
+        if not 1 <= shards <= cfg.n_envs:
+            raise ValueError(f"ShardedHosts: {shards} shards for {cfg.n_envs} envs")
+        self.cfg, self.task, self.device, self.n = cfg, task, device, cfg.n_envs
+        bounds = [round(k * self.n / shards) for k in range(shards + 1)]
+        #: Per shard, its first env and its bank.
+        self.shards = [
+            (lo, BatchedHosts(dataclasses.replace(cfg, n_envs=hi - lo), task, device))
+            for lo, hi in itertools.pairwise(bounds)
+        ]
+        #: Env -> (its shard, its index there).
+        self._where = [(k, j) for k, (_, bank) in enumerate(self.shards) for j in range(bank.n)]
+        self._pool = ThreadPoolExecutor(max_workers=shards, thread_name_prefix="esper-shard")
+        self.timings: dict[str, float] = {}
+
+    @property
+    def host_seeds(self) -> list[int]:
+        return [s for _, bank in self.shards for s in bank.host_seeds]
+
+    def _bank(self, i: int) -> tuple[BatchedHosts, int]:
+        k, j = self._where[i]
+        return self.shards[k][1], j
+
+    def _each(self, work: Callable[[BatchedHosts], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """``work`` on every shard at once; the results concatenated over envs."""
+        outs = list(self._pool.map(work, [bank for _, bank in self.shards]))
+        return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+
+    def reset(self, host_seeds: Sequence[int]) -> None:
+        if len(host_seeds) != self.n:
+            raise ValueError(f"ShardedHosts.reset: {len(host_seeds)} host seeds for {self.n} envs")
+        for lo, bank in self.shards:  # in order, in this thread: host init draws from the global RNG
+            bank.reset(host_seeds[lo:lo + bank.n])
+
+    def measure(self, lr_scale: float) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        out = self._each(lambda bank: bank.measure(lr_scale))
+        wall = time.perf_counter() - t0
+        # each shard's split of its own wall time between training and validation, scaled to this wall
+        busy = [sum(bank.timings.values()) for _, bank in self.shards]
+        share = sum(bank.timings["host_training"] for _, bank in self.shards) / max(sum(busy), 1e-12)
+        self.timings = {"host_training": wall * share, "validation": wall * (1.0 - share)}
+        return out
+
+    def revalidate(self, envs: Sequence[int]) -> dict[str, torch.Tensor]:
+        val = self._each(lambda bank: bank.revalidate(range(bank.n)))
+        rows = torch.tensor(list(envs), device=val["val_loss"].device)
+        return {k: v[rows] for k, v in val.items()}
+
+    def final(self) -> dict[str, torch.Tensor]:
+        return self._each(lambda bank: bank.final())
+
+    def host(self, i: int) -> Host:
+        bank, j = self._bank(i)
+        return bank.host(j)
+
+    def host_params(self, i: int) -> int:
+        bank, j = self._bank(i)
+        return bank.host_params(j)
+
+    def alphas(self, i: int) -> list[float]:
+        bank, j = self._bank(i)
+        return bank.alphas(j)
+
+    def germinate(self, i: int, slot: int, blueprint: int, style: Style | int, epoch: int) -> int:
+        bank, j = self._bank(i)
+        return bank.germinate(j, slot, blueprint, style, epoch)
+
+    def prune(self, i: int, slot: int) -> None:
+        bank, j = self._bank(i)
+        bank.prune(j, slot)
+
+    def set_slot(self, i: int, slot: int, *, alpha: float, stage: int) -> None:
+        bank, j = self._bank(i)
+        bank.set_slot(j, slot, alpha=alpha, stage=stage)
+
+    def snapshot_state(self, i: int) -> dict[str, torch.Tensor]:
+        bank, j = self._bank(i)
+        return bank.snapshot_state(j)
+
+    def rollback(self, i: int, snapshot: dict[str, torch.Tensor]) -> list[int]:
+        bank, j = self._bank(i)
+        return bank.rollback(j, snapshot)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def make_bank(cfg: EnvConfig, task: Task, device: torch.device) -> PerEnvHosts | BatchedHosts | ShardedHosts:
+    """The hosts of a :class:`~esper.shell.env.vecenv.VecEnv`: env by env (``env.host_step per_env``, or
+    where batching does not apply), one batch, or, on the CPU with ``env.workers > 1``, that many batches
+    on as many threads."""
+    if not cfg.batched:
+        return PerEnvHosts(cfg, task, device)
+    host_device = torch.device(cfg.devices[0] if cfg.devices else cfg.device)
+    shards = min(cfg.workers, cfg.n_envs)
+    if shards > 1 and host_device.type == "cpu":
+        return ShardedHosts(cfg, task, device, shards)
+    return BatchedHosts(cfg, task, device)
+
+
+__all__ = ["BatchedHosts", "ShardedHosts", "make_bank"]

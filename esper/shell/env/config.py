@@ -72,7 +72,8 @@ class EnvConfig:
         False, "mixed precision for host training: fp16 + a GradScaler per env on CUDA, bf16 on CPU"
     )
     workers: int = doc(
-        1, "CPU: envs trained concurrently by this many threads (1: one after the other)", ge=1
+        1, "CPU: envs trained concurrently by this many threads (1: one after the other; on the batched "
+        "path, the envs split into this many batches, a thread each)", ge=1
     )
     lr_schedule: str = doc(
         "constant", "host and seed learning rates over an episode: constant | cosine (1 -> 0 over the epochs)"

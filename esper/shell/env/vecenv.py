@@ -2,8 +2,10 @@
 
 :class:`VecEnv` owns the tensorized slot state that :mod:`esper.core.lifecycle` evolves, the signal
 history, the governor, and a bank of hosts that trains and measures them: all envs as one batch
-(:class:`~esper.shell.env.batched.BatchedHosts`) or env by env (:class:`~esper.shell.env.bank.PerEnvHosts`,
-the reference), by ``env.host_step``. Its interface is a named step:
+(:class:`~esper.shell.env.batched.BatchedHosts`; on the CPU with ``env.workers > 1``, that many batches
+on as many threads, :class:`~esper.shell.env.batched.ShardedHosts`) or env by env
+(:class:`~esper.shell.env.bank.PerEnvHosts`, the reference), by ``env.host_step``. Its interface is a
+named step:
 
 - :meth:`VecEnv.reset` builds fresh hosts, trains their first epoch and returns the first
   :class:`TimeStep`;
@@ -43,8 +45,7 @@ from esper.core.reward_config import with_param_budget
 from esper.core.rewards import RewardConfig, compute_reward
 from esper.core.spec import ActionSpec, Stage, Style, Tempo
 from esper.shell.data.tasks import Task, grow_all_params
-from esper.shell.env.bank import PerEnvHosts
-from esper.shell.env.batched import BatchedHosts
+from esper.shell.env.batched import make_bank
 from esper.shell.env.config import EnvConfig, check_devices, lr_scale
 from esper.shell.env.governor import Governor, GovernorConfig
 from esper.shell.env.seeding import train_host_seeds
@@ -154,8 +155,7 @@ class VecEnv:
         )
         self.random_guess_loss = float(torch.log(torch.tensor(float(self.task.n_classes))))
         self.governor = Governor(governor, self.n, self.random_guess_loss)
-        bank = BatchedHosts if cfg.batched else PerEnvHosts
-        self.hosts = bank(cfg, self.task, self.device)
+        self.hosts = make_bank(cfg, self.task, self.device)
         self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
         self.slots: TensorDict = init_slots(self.n, self.enabled, device=self.device)
         self.history: TensorDict = init_history(self.n, device=self.device)

@@ -13,7 +13,7 @@ import torch
 
 from esper.core.spec import Stage, Style
 from esper.shell.env.bank import PerEnvHosts
-from esper.shell.env.batched import BatchedHosts
+from esper.shell.env.batched import BatchedHosts, ShardedHosts, make_bank
 from esper.shell.env.config import EnvConfig
 from esper.shell.host.batched import StackedHosts, supports
 
@@ -149,6 +149,63 @@ def test_the_batch_norm_statistics_are_the_hosts_own():
     assert torch.equal(norm.running_mean, mean[1]) and norm.running_mean.abs().sum() > 0
     bat.hosts[1].load_state_dict({**bat.hosts[1].state_dict(), "blocks.0.1.running_mean": torch.ones(8)})
     assert torch.equal(mean[1], torch.ones(8))
+
+
+def test_sharded_batches_answer_as_one_batch_through_germination_pruning_and_rollback():
+    """``env.workers`` batches on as many threads: each env's measurements, parameters and buffers are what
+    one batch gives it, with seeds of several blueprints (an attention seed alone in its group among them)
+    in both shards, through germination, pruning, a rollback, a revalidation and the final evaluation."""
+    torch.set_num_threads(1)
+    cfg = EnvConfig(n_envs=5, workers=1, **FAMILIES["cnn1d"])
+    task = cfg.build_task()
+    one, sharded = BatchedHosts(cfg, task, torch.device("cpu")), ShardedHosts(cfg, task, torch.device("cpu"), 2)
+    assert [bank.n for _, bank in sharded.shards] == [2, 3]  # uneven: envs 0-1 and 2-4
+    names = task.make_host().blueprint_names
+    seeds = [100 + e for e in range(5)]
+    one.reset(seeds)
+    sharded.reset(seeds)
+    assert sharded.host_seeds == one.host_seeds == seeds
+    snapshot = [bank.snapshot_state(3) for bank in (one, sharded)]
+    _assert_same_measure(one.measure(1.0), sharded.measure(1.0))
+    for e, (bp, slot, stage, alpha) in enumerate([
+        ("self_attention", 2, Stage.BLENDING, 0.5), ("conv_heavy", 0, Stage.FOSSILIZED, 1.0),
+        ("conv_heavy", 0, Stage.TRAINING, 0.0), ("norm", 1, Stage.BLENDING, 0.7),
+        ("self_attention", 1, Stage.HOLDING, 1.0),
+    ]):  # fmt: skip
+        _both(one, sharded, "germinate", e, slot, names.index(bp), Style.LINEAR_ADD, 1)
+        for bank in (one, sharded):
+            bank.set_slot(e, slot, alpha=alpha, stage=int(stage))
+    assert _both(one, sharded, "alphas", 3) == [0.0, 0.7, 0.0]
+    assert _both(one, sharded, "host_params", 4) == one.host_params(0)
+    _assert_same_measure(one.measure(1.0), sharded.measure(1.0))
+    assert set(sharded.timings) == {"host_training", "validation"}
+    for bank in (one, sharded):
+        bank.prune(0, 2)
+    assert _both(one, sharded, "rollback", 3, snapshot[0]) == [1]
+    _assert_same_measure(one.measure(0.5), sharded.measure(0.5))
+    _assert_same_measure(one.revalidate([1, 3]), sharded.revalidate([1, 3]))
+    _assert_same_measure(one.final(), sharded.final())
+    for e in range(5):
+        a, b = one.host(e).state_dict(), sharded.host(e).state_dict()
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=1e-5, msg=f"env {e} {k}")
+    sharded.close()
+    with pytest.raises(ValueError, match="6 shards for 5 envs"):
+        ShardedHosts(cfg, task, torch.device("cpu"), 6)
+
+
+def test_make_bank_shards_the_batch_by_env_workers_on_the_cpu():
+    def kind(**kw):
+        cfg = EnvConfig(**{**FAMILIES["cnn1d"], "n_envs": 3, **kw})
+        bank = make_bank(cfg, cfg.build_task(), torch.device("cpu"))
+        bank.close()
+        return type(bank).__name__, len(getattr(bank, "shards", ()))
+
+    assert kind(workers=1) == ("BatchedHosts", 0)
+    assert kind(workers=2) == ("ShardedHosts", 2)
+    assert kind(workers=8) == ("ShardedHosts", 3)  # no more shards than envs
+    assert kind(workers=2, host_step="per_env") == ("PerEnvHosts", 0)
 
 
 def test_host_step_picks_the_batched_path_where_it_applies_and_refuses_it_elsewhere():
