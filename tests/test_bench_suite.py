@@ -11,7 +11,8 @@ import pytest
 import bench.growth.training as bg
 from bench.suite import CONTROLLERS, FINAL_DATA_SEED, SUITE, final_data_seed, plan_name
 from bench.suite.cli import main
-from bench.suite.run import EVAL_DIR, FOSSILIZING, OWN_PLAN
+from bench.suite.report import color
+from bench.suite.run import EVAL_DIR, FOSSILIZING, OWN_PLAN, PLAN_MULTIPLES
 from bench.suite.transfer import amortization
 
 
@@ -244,3 +245,13 @@ def test_transfer_goal_reads_the_gain_share_and_the_disjoint_intervals():
     no_grow_all = goals({k: v for k, v in base.items() if k != "grow_all"} | {"ppo_greedy": row(79.0)})
     assert no_grow_all["ppo_greedy"]["gain_share"] is None
     assert "not judged" in transfer_verdict(no_grow_all, "ppo_greedy")
+
+
+def test_every_suite_controller_has_its_own_colour():
+    """Each controller a suite plot draws has a fixed colour, and no two share one (matplotlib's default
+    red, which a controller without a colour got, is `ppo`'s)."""
+    names = ["ppo", "ppo_greedy", "static", "random", "heuristic", "heuristic_tuned", "grow_all",
+             *map(plan_name, PLAN_MULTIPLES)]  # fmt: skip
+    colours = [color(n) for n in names]
+    assert None not in colours
+    assert len(set(colours)) == len(names)

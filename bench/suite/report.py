@@ -231,6 +231,15 @@ def transfer_verdict(g: dict[str, Any], readout: str) -> str:
             f"{'above all four' if v['all_disjoint_above'] else 'not above all four'}).")
 
 
+#: The plan searches' colours, lightest at the smallest budget (none of them a controller's colour).
+PLAN_COLORS = dict(zip(map(plan_name, PLAN_MULTIPLES), ("#f6bd9f", "#ee9674", "#e76f51", "#a8442a")))
+
+
+def color(name: str) -> str | None:
+    """A controller's colour in every suite plot (None: matplotlib's next)."""
+    return COLORS.get(name) or PLAN_COLORS.get(name)
+
+
 def plots(out: Path, stem: str, suite: dict[str, Any]) -> dict[str, list[Path]]:
     """Per task (and per held-out task of a transfer run, ``transfer-TASK``), test accuracy against
     parameters added and against host epochs spent; ``{task: [paths]}``."""
@@ -244,7 +253,7 @@ def plots(out: Path, stem: str, suite: dict[str, Any]) -> dict[str, list[Path]]:
         for name, c in ctl.items():
             m, (lo, hi) = c["test_acc_mean"], c["test_acc_ci95"]
             ax.errorbar([c["params_added_mean"]], [m], yerr=[[m - lo], [hi - m]], marker="D", capsize=4,
-                        color=COLORS.get(name), label=f"{name} ({m:.1f} %)")  # fmt: skip
+                        color=color(name), label=f"{name} ({m:.1f} %)")  # fmt: skip
         ax.set_xlabel("parameters added to the host (mean over training seeds)")
         ax.set_ylabel("final test accuracy (%)")
         ax.set_title(f"{task}: accuracy vs growth (95 % CI over training seeds)")
@@ -261,10 +270,10 @@ def plots(out: Path, stem: str, suite: dict[str, Any]) -> dict[str, list[Path]]:
             if (c := ctl.get(name)) and c["compute_host_epochs"] > 0:
                 m, (lo, hi) = c["test_acc_mean"], c["test_acc_ci95"]
                 ax.errorbar([c["compute_host_epochs"]], [m], yerr=[[m - lo], [hi - m]], marker="D", capsize=4,
-                            color=COLORS.get(name), label=name)  # fmt: skip
+                            color=color(name), label=name)  # fmt: skip
         for name in ("static", "grow_all"):
             if c := ctl.get(name):
-                ax.axhline(c["test_acc_mean"], ls="--", lw=1, color=COLORS.get(name),
+                ax.axhline(c["test_acc_mean"], ls="--", lw=1, color=color(name),
                            label=f"{name} (no search)")  # fmt: skip
         ax.set_xscale("log")
         ax.set_xlabel("host epochs spent on training or search (log)")

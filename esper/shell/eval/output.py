@@ -15,7 +15,8 @@ import numpy as np
 from esper.shell.telemetry.plots import finish_figure, new_figure
 
 COLORS = {"ppo": "#d62828", "ppo_greedy": "#9d0208", "ppo_mixed": "#7b2cbf", "static": "#6c757d",
-          "random": "#f4a261", "heuristic": "#2a9d8f", "grow_all": "#264653"}  # fmt: skip
+          "random": "#f4a261", "heuristic": "#2a9d8f", "heuristic_tuned": "#165a52",
+          "grow_all": "#264653"}  # fmt: skip
 
 
 def write_eval(out: Path, results: dict[str, Any]) -> Path:
