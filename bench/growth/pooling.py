@@ -200,6 +200,17 @@ def _verdicts(c: dict[str, dict]) -> dict[str, Any]:
     }
 
 
+def shares(acc: float, params: float, static: float, grow_all: float, grow_all_params: float) -> tuple:
+    """``(gain share, parameter share)`` of ``grow_all``'s: a controller's accuracy gain over ``static``
+    as a share of ``grow_all``'s, and its parameters added as a share of ``grow_all``'s. Each None where
+    ``grow_all`` gains nothing (or adds nothing)."""
+    gain_all = grow_all - static
+    return (
+        (acc - static) / gain_all if gain_all > 0 else None,
+        params / grow_all_params if grow_all_params > 0 else None,
+    )
+
+
 def verdict(c: dict[str, dict], name: str = "ppo") -> dict[str, Any]:
     """The issue's targets, checked on the aggregated numbers of controller ``name``."""
     ppo = c[name]
@@ -208,14 +219,12 @@ def verdict(c: dict[str, dict], name: str = "ppo") -> dict[str, Any]:
         if base in c:
             out[f"beats_{base}"] = ppo["test_acc_ci95"][0] > c[base]["test_acc_ci95"][1]
     if "grow_all" in c and "static" in c:
-        base = c["static"]["test_acc_mean"]
-        gain_ppo, gain_all = ppo["test_acc_mean"] - base, c["grow_all"]["test_acc_mean"] - base
-        share_gain = gain_ppo / gain_all if gain_all > 0 else float("nan")
-        share_params = (
-            ppo["params_added_mean"] / c["grow_all"]["params_added_mean"]
-            if c["grow_all"]["params_added_mean"] > 0
-            else float("nan")
-        )
+        g = c["grow_all"]
+        share_gain, share_params = (
+            float("nan") if v is None else v
+            for v in shares(ppo["test_acc_mean"], ppo["params_added_mean"], c["static"]["test_acc_mean"],
+                            g["test_acc_mean"], g["params_added_mean"])
+        )  # fmt: skip
         out.update(
             gain_share_of_grow_all=share_gain,
             params_share_of_grow_all=share_params,

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.growth.pooling import BASELINES, _arm, _paired
+from bench.growth.pooling import BASELINES, _arm, _paired, shares
 from esper.shell.config.presets import preset
 from esper.shell.data.tasks import GROW_ALL_BLUEPRINT
 from esper.shell.eval.stats import mean_ci95
@@ -132,17 +132,17 @@ def plan_rows(acc: dict[str, list[float]], params: dict[str, list[float]]) -> li
     """Per controller (``static`` and ``grow_all`` among them), from its per-seed mean test accuracy and
     parameters added: the mean over seeds with a Student-t 95 % interval, and its shares of
     ``grow_all``'s gain over ``static`` (None where ``grow_all`` gains nothing) and of its parameters."""
-    static = float(np.mean(acc["static"]))
-    gain_all = float(np.mean(acc["grow_all"])) - static
+    static, grow_all = float(np.mean(acc["static"])), float(np.mean(acc["grow_all"]))
     params_all = float(np.mean(params["grow_all"]))
     rows = []
     for n in acc:
         m, (lo, hi) = mean_ci95(acc[n])
+        p = float(np.mean(params[n]))
+        gain_share, params_share = shares(m, p, static, grow_all, params_all)
         rows.append({
             "controller": n, "test_acc_mean": m, "test_acc_ci95": [lo, hi], "per_seed_test_acc": acc[n],
-            "params_added_mean": float(np.mean(params[n])),
-            "gain_share_of_grow_all": (m - static) / gain_all if gain_all > 0 else None,
-            "params_share_of_grow_all": float(np.mean(params[n])) / params_all if params_all > 0 else None,
+            "params_added_mean": p, "gain_share_of_grow_all": gain_share,
+            "params_share_of_grow_all": params_share,
         })  # fmt: skip
     return rows
 
