@@ -1,7 +1,9 @@
 """Host training: one epoch of every env's host, env by env (the per-env reference path,
 :class:`~esper.shell.env.bank.PerEnvHosts`) against all envs as one batch
-(:class:`~esper.shell.env.batched.BatchedHosts`), at the embedded default's shape (MNIST-1D, batch 128,
-31 batches an epoch, validation with counterfactuals), interleaved in rounds.
+(:class:`~esper.shell.env.batched.BatchedHosts`) and as two batches on two threads
+(:class:`~esper.shell.env.batched.ShardedHosts`, the default's ``env.workers 2``), at the embedded
+default's shape (MNIST-1D, batch 128, 31 batches an epoch, validation with counterfactuals), interleaved
+in rounds.
 
 Three seed populations, because the batch's cost depends on how alike the envs' seeds are (a group of
 envs holding one blueprint in a slot runs as one module):
@@ -28,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from bench.harness import Context, Row, SuiteResult, Target, round_ratio, suite
 from esper.core.spec import Stage, Style
 from esper.shell.env.bank import PerEnvHosts
-from esper.shell.env.batched import BatchedHosts
+from esper.shell.env.batched import BatchedHosts, ShardedHosts
 from esper.shell.env.config import EnvConfig
 from esper.shell.host.batched import plan, stack_inputs
 from esper.shell.runtime.memory import tune_allocator
@@ -93,7 +95,8 @@ def run(ctx: Context) -> SuiteResult:
             _case(ctx, res, envs, population, rate)
     res.notes.append(
         f"One epoch = 31 training steps of batch 128 per env and the validation with counterfactuals; "
-        f"both paths on {torch.get_num_threads()} torch thread(s), the per-env path one env after the other. "
+        f"every path on {torch.get_num_threads()} torch thread(s), the per-env path one env after the other, "
+        f"the sharded one two batches at once (it wants a second core). "
         f"FLOP floor: the batched step's FLOPs at this machine's measured sgemm rate "
         f"({rate / 1e9:.1f} GFLOP/s on one 512x512 matmul)."
     )
@@ -105,7 +108,8 @@ def _case(ctx: Context, res: SuiteResult, envs: int, population: str, rate: floa
     cfg = EnvConfig(task="mnist1d", n_envs=envs, batch_size=128, workers=1)
     task = cfg.build_task()
     names = task.make_host().blueprint_names
-    banks = {"per-env": PerEnvHosts(cfg, task, device), "batched": BatchedHosts(cfg, task, device)}
+    banks = {"per-env": PerEnvHosts(cfg, task, device), "batched": BatchedHosts(cfg, task, device),
+             "sharded": ShardedHosts(cfg, task, device, 2)}  # fmt: skip
     for bank in banks.values():
         bank.reset(list(range(envs)))
         populate(bank, names, population)
@@ -121,6 +125,12 @@ def _case(ctx: Context, res: SuiteResult, envs: int, population: str, rate: floa
         note=f"step {flops / 1e6:.0f} MFLOP: ~{step_ms:.1f} ms a step, {step_ms / floor_ms:.0f}x the floor "
              f"({floor_ms:.2f} ms)",
     ))  # fmt: skip
+    res.rows.append(Row(
+        case, "sharded (2 batches, a thread each)", stats["sharded"],
+        ratio=round_ratio(stats["per-env"], stats["sharded"]),
+        note=f"{round_ratio(stats['batched'], stats['sharded']):.2f}x one batch",
+    ))  # fmt: skip
+    banks["sharded"].close()
     if population == "converged":
         ratio = round_ratio(stats["per-env"], stats["batched"])
         res.targets.append(Target(f"batched host epoch, {case}", ratio, ">= 5x the per-env path", ratio >= 5))
