@@ -4,10 +4,11 @@ with the host by SGD for E epochs; test accuracy per blueprint, mean over traini
 designs only: a task enters the suite after its headroom is measured on its preset with the lifecycle
 (docs/suite.md).
 
-usage: python -m bench.suite.blueprints_everywhere VARIANT [epochs] [seeds] [first_seed]
+usage: python -m bench.suite.blueprints_everywhere VARIANT [epochs] [seeds] [first_seed] [blueprints]
 VARIANT: lr_small:N (``longrange`` with N training signals), m1d_small:N (MNIST-1D with N), lr_spike:N
 (``longrange`` with width-1 pulses of height 4 and N training signals), retrieval:N (:func:`load_retrieval`
-with N); ``@S`` after it draws the data from seed S (default 11), e.g. lr_spike:4000@12."""
+with N); ``@S`` after it draws the data from seed S (default 11), e.g. lr_spike:4000@12. blueprints: a
+comma-separated subset to screen (``static`` among them; default: static and every blueprint)."""
 import sys
 import time
 
@@ -64,6 +65,16 @@ def variant(name: str):
     raise SystemExit(f"unknown variant {name}")
 
 
+def screened(names: str | None) -> tuple[str, ...]:
+    """The blueprints to screen: ``names`` comma-separated (``static``: no seed), or None for static and
+    every 1-D blueprint."""
+    every = ("static", *BLUEPRINTS["cnn1d"][1:])
+    chosen = tuple(names.split(",")) if names else every
+    if unknown := set(chosen) - set(every):
+        raise SystemExit(f"unknown blueprints {sorted(unknown)}; choose from {', '.join(every)}")
+    return chosen
+
+
 def run(data, bp: str, seed: int, epochs: int) -> tuple[float, float, int]:
     """Test and train accuracy (%) and parameters added of one host with ``bp`` in every slot (``static``:
     none), trained on ``data`` (:func:`variant`'s) with one SGD optimizer over host and seeds alike (lr
@@ -101,9 +112,10 @@ if __name__ == "__main__":
     epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 15
     seeds = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     first = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    chosen = screened(sys.argv[5] if len(sys.argv) > 5 else None)
     t0 = time.time()
     data = variant(name)  # drawn once: every blueprint and seed trains on the same signals
-    for bp in ("static", *BLUEPRINTS["cnn1d"][1:]):
+    for bp in chosen:
         rs = [run(data, bp, s, epochs) for s in range(first, first + seeds)]
         te = sum(r[0] for r in rs) / seeds
         tr = sum(r[1] for r in rs) / seeds

@@ -158,7 +158,8 @@ def test_sharded_batches_answer_as_one_batch_through_germination_pruning_and_rol
     torch.set_num_threads(1)
     cfg = EnvConfig(n_envs=5, workers=1, **FAMILIES["cnn1d"])
     task = cfg.build_task()
-    one, sharded = BatchedHosts(cfg, task, torch.device("cpu")), ShardedHosts(cfg, task, torch.device("cpu"), 2)
+    cpu = torch.device("cpu")
+    one, sharded = BatchedHosts(cfg, task, cpu), ShardedHosts(cfg, task, cpu, 2)
     assert [bank.n for _, bank in sharded.shards] == [2, 3]  # uneven: envs 0-1 and 2-4
     names = task.make_host().blueprint_names
     seeds = [100 + e for e in range(5)]
@@ -192,7 +193,7 @@ def test_sharded_batches_answer_as_one_batch_through_germination_pruning_and_rol
             torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=1e-5, msg=f"env {e} {k}")
     sharded.close()
     with pytest.raises(ValueError, match="6 shards for 5 envs"):
-        ShardedHosts(cfg, task, torch.device("cpu"), 6)
+        ShardedHosts(cfg, task, cpu, 6)
 
 
 def test_make_bank_shards_the_batch_by_env_workers_on_the_cpu():
