@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.growth.pooling import verdict
+from bench.growth.pooling import shares
 from bench.suite.run import FOSSILIZING, LEARNED, OWN_PLAN, PLAN_MULTIPLES, SUITE, plan_name
 from bench.suite.transfer import READOUT
 from esper.shell.eval.output import COLORS
@@ -57,10 +57,13 @@ def goals(controllers: dict[str, dict]) -> dict[str, Any]:
 
 
 def _gain_share(controllers: dict[str, dict], name: str) -> float | None:
-    """``name``'s gain over ``static`` as a share of ``grow_all``'s (the growth bench's verdict computes
-    it); None without both rows or without headroom to share."""
-    share = verdict(controllers, name).get("gain_share_of_grow_all")
-    return None if share is None or share != share else share
+    """``name``'s gain over ``static`` as a share of ``grow_all``'s (:func:`bench.growth.pooling.shares`);
+    None without both rows or without headroom to share."""
+    static, grow_all, c = controllers.get("static"), controllers.get("grow_all"), controllers[name]
+    if not (static and grow_all):
+        return None
+    return shares(c["test_acc_mean"], c["params_added_mean"], static["test_acc_mean"],
+                  grow_all["test_acc_mean"], grow_all["params_added_mean"])[0]  # fmt: skip
 
 
 def markdown(info: dict, suite: dict[str, Any], command: str, plot_files: dict[str, list[Path]]) -> str:
