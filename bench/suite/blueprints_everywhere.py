@@ -16,35 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from esper.core.spec import Stage, Style
-from esper.shell.data.datasets import load_longrange, load_mnist1d
+from esper.shell.data.datasets import load_longrange, load_mnist1d, load_retrieval
 from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.hosts import CNN1dHost
-
-
-def load_retrieval(splits: tuple[int, int, int], seed: int, length: int = 64, items: int = 3,
-                   levels: int = 6, noise: float = 0.3):  # fmt: skip
-    """Does an item carry the query's value? Two channels of noise (std ``noise``): channel 0 holds
-    ``items`` one-position pulses of heights ``1 + v`` at distinct random positions, channel 1 one query
-    pulse of height ``1 + q`` elsewhere (``v, q`` in ``range(levels)``, the items' values distinct); the
-    class is whether some item's value is ``q`` (balanced: drawn first, the items built to match). What
-    each channel holds is a histogram a global average keeps, but the class is their product (is the
-    query's level among the items' levels), which a linear read-out of averaged features cannot form:
-    a seed must relate the two channels across the whole length."""
-    g = torch.Generator().manual_seed(seed)
-    n = sum(splits)
-    x = noise * torch.randn(n, 2, length, generator=g)
-    y = torch.randint(0, 2, (n,), generator=g)
-    q = torch.randint(0, levels, (n,), generator=g)
-    for i in range(n):
-        others = torch.tensor([v for v in range(levels) if v != q[i]])
-        vals = others[torch.randperm(len(others), generator=g)[:items]]
-        if y[i]:
-            vals[torch.randint(0, items, (1,), generator=g)] = q[i]
-        pos = torch.randperm(length, generator=g)[: items + 1]
-        x[i, 0, pos[:items]] += 1.0 + vals.float()
-        x[i, 1, pos[items]] += 1.0 + q[i].float()
-    a, b = splits[0], splits[0] + splits[1]
-    return (x[:a], y[:a]), (x[a:b], y[a:b]), (x[b:], y[b:])
 
 
 def variant(name: str):

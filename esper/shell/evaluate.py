@@ -20,7 +20,8 @@ plan found within a budget of host epochs: ``plan_search`` the learned controlle
 ``plan_search@H`` H host epochs, ``plan_search@Kx`` K times it) first search on the run's **training**
 hosts and data draw, by validation accuracy (:mod:`esper.shell.eval.search`; their choices are kept in
 ``RUN_DIR/search/``). ``--data-seed S`` evaluates on a fresh draw of generated data (the tasks
-``mnist1d``, ``mnist1d_deep``, ``longrange``); a fixed dataset (``digits``, ...) refuses it: its test
+``mnist1d``, ``mnist1d_deep``, ``longrange``,
+``retrieval``); a fixed dataset (``digits``, ...) refuses it: its test
 split is the only held-out draw.
 
 ``--task T`` evaluates on another task: the run's settings with T's task (:meth:`RunConfig.for_task`), T's
@@ -83,9 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="torch intra-op threads (0, the default: as the run would, the cores over its env "
                         "workers); the numbers repeat at the same --seed and thread count")  # fmt: skip
     p.add_argument("--data-seed", type=int, default=None,
-                   help="evaluate on this draw of generated data (mnist1d, mnist1d_deep, longrange; default: "
-                        "the run's own draw); refused for a fixed dataset, whose test split is the only "
-                        "held-out draw")  # fmt: skip
+                   help="evaluate on this draw of generated data (mnist1d, mnist1d_deep, longrange, "
+                        "retrieval; default: the run's own draw); refused for a fixed dataset, whose test "
+                        "split is the only held-out draw")  # fmt: skip
     p.add_argument("--task", default=None,
                    help="evaluate on another task than the run's (zero-shot transfer; its searches select on "
                         "the task's own draw): refused for a flat-policy run whose host shape differs "

@@ -326,6 +326,10 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
         "Two distant pulses, same sign or not: only a seed that mixes all positions relates them.",
         env={"task": "longrange"},
     ),
+    "retrieval": _on_default(
+        "Is the query's level among the items'? Two channels, related across the whole length.",
+        env={"task": "retrieval"},
+    ),
     "digits_shallow": _on_default(
         "The digits resized larger, on a shallow 2-D host (two 3x3 blocks).", env={"task": "digits_shallow"}
     ),

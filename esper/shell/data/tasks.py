@@ -22,11 +22,13 @@ from esper.shell.data.batches import TensorBatches, WindowBatches, _Batches
 from esper.shell.data.datasets import (
     LONGRANGE_SPLITS,
     MNIST1D_SPLITS,
+    RETRIEVAL_SPLITS,
     ImageTransform,
     load_cifar10,
     load_digits,
     load_longrange,
     load_mnist1d,
+    load_retrieval,
     load_text_file,
     split_bytes,
     stdlib_source_bytes,
@@ -155,8 +157,9 @@ def _signal_task(
     (tx, ty), (vx, vy), (sx, sy) = splits
     data = _PerDevice((tx, ty, vx, vy, sx, sy))
     return Task(
-        name, "cnn1d", (1, tx.shape[-1]), n_classes,
-        partial(CNN1dHost, 1, tx.shape[-1], tuple(channels), n_classes, tuple(kernels), tuple(pools)),
+        name, "cnn1d", (tx.shape[1], tx.shape[-1]), n_classes,
+        partial(CNN1dHost, tx.shape[1], tx.shape[-1], tuple(channels), n_classes, tuple(kernels),
+                tuple(pools)),
         partial(_tensor_loaders, data, batch_size, max_batches, val_max_batches, None, None,
                 eval_batch_size=eval_batch_size),
         data_seed=data_seed, grow_all_blueprint=grow_all_blueprint,
@@ -229,6 +232,30 @@ def longrange_task(
         kernels=kernels, pools=pools, batch_size=batch_size, max_batches=max_batches,
         val_max_batches=val_max_batches, eval_batch_size=eval_batch_size, data_seed=data_seed,
         grow_all_blueprint="conv_heavy",
+    )  # fmt: skip
+
+
+def retrieval_task(
+    *,
+    channels: tuple[int, ...] = (8, 8, 8),
+    kernels: tuple[int, ...] = (1, 1, 1),
+    pools: tuple[int, ...] = (4, 1, 1),
+    batch_size: int = 64,
+    max_batches: int | None = None,
+    val_max_batches: int | None = None,
+    eval_batch_size: int = 1000,
+    splits: tuple[int, int, int] = RETRIEVAL_SPLITS,
+    data_seed: int = 11,
+) -> Task:
+    """Is the query's level among the items'? (:func:`load_retrieval`, two channels, drawn from
+    ``data_seed``) on the same three-block pointwise host as ``longrange``, pooled once by 4. Screened
+    with each blueprint grown everywhere (docs/suite.md): the largest blueprint, ``conv_heavy``, is not
+    the best there (``conv_light`` leads it on two draws), so "bigger is better" does not win here.
+    ``grow_all`` still grows ``conv_heavy``, the suite's fixed reference of the largest blueprint."""
+    return _signal_task(
+        "retrieval", load_retrieval(splits=splits, seed=data_seed), 2, channels=channels, kernels=kernels,
+        pools=pools, batch_size=batch_size, max_batches=max_batches, val_max_batches=val_max_batches,
+        eval_batch_size=eval_batch_size, data_seed=data_seed, grow_all_blueprint="conv_heavy",
     )  # fmt: skip
 
 
@@ -361,6 +388,7 @@ PRESETS: dict[str, Callable[..., Task]] = {
     "mnist1d": mnist1d_task,
     "mnist1d_deep": mnist1d_deep_task,
     "longrange": longrange_task,
+    "retrieval": retrieval_task,
     "digits": digits_task,
     "digits_shallow": digits_shallow_task,
     "stdlib_text": stdlib_text_task,
@@ -391,6 +419,7 @@ __all__ = [
     "make_task",
     "mnist1d_deep_task",
     "mnist1d_task",
+    "retrieval_task",
     "seed_params",
     "stdlib_text_task",
     "tinystories_task",

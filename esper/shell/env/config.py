@@ -11,11 +11,11 @@ import torch
 from esper.shell.config.fields import check_fields, doc
 from esper.shell.data.tasks import DEEP_BLOCKS, Task, make_task
 
-TASKS = ("mnist1d", "mnist1d_deep", "longrange", "digits", "digits_shallow", "stdlib_text", "cifar10",
-         "tinystories")  # fmt: skip
+TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "digits", "digits_shallow", "stdlib_text",
+         "cifar10", "tinystories")  # fmt: skip
 #: Tasks whose data is generated from a seed (``env.data_seed``: another seed, a fresh draw of every
 #: split). The others are fixed datasets: their test split is the only held-out draw.
-GENERATED_TASKS = ("mnist1d", "mnist1d_deep", "longrange")
+GENERATED_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval")
 
 
 #: Tasks whose data is read from --env.data_path (nothing is ever downloaded).
@@ -28,11 +28,11 @@ HOST_STEPS = ("auto", "batched", "per_env")
 
 
 #: Tasks whose host is a CNN (``env.channels`` sets its blocks' widths).
-CNN_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "digits", "digits_shallow", "cifar10")
+CNN_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "digits", "digits_shallow", "cifar10")
 #: The 1-D CNN tasks' block counts: their hosts take a kernel and a pool per block, so ``env.channels``
 #: gives exactly this many widths. A 2-D host takes one width per block, as many blocks as its 2×2
 #: pools leave pixels for (``2 ** blocks <= image side``).
-SIGNAL_BLOCKS = {"mnist1d": 3, "mnist1d_deep": DEEP_BLOCKS, "longrange": 3}
+SIGNAL_BLOCKS = {"mnist1d": 3, "mnist1d_deep": DEEP_BLOCKS, "longrange": 3, "retrieval": 3}
 #: Tasks that read scikit-learn's digits (``env.image_size`` resizes them).
 DIGITS_TASKS = ("digits", "digits_shallow")
 #: The image side of each 2-D task's host (digits tasks: ``env.image_size``, 0 for the task's own).
@@ -44,7 +44,7 @@ class EnvConfig:
     task: str = doc("mnist1d", f"task: {' | '.join(TASKS)}")
     data_seed: int | None = doc(
         None, f"generated data ({', '.join(GENERATED_TASKS)}): the seed of its draw (none: the task's own, "
-        "mnist1d 42, longrange 7); fixed datasets refuse it", ge=0,
+        "mnist1d 42, longrange 7, retrieval 11); fixed datasets refuse it", ge=0,
     )  # fmt: skip
     data_path: str | None = doc(
         None, "local data path (cifar10: the binary batches' folder; tinystories: a .txt)"

@@ -11,7 +11,7 @@ from esper.core.reward_config import with_param_budget
 from esper.shell.agent.config import param_cap_on
 from esper.shell.config.fields import to_dict
 from esper.shell.config.presets import TASK_SIZE_FIELDS, preset
-from esper.shell.data.datasets import load_longrange
+from esper.shell.data.datasets import load_longrange, load_retrieval
 from esper.shell.data.tasks import grow_all_params, make_task, seed_params
 from esper.shell.env.config import GENERATED_TASKS, EnvConfig
 
@@ -20,10 +20,12 @@ SUITE_TASKS = {
     "mnist1d": ("cnn1d", ("b0", "b1", "b2"), (1, 40), 10, "conv_heavy"),
     "mnist1d_deep": ("cnn1d", ("b0", "b1", "b2", "b3", "b4"), (1, 40), 10, "conv_heavy"),
     "longrange": ("cnn1d", ("b0", "b1", "b2"), (1, 64), 2, "conv_heavy"),
+    "retrieval": ("cnn1d", ("b0", "b1", "b2"), (2, 64), 2, "conv_heavy"),
     "digits_shallow": ("cnn", ("b0", "b1"), (1, 32, 32), 10, "conv_heavy"),
 }
 SMALL = {"mnist1d": {"splits": (100, 20, 20)}, "mnist1d_deep": {"splits": (100, 20, 20)},
-         "longrange": {"splits": (100, 20, 20)}, "digits_shallow": {}}  # fmt: skip
+         "longrange": {"splits": (100, 20, 20)}, "retrieval": {"splits": (100, 20, 20)},
+         "digits_shallow": {}}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(SUITE_TASKS))
@@ -38,7 +40,7 @@ def test_suite_tasks_build_with_their_slots(name):
     assert (task.data_seed is None) == (name not in GENERATED_TASKS)
 
 
-@pytest.mark.parametrize("name", ["mnist1d", "mnist1d_deep", "longrange"])
+@pytest.mark.parametrize("name", ["mnist1d", "mnist1d_deep", "longrange", "retrieval"])
 def test_a_data_seed_draws_other_data_and_the_same_seed_the_same(name):
     def test_split(seed):
         task = make_task(name, data_seed=seed, **SMALL[name])
@@ -95,7 +97,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-@pytest.mark.parametrize("name", ["mnist1d_deep", "longrange", "digits_shallow"])
+@pytest.mark.parametrize("name", ["mnist1d_deep", "longrange", "retrieval", "digits_shallow"])
 def test_suite_presets_train_the_defaults_controller(name):
     default, cfg = _flat(to_dict(preset("default"))), _flat(to_dict(preset(name)))
     differ = sorted(k for k in default if default[k] != cfg[k])
@@ -105,7 +107,8 @@ def test_suite_presets_train_the_defaults_controller(name):
 
 #: Suite task -> the seed parameters grow_all adds (conv_heavy in every slot: 400 per 1-D slot of width
 #: 8, 1,168 per 2-D one).
-GROW_ALL_PARAMS = {"mnist1d": 1200, "mnist1d_deep": 2000, "longrange": 1200, "digits_shallow": 2336}
+GROW_ALL_PARAMS = {"mnist1d": 1200, "mnist1d_deep": 2000, "longrange": 1200, "retrieval": 1200,
+                   "digits_shallow": 2336}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(SUITE_TASKS))
@@ -144,3 +147,29 @@ def test_seed_params_of_a_written_plan_is_what_germinating_it_adds(name):
     expect = sum(p.numel() for s in plan for p in host.slot(s).seed.parameters())
     assert seed_params(task, task.make_host(), written) == seed_params(task, host, plan) == expect > 0
     assert seed_params(task, host, "") == 0
+
+
+def test_retrieval_class_is_whether_an_item_carries_the_query_level():
+    (tx, ty), (vx, vy), (sx, sy) = load_retrieval((300, 50, 60), seed=3, noise=0.0)
+    assert tx.shape == (300, 2, 64) and len(vy) == 50 and len(sy) == 60
+    x = torch.cat([tx, vx, sx])  # without noise: each pulse is its height 1 + level, zeros elsewhere
+    y = torch.cat([ty, vy, sy])
+    for xi, yi in zip(x, y):
+        items = {int(v) for v in xi[0] if v >= 1}
+        query = [int(v) for v in xi[1] if v >= 1]
+        assert len(query) == 1 and len(items) == 3, "three distinct item levels, one query"
+        assert (query[0] in items) == bool(yi)
+    assert 0.4 < y.float().mean() < 0.6
+    again = load_retrieval((300, 50, 60), seed=3, noise=0.0)[0]
+    assert torch.equal(again[0], tx) and torch.equal(again[1], ty)
+
+
+def test_the_retrieval_task_holds_the_screens_draw():
+    """The task's data is the design screen's (bench.suite.blueprints_everywhere ``retrieval:N@S``): the same
+    generator, splits and seed, so the screen's numbers read on the task."""
+    from bench.suite.blueprints_everywhere import variant
+
+    (_, _, (sx, sy)), classes, _ = variant("retrieval:100@5")
+    task = make_task("retrieval", splits=(100, 1000, 2000), data_seed=5, eval_batch_size=2000)
+    x, y = next(iter(task.make_loaders(0).test))
+    assert classes == task.n_classes == 2 and torch.equal(x, sx) and torch.equal(y, sy)
