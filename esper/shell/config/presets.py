@@ -327,8 +327,10 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
         env={"task": "longrange"},
     ),
     "retrieval": _on_default(
-        "Is the query's level among the items'? Two channels, related across the whole length.",
+        "Is the query's level among the items'? Two channels, related across the whole length; "
+        "90-epoch episodes (in 60 the blueprints are not yet apart).",
         env={"task": "retrieval"},
+        lifecycle={"max_epochs": 90},
     ),
     "digits_shallow": _on_default(
         "The digits resized larger, on a shallow 2-D host (two 3x3 blocks).", env={"task": "digits_shallow"}
