@@ -20,9 +20,8 @@ plan found within a budget of host epochs: ``plan_search`` the learned controlle
 ``plan_search@H`` H host epochs, ``plan_search@Kx`` K times it) first search on the run's **training**
 hosts and data draw, by validation accuracy (:mod:`esper.shell.eval.search`; their choices are kept in
 ``RUN_DIR/search/``). ``--data-seed S`` evaluates on a fresh draw of generated data (the tasks
-``mnist1d``, ``mnist1d_deep``, ``longrange``,
-``retrieval``); a fixed dataset (``digits``, ...) refuses it: its test
-split is the only held-out draw.
+``mnist1d``, ``mnist1d_deep``, ``longrange``, ``retrieval``); a fixed dataset (``digits``, ...) refuses
+it: its test split is the only held-out draw.
 
 ``--task T`` evaluates on another task: the run's settings with T's task (:meth:`RunConfig.for_task`), T's
 own data draw for the searches and ``--data-seed`` for a fresh one, the results in ``RUN_DIR/eval-T/``:
