@@ -12,7 +12,7 @@ import bench.growth.training as bg
 from bench.suite import CONTROLLERS, FINAL_DATA_SEED, SUITE, final_data_seed, plan_name
 from bench.suite.cli import main
 from bench.suite.report import color
-from bench.suite.run import EVAL_DIR, FOSSILIZING, OWN_PLAN, PLAN_MULTIPLES
+from bench.suite.run import EVAL_DIR, FOSSILIZING, IN_CAP, OWN_PLAN, PLAN_MULTIPLES
 from bench.suite.transfer import amortization
 
 
@@ -41,6 +41,9 @@ def _results(k: int, data_seed: int | None, names, run_dir=None) -> dict:
 #: The diagnostic evaluation of each seed: ppo_greedy's most grown plan in :func:`_results` as a fixed
 #: plan, and the greedy controller fossilizing wherever it may.
 DIAGNOSTICS, DIAG = ("grow:b0=conv_heavy", FOSSILIZING), EVAL_DIR + "-diagnosis"
+#: plan_search@1x's best plan within the cap of 720 in :func:`_results`' scores (the 1,200-parameter plan
+#: scores higher but does not fit), grown as a fixed plan on the same hosts.
+IN_CAP_EVAL, IN_CAP_DIR = ("grow:b0=conv_heavy",), EVAL_DIR + "-in-cap"
 
 
 def _mock_runs(monkeypatch) -> tuple[list, list]:
@@ -73,15 +76,19 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     # each seed: every controller, then ppo_greedy's most grown plan as a fixed plan, same hosts and draw
     assert [(k, o, d, n) for k, o, d, n, _ in evaluated] == [
         (3, EVAL_DIR, FINAL_DATA_SEED + 3, CONTROLLERS), (3, DIAG, FINAL_DATA_SEED + 3, DIAGNOSTICS),
+        (3, IN_CAP_DIR, FINAL_DATA_SEED + 3, IN_CAP_EVAL),
         (4, EVAL_DIR, FINAL_DATA_SEED + 4, CONTROLLERS), (4, DIAG, FINAL_DATA_SEED + 4, DIAGNOSTICS),
+        (4, IN_CAP_DIR, FINAL_DATA_SEED + 4, IN_CAP_EVAL),
     ]  # fmt: skip
     assert {plan_name(m) for m in (0.25, 0.5, 1, 2)} <= set(CONTROLLERS)
     files = sorted(p.name for p in out.iterdir())
     saved = json.loads(next(out.glob("*.json")).read_text())
     entry = saved["tasks"]["longrange"]["controllers"]
     assert list(entry)[:4] == ["ppo", "ppo_greedy", OWN_PLAN, FOSSILIZING]
-    assert set(entry) == {*CONTROLLERS, OWN_PLAN, FOSSILIZING}
+    assert set(entry) == {*CONTROLLERS, OWN_PLAN, FOSSILIZING, IN_CAP}
+    assert list(entry)[list(entry).index(plan_name(1)) + 1] == IN_CAP  # right after the search it reads
     assert entry[OWN_PLAN]["compute_host_epochs"] == entry["ppo_greedy"]["compute_host_epochs"]
+    assert entry[IN_CAP]["compute_host_epochs"] == entry[plan_name(1)]["compute_host_epochs"]
     for name, c in entry.items():
         assert {"test_acc_mean", "test_acc_ci95", "params_added_mean", "compute_host_epochs",
                 "training_seeds"} <= set(c), name  # fmt: skip
@@ -247,11 +254,34 @@ def test_transfer_goal_reads_the_gain_share_and_the_disjoint_intervals():
     assert "not judged" in transfer_verdict(no_grow_all, "ppo_greedy")
 
 
+
+def test_the_gap_to_plan_search_splits_into_the_cap_the_plan_and_the_growing():
+    """Where ``ppo_greedy`` trails ``plan_search@1x``, the three readings split the gap: the search's lack
+    of a cap (against its best plan within the cap), that plan against the controller's own (both grown
+    as fixed plans), and how the controller grew its own plan; the three add up to the gap."""
+    from bench.suite.report import _goal_lines, goals
+
+    def row(mean):
+        return {"test_acc_mean": mean, "test_acc_ci95": [mean - 1, mean + 1], "params_added_mean": 0.0}
+
+    ctl = {"ppo_greedy": row(82.1), plan_name(1.0): row(84.5), OWN_PLAN: row(84.1), IN_CAP: row(83.0),
+           FOSSILIZING: row(83.7), "static": row(45.0), "grow_all": row(85.0)}  # fmt: skip
+    g = goals(ctl)["ppo_greedy"]
+    split = g["gap_split"]
+    assert split["cap"] == pytest.approx(1.5) and split["plan_within_cap"] == pytest.approx(-1.1)
+    assert split["growing"] == pytest.approx(2.0) and split["fossilizing_recovers"] == pytest.approx(1.6)
+    assert split["cap"] + split["plan_within_cap"] + split["growing"] == pytest.approx(
+        -g["minus_plan_search_equal_compute"])
+    line = _goal_lines({"ppo_greedy": g})[0]
+    assert "+1.5 are the search's lack of a cap" in line and f"`{IN_CAP}`" in line
+    without = goals({k: v for k, v in ctl.items() if k != IN_CAP})["ppo_greedy"]["gap_split"]
+    assert "cap" not in without and without["plan"] == pytest.approx(0.4)
+
 def test_every_suite_controller_has_its_own_colour():
     """Each controller a suite plot draws has a fixed colour, and no two share one (matplotlib's default
     red, which a controller without a colour got, is `ppo`'s)."""
     names = ["ppo", "ppo_greedy", "static", "random", "heuristic", "heuristic_tuned", "grow_all",
-             *map(plan_name, PLAN_MULTIPLES)]  # fmt: skip
+             *map(plan_name, PLAN_MULTIPLES), OWN_PLAN, FOSSILIZING, IN_CAP]  # fmt: skip
     colours = [color(n) for n in names]
     assert None not in colours
     assert len(set(colours)) == len(names)

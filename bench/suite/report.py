@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.growth.pooling import shares
-from bench.suite.run import FOSSILIZING, LEARNED, OWN_PLAN, PLAN_MULTIPLES, SUITE, plan_name
+from bench.suite.run import FOSSILIZING, IN_CAP, LEARNED, OWN_PLAN, PLAN_MULTIPLES, SUITE, plan_name
 from bench.suite.transfer import READOUT
 from esper.shell.eval.output import COLORS
 from esper.shell.telemetry.plots import finish_figure, new_figure
@@ -49,6 +49,11 @@ def goals(controllers: dict[str, dict]) -> dict[str, Any]:
             # fixed plans) and how the controller grew its plan (its plan fixed against the controller)
             out[name]["gap_split"] = {"plan": equal["test_acc_mean"] - own["test_acc_mean"],
                                       "growing": own["test_acc_mean"] - c["test_acc_mean"]}  # fmt: skip
+            if (in_cap := controllers.get(IN_CAP)) is not None:
+                # the plan part split again: what the search's lack of a cap buys it, and the best plan
+                # within the cap against the controller's own
+                out[name]["gap_split"]["cap"] = equal["test_acc_mean"] - in_cap["test_acc_mean"]
+                out[name]["gap_split"]["plan_within_cap"] = in_cap["test_acc_mean"] - own["test_acc_mean"]
             if (fossilizing := controllers.get(FOSSILIZING)) is not None:
                 # of the growing part, what fossilizing as soon as legal recovers
                 recovers = fossilizing["test_acc_mean"] - c["test_acc_mean"]
@@ -211,6 +216,10 @@ def _goal_lines(g: dict[str, Any]) -> list[str]:
             near += (f"; of the points it trails by, {split['plan']:+.1f} are the plan chosen "
                      f"(`plan_search@1x` against `{OWN_PLAN}`, its own most grown plan grown as a "
                      f"fixed plan) and {split['growing']:+.1f} how it grew that plan (timing, blending)")
+            if "cap" in split:
+                near += (f" (of those, {split['cap']:+.1f} are the search's lack of a cap: `plan_search@1x` "
+                         f"against its best plan within the controller's cap, `{IN_CAP}`, and "
+                         f"{split['plan_within_cap']:+.1f} that plan against the controller's own)")
             if "fossilizing_recovers" in split:
                 near += (f"; fossilizing wherever it is legal (`{FOSSILIZING}`) changes `ppo_greedy` by "
                          f"{split['fossilizing_recovers']:+.1f}")
@@ -236,11 +245,13 @@ def transfer_verdict(g: dict[str, Any], readout: str) -> str:
 
 #: The plan searches' colours, lightest at the smallest budget (none of them a controller's colour).
 PLAN_COLORS = dict(zip(map(plan_name, PLAN_MULTIPLES), ("#f6bd9f", "#ee9674", "#e76f51", "#a8442a")))
+#: The diagnostic rows: the controller's own plan, its fossilizing readout, the search's plan in the cap.
+READING_COLORS = {OWN_PLAN: "#0077b6", FOSSILIZING: "#48cae4", IN_CAP: "#6a4c93"}
 
 
 def color(name: str) -> str | None:
     """A controller's colour in every suite plot (None: matplotlib's next)."""
-    return COLORS.get(name) or PLAN_COLORS.get(name)
+    return COLORS.get(name) or PLAN_COLORS.get(name) or READING_COLORS.get(name)
 
 
 def plots(out: Path, stem: str, suite: dict[str, Any]) -> dict[str, list[Path]]:

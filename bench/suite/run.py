@@ -47,6 +47,10 @@ OWN_PLAN = "ppo_greedy_plan"
 #: The greedy controller, fossilizing wherever FOSSILIZE is legal: how much of the growing part is
 #: the seeds kept late (``esper.shell.eval.controllers.FOSSILIZING_READOUTS``).
 FOSSILIZING = "ppo_greedy_fossilize"
+#: ``plan_search@1x``'s best plan within the learned controller's parameter cap (by the search's scores on
+#: the training hosts), grown as a fixed plan on the same hosts: what the cap costs at equal compute,
+#: since the search has none. Evaluated into ``RUN_DIR/OUT-in-cap``.
+IN_CAP = "plan_search_in_cap"
 
 
 def plan_name(multiple: float) -> str:
@@ -72,6 +76,7 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int) -> tuple[str, 
     results = training._evaluate(run_dir, k, episodes, CONTROLLERS, out=EVAL_DIR,
                                  data_seed=final_data_seed(task, k), extra=extra)  # fmt: skip
     with_diagnostics(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
+    with_plan_in_cap(results, task, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
     return task, k, results, train_s
 
 
@@ -99,6 +104,42 @@ def with_diagnostics(results: dict, run_dir: Path, k: int, episodes: int, out: s
             ctl.update(rows)
     results["controllers"] = ctl
     return results
+
+
+def with_plan_in_cap(results: dict, task: str, run_dir: Path, k: int, episodes: int, out: str,
+                     data_seed: int | None, extra: Sequence[str]) -> dict:  # fmt: skip
+    """Add :data:`IN_CAP` to seed ``k``'s ``results`` right after ``plan_search@1x`` (evaluated on the same
+    hosts and draw into ``RUN_DIR/OUT-in-cap``; kept when there), its compute the search's. Nothing is
+    added without that search's scores or a cap, or when no plan it scored fits the cap."""
+    equal = results["controllers"].get(plan_name(1.0), {})
+    candidates = equal.get("search", {}).get("candidates")
+    cap = results["meta"].get("ppo_param_cap")
+    if not candidates or not cap:
+        return results
+    made = preset(SUITE[task]).env.build_task()
+    best = _best([c for c in scored_plans(made, made.make_host(), candidates) if c["params"] <= cap])
+    if best is None:
+        return results
+    name = f"grow:{best['plan']}"
+    got = training._evaluate(run_dir, k, episodes, [name], out=f"{out}-in-cap", data_seed=data_seed,
+                             extra=extra)["controllers"][name]  # fmt: skip
+    row = {**got, "compute_host_epochs": equal.get("compute_host_epochs", 0), "plan": best["plan"],
+           "search_val_acc": best["val_acc"], "search_episodes": best["episodes"]}  # fmt: skip
+    ctl = {}
+    for n, c in results["controllers"].items():
+        if n != IN_CAP:
+            ctl[n] = c
+        if n == plan_name(1.0):
+            ctl[IN_CAP] = row
+    results["controllers"] = ctl
+    return results
+
+
+def scored_plans(task: Task, host: Host, candidates: list[dict]) -> list[dict]:
+    """A plan search's ``candidates`` with what each plan adds to ``host`` (``params``), its score
+    (``val_acc``, the mean over the ``episodes`` it ran on the training hosts)."""
+    return [{"plan": c["plan"], "params": seed_params(task, host, c["plan"]), "val_acc": c["val_acc_mean"],
+             "episodes": c["episodes"]} for c in candidates]  # fmt: skip
 
 
 def most_grown(controller: dict) -> str:
@@ -197,9 +238,7 @@ def search_view(task: str, per_seed: dict[int, dict], readout: str = "ppo_greedy
             made = preset(SUITE[task]).env.build_task()
             built = (made, made.make_host())
         cap = res["meta"].get("ppo_param_cap")
-        scored = [{"plan": c["plan"], "params": seed_params(*built, c["plan"]),
-                   "val_acc": c["val_acc_mean"], "episodes": c["episodes"]}
-                  for c in ctl[names[0]]["search"]["candidates"]]  # fmt: skip
+        scored = scored_plans(*built, ctl[names[0]]["search"]["candidates"])
         grown = most_grown(ctl[readout]) or None
         out[str(k)] = {
             "search": names[0], "plans_scored": len(scored), "cap": cap, "best": _best(scored),
@@ -235,7 +274,8 @@ def planned_compute(task: str) -> int:
 
 
 __all__ = [
-    "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "LEARNED", "OWN_PLAN",
-    "PLAN_MULTIPLES", "SUITE", "final_data_seed", "most_grown", "plan_name", "planned_compute", "pool_task",
-    "revisions", "run_suite", "search_view", "with_diagnostics",
+    "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP", "LEARNED",
+    "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "final_data_seed", "most_grown", "plan_name", "planned_compute",
+    "pool_task", "revisions", "run_suite", "scored_plans", "search_view", "with_diagnostics",
+    "with_plan_in_cap",
 ]  # fmt: skip
