@@ -215,11 +215,12 @@ def _goal_lines(g: dict[str, Any]) -> list[str]:
         if split is not None:
             near += (f"; of the points it trails by, {split['plan']:+.1f} are the plan chosen "
                      f"(`plan_search@1x` against `{OWN_PLAN}`, its own most grown plan grown as a "
-                     f"fixed plan) and {split['growing']:+.1f} how it grew that plan (timing, blending)")
+                     f"fixed plan")
             if "cap" in split:
-                near += (f" (of those, {split['cap']:+.1f} are the search's lack of a cap: `plan_search@1x` "
-                         f"against its best plan within the controller's cap, `{IN_CAP}`, and "
-                         f"{split['plan_within_cap']:+.1f} that plan against the controller's own)")
+                near += (f"; of those, {split['cap']:+.1f} are the search's lack of a cap, against its best "
+                         f"plan within the controller's cap, `{IN_CAP}`, and {split['plan_within_cap']:+.1f} "
+                         f"that plan against the controller's own")
+            near += f") and {split['growing']:+.1f} how it grew that plan (timing, blending)"
             if "fossilizing_recovers" in split:
                 near += (f"; fossilizing wherever it is legal (`{FOSSILIZING}`) changes `ppo_greedy` by "
                          f"{split['fossilizing_recovers']:+.1f}")
