@@ -40,7 +40,7 @@ from esper.shell.eval.controllers import (
 )
 from esper.shell.eval.output import write_eval
 from esper.shell.eval.runner import run_hosts
-from esper.shell.eval.search import EpisodeMemo, is_searched, learned_compute, plan_budget, search
+from esper.shell.eval.search import is_searched, learned_compute, plan_budget, search
 from esper.shell.eval.stats import mean_ci95, spearman
 from esper.shell.runtime.checkpoint import load_checkpoint
 from esper.shell.runtime.revision import git_revision
@@ -221,8 +221,7 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
     selection_cfg = selection_cfg if selection_cfg is not None else cfg
     t0 = time.perf_counter()
     selection_task = task if selection_cfg == cfg else selection_cfg.env.build_task()
-    memo = EpisodeMemo()  # the plan searches' budgets share the episodes they have in common
-    searched = {name: search(name, selection_cfg, selection_task, cache=search_cache, memo=memo)
+    searched = {name: search(name, selection_cfg, selection_task, cache=search_cache)
                 for name in controllers if is_searched(name)}  # fmt: skip
     records: dict[str, list[dict]] = {}
     T = cfg.lifecycle.max_epochs
@@ -256,8 +255,6 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
             "data_seed": task.data_seed,
             "selection_data_seed": selection_task.data_seed,
             "learned_compute_host_epochs": learned_compute(cfg),
-            # plan-search episodes run in this evaluation, and those read from another budget's search
-            "plan_search_episodes": {"ran": memo.ran, "reused": memo.reused},
             "plan_search_budgets": {
                 n: plan_budget(n, cfg) for n in controllers if is_searched(n) and n != "heuristic_tuned"
             },

@@ -18,11 +18,6 @@ draw (``python -m esper.shell.evaluate --data-seed``) are never read. Ties go to
 What they chose, every candidate's score, the hosts and the data draw, and the host epochs spent
 (``compute_host_epochs``: episodes run × ``max_epochs``) are returned, and cached in a run directory's
 ``search/NAME.json`` so that another evaluation of the run reuses the choice.
-
-**Episodes shared between budgets.** A plan's episode on a training host depends on the plan, the host
-and the config alone (not on which envs run beside it), so plan searches of several budgets in one
-evaluation share an :class:`EpisodeMemo`: an episode another budget already ran is read, not run again.
-Each search still reports, and is charged, every episode its own schedule holds.
 """
 
 from __future__ import annotations
@@ -107,35 +102,11 @@ def selection_host_seeds(cfg: RunConfig, n: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------- searches
-class EpisodeMemo:
-    """Plan-search episodes already run, keyed by (plan, training host) for one config: what lets the
-    searches of several budgets share their common episodes (``ran``: episodes run, ``reused``: read)."""
-
-    def __init__(self) -> None:
-        self.records: dict[tuple[str, str, int], dict] = {}
-        self.ran = 0
-        self.reused = 0
-
-    def episodes(self, cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]], make_for) -> list[dict]:
-        """One record per ``(plan, host seed)`` of ``pairs``, in order: those not yet run go through
-        :func:`~esper.shell.eval.runner.run_hosts` (``make_for(plans)`` builds each batch's controller)."""
-        digest = _config_digest(cfg)
-        missing = list(dict.fromkeys(p for p in pairs if (digest, *p) not in self.records))
-        if missing:
-            records = run_hosts(cfg, task, make_for([plan for plan, _ in missing]), [h for _, h in missing])
-            for pair, rec in zip(missing, records, strict=True):
-                self.records[(digest, *pair)] = rec
-        self.ran += len(missing)
-        self.reused += len(pairs) - len(missing)
-        return [self.records[(digest, *p)] for p in pairs]
-
-
 def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path | None = None,
-           show_progress: bool = False, memo: EpisodeMemo | None = None) -> dict[str, Any]:  # fmt: skip
+           show_progress: bool = False) -> dict[str, Any]:  # fmt: skip
     """Run (or read from ``cache/NAME.json``) the search of controller ``name`` on ``cfg``'s training hosts
     and data draw (``task``: ``cfg``'s task, built if not given). Returns the choice (``chosen``), every
-    candidate's score, the selection hosts and data draw, and ``compute_host_epochs``. ``memo``: plan
-    episodes shared with other budgets' searches (:class:`EpisodeMemo`)."""
+    candidate's score, the selection hosts and data draw, and ``compute_host_epochs``."""
     key = _key(name, cfg)
     path = cache / f"{name}.json" if cache is not None else None
     if path is not None and path.is_file():
@@ -147,7 +118,7 @@ def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path |
     if name == HEURISTIC_TUNED:
         result = tune_heuristic(cfg, task)
     elif is_searched(name):
-        result = search_plans(cfg, task, plan_budget(name, cfg), memo)
+        result = search_plans(cfg, task, plan_budget(name, cfg))
     else:
         raise ValueError(f"{name}: not a searched controller ({HEURISTIC_TUNED}, {PLAN_SEARCH}[@BUDGET])")
     result["seconds"] = time.perf_counter() - t0
@@ -160,16 +131,12 @@ def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path |
 def _key(name: str, cfg: RunConfig) -> dict[str, Any]:
     """What a cached search depends on: the controller (and its budget), the rule's version, the run seed
     and every config field but the ones that cannot change the hosts it runs."""
-    budget = plan_budget(name, cfg) if name != HEURISTIC_TUNED else None
-    return {"name": name, "version": SEARCH_VERSION, "budget": budget, "config": _config_digest(cfg)}
-
-
-def _config_digest(cfg: RunConfig) -> str:
-    """Every config field but the ones that cannot change the hosts a search runs, hashed."""
     d = to_dict(cfg)
     for k in ("progress", "report", "run_dir", "name", "threads", "checkpoint_every", "eval_episodes"):
         d.pop(k, None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    budget = plan_budget(name, cfg) if name != HEURISTIC_TUNED else None
+    return {"name": name, "version": SEARCH_VERSION, "budget": budget, "config": digest}
 
 
 def _score(records: list[dict]) -> float:
@@ -255,11 +222,9 @@ def halving_schedule(budget_episodes: int, n_space: int) -> list[tuple[int, int]
     return out
 
 
-def search_plans(cfg: RunConfig, task: Task, budget: int, memo: EpisodeMemo | None = None) -> dict[str, Any]:
+def search_plans(cfg: RunConfig, task: Task, budget: int) -> dict[str, Any]:
     """The best fixed plan within ``budget`` host epochs (:func:`halving_schedule` over
-    :func:`plan_space`), candidates side by side on the same training hosts in each round; episodes
-    already in ``memo`` are read from it (the same records: see the module's docstring)."""
-    memo = memo if memo is not None else EpisodeMemo()
+    :func:`plan_space`), candidates side by side on the same training hosts in each round."""
     T = cfg.lifecycle.max_epochs
     probe = task.make_host()
     slot_names = tuple(probe.slot_names)
@@ -274,15 +239,12 @@ def search_plans(cfg: RunConfig, task: Task, budget: int, memo: EpisodeMemo | No
         offset += k
         pairs = [(c, h) for c in alive for h in host_seeds]
 
-        def make_for(plans: list[str]):
-            def make(env, start: int):
-                batch = plans[start : start + env.n]
-                grown = [_plan_indices(p, slot_names, env.blueprint_names) for p in batch]
-                return GrowAllController(grown, cfg.lifecycle)
+        def make(env, start: int, pairs=pairs):
+            plans = [space[c] for c, _ in pairs[start : start + env.n]]
+            return GrowAllController([_plan_indices(p, slot_names, env.blueprint_names) for p in plans],
+                                     cfg.lifecycle)  # fmt: skip
 
-            return make
-
-        records = memo.episodes(cfg, task, [(space[c], h) for c, h in pairs], make_for)
+        records = run_hosts(cfg, task, make, [h for _, h in pairs])
         for (c, _), r in zip(pairs, records):
             scores[c].append(r["final_val_acc"])
         used += len(pairs)
@@ -314,7 +276,7 @@ def _plan_indices(plan: str, slot_names: Sequence[str], blueprint_names: Sequenc
 
 
 __all__ = [
-    "HEURISTIC_TUNED", "PLAN_SEARCH", "TUNE_GRID", "TUNE_HOSTS", "EpisodeMemo", "halving_schedule",
-    "is_searched", "learned_compute", "plan_budget", "plan_space", "search", "search_plans",
-    "selection_host_seeds", "tune_heuristic",
+    "HEURISTIC_TUNED", "PLAN_SEARCH", "TUNE_GRID", "TUNE_HOSTS", "halving_schedule", "is_searched",
+    "learned_compute", "plan_budget", "plan_space", "search", "search_plans", "selection_host_seeds",
+    "tune_heuristic",
 ]  # fmt: skip

@@ -109,23 +109,6 @@ def test_plan_search_respects_its_budget_and_reports_its_compute(cfg, task, monk
     assert len(set(space)) == len(space)
 
 
-
-def test_plan_searches_of_two_budgets_share_episodes_and_choose_as_each_would_alone(cfg, task, monkeypatch):
-    """A plan's episode on a training host does not depend on its batch-mates, so a second budget's search
-    reads the episodes the first already ran (:class:`EpisodeMemo`) and returns what it returns alone:
-    the same choice, scores, rounds and the compute its own schedule holds."""
-    T = cfg.lifecycle.max_epochs
-    alone = S.search_plans(cfg, task, 9 * T)
-    seen = _recording(monkeypatch)
-    memo = S.EpisodeMemo()
-    small = S.search_plans(cfg, task, 4 * T, memo)
-    large = S.search_plans(cfg, task, 9 * T, memo)
-    assert large == alone
-    charged = small["episodes"] + large["episodes"]
-    assert memo.ran == len(seen) and memo.ran + memo.reused == charged
-    assert memo.reused >= small["rounds"][0]["candidates"]  # at least the first round's, on the same host
-    assert memo.ran < charged  # each search charged in full, though fewer episodes ran
-
 def test_plan_budget_names(cfg):
     full = S.learned_compute(cfg)
     assert full == cfg.updates * cfg.env.n_envs * cfg.lifecycle.max_epochs
