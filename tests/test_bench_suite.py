@@ -295,12 +295,11 @@ def test_the_default_s_size_prior_reads_each_seed_s_cost_on_every_suite_task(tas
     slot: its blueprint catalogue, slot count and widths, read from the host, not from MNIST-1D."""
     import torch
 
-    from esper.core.spec import Op
     from esper.shell.agent.agent import build_agent
     from esper.shell.config.presets import preset
     from esper.shell.data.tasks import grow_all_params
     from esper.shell.host.descriptors import describe_host
-    from tests.shell.agent.test_setpolicy import _probs, _spec
+    from tests.shell.agent.test_setpolicy import _spec, assert_size_prior
 
     cfg = preset(SUITE[task])
     assert cfg.ppo.policy == "set" and cfg.ppo.size_bias == 1.0  # the prior under test is the default's
@@ -309,12 +308,4 @@ def test_the_default_s_size_prior_reads_each_seed_s_cost_on_every_suite_task(tas
         host = task_.make_host()
         layout = describe_host(host, grow_all_params=grow_all_params(task_, host))
         agent = build_agent(cfg.ppo, _spec(layout), device="cpu")
-    noop = layout.blueprint_names.index("noop")
-    legal = torch.ones(layout.n_blueprints, dtype=torch.bool)
-    legal[noop] = False
-    for slot in range(layout.n_slots):
-        cost = layout.germination_cost[slot].clone()
-        cost[noop] = 0.0
-        out, _ = _probs(agent, layout, Op.GERMINATE, slot)
-        p = torch.softmax(out["blueprint", "logits"][:, 0].masked_fill(~legal, -torch.inf), -1)
-        torch.testing.assert_close(p, (cost / cost.sum()).expand_as(p), atol=0.02, rtol=0.0)
+    assert_size_prior(agent, layout)

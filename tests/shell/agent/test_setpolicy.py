@@ -195,23 +195,32 @@ def _probs(agent, layout, op: Op, slot: int, E: int = 4):
     return out, step
 
 
-@pytest.mark.parametrize("name", ["cnn-3", "transformer-2"])
-def test_size_bias_starts_the_blueprint_pointer_in_proportion_to_each_seeds_cost_at_the_chosen_slot(name):
-    """``ppo.size_bias 1``: an untrained set policy grows each legal blueprint about in proportion to its
-    germination cost in the slot it chose (the descriptors' costs of whatever host it acts on); 0: about
-    uniform."""
-    layout = LAYOUTS[name]
+def assert_size_prior(agent, layout) -> None:
+    """At every slot of ``layout``, the untrained ``agent`` grows each legal blueprint about in proportion
+    to what germinating it there costs (``noop`` excluded)."""
     noop = layout.blueprint_names.index("noop")
     legal = torch.ones(layout.n_blueprints, dtype=torch.bool)
     legal[noop] = False
     for slot in range(layout.n_slots):
         cost = layout.germination_cost[slot].clone()
         cost[noop] = 0.0
-        agent = _agent(PPOConfig(policy="set", hidden=16, head_hidden=16, size_bias=1.0), layout=layout)
-        assert float(agent.policy.heads["blueprint"].prior.detach()) == 1.0
         out, _ = _probs(agent, layout, Op.GERMINATE, slot)
         p = torch.softmax(out["blueprint", "logits"][:, 0].masked_fill(~legal, -torch.inf), -1)
         torch.testing.assert_close(p, (cost / cost.sum()).expand_as(p), atol=0.02, rtol=0.0)
+
+
+@pytest.mark.parametrize("name", ["cnn-3", "transformer-2"])
+def test_size_bias_starts_the_blueprint_pointer_in_proportion_to_each_seeds_cost_at_the_chosen_slot(name):
+    """``ppo.size_bias 1``: an untrained set policy grows each legal blueprint about in proportion to its
+    germination cost in the slot it chose (the descriptors' costs of whatever host it acts on); 0: about
+    uniform."""
+    layout = LAYOUTS[name]
+    agent = _agent(PPOConfig(policy="set", hidden=16, head_hidden=16, size_bias=1.0), layout=layout)
+    assert float(agent.policy.heads["blueprint"].prior.detach()) == 1.0
+    assert_size_prior(agent, layout)
+    noop = layout.blueprint_names.index("noop")
+    legal = torch.ones(layout.n_blueprints, dtype=torch.bool)
+    legal[noop] = False
     uniform = _agent(layout=layout)
     out, _ = _probs(uniform, layout, Op.GERMINATE, 0)
     p = torch.softmax(out["blueprint", "logits"][:, 0].masked_fill(~legal, -torch.inf), -1)
