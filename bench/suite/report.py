@@ -146,7 +146,8 @@ def _section(title: str, t: dict[str, Any], intro: list[str], plot_files: list[P
             f"{_f(c['compute_host_epochs'], 0)} | {'; '.join(f'`{p}`' for p in picks[:3])}"
             f"{f' (+{len(picks) - 3} more)' if len(picks) > 3 else ''} | {_grown(c.get('grown', {}))} |"
         )
-    lines += ["", *_goal_lines(goals(ctl)), *_search_view_lines(t.get("search_view", {})), ""]
+    view = _search_view_lines(t.get("search_view", {}))
+    lines += ["", *_goal_lines(goals(ctl)), *_unkept_lines(ctl), *view, ""]
     lines += [f"![{p.stem}]({p.name})" for p in plot_files]
     lines.append("")
     return lines
@@ -172,6 +173,19 @@ def _revision_line(revs: dict[str, dict]) -> str:
             at = ", ".join(f"`{rev}` (seeds {', '.join(ks)})" for rev, ks in by.items())
             parts.append(f"{verb} at {at}")
     return f" {'; '.join(parts)}." if parts else ""
+
+
+def _unkept_lines(ctl: dict[str, dict]) -> list[str]:
+    """Seeds left unkept at the episode's end (germinated, neither fossilized nor pruned), per controller
+    that germinated any."""
+    rows = [(n, c["unkept"]) for n, c in ctl.items() if c.get("unkept", {}).get("per_episode")]
+    if not rows:
+        return []
+    parts = "; ".join(f"`{n}` {u['per_episode']:.2f} ({u['kept_nothing_share']:.0%} kept nothing)"
+                      for n, u in rows)  # fmt: skip
+    return ["", "Seeds left unkept at an episode's end (germinated, neither fossilized nor pruned, so not "
+                "in the final host), per episode, and the episodes that germinated and kept nothing: "
+                f"{parts}."]
 
 
 def _search_view_lines(view: dict[str, dict]) -> list[str]:

@@ -198,6 +198,9 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
             "per_seed_test_acc": c["per_seed_test_acc"],
             "episodes": c["episodes"],
         }
+        kept = unkept(runs, n)
+        if kept is not None:
+            controllers[n]["unkept"] = kept
         grown = sum((Counter(e.get("grown_counts", {})) for e in entries), Counter())
         if grown:
             controllers[n]["grown"] = dict(sorted(grown.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -219,6 +222,19 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
         "revisions": {str(k): revisions(m) for k, m in zip(seeds, meta)},
         "search_view": search_view(task, per_seed),
     }
+
+
+def unkept(runs: list[dict[str, list[dict]]], name: str) -> dict[str, float] | None:
+    """Seeds ``name`` germinated and neither fossilized nor pruned by the episode's end (they are not in
+    the final host), per episode, and the share of episodes that germinated and kept nothing, over every
+    evaluation episode of ``runs`` (None where the episodes do not record their germinations)."""
+    eps = [e for r in runs for e in r[name]]
+    fields = ("germinated_at", "n_fossilized", "n_pruned", "grown")
+    if not eps or any(k not in e for e in eps for k in fields):
+        return None
+    left = [len(e["germinated_at"]) - e["n_fossilized"] - e["n_pruned"] for e in eps]
+    nothing = [bool(e["germinated_at"]) and not e["grown"] for e in eps]
+    return {"per_episode": float(np.mean(left)), "kept_nothing_share": float(np.mean(nothing))}
 
 
 def search_view(task: str, per_seed: dict[int, dict], readout: str = "ppo_greedy") -> dict[str, Any]:
@@ -276,6 +292,6 @@ def planned_compute(task: str) -> int:
 __all__ = [
     "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP", "LEARNED",
     "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "final_data_seed", "most_grown", "plan_name", "planned_compute",
-    "pool_task", "revisions", "run_suite", "scored_plans", "search_view", "with_diagnostics",
+    "pool_task", "revisions", "run_suite", "scored_plans", "search_view", "unkept", "with_diagnostics",
     "with_plan_in_cap",
 ]  # fmt: skip
