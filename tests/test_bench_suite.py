@@ -20,10 +20,11 @@ def _results(k: int, data_seed: int | None, names, run_dir=None) -> dict:
     """An evaluation's ``results.json`` as ``esper.shell.evaluate`` writes it (two episodes each)."""
     ctl = {}
     for i, name in enumerate(names):
-        # episode 0 germinates two seeds and keeps one; episode 1 germinates one and keeps nothing
+        # episode 0 germinates two seeds, both in the final host, one fossilized; episode 1 germinates one
+        # and ends with no seed in the host
         eps = [{"final_test_acc": 40.0 + i + k + e, "params_added": 10.0 * i, "return": float(i),
                 "test_objective": 40.0 + i, "germinated_at": [[1, 3], [2]][e], "n_fossilized": 1 - e,
-                "n_pruned": 0, "grown": ["b0=conv_heavy", ""][e]} for e in range(2)]  # fmt: skip
+                "n_pruned": 0, "grown": ["b0=conv_heavy+b1=norm", ""][e]} for e in range(2)]  # fmt: skip
         grown = {"b0=conv_heavy": 1, "": 1} if k % 2 else {"b0=conv_heavy": 2}
         ctl[name] = {"per_episode": eps, "compute_host_epochs": 100 * i, "grown_counts": grown}
         if name.startswith(("plan_search", "heuristic_tuned")):
@@ -103,8 +104,8 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     assert saved["tasks"]["longrange"]["goals"]["ppo"]["all_disjoint_above"] in (True, False)
     # what each controller grew, pooled over seeds (most grown first), and each seed's revisions
     assert entry["ppo_greedy"]["grown"] == {"b0=conv_heavy": 3, "": 1}
-    # seeds germinated and neither fossilized nor pruned by the end: one in each episode
-    assert entry["ppo_greedy"]["unkept"] == {"per_episode": 1.0, "kept_nothing_share": 0.5}
+    # episode 0: one of its two seeds in the host unfossilized; episode 1: its one seed lost
+    assert entry["ppo_greedy"]["seed_fates"] == {"unfossilized": 0.5, "lost": 0.5, "kept_nothing_share": 0.5}
     assert saved["tasks"]["longrange"]["revisions"] == {"3": {"train": "3333333", "evaluate": "eeeeeee"},
                                                          "4": {"train": "4444444", "evaluate": "eeeeeee"}}
     # the largest plan search's scores beside the controller's plan: the ground for a diagnosis
@@ -119,7 +120,7 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     md = next(out.glob("*.md")).read_text()
     assert "best within the controller's cap of 720: `b0=conv_heavy` 78.0 % (400 params, 4 episodes)" in md
     assert "`b0=conv_heavy` 75%; `none` 25%" in md
-    assert "`ppo_greedy` 1.00 (50% kept nothing)" in md
+    assert "`ppo_greedy` 0.50 / 0.50 / 50%" in md
     assert "Trained at `3333333` (seeds 3), `4444444` (seeds 4); evaluated at `eeeeeee` (seeds 3, 4)." in md
     assert "## longrange (preset `longrange`)" in md and "| plan_search@1x |" in md
     assert "selection draw: data seed 42" in md and "`min_epoch 1`" in md

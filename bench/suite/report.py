@@ -147,7 +147,7 @@ def _section(title: str, t: dict[str, Any], intro: list[str], plot_files: list[P
             f"{f' (+{len(picks) - 3} more)' if len(picks) > 3 else ''} | {_grown(c.get('grown', {}))} |"
         )
     view = _search_view_lines(t.get("search_view", {}))
-    lines += ["", *_goal_lines(goals(ctl)), *_unkept_lines(ctl), *view, ""]
+    lines += ["", *_goal_lines(goals(ctl)), *_fates_lines(ctl), *view, ""]
     lines += [f"![{p.stem}]({p.name})" for p in plot_files]
     lines.append("")
     return lines
@@ -175,17 +175,16 @@ def _revision_line(revs: dict[str, dict]) -> str:
     return f" {'; '.join(parts)}." if parts else ""
 
 
-def _unkept_lines(ctl: dict[str, dict]) -> list[str]:
-    """Seeds left unkept at the episode's end (germinated, neither fossilized nor pruned), per controller
-    that germinated any."""
-    rows = [(n, c["unkept"]) for n, c in ctl.items() if c.get("unkept", {}).get("per_episode")]
+def _fates_lines(ctl: dict[str, dict]) -> list[str]:
+    """What became of the seeds each controller germinated (:func:`bench.suite.run.seed_fates`)."""
+    rows = [(n, c["seed_fates"]) for n, c in ctl.items() if "seed_fates" in c]
     if not rows:
         return []
-    parts = "; ".join(f"`{n}` {u['per_episode']:.2f} ({u['kept_nothing_share']:.0%} kept nothing)"
-                      for n, u in rows)  # fmt: skip
-    return ["", "Seeds left unkept at an episode's end (germinated, neither fossilized nor pruned, so not "
-                "in the final host), per episode, and the episodes that germinated and kept nothing: "
-                f"{parts}."]
+    parts = "; ".join(f"`{n}` {f['unfossilized']:.2f} / {f['lost']:.2f} / {f['kept_nothing_share']:.0%}"
+                      for n, f in rows)  # fmt: skip
+    return ["", "Seeds per episode in the final host but never fossilized (their input detached to the "
+                "end) / germinated but neither pruned nor in the final host / episodes that germinated and "
+                f"kept nothing: {parts}."]
 
 
 def _search_view_lines(view: dict[str, dict]) -> list[str]:

@@ -198,9 +198,9 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
             "per_seed_test_acc": c["per_seed_test_acc"],
             "episodes": c["episodes"],
         }
-        kept = unkept(runs, n)
-        if kept is not None:
-            controllers[n]["unkept"] = kept
+        fates = seed_fates(runs, n)
+        if fates is not None:
+            controllers[n]["seed_fates"] = fates
         grown = sum((Counter(e.get("grown_counts", {})) for e in entries), Counter())
         if grown:
             controllers[n]["grown"] = dict(sorted(grown.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -224,17 +224,22 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
     }
 
 
-def unkept(runs: list[dict[str, list[dict]]], name: str) -> dict[str, float] | None:
-    """Seeds ``name`` germinated and neither fossilized nor pruned by the episode's end (they are not in
-    the final host), per episode, and the share of episodes that germinated and kept nothing, over every
-    evaluation episode of ``runs`` (None where the episodes do not record their germinations)."""
+def seed_fates(runs: list[dict[str, list[dict]]], name: str) -> dict[str, float] | None:
+    """What became of the seeds ``name`` germinated, per evaluation episode of ``runs``: ``unfossilized``,
+    in the final host (alpha above 0) but never fossilized (their input stayed detached to the end);
+    ``lost``, neither pruned nor in the final host (still at alpha 0 at the end, or removed by a
+    rollback); and ``kept_nothing_share``, the episodes that germinated and ended with no seed in the
+    host. None where the episodes do not record their germinations."""
     eps = [e for r in runs for e in r[name]]
     fields = ("germinated_at", "n_fossilized", "n_pruned", "grown")
     if not eps or any(k not in e for e in eps for k in fields):
         return None
-    left = [len(e["germinated_at"]) - e["n_fossilized"] - e["n_pruned"] for e in eps]
-    nothing = [bool(e["germinated_at"]) and not e["grown"] for e in eps]
-    return {"per_episode": float(np.mean(left)), "kept_nothing_share": float(np.mean(nothing))}
+    live = [len(e["grown"].split("+")) if e["grown"] else 0 for e in eps]
+    return {
+        "unfossilized": float(np.mean([n - e["n_fossilized"] for n, e in zip(live, eps)])),
+        "lost": float(np.mean([len(e["germinated_at"]) - e["n_pruned"] - n for n, e in zip(live, eps)])),
+        "kept_nothing_share": float(np.mean([bool(e["germinated_at"]) and not e["grown"] for e in eps])),
+    }
 
 
 def search_view(task: str, per_seed: dict[int, dict], readout: str = "ppo_greedy") -> dict[str, Any]:
@@ -292,6 +297,6 @@ def planned_compute(task: str) -> int:
 __all__ = [
     "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP", "LEARNED",
     "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "final_data_seed", "most_grown", "plan_name", "planned_compute",
-    "pool_task", "revisions", "run_suite", "scored_plans", "search_view", "unkept", "with_diagnostics",
+    "pool_task", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates", "with_diagnostics",
     "with_plan_in_cap",
 ]  # fmt: skip
