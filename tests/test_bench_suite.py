@@ -105,7 +105,8 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     # what each controller grew, pooled over seeds (most grown first), and each seed's revisions
     assert entry["ppo_greedy"]["grown"] == {"b0=conv_heavy": 3, "": 1}
     # episode 0: one of its two seeds in the host unfossilized; episode 1: its one seed lost
-    assert entry["ppo_greedy"]["seed_fates"] == {"unfossilized": 0.5, "lost": 0.5, "kept_nothing_share": 0.5}
+    assert entry["ppo_greedy"]["seed_fates"] == {"germinated": 1.5, "unfossilized": 0.5, "lost": 0.5,
+                                                 "kept_nothing_share": 0.5}  # fmt: skip
     assert saved["tasks"]["longrange"]["revisions"] == {"3": {"train": "3333333", "evaluate": "eeeeeee"},
                                                          "4": {"train": "4444444", "evaluate": "eeeeeee"}}
     # the largest plan search's scores beside the controller's plan: the ground for a diagnosis

@@ -177,7 +177,7 @@ def _revision_line(revs: dict[str, dict]) -> str:
 
 def _fates_lines(ctl: dict[str, dict]) -> list[str]:
     """What became of the seeds each controller germinated (:func:`bench.suite.run.seed_fates`)."""
-    rows = [(n, c["seed_fates"]) for n, c in ctl.items() if "seed_fates" in c]
+    rows = [(n, c["seed_fates"]) for n, c in ctl.items() if c.get("seed_fates", {}).get("germinated")]
     if not rows:
         return []
     parts = "; ".join(f"`{n}` {f['unfossilized']:.2f} / {f['lost']:.2f} / {f['kept_nothing_share']:.0%}"

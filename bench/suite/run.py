@@ -225,17 +225,18 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
 
 
 def seed_fates(runs: list[dict[str, list[dict]]], name: str) -> dict[str, float] | None:
-    """What became of the seeds ``name`` germinated, per evaluation episode of ``runs``: ``unfossilized``,
-    in the final host (alpha above 0) but never fossilized (their input stayed detached to the end);
-    ``lost``, neither pruned nor in the final host (still at alpha 0 at the end, or removed by a
-    rollback); and ``kept_nothing_share``, the episodes that germinated and ended with no seed in the
-    host. None where the episodes do not record their germinations."""
+    """What became of the seeds ``name`` germinated (``germinated``), per evaluation episode of ``runs``:
+    ``unfossilized``, in the final host (alpha above 0) but never fossilized (their input stayed
+    detached to the end); ``lost``, neither pruned nor in the final host (still at alpha 0 at the end, or
+    removed by a rollback); and ``kept_nothing_share``, the episodes that germinated and ended with no
+    seed in the host. None where the episodes do not record their germinations."""
     eps = [e for r in runs for e in r[name]]
     fields = ("germinated_at", "n_fossilized", "n_pruned", "grown")
     if not eps or any(k not in e for e in eps for k in fields):
         return None
     live = [len(e["grown"].split("+")) if e["grown"] else 0 for e in eps]
     return {
+        "germinated": float(np.mean([len(e["germinated_at"]) for e in eps])),
         "unfossilized": float(np.mean([n - e["n_fossilized"] for n, e in zip(live, eps)])),
         "lost": float(np.mean([len(e["germinated_at"]) - e["n_pruned"] - n for n, e in zip(live, eps)])),
         "kept_nothing_share": float(np.mean([bool(e["germinated_at"]) and not e["grown"] for e in eps])),
