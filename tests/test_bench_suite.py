@@ -316,3 +316,29 @@ def test_the_default_s_size_prior_reads_each_seed_s_cost_on_every_suite_task(tas
         layout = describe_host(host, grow_all_params=grow_all_params(task_, host))
         agent = build_agent(cfg.ppo, _spec(layout), device="cpu")
     assert_size_prior(agent, layout)
+
+
+def test_status_reads_where_each_seed_stands_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    """``--status``: per (task, seed), its training (updates so far, or done), the searches cached and the
+    evaluations written, from the run directories alone (nothing is trained or evaluated)."""
+    trained, evaluated = _mock_runs(monkeypatch)
+    runs = tmp_path / "runs"
+    done, partial = runs / "longrange" / "seed3", runs / "longrange" / "seed4"
+    for run in (done, partial):
+        (run / "search").mkdir(parents=True)
+    lines = [{"event": "ppo_update", "t": 1.0}] * 2
+    (partial / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    ended = [*lines, {"event": "run_end", "t": 2.0, "interrupted": False}]
+    (done / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ended))
+    for name in ("heuristic_tuned", plan_name(0.25)):
+        (done / "search" / f"{name}.json").write_text("{}")
+    (done / EVAL_DIR).mkdir()
+    (done / EVAL_DIR / "results.json").write_text("{}")
+    assert main(["--status", "--tasks", "longrange", "--seeds", "3", "--first-seed", "3",
+                 "--runs", str(runs)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "| longrange | 3 | done | tuned, 0.25x | done |  |  |" in out
+    assert "| longrange | 4 | 2/22 updates |  |  |  |  |" in out
+    assert "| longrange | 5 |  |  |  |  |  |" in out  # not started
+    assert "1 of 3 (task, seed) evaluated." in out
+    assert trained == [] and evaluated == []  # nothing ran

@@ -17,7 +17,7 @@ from bench.harness import machine_info
 from bench.suite import finetune
 from bench.suite.finetune import run_finetune
 from bench.suite.report import goals, markdown, plots
-from bench.suite.run import EVAL_EPISODES, SUITE, run_suite
+from bench.suite.run import EVAL_EPISODES, SUITE, run_suite, status, status_lines
 from bench.suite.transfer import run_transfer
 
 BENCH = Path(__file__).resolve().parents[1]
@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="after --transfer TASK: fine-tune each seed's transferred controller on TASK, and "
                         "train the same network there from scratch; their learning curves")  # fmt: skip
     p.add_argument("--updates", type=int, default=22, help="--finetune's updates per run (22, the default's)")
+    p.add_argument("--status", action="store_true",
+                   help="print where each (task, seed) of --runs stands (training, searches, evaluations) "
+                        "and exit; runs nothing")  # fmt: skip
     return p
 
 
@@ -85,6 +88,13 @@ def _write(args: argparse.Namespace, suite: dict[str, Any], info: dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
+    if args.status:
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        unknown = [t for t in tasks if t not in SUITE]
+        if unknown:
+            p.error(f"unknown suite task(s) {unknown}; tasks: {', '.join(SUITE)}")
+        print("\n".join(status_lines(status(tasks, args.seeds, args.first_seed, args.runs))))
+        return 0
     command = "python -m bench.suite " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
         suite = _run(args)

@@ -18,8 +18,9 @@ from bench.growth.pooling import summarize_runs
 from esper.shell.config.presets import preset
 from esper.shell.data.tasks import Task, seed_params
 from esper.shell.env.config import GENERATED_TASKS
-from esper.shell.eval.search import learned_compute
+from esper.shell.eval.search import HEURISTIC_TUNED, learned_compute
 from esper.shell.host.hosts import Host
+from esper.shell.telemetry.events import read_events
 
 #: Suite task -> the preset that trains it (``python -m esper.shell.run --preset``).
 SUITE: dict[str, str] = {
@@ -290,6 +291,41 @@ def revisions(meta: dict) -> dict[str, str | None]:
     return {"train": short(train), "evaluate": short(meta.get("git_rev"))}
 
 
+def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path) -> list[dict[str, Any]]:
+    """Where each (task, seed) of a suite run stands, read from ``runs`` (nothing is run): its training
+    (``updates`` done of ``of``, ``trained``), the searches cached in its run directory, and which of its
+    evaluations (the table's, the diagnosis, the plan within the cap) are written."""
+    rows = []
+    for task in tasks:
+        for k in range(first_seed, first_seed + seeds):
+            run = runs / task / f"seed{k}"
+            events = run / "events.jsonl"
+            updates = len(list(read_events(events, "ppo_update"))) if events.exists() else 0
+            ended = events.exists() and any(not e.get("interrupted") for e in read_events(events, "run_end"))
+            searches = sorted(p.stem for p in (run / "search").glob("*.json")) if run.is_dir() else []
+            evals = {name: (run / d / "results.json").exists()
+                     for name, d in (("table", EVAL_DIR), ("diagnosis", f"{EVAL_DIR}-diagnosis"),
+                                     ("in_cap", f"{EVAL_DIR}-in-cap"))}  # fmt: skip
+            rows.append({"task": task, "seed": k, "updates": updates, "of": preset(SUITE[task]).updates,
+                         "trained": ended, "searches": searches, **evals})  # fmt: skip
+    return rows
+
+
+def status_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """:func:`status` as a table (searches by budget: ``tuned`` is ``heuristic_tuned``)."""
+    out = ["| task | seed | training | searches cached | table | diagnosis | in cap |",
+           "|---|---:|---|---|---|---|---|"]  # fmt: skip
+    mark = {True: "done", False: ""}
+    for r in rows:
+        train = "done" if r["trained"] else (f"{r['updates']}/{r['of']} updates" if r["updates"] else "")
+        short = (n.replace(HEURISTIC_TUNED, "tuned").replace("plan_search@", "") for n in r["searches"])
+        searched = ", ".join(short)
+        evals = " | ".join(mark[r[k]] for k in ("table", "diagnosis", "in_cap"))
+        out.append(f"| {r['task']} | {r['seed']} | {train} | {searched} | {evals} |")
+    out.append(f"\n{sum(r['table'] for r in rows)} of {len(rows)} (task, seed) evaluated.")
+    return out
+
+
 def planned_compute(task: str) -> int:
     """The learned controller's training compute on ``task`` from its preset (host epochs)."""
     return learned_compute(preset(SUITE[task]))
@@ -298,6 +334,7 @@ def planned_compute(task: str) -> int:
 __all__ = [
     "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP", "LEARNED",
     "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "final_data_seed", "most_grown", "plan_name", "planned_compute",
-    "pool_task", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates", "with_diagnostics",
+    "pool_task", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates", "status",
+    "status_lines", "with_diagnostics",
     "with_plan_in_cap",
 ]  # fmt: skip
