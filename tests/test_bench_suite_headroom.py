@@ -37,6 +37,11 @@ def test_headroom_takes_task_sizes_only():
         headroom.parse_sets(["lifecycle.max_epochs"])
 
 
+def test_headroom_reads_a_fixed_dataset_on_its_test_split_and_refuses_another_draw():
+    with pytest.raises(SystemExit, match="fixed dataset"):
+        headroom.measure("digits_shallow", 2, ["static"], data_seed=5)
+
+
 def test_paired_counts_ahead_level_behind():
     p = headroom.paired({"a": [1.0, 2.0, 3.0], "b": [0.0, 2.0, 4.0]}, "a", "b")
     assert (p["ahead"], p["level"], p["behind"]) == (1, 1, 1) and p["mean"] == pytest.approx(0.0)

@@ -7,7 +7,8 @@ episode's accuracy kept so that two controllers can be compared host by host.
         --paired grow_all:conv_light-grow_all:conv_heavy --set lifecycle.max_epochs=60 --out h.json
 
 Hosts are evaluation seeds ``--eval-seed + i`` (the same hosts for every controller); generated tasks
-read data draw ``--data-seed`` (a fresh draw by default, not the one the task was designed on). All the
+read data draw ``--data-seed`` (a fresh draw by default, not the one the task was designed on), fixed
+datasets their test split. All the
 hosts run side by side (``env.n_envs = --hosts``), one torch thread: the numbers repeat at the same
 seeds. ``--set`` takes a task's own sizes only (``TASK_SIZE_FIELDS``), as a suite preset would.
 """
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from esper.shell.config.presets import PRESETS, TASK_SIZE_FIELDS, preset
+from esper.shell.env.config import GENERATED_TASKS
 from esper.shell.eval.episodes import compare_on_config
 from esper.shell.eval.stats import mean_ci95
 
@@ -74,7 +76,13 @@ def measure(name: str, hosts: int, controllers: list[str], *, eval_seed: int = E
             pairs: list[tuple[str, str]] = ()) -> dict[str, Any]:  # fmt: skip
     """The headroom record (what :func:`main` writes)."""
     sets = dict(sets or {})
-    cfg = preset(name, {"env.n_envs": hosts, "env.data_seed": data_seed, "env.workers": 1, **sets})
+    base = {"env.n_envs": hosts, "env.workers": 1, **sets}
+    if preset(name, base).env.task in GENERATED_TASKS:
+        base["env.data_seed"] = data_seed
+    elif data_seed != DATA_SEED:
+        raise SystemExit(f"--data-seed: {name} reads a fixed dataset, whose test split is the only "
+                         "held-out draw")  # fmt: skip
+    cfg = preset(name, base)
     t0 = time.perf_counter()
     res = compare_on_config(cfg, controllers, episodes=hosts, seed=eval_seed, show_progress=False)
     per_episode = {c: [float(r["final_test_acc"]) for r in s["per_episode"]]
