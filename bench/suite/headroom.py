@@ -141,11 +141,15 @@ def _revision() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.suite.headroom", description=__doc__.split("\n\n")[0])
     ap.add_argument("preset", choices=sorted(PRESETS))
-    ap.add_argument("--hosts", type=int, default=4)
-    ap.add_argument("--controllers", default="static,grow_all")
-    ap.add_argument("--eval-seed", type=int, default=EVAL_SEED)
-    ap.add_argument("--data-seed", type=int, default=DATA_SEED)
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--hosts", type=int, default=4, help="fresh hosts, run side by side (4)")
+    ap.add_argument("--controllers", default="static,grow_all",
+                    help="comma-separated evaluate controllers, e.g. static,grow_all,grow_all:conv_light")
+    ap.add_argument("--eval-seed", type=int, default=EVAL_SEED,
+                    help=f"the hosts' evaluation seed ({EVAL_SEED}, the suite's headroom hosts)")
+    ap.add_argument("--data-seed", type=int, default=DATA_SEED,
+                    help=f"generated data's draw ({DATA_SEED}; a fixed dataset reads its test split)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a task's own size (env.*, lifecycle.max_epochs), repeatable")
     ap.add_argument(
         "--paired",
         action="append",
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="A-B",
         help="report A minus B host by host (controller names, e.g. grow_all:conv_light-static)",
     )
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", type=Path, help="write the record (JSON) here")
     args = ap.parse_args(argv)
     if args.hosts < 2:
         ap.error("--hosts: at least 2 (an interval needs two)")
