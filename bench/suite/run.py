@@ -297,6 +297,7 @@ def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path) -> lis
     evaluations (the table's, the diagnosis, the plan within the cap) are written."""
     rows = []
     for task in tasks:
+        of = preset(SUITE[task]).updates
         for k in range(first_seed, first_seed + seeds):
             run = runs / task / f"seed{k}"
             events = run / "events.jsonl"
@@ -306,8 +307,8 @@ def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path) -> lis
             evals = {name: (run / d / "results.json").exists()
                      for name, d in (("table", EVAL_DIR), ("diagnosis", f"{EVAL_DIR}-diagnosis"),
                                      ("in_cap", f"{EVAL_DIR}-in-cap"))}  # fmt: skip
-            rows.append({"task": task, "seed": k, "updates": updates, "of": preset(SUITE[task]).updates,
-                         "trained": ended, "searches": searches, **evals})  # fmt: skip
+            rows.append({"task": task, "seed": k, "updates": updates, "of": of, "trained": ended,
+                         "searches": searches, **evals})  # fmt: skip
     return rows
 
 
@@ -335,6 +336,5 @@ __all__ = [
     "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP", "LEARNED",
     "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "final_data_seed", "most_grown", "plan_name", "planned_compute",
     "pool_task", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates", "status",
-    "status_lines", "with_diagnostics",
-    "with_plan_in_cap",
+    "status_lines", "with_diagnostics", "with_plan_in_cap",
 ]  # fmt: skip
