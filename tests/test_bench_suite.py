@@ -342,3 +342,50 @@ def test_status_reads_where_each_seed_stands_and_runs_nothing(tmp_path, monkeypa
     assert "| longrange | 5 |  |  |  |  |  |" in out  # not started
     assert "1 of 3 (task, seed) evaluated." in out
     assert trained == [] and evaluated == []  # nothing ran
+
+
+def test_an_evaluated_seed_is_kept_and_read_back_instead_of_run(tmp_path, monkeypatch, capsys):
+    """bench.suite.archive: each evaluated (task, seed) is kept in ``--archive`` (a small file to commit);
+    a later suite run on another machine, its run directories gone, reads it and runs nothing, and pools
+    the same entry (the training revision included, though its provenance.json is gone). A seed kept for
+    another evaluation (other episodes) is run again."""
+    trained, evaluated = _mock_runs(monkeypatch)
+    archive, out = tmp_path / "kept", tmp_path / "results"
+    argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
+            "--archive", str(archive)]  # fmt: skip
+    assert main([*argv, "--runs", str(tmp_path / "runs"), "--out", str(out / "a")]) == 0
+    assert sorted(p.name for p in (archive / "longrange").iterdir()) == ["seed3.json.gz", "seed4.json.gz"]
+    first = json.loads(next((out / "a").glob("*.json")).read_text())["tasks"]["longrange"]
+    n_train, n_eval = len(trained), len(evaluated)
+    assert main([*argv, "--runs", str(tmp_path / "gone"), "--out", str(out / "b")]) == 0
+    assert (len(trained), len(evaluated)) == (n_train, n_eval)  # nothing ran
+    again = json.loads(next((out / "b").glob("*.json")).read_text())["tasks"]["longrange"]
+    assert again == first and again["revisions"]["3"]["train"] == "3333333"
+    assert main(["--status", *argv, "--runs", str(tmp_path / "gone")]) == 0
+    assert "| longrange | 3 |  |  |  |  |  | done |" in capsys.readouterr().out
+    # another evaluation (3 episodes a seed) is not the kept one: both seeds run again
+    argv[argv.index("--episodes") + 1] = "3"
+    assert main([*argv, "--runs", str(tmp_path / "gone"), "--out", str(out / "c")]) == 0
+    assert [t[0] for t in trained[n_train:]] == [3, 4]
+
+
+def test_merge_adds_the_tasks_an_earlier_results_file_pooled(tmp_path, monkeypatch):
+    """``--merge FILE``: the tasks pooled in an earlier suite results file, that this run does not pool,
+    join its table as they were (in the suite's order, marked with their file); a task this run pools
+    is this run's."""
+    _mock_runs(monkeypatch)
+    base = ["--seeds", "2", "--first-seed", "3", "--episodes", "2", "--runs", str(tmp_path / "runs")]
+    assert main(["--tasks", "mnist1d", *base, "--out", str(tmp_path / "early")]) == 0
+    early = next((tmp_path / "early").glob("*.json"))
+    out = tmp_path / "late"
+    assert main(["--tasks", "longrange", *base, "--out", str(out), "--merge", str(early)]) == 0
+    saved = json.loads(next(out.glob("*.json")).read_text())
+    assert list(saved["tasks"]) == ["mnist1d", "longrange"]
+    assert saved["tasks"]["mnist1d"]["merged_from"] == early.name
+    assert "merged_from" not in saved["tasks"]["longrange"]
+    assert json.loads(early.read_text())["tasks"]["mnist1d"]["controllers"] == saved["tasks"]["mnist1d"][
+        "controllers"]
+    assert f"Pooled earlier, as in `{early.name}`" in next(out.glob("*.md")).read_text()
+    assert any(p.name.endswith("-mnist1d-acc-vs-params.png") for p in out.iterdir())
+    with pytest.raises(SystemExit):
+        main(["--tasks", "longrange", *base, "--out", str(out), "--merge", str(tmp_path / "missing.json")])

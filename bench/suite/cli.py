@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=Path, default=BENCH / "runs" / "suite",
                    help="where the training runs go (finished seeds and evaluations are kept)")  # fmt: skip
     p.add_argument("--out", type=Path, default=BENCH / "results" / "suite")
+    p.add_argument("--archive", type=Path, default=None,
+                   help="where each evaluated (task, seed) is kept as a small file to commit, and read back "
+                        "instead of run (default: OUT/seeds; bench.suite.archive)")  # fmt: skip
+    p.add_argument("--merge", type=Path, action="append", default=[], metavar="FILE",
+                   help="an earlier suite results file: its pooled tasks that this run does not pool join "
+                        "the table as they are (repeatable)")  # fmt: skip
     p.add_argument("--transfer", metavar="TASK", default=None,
                    help="instead of the tasks: train the set policy on every other suite task and evaluate "
                         "it zero-shot on TASK (issue 46; results under \"transfer\")")  # fmt: skip
@@ -59,7 +65,25 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = (args.seeds, args.first_seed, args.episodes, args.jobs, args.runs)
     if args.transfer is not None:
         return run_transfer(args.transfer, *sizes)
-    return run_suite(tasks, *sizes)
+    return merged(run_suite(tasks, *sizes, archive=_archive(args)), args.merge)
+
+
+def _archive(args: argparse.Namespace) -> Path:
+    return args.archive if args.archive is not None else args.out / "seeds"
+
+
+def merged(suite: dict[str, Any], files: list[Path]) -> dict[str, Any]:
+    """``suite`` with each task pooled in ``files`` (earlier ``python -m bench.suite`` results) that it does
+    not pool itself, in :data:`SUITE`'s order, marked with the file it came from (``merged_from``)."""
+    tasks = dict(suite["tasks"])
+    for f in files:
+        if not f.exists():
+            raise ValueError(f"--merge {f}: no such file")
+        for task, entry in json.loads(f.read_text()).get("tasks", {}).items():
+            if task not in tasks:
+                tasks[task] = {**entry, "merged_from": f.name}
+    order = [t for t in SUITE if t in tasks] + [t for t in tasks if t not in SUITE]
+    return {**suite, "tasks": {t: tasks[t] for t in order}}
 
 
 def _write(args: argparse.Namespace, suite: dict[str, Any], info: dict[str, Any], command: str) -> Path:
@@ -93,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [t for t in tasks if t not in SUITE]
         if unknown:
             p.error(f"unknown suite task(s) {unknown}; tasks: {', '.join(SUITE)}")
-        print("\n".join(status_lines(status(tasks, args.seeds, args.first_seed, args.runs))))
+        rows = status(tasks, args.seeds, args.first_seed, args.runs, _archive(args), args.episodes)
+        print("\n".join(status_lines(rows)))
         return 0
     command = "python -m bench.suite " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:

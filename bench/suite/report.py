@@ -89,7 +89,8 @@ def markdown(info: dict, suite: dict[str, Any], command: str, plot_files: dict[s
         "",
     ]
     for task, t in suite["tasks"].items():
-        lines += _section(f"## {task} (preset `{t['preset']}`)", t, [], plot_files.get(task, []))
+        src = [f"Pooled earlier, as in `{t['merged_from']}` (`--merge`).", ""] if t.get("merged_from") else []
+        lines += _section(f"## {task} (preset `{t['preset']}`)", t, src, plot_files.get(task, []))
     for task, t in suite.get("transfer", {}).items():
         am = t.get("amortization") or {}
         trained = ", ".join(f"`{x}`" for x in t.get("trained_on", []))

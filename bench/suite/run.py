@@ -15,6 +15,7 @@ import numpy as np
 
 from bench.growth import training
 from bench.growth.pooling import summarize_runs
+from bench.suite.archive import load_seed, save_seed
 from esper.shell.config.presets import preset
 from esper.shell.data.tasks import Task, seed_params
 from esper.shell.env.config import GENERATED_TASKS
@@ -67,8 +68,12 @@ def final_data_seed(task: str, k: int) -> int | None:
     return FINAL_DATA_SEED + k if preset(SUITE[task]).env.task in GENERATED_TASKS else None
 
 
-def _one(task: str, k: int, episodes: int, runs: Path, jobs: int) -> tuple[str, int, dict, float]:
-    """Train (or keep) and evaluate (or keep) training seed ``k`` of ``task``."""
+def _one(task: str, k: int, episodes: int, runs: Path, jobs: int,
+         archive: Path | None = None) -> tuple[str, int, dict, float]:  # fmt: skip
+    """Train (or keep) and evaluate (or keep) training seed ``k`` of ``task``; with an ``archive``, a seed
+    kept there is read from it (nothing runs), and a seed evaluated here is kept there."""
+    if archive is not None and (kept := load_seed(archive, task, k, episodes, final_data_seed(task, k))):
+        return task, k, kept, kept["meta"].get("train_seconds", 0.0)
     root = runs / task
     root.mkdir(parents=True, exist_ok=True)
     threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
@@ -78,6 +83,8 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int) -> tuple[str, 
                                  data_seed=final_data_seed(task, k), extra=extra)  # fmt: skip
     with_diagnostics(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
     with_plan_in_cap(results, task, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
+    if archive is not None:
+        save_seed(archive, task, k, results, train_s)
     return task, k, results, train_s
 
 
@@ -149,8 +156,9 @@ def most_grown(controller: dict) -> str:
 
 
 def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
-              log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
-    """Every (task, seed) trained and evaluated (``jobs`` at a time), each task's seeds pooled."""
+              log: Callable[[str], None] = print, archive: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """Every (task, seed) trained and evaluated (``jobs`` at a time), each task's seeds pooled; with an
+    ``archive`` (:mod:`bench.suite.archive`), seeds kept there are read, and seeds evaluated here kept."""
     unknown = [t for t in tasks if t not in SUITE]
     if unknown or not tasks:
         raise ValueError(f"unknown suite task(s) {unknown}; tasks: {', '.join(SUITE)}")
@@ -160,7 +168,7 @@ def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, 
     pairs = [(t, k) for t in tasks for k in range(first_seed, first_seed + seeds)]
 
     def one(pair: tuple[str, int]) -> tuple[str, int, dict, float]:
-        out = _one(*pair, episodes, runs, jobs)
+        out = _one(*pair, episodes, runs, jobs, archive)
         log(f"{pair[0]} seed {pair[1]}: done")
         return out
 
@@ -278,23 +286,27 @@ def _best(scored: list[dict]) -> dict | None:
 
 
 def revisions(meta: dict) -> dict[str, str | None]:
-    """The git revisions (short) of one seed: ``train`` from its run directory's ``provenance.json``,
-    ``evaluate`` from the evaluation's meta (None where either did not record one)."""
+    """The git revisions (short) of one seed: ``train`` from the archive's ``train_git_rev`` or the run
+    directory's ``provenance.json``, ``evaluate`` from the evaluation's meta (None where neither
+    recorded one)."""
 
     def short(rev: str | None) -> str | None:
         return rev[:7] if rev else None
 
-    train = None
+    train = meta.get("train_git_rev")  # an archived seed's (bench.suite.archive)
     prov = Path(meta["run_dir"]) / "provenance.json" if meta.get("run_dir") else None
-    if prov is not None and prov.exists():
+    if train is None and prov is not None and prov.exists():
         train = json.loads(prov.read_text()).get("git_rev")
     return {"train": short(train), "evaluate": short(meta.get("git_rev"))}
 
 
-def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path) -> list[dict[str, Any]]:
+def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archive: Path | None = None,
+           episodes: int = EVAL_EPISODES) -> list[dict[str, Any]]:  # fmt: skip
     """Where each (task, seed) of a suite run stands, read from ``runs`` (nothing is run): its training
-    (``updates`` done of ``of``, ``trained``), the searches cached in its run directory, and which of its
-    evaluations (the table's, the diagnosis, the plan within the cap) are written."""
+    (``updates`` done of ``of``, ``trained``), the searches cached in its run directory, which of its
+    evaluations (the table's, the diagnosis, the plan within the cap) are written, and whether
+    ``archive`` keeps it for an evaluation of ``episodes`` hosts (``archived``: then it is done wherever
+    its run directory is)."""
     rows = []
     for task in tasks:
         of = preset(SUITE[task]).updates
@@ -307,23 +319,25 @@ def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path) -> lis
             evals = {name: (run / d / "results.json").exists()
                      for name, d in (("table", EVAL_DIR), ("diagnosis", f"{EVAL_DIR}-diagnosis"),
                                      ("in_cap", f"{EVAL_DIR}-in-cap"))}  # fmt: skip
+            kept = archive is not None and load_seed(archive, task, k, episodes, final_data_seed(task, k))
             rows.append({"task": task, "seed": k, "updates": updates, "of": of, "trained": ended,
-                         "searches": searches, **evals})  # fmt: skip
+                         "searches": searches, **evals, "archived": bool(kept)})  # fmt: skip
     return rows
 
 
 def status_lines(rows: list[dict[str, Any]]) -> list[str]:
     """:func:`status` as a table (searches by budget: ``tuned`` is ``heuristic_tuned``)."""
-    out = ["| task | seed | training | searches cached | table | diagnosis | in cap |",
-           "|---|---:|---|---|---|---|---|"]  # fmt: skip
+    out = ["| task | seed | training | searches cached | table | diagnosis | in cap | archived |",
+           "|---|---:|---|---|---|---|---|---|"]  # fmt: skip
     mark = {True: "done", False: ""}
     for r in rows:
         train = "done" if r["trained"] else (f"{r['updates']}/{r['of']} updates" if r["updates"] else "")
         short = (n.replace(HEURISTIC_TUNED, "tuned").replace("plan_search@", "") for n in r["searches"])
         searched = ", ".join(short)
-        evals = " | ".join(mark[r[k]] for k in ("table", "diagnosis", "in_cap"))
+        evals = " | ".join(mark[r.get(k, False)] for k in ("table", "diagnosis", "in_cap", "archived"))
         out.append(f"| {r['task']} | {r['seed']} | {train} | {searched} | {evals} |")
-    out.append(f"\n{sum(r['table'] for r in rows)} of {len(rows)} (task, seed) evaluated.")
+    done = sum(r["table"] or r.get("archived", False) for r in rows)
+    out.append(f"\n{done} of {len(rows)} (task, seed) evaluated.")
     return out
 
 
