@@ -389,3 +389,65 @@ def test_merge_adds_the_tasks_an_earlier_results_file_pooled(tmp_path, monkeypat
     assert any(p.name.endswith("-mnist1d-acc-vs-params.png") for p in out.iterdir())
     with pytest.raises(SystemExit):
         main(["--tasks", "longrange", *base, "--out", str(out), "--merge", str(tmp_path / "missing.json")])
+
+
+def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_path, monkeypatch, capsys):
+    """``--carry`` keeps a trained, unfinished seed's state (the run's files, its run_end, the checkpoint
+    without the optimizer's state and the replay buffer, the cached searches and evaluations) in the
+    archive; an untrained one is not kept. A later run with its run directories gone puts the state back
+    before it trains, so the finished training is kept, and once the seed is kept whole its partial
+    state goes."""
+    import torch
+
+    from esper.shell.runtime.checkpoint import load_checkpoint, save_checkpoint
+
+    trained, _ = _mock_runs(monkeypatch)
+    runs, archive = tmp_path / "runs", tmp_path / "kept"
+    done, half = runs / "longrange" / "seed3", runs / "longrange" / "seed4"
+    for run in (done, half):
+        (run / "search").mkdir(parents=True)
+        (run / "config.json").write_text("{}")
+    updates = [{"event": "ppo_update", "t": 1.0}] * 2
+    (half / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in updates))
+    ended = [*updates, {"event": "run_end", "t": 2.0, "interrupted": False}]
+    (done / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ended))
+    (done / "provenance.json").write_text(json.dumps({"git_rev": "3" * 40}))
+    policy = {"w": torch.arange(6.0).view(2, 3)}
+    trainer = {"policy": policy, "obs_stats": {"n": torch.ones(1)}, "optimizer": {"state": {}},
+               "replay": [torch.zeros(100)]}  # fmt: skip
+    save_checkpoint(done / "checkpoint.pt", {"trainer": trainer, "progress": {"update": 2}})
+    save_checkpoint(half / "checkpoint.pt", {"trainer": trainer, "progress": {"update": 1}})
+    (done / "search" / f"{plan_name(0.25)}.json").write_text('{"chosen": "b0=norm"}')
+    (done / DIAG).mkdir()
+    (done / DIAG / "results.json").write_text('{"controllers": {}}')
+    argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
+            "--archive", str(archive)]  # fmt: skip
+    assert main(["--carry", *argv, "--runs", str(runs)]) == 0
+    partial = archive / "longrange" / "seed3.partial"
+    assert f"kept {partial}" in capsys.readouterr().out
+    assert not (archive / "longrange" / "seed4.partial").exists()  # not trained: nothing to carry
+    ck = load_checkpoint(partial / "checkpoint.pt")
+    assert set(ck["trainer"]) == {"policy", "obs_stats"}
+    assert torch.equal(ck["trainer"]["policy"]["w"], policy["w"])
+    assert ck["progress"] == {"update": 2}
+    assert (partial / "search" / f"{plan_name(0.25)}.json").read_text() == '{"chosen": "b0=norm"}'
+    assert (partial / DIAG / "results.json").exists() and not (partial / EVAL_DIR).exists()
+    assert [json.loads(line)["event"] for line in (partial / "events.jsonl").read_text().splitlines()] == [
+        "run_end"
+    ]
+    assert main(["--status", *argv, "--runs", str(tmp_path / "elsewhere")]) == 0
+    assert "| longrange | 3 |  |  |  |  |  | in progress |" in capsys.readouterr().out
+    # another machine: the state goes back into the run directory before training looks at it
+    seen = []
+    real_train = bg._train
+
+    def train(k, root, extra):
+        seen.append((k, (root / f"seed{k}" / "checkpoint.pt").exists(),
+                     (root / f"seed{k}" / "search" / f"{plan_name(0.25)}.json").exists()))  # fmt: skip
+        return real_train(k, root, extra)
+
+    monkeypatch.setattr(bg, "_train", train)
+    assert main([*argv, "--runs", str(tmp_path / "elsewhere"), "--out", str(tmp_path / "out")]) == 0
+    assert seen == [(3, True, True), (4, False, False)]
+    assert (archive / "longrange" / "seed3.json.gz").exists() and not partial.exists()
+    assert [t[0] for t in trained] == [3, 4]

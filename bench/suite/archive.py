@@ -8,14 +8,25 @@ the diagnosis rows and the plan within the cap, merged as :func:`bench.suite.run
 is written to ``ARCHIVE/TASK/seedK.json.gz`` with what pooling would otherwise read from the run
 directory (the training revision, the training time). :func:`load_seed` returns it when it was made
 alike (the same hosts, episodes and draw), and the suite then neither trains nor evaluates that seed.
+
+A seed still in progress when its machine goes is kept too, from the point where it is trained
+(:func:`carry`): ``ARCHIVE/TASK/seedK.partial/`` holds what the rest of its evaluation reads from the run
+directory, with the checkpoint slimmed to what evaluation loads (the policy's weights and observation
+statistics; the optimizer's state and the replay buffer, which only a resumed training needs, are left
+out), plus the searches and evaluations already cached. :func:`restore` puts it back into a run
+directory, and the suite goes on from there. A partial state is removed once its seed is kept whole.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 from typing import Any
+
+from esper.shell.runtime.checkpoint import load_checkpoint, save_checkpoint
+from esper.shell.telemetry.events import read_events
 
 #: Where ``python -m bench.suite`` keeps finished seeds by default (committed with the results).
 ARCHIVE = Path(__file__).resolve().parents[1] / "results" / "suite" / "seeds"
@@ -42,6 +53,7 @@ def save_seed(archive: Path, task: str, k: int, results: dict[str, Any], train_s
     with gzip.GzipFile(tmp, "wb", mtime=0) as f:
         f.write(json.dumps({**results, "meta": meta}).encode())  # order kept: it means something
     tmp.replace(path)  # whole or not at all
+    shutil.rmtree(partial_path(archive, task, k), ignore_errors=True)  # kept whole: the partial is done
     return path
 
 
@@ -61,4 +73,67 @@ def load_seed(archive: Path, task: str, k: int, episodes: int,
     return results if same_data and same_hosts else None
 
 
-__all__ = ["ARCHIVE", "load_seed", "save_seed", "seed_path"]
+def partial_path(archive: Path, task: str, k: int) -> Path:
+    """The folder of training seed ``k``'s state in progress (:func:`carry`)."""
+    return archive / task / f"seed{k}.partial"
+
+
+#: What of a run directory the rest of a seed's evaluation reads, besides its checkpoint and caches.
+RUN_FILES = ("config.json", "provenance.json")
+#: Trainer entries evaluation does not load (only a resumed training needs them).
+TRAINING_ONLY = ("optimizer", "replay")
+
+
+def trained(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` finished its training (a ``run_end`` not interrupted, a checkpoint)."""
+    events = run_dir / "events.jsonl"
+    if not events.exists() or not (run_dir / "checkpoint.pt").exists():
+        return False
+    return any(not e.get("interrupted") for e in read_events(events, "run_end"))
+
+
+def carry(archive: Path, task: str, k: int, run_dir: Path, evaluations: tuple[str, ...]) -> Path | None:
+    """Keep seed ``k``'s state in progress in ``archive`` (the folder; None where its run is not trained,
+    or the seed is kept whole already): the run's :data:`RUN_FILES`, its ``run_end`` event, the checkpoint
+    without :data:`TRAINING_ONLY`, every cached search (``search*/``) and the ``results.json`` of each of
+    ``evaluations`` (folder names) that is written."""
+    if not trained(run_dir) or seed_path(archive, task, k).exists():
+        return None
+    dest = partial_path(archive, task, k)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in RUN_FILES:
+        if (run_dir / name).exists():
+            shutil.copy2(run_dir / name, tmp / name)
+    ends = [e for e in read_events(run_dir / "events.jsonl", "run_end") if not e.get("interrupted")]
+    (tmp / "events.jsonl").write_text(json.dumps(ends[-1]) + "\n")
+    ck = load_checkpoint(run_dir / "checkpoint.pt")
+    ck.pop("version", None)
+    ck["trainer"] = {key: v for key, v in ck["trainer"].items() if key not in TRAINING_ONLY}
+    save_checkpoint(tmp / "checkpoint.pt", ck)
+    for cache in sorted(run_dir.glob("search*/*.json")):
+        (tmp / cache.parent.name).mkdir(exist_ok=True)
+        shutil.copy2(cache, tmp / cache.parent.name / cache.name)
+    for name in evaluations:
+        if (run_dir / name / "results.json").exists():
+            (tmp / name).mkdir()
+            shutil.copy2(run_dir / name / "results.json", tmp / name / "results.json")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def restore(archive: Path, task: str, k: int, run_dir: Path) -> bool:
+    """Put seed ``k``'s kept state in progress into ``run_dir`` where that has no checkpoint of its own
+    (an empty or missing directory, or a training that never saved); whether it did."""
+    src = partial_path(archive, task, k)
+    if not src.is_dir() or (run_dir / "checkpoint.pt").exists():
+        return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, run_dir, dirs_exist_ok=True)
+    return True
+
+
+__all__ = ["ARCHIVE", "RUN_FILES", "TRAINING_ONLY", "carry", "load_seed", "partial_path", "restore",
+           "save_seed", "seed_path", "trained"]  # fmt: skip

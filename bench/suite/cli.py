@@ -17,7 +17,7 @@ from bench.harness import machine_info
 from bench.suite import finetune
 from bench.suite.finetune import run_finetune
 from bench.suite.report import goals, markdown, plots
-from bench.suite.run import EVAL_EPISODES, SUITE, run_suite, status, status_lines
+from bench.suite.run import EVAL_EPISODES, SUITE, carry_suite, run_suite, status, status_lines
 from bench.suite.transfer import run_transfer
 
 BENCH = Path(__file__).resolve().parents[1]
@@ -40,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--archive", type=Path, default=None,
                    help="where each evaluated (task, seed) is kept as a small file to commit, and read back "
                         "instead of run (default: OUT/seeds; bench.suite.archive)")  # fmt: skip
+    p.add_argument("--carry", action="store_true",
+                   help="keep the state in progress of every trained, unfinished (task, seed) of --runs "
+                        "in --archive (the trained controller, cached searches and evaluations), for a "
+                        "later run on another machine to go on from, and exit; run it before a machine "
+                        "goes")  # fmt: skip
     p.add_argument("--merge", type=Path, action="append", default=[], metavar="FILE",
                    help="an earlier suite results file: its pooled tasks that this run does not pool join "
                         "the table as they are (repeatable)")  # fmt: skip
@@ -112,13 +117,17 @@ def _write(args: argparse.Namespace, suite: dict[str, Any], info: dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
-    if args.status:
+    if args.status or args.carry:  # each reads or keeps what --runs holds, and runs nothing
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         unknown = [t for t in tasks if t not in SUITE]
         if unknown:
             p.error(f"unknown suite task(s) {unknown}; tasks: {', '.join(SUITE)}")
-        rows = status(tasks, args.seeds, args.first_seed, args.runs, _archive(args), args.episodes)
-        print("\n".join(status_lines(rows)))
+        if args.status:
+            rows = status(tasks, args.seeds, args.first_seed, args.runs, _archive(args), args.episodes)
+            print("\n".join(status_lines(rows)))
+        else:
+            kept = carry_suite(tasks, args.seeds, args.first_seed, args.runs, _archive(args))
+            print("\n".join(f"kept {d}" for d in kept) or "nothing trained and unfinished to keep")
         return 0
     command = "python -m bench.suite " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:

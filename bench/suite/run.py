@@ -15,7 +15,7 @@ import numpy as np
 
 from bench.growth import training
 from bench.growth.pooling import summarize_runs
-from bench.suite.archive import load_seed, save_seed
+from bench.suite.archive import carry, load_seed, partial_path, restore, save_seed
 from esper.shell.config.presets import preset
 from esper.shell.data.tasks import Task, seed_params
 from esper.shell.env.config import GENERATED_TASKS
@@ -75,6 +75,8 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int,
     if archive is not None and (kept := load_seed(archive, task, k, episodes, final_data_seed(task, k))):
         return task, k, kept, kept["meta"].get("train_seconds", 0.0)
     root = runs / task
+    if archive is not None:
+        restore(archive, task, k, root / f"seed{k}")  # a state in progress kept from another machine
     root.mkdir(parents=True, exist_ok=True)
     threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
     run_dir, train_s = training._train(k, root, ["--preset", SUITE[task], *threads])
@@ -180,6 +182,18 @@ def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, 
         out[task] = pool_task(task, per_seed)
         out[task]["train_seconds"] = [s for t, _, _, s in done if t == task]
     return {"tasks": out, "seconds": time.perf_counter() - t0}
+
+
+#: The evaluations of a seed, by folder: the table's, the diagnosis rows, the plan within the cap.
+EVALUATIONS = (EVAL_DIR, f"{EVAL_DIR}-diagnosis", f"{EVAL_DIR}-in-cap")
+
+
+def carry_suite(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archive: Path) -> list[Path]:
+    """Keep the state in progress of every trained (task, seed) of ``runs`` that ``archive`` does not keep
+    whole (:func:`bench.suite.archive.carry`); the folders written. Run it before a machine goes."""
+    pairs = [(task, k) for task in tasks for k in range(first_seed, first_seed + seeds)]
+    kept = [carry(archive, task, k, runs / task / f"seed{k}", EVALUATIONS) for task, k in pairs]
+    return [dest for dest in kept if dest is not None]
 
 
 def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
@@ -306,7 +320,7 @@ def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archiv
     (``updates`` done of ``of``, ``trained``), the searches cached in its run directory, which of its
     evaluations (the table's, the diagnosis, the plan within the cap) are written, and whether
     ``archive`` keeps it for an evaluation of ``episodes`` hosts (``archived``: then it is done wherever
-    its run directory is)."""
+    its run directory is) or keeps its state in progress (``partial``)."""
     rows = []
     for task in tasks:
         of = preset(SUITE[task]).updates
@@ -320,8 +334,10 @@ def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archiv
                      for name, d in (("table", EVAL_DIR), ("diagnosis", f"{EVAL_DIR}-diagnosis"),
                                      ("in_cap", f"{EVAL_DIR}-in-cap"))}  # fmt: skip
             kept = archive is not None and load_seed(archive, task, k, episodes, final_data_seed(task, k))
+            partial = archive is not None and partial_path(archive, task, k).is_dir()
             rows.append({"task": task, "seed": k, "updates": updates, "of": of, "trained": ended,
-                         "searches": searches, **evals, "archived": bool(kept)})  # fmt: skip
+                         "searches": searches, **evals, "archived": bool(kept),
+                         "partial": partial})  # fmt: skip
     return rows
 
 
@@ -334,7 +350,8 @@ def status_lines(rows: list[dict[str, Any]]) -> list[str]:
         train = "done" if r["trained"] else (f"{r['updates']}/{r['of']} updates" if r["updates"] else "")
         short = (n.replace(HEURISTIC_TUNED, "tuned").replace("plan_search@", "") for n in r["searches"])
         searched = ", ".join(short)
-        evals = " | ".join(mark[r.get(k, False)] for k in ("table", "diagnosis", "in_cap", "archived"))
+        kept = "done" if r.get("archived") else ("in progress" if r.get("partial") else "")
+        evals = " | ".join([*(mark[r[k]] for k in ("table", "diagnosis", "in_cap")), kept])
         out.append(f"| {r['task']} | {r['seed']} | {train} | {searched} | {evals} |")
     done = sum(r["table"] or r.get("archived", False) for r in rows)
     out.append(f"\n{done} of {len(rows)} (task, seed) evaluated.")
@@ -347,8 +364,8 @@ def planned_compute(task: str) -> int:
 
 
 __all__ = [
-    "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP", "LEARNED",
-    "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "final_data_seed", "most_grown", "plan_name", "planned_compute",
-    "pool_task", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates", "status",
-    "status_lines", "with_diagnostics", "with_plan_in_cap",
+    "BASELINES", "CONTROLLERS", "EVALUATIONS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP",
+    "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "carry_suite", "final_data_seed", "most_grown",
+    "plan_name", "planned_compute", "pool_task", "revisions", "run_suite", "scored_plans", "search_view",
+    "seed_fates", "status", "status_lines", "with_diagnostics", "with_plan_in_cap",
 ]  # fmt: skip
