@@ -60,20 +60,21 @@ class BatchedHosts:
             self.hosts.append(self.task.make_host().to(self.host_device))
             self.loaders.append(self.task.make_loaders(env_seed, device=self.host_device))
         cfg = self.cfg
-        self.optimizer = torch.optim.SGD(
-            [
-                {"params": [p for h in self.hosts for p in h.host_parameters()], "lr": cfg.host_lr,
-                 "weight_decay": cfg.weight_decay},
-                {"params": [], "lr": cfg.seed_lr, "weight_decay": 0.0},
-            ],
-            lr=cfg.host_lr, momentum=cfg.momentum, foreach=True,
-        )  # fmt: skip
         if not supports(self.hosts[0]):
             kind = type(self.hosts[0]).__name__
             raise ValueError(
                 f"env.host_step batched: a {kind} host trains env by env; use --env.host_step per_env"
             )
         self.stack = StackedHosts(self.hosts)
+        # the hosts' own parameters as one leaf per parameter over the envs; the seeds' join group 1 as
+        # they are germinated, per env (their envs, slots and blueprints differ)
+        self.optimizer = torch.optim.SGD(
+            [
+                {"params": self.stack.bind_parameters(), "lr": cfg.host_lr, "weight_decay": cfg.weight_decay},
+                {"params": [], "lr": cfg.seed_lr, "weight_decay": 0.0},
+            ],
+            lr=cfg.host_lr, momentum=cfg.momentum, foreach=True,
+        )  # fmt: skip
 
     def host(self, i: int) -> Host:
         """Env ``i``'s host."""
@@ -143,9 +144,21 @@ class BatchedHosts:
             n_items += y.shape[1]
         if n_items == 0:
             raise ValueError("BatchedHosts: no training batches")
-        grads = [seed_grad_stats(h, h.host_parameters()) for h in self.hosts]
+        grads = [self._seed_grad_stats(e) for e in range(self.n)]
         return {"train_loss": loss_sum / n_items, "train_acc": correct.float() * (100.0 / n_items),
                 **{k: torch.stack([g[k] for g in grads]) for k in SEED_GRAD_KEYS}}  # fmt: skip
+
+    def _seed_grad_stats(self, e: int) -> dict[str, torch.Tensor]:
+        """:func:`seed_grad_stats` of env ``e`` after a step: its host parameters lend their ``.grad`` the
+        env's rows of the stacked gradients for the call (they hold none of their own)."""
+        params = self.hosts[e].host_parameters()
+        for p, g in zip(params, self.stack.host_grads(e)):
+            p.grad = g
+        try:
+            return seed_grad_stats(self.hosts[e], params)
+        finally:
+            for p in params:
+                p.grad = None
 
     def _validate(self, *, counterfactual: bool, split: str = "val") -> dict[str, torch.Tensor]:
         """``val_loss``, ``val_acc`` and (with ``counterfactual``) ``contribution [E, S]`` on ``split``."""
@@ -216,8 +229,13 @@ class BatchedHosts:
             self.prune(i, s)
         current = host.state_dict()
         host.load_state_dict({k: v for k, v in snapshot.items() if k in current}, strict=False)
-        for p in host.parameters():
+        for p in host.parameters():  # the fossilized seeds' (group 1)
             self.optimizer.state.pop(p, None)
+        with torch.no_grad():  # the host's rows of the stacked momentum: zero steps as a fresh buffer would
+            for leaf in self.stack.leaves.values():
+                buf = self.optimizer.state.get(leaf, {}).get("momentum_buffer")
+                if buf is not None:
+                    buf[i].zero_()
         return removed
 
     def close(self) -> None:

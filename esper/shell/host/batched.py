@@ -56,8 +56,19 @@ def supports(host: Host) -> bool:
 # over each (env, channel) row, a group norm the native one on ``[G·N, C, *spatial]``; max-pooling and
 # the attention softmax are written out (the pooling kernels' scatter and the softmax kernel over a
 # short last dim are several times slower here).
-def _stack(params: Sequence[torch.Tensor], train: Sequence[bool] | bool) -> torch.Tensor:
-    """``[G, *shape]``: the group's copies of one parameter; where ``train`` is False, detached."""
+#: Stacked host parameters, keyed by ``id`` of env 0's copy (:meth:`StackedHosts.bind_parameters`).
+Leaves = dict[int, torch.Tensor]
+
+
+def _stack(
+    params: Sequence[torch.Tensor], train: Sequence[bool] | bool, leaves: Leaves | None = None
+) -> torch.Tensor:
+    """``[G, *shape]``: the group's copies of one parameter; where ``train`` is False, detached. With
+    ``leaves`` (every env's hosts, in order), a host parameter is its stacked leaf itself, no copy."""
+    if leaves is not None and (leaf := leaves.get(id(params[0]))) is not None:
+        if len(params) != leaf.shape[0] or not isinstance(train, bool):
+            raise ValueError("_stack: a stacked host parameter is read for every env at once")
+        return leaf if train else leaf.detach()
     if isinstance(train, bool):
         return torch.stack(list(params) if train else [p.detach() for p in params])
     return torch.stack([p if t else p.detach() for p, t in zip(params, train)])
@@ -73,11 +84,11 @@ def _per_sample(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return v.view(*v.shape[:2], *(1,) * (x.dim() - 3), v.shape[2])
 
 
-def _conv(mods: Sequence[nn.Module], x: torch.Tensor, train) -> torch.Tensor:
+def _conv(mods: Sequence[nn.Module], x: torch.Tensor, train, leaves: Leaves | None = None) -> torch.Tensor:
     """Stride-1 "same" convolutions (``padding = k // 2``, odd ``k``; dense, depthwise or grouped),
     each env its own weights: ``x [G, I, *spatial, N] -> [G, O, *spatial, N]``."""
     m, G = mods[0], len(mods)
-    w = _stack([c.weight for c in mods], train)  # [G, O, I/groups, *k]
+    w = _stack([c.weight for c in mods], train, leaves)  # [G, O, I/groups, *k]
     out = w.shape[1]
     if m.groups == 1 and all(k == 1 for k in m.kernel_size):
         y = torch.bmm(w.reshape(G, out, -1), x.reshape(G, x.shape[1], -1)).view(G, out, *x.shape[2:])
@@ -88,15 +99,15 @@ def _conv(mods: Sequence[nn.Module], x: torch.Tensor, train) -> torch.Tensor:
         y = conv(x.reshape(1, -1, *x.shape[2:]), weight, None, 1, padding, 1, G * m.groups)
         y = y.view(G, out, *x.shape[2:])
     if m.bias is not None:
-        y = y + _bcast(_stack([c.bias for c in mods], train), y)
+        y = y + _bcast(_stack([c.bias for c in mods], train, leaves), y)
     return y
 
 
-def _linear(mods: Sequence[nn.Linear], x: torch.Tensor, train) -> torch.Tensor:
+def _linear(mods: Sequence[nn.Linear], x: torch.Tensor, train, leaves: Leaves | None = None) -> torch.Tensor:
     """``x [G, in, N] -> [G, out, N]``, env g through its own layer."""
-    y = torch.bmm(_stack([m.weight for m in mods], train), x)
+    y = torch.bmm(_stack([m.weight for m in mods], train, leaves), x)
     if mods[0].bias is not None:
-        y = y + _stack([m.bias for m in mods], train).unsqueeze(-1)
+        y = y + _stack([m.bias for m in mods], train, leaves).unsqueeze(-1)
     return y
 
 
@@ -370,6 +381,32 @@ class StackedHosts:
             [blk[1] for blk in h.blocks] for h in self.hosts
         ]
         self.bind_buffers()
+        self.leaves: Leaves = {}
+
+    def bind_parameters(self) -> list[torch.Tensor]:
+        """Make each host parameter (every one outside the slots) a row of one leaf tensor ``[E, *shape]``
+        and return those leaves, for the optimizer to step: the forward over every env reads a leaf
+        itself, so its gradient arrives whole (no stacking, and no gradient split back per env), and one
+        foreach update touches a dozen tensors, not a dozen per env. Each host's own parameter keeps
+        its place in its module and shares the leaf's row (``.data``): what reads or loads a host
+        (snapshots, rollback, counts, the per-env path) sees and writes the same numbers. Its ``.grad``
+        stays None; :meth:`host_grads` gives each env's rows of the leaves' gradients."""
+        per_host = [h.host_parameters() for h in self.hosts]
+        if len({tuple(p.shape for p in ps) for ps in per_host}) != 1:
+            raise ValueError("StackedHosts.bind_parameters: the hosts' parameters differ in shape")
+        self.leaves, leaves = {}, []
+        for j, first in enumerate(per_host[0]):
+            leaf = torch.stack([ps[j].detach() for ps in per_host]).requires_grad_(first.requires_grad)
+            for e, ps in enumerate(per_host):
+                ps[j].data = leaf.data[e]
+            self.leaves[id(first)] = leaf
+            leaves.append(leaf)
+        return leaves
+
+    def host_grads(self, e: int) -> list[torch.Tensor | None]:
+        """Env ``e``'s host gradients (rows of the bound leaves' ``.grad``; None where a leaf has none), in
+        :meth:`~esper.shell.host.hosts.Host.host_parameters`' order."""
+        return [None if leaf.grad is None else leaf.grad[e] for leaf in self.leaves.values()]
 
     @property
     def n(self) -> int:
@@ -407,7 +444,7 @@ class StackedHosts:
             x = self._block(hosts, envs, b, x, train=train, host_grad=host_grad, statistics=statistics)
             before.append(x)
             x = apply_slot(hosts, b, slot_plan[b], x)
-        return self.head(hosts, x, host_grad), before
+        return self.head(hosts, x, host_grad, self._leaves(envs)), before
 
     def resume(
         self, envs: Sequence[int], x: torch.Tensor, slot: int, slot_plan: SlotPlan, *, train: bool = False
@@ -421,15 +458,20 @@ class StackedHosts:
         for b in range(slot + 1, len(hosts[0].blocks)):
             x = self._block(hosts, envs, b, x, train=train, host_grad=False, statistics=statistics)
             x = apply_slot(hosts, b, slot_plan[b], x)
-        return self.head(hosts, x, False)
+        return self.head(hosts, x, False, self._leaves(envs))
+
+    def _leaves(self, envs: Sequence[int]) -> Leaves | None:
+        """The bound leaves where ``envs`` is every env in order (a subset stacks its rows anew)."""
+        return self.leaves if self.leaves and list(envs) == list(range(self.n)) else None
 
     def _block(self, hosts, envs, b, x, *, train: bool, host_grad: bool, statistics: str) -> torch.Tensor:
         """conv -> batch norm -> ReLU -> max-pool of block ``b`` of every host."""
         blocks = [h.blocks[b] for h in hosts]
-        x = _conv([blk[0] for blk in blocks], x, host_grad)
+        leaves = self._leaves(envs)
+        x = _conv([blk[0] for blk in blocks], x, host_grad, leaves)
         norm = blocks[0][1]
-        weight = _stack([blk[1].weight for blk in blocks], host_grad)  # [G, C]
-        bias = _stack([blk[1].bias for blk in blocks], host_grad)
+        weight = _stack([blk[1].weight for blk in blocks], host_grad, leaves)  # [G, C]
+        bias = _stack([blk[1].bias for blk in blocks], host_grad, leaves)
         G, C = x.shape[:2]
         if train:  # batch statistics over (N, *spatial), one row per env and channel
             flat = x.reshape(G, C, -1)
@@ -455,9 +497,9 @@ class StackedHosts:
         return F.relu(x)
 
     @staticmethod
-    def head(hosts, x: torch.Tensor, host_grad: bool) -> torch.Tensor:
+    def head(hosts, x: torch.Tensor, host_grad: bool, leaves: Leaves | None = None) -> torch.Tensor:
         """The global average pool and the linear classifier: ``[G, classes, N]``."""
-        return _linear([h.head for h in hosts], _spatial_mean(x), host_grad)
+        return _linear([h.head for h in hosts], _spatial_mean(x), host_grad, leaves)
 
     # ---------------------------------------------------------------------------------------- steps
     def loss(
