@@ -40,10 +40,14 @@ RESULTS = ROOT / "bench" / "results" / "perf"
 UNTIMED_SKIP = ("run_start", "timings", "checkpoint", "run_end", "anomaly")
 
 
+#: Fields of the other events that are times.
+TIME_FIELDS = ("t", "timings", "seconds")
+
+
 def fingerprint(events: list[dict]) -> list[dict]:
-    """What a run computed, from its events: every event but :data:`UNTIMED_SKIP`, without its time
-    (``t``) and ``timings``."""
-    return [{k: v for k, v in e.items() if k not in ("t", "timings")} for e in events
+    """What a run computed, from its events: every event but :data:`UNTIMED_SKIP`, without its
+    :data:`TIME_FIELDS`."""
+    return [{k: v for k, v in e.items() if k not in TIME_FIELDS} for e in events
             if e["event"] not in UNTIMED_SKIP]  # fmt: skip
 
 
