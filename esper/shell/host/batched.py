@@ -8,9 +8,11 @@ reads (snapshots, counts, the per-env path). This module runs them side by side:
   convolution of every env is one grouped convolution (``groups = E``), a batch norm is one batch norm
   over ``E·C`` channels (each env's statistics over its own batch), a group norm one group norm with ``E``
   times the groups, and a linear layer one batched matmul.
-- **Parameters.** Each step stacks the envs' parameters (``torch.stack``, so each env's gradient lands
-  in its own ``.grad``, and a parameter that took no part in the step keeps ``.grad is None``, exactly as
-  on the per-env path). The batch norms' running statistics are views into one tensor per layer
+- **Parameters.** The hosts' own parameters are rows of one leaf tensor per parameter
+  (:meth:`StackedHosts.bind_parameters`): the step reads the leaf and the optimizer steps it. The seeds'
+  parameters are stacked per step (``torch.stack``, so each env's gradient lands in its own ``.grad``,
+  and a seed that took no part in the step keeps ``.grad is None`` and is not stepped, exactly as on the
+  per-env path). The batch norms' running statistics are views into one tensor per layer
   (:meth:`StackedHosts.bind_buffers`), updated in place by the stacked batch norm.
 - **Seeds differ per env.** At each slot the envs whose seed acts are grouped by blueprint and blend
   style; a group's seeds have one structure, so :func:`run_group` runs them as one module (the

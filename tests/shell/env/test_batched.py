@@ -151,6 +151,25 @@ def test_the_batch_norm_statistics_are_the_hosts_own():
     assert torch.equal(mean[1], torch.ones(8))
 
 
+@pytest.mark.parametrize("n_envs", [2, 5])
+def test_the_host_parameters_are_rows_of_one_leaf_each_whatever_the_env_count(n_envs):
+    """The optimizer's host group holds one stacked leaf per host parameter (not one tensor per env and
+    parameter); each host's own parameter is its row, so a step, a snapshot and a rollback's load all
+    see the same numbers; each env's host gradient is its row of the leaf's gradient."""
+    _, bat, _ = _banks("cnn1d", n_envs)
+    leaves = bat.optimizer.param_groups[0]["params"]
+    own = bat.hosts[1].host_parameters()
+    assert len(leaves) == len(own) and all(leaf.shape == (n_envs, *p.shape) for leaf, p in zip(leaves, own))
+    bat.measure(1.0)
+    for leaf, p in zip(leaves, own):
+        assert torch.equal(p, leaf[1]) and p.grad is None
+    assert all(torch.equal(g, leaf.grad[1]) for g, leaf in zip(bat.stack.host_grads(1), leaves))
+    head = bat.hosts[1].state_dict()["head.bias"]
+    bat.hosts[1].load_state_dict({**bat.hosts[1].state_dict(), "head.bias": torch.full_like(head, 7.0)})
+    j = next(j for j, p in enumerate(own) if p is bat.hosts[1].head.bias)
+    assert torch.equal(leaves[j][1], torch.full_like(head, 7.0))
+
+
 def test_sharded_batches_answer_as_one_batch_through_germination_pruning_and_rollback():
     """``env.workers`` batches on as many threads: each env's measurements, parameters and buffers are what
     one batch gives it, with seeds of several blueprints (an attention seed alone in its group among them)
