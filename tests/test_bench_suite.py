@@ -437,6 +437,13 @@ def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_
     ]
     assert main(["--status", *argv, "--runs", str(tmp_path / "elsewhere")]) == 0
     assert "| longrange | 3 |  |  |  |  |  | in progress |" in capsys.readouterr().out
+    # --restore puts it back on its own (for runs at a revision that cannot), once
+    elsewhere = tmp_path / "restored"
+    assert main(["--restore", *argv, "--runs", str(elsewhere)]) == 0
+    assert f"restored {elsewhere / 'longrange' / 'seed3'}" in capsys.readouterr().out
+    assert (elsewhere / "longrange" / "seed3" / "search" / f"{plan_name(0.25)}.json").exists()
+    assert main(["--restore", *argv, "--runs", str(elsewhere)]) == 0
+    assert "nothing to restore" in capsys.readouterr().out  # it has a checkpoint now: left alone
     # another machine: the state goes back into the run directory before training looks at it
     seen = []
     real_train = bg._train

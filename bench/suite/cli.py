@@ -17,7 +17,7 @@ from bench.harness import machine_info
 from bench.suite import finetune
 from bench.suite.finetune import run_finetune
 from bench.suite.report import goals, markdown, plots
-from bench.suite.run import EVAL_EPISODES, SUITE, carry_suite, run_suite, status, status_lines
+from bench.suite.run import EVAL_EPISODES, SUITE, carry_suite, restore_suite, run_suite, status, status_lines
 from bench.suite.transfer import run_transfer
 
 BENCH = Path(__file__).resolve().parents[1]
@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
                         "in --archive (the trained controller, cached searches and evaluations), for a "
                         "later run on another machine to go on from, and exit; run it before a machine "
                         "goes")  # fmt: skip
+    p.add_argument("--restore", action="store_true",
+                   help="put every state in progress that --archive keeps back into --runs and exit (a "
+                        "suite run does it itself; this is for runs at an earlier revision)")  # fmt: skip
     p.add_argument("--merge", type=Path, action="append", default=[], metavar="FILE",
                    help="an earlier suite results file: its pooled tasks that this run does not pool join "
                         "the table as they are (repeatable)")  # fmt: skip
@@ -117,7 +120,7 @@ def _write(args: argparse.Namespace, suite: dict[str, Any], info: dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
-    if args.status or args.carry:  # each reads or keeps what --runs holds, and runs nothing
+    if args.status or args.carry or args.restore:  # each reads, keeps or puts back; none runs a seed
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         unknown = [t for t in tasks if t not in SUITE]
         if unknown:
@@ -125,9 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.status:
             rows = status(tasks, args.seeds, args.first_seed, args.runs, _archive(args), args.episodes)
             print("\n".join(status_lines(rows)))
-        else:
+        elif args.carry:
             kept = carry_suite(tasks, args.seeds, args.first_seed, args.runs, _archive(args))
             print("\n".join(f"kept {d}" for d in kept) or "nothing trained and unfinished to keep")
+        else:
+            back = restore_suite(tasks, args.seeds, args.first_seed, args.runs, _archive(args))
+            print("\n".join(f"restored {d}" for d in back) or "nothing to restore")
         return 0
     command = "python -m bench.suite " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:

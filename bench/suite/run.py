@@ -196,6 +196,14 @@ def carry_suite(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, a
     return [dest for dest in kept if dest is not None]
 
 
+def restore_suite(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archive: Path) -> list[Path]:
+    """Put every state in progress that ``archive`` keeps back into ``runs`` (where the run directory has
+    no checkpoint of its own; :func:`bench.suite.archive.restore`); the run directories written. A suite
+    run does this itself; this is for runs at a revision that does not."""
+    pairs = [(task, k) for task in tasks for k in range(first_seed, first_seed + seeds)]
+    return [runs / t / f"seed{k}" for t, k in pairs if restore(archive, t, k, runs / t / f"seed{k}")]
+
+
 def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
     """One task's entry from its training seeds' evaluations (``per_seed[k]``: seed k's ``results.json``):
     per controller the mean over seeds with a 95 % interval over seeds, the parameters added, the host
@@ -366,6 +374,6 @@ def planned_compute(task: str) -> int:
 __all__ = [
     "BASELINES", "CONTROLLERS", "EVALUATIONS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP",
     "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "carry_suite", "final_data_seed", "most_grown",
-    "plan_name", "planned_compute", "pool_task", "revisions", "run_suite", "scored_plans", "search_view",
-    "seed_fates", "status", "status_lines", "with_diagnostics", "with_plan_in_cap",
+    "plan_name", "planned_compute", "pool_task", "restore_suite", "revisions", "run_suite", "scored_plans",
+    "search_view", "seed_fates", "status", "status_lines", "with_diagnostics", "with_plan_in_cap",
 ]  # fmt: skip
