@@ -28,9 +28,6 @@ from typing import Any
 from esper.shell.runtime.checkpoint import load_checkpoint, save_checkpoint
 from esper.shell.telemetry.events import read_events
 
-#: Where ``python -m bench.suite`` keeps finished seeds by default (committed with the results).
-ARCHIVE = Path(__file__).resolve().parents[1] / "results" / "suite" / "seeds"
-
 
 def seed_path(archive: Path, task: str, k: int) -> Path:
     """The file of training seed ``k`` of ``task`` in ``archive``."""
@@ -42,9 +39,8 @@ def save_seed(archive: Path, task: str, k: int, results: dict[str, Any], train_s
     training revision is read from the run directory's ``provenance.json`` now, while it exists, into
     ``meta.train_git_rev``; ``meta.train_seconds`` is the training's wall time."""
     meta = dict(results["meta"])
-    prov = Path(meta["run_dir"]) / "provenance.json" if meta.get("run_dir") else None
-    if prov is not None and prov.exists():
-        meta["train_git_rev"] = json.loads(prov.read_text()).get("git_rev")
+    if (rev := train_revision(meta)) is not None:
+        meta["train_git_rev"] = rev
     meta["train_seconds"] = float(train_seconds)
     path = seed_path(archive, task, k)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,6 +51,15 @@ def save_seed(archive: Path, task: str, k: int, results: dict[str, Any], train_s
     tmp.replace(path)  # whole or not at all
     shutil.rmtree(partial_path(archive, task, k), ignore_errors=True)  # kept whole: the partial is done
     return path
+
+
+def train_revision(meta: dict[str, Any]) -> str | None:
+    """The git revision that trained a seed, from its evaluation's ``meta``: the kept ``train_git_rev``
+    (an archived seed's), else the run directory's ``provenance.json`` (None where neither has it)."""
+    if meta.get("train_git_rev"):
+        return meta["train_git_rev"]
+    prov = Path(meta["run_dir"]) / "provenance.json" if meta.get("run_dir") else None
+    return json.loads(prov.read_text()).get("git_rev") if prov is not None and prov.exists() else None
 
 
 def load_seed(archive: Path, task: str, k: int, episodes: int,
@@ -84,12 +89,16 @@ RUN_FILES = ("config.json", "provenance.json")
 TRAINING_ONLY = ("optimizer", "replay")
 
 
+def run_end(run_dir: Path) -> dict[str, Any] | None:
+    """The last ``run_end`` event of the run in ``run_dir`` that was not interrupted (None: none yet)."""
+    events = run_dir / "events.jsonl"
+    ends = [e for e in read_events(events, "run_end") if not e.get("interrupted")] if events.exists() else []
+    return ends[-1] if ends else None
+
+
 def trained(run_dir: Path) -> bool:
     """Whether the run in ``run_dir`` finished its training (a ``run_end`` not interrupted, a checkpoint)."""
-    events = run_dir / "events.jsonl"
-    if not events.exists() or not (run_dir / "checkpoint.pt").exists():
-        return False
-    return any(not e.get("interrupted") for e in read_events(events, "run_end"))
+    return (run_dir / "checkpoint.pt").exists() and run_end(run_dir) is not None
 
 
 def carry(archive: Path, task: str, k: int, run_dir: Path, evaluations: tuple[str, ...]) -> Path | None:
@@ -106,8 +115,7 @@ def carry(archive: Path, task: str, k: int, run_dir: Path, evaluations: tuple[st
     for name in RUN_FILES:
         if (run_dir / name).exists():
             shutil.copy2(run_dir / name, tmp / name)
-    ends = [e for e in read_events(run_dir / "events.jsonl", "run_end") if not e.get("interrupted")]
-    (tmp / "events.jsonl").write_text(json.dumps(ends[-1]) + "\n")
+    (tmp / "events.jsonl").write_text(json.dumps(run_end(run_dir)) + "\n")
     ck = load_checkpoint(run_dir / "checkpoint.pt")
     ck.pop("version", None)
     ck["trainer"] = {key: v for key, v in ck["trainer"].items() if key not in TRAINING_ONLY}
@@ -135,5 +143,5 @@ def restore(archive: Path, task: str, k: int, run_dir: Path) -> bool:
     return True
 
 
-__all__ = ["ARCHIVE", "RUN_FILES", "TRAINING_ONLY", "carry", "load_seed", "partial_path", "restore",
-           "save_seed", "seed_path", "trained"]  # fmt: skip
+__all__ = ["RUN_FILES", "TRAINING_ONLY", "carry", "load_seed", "partial_path", "restore", "run_end",
+           "save_seed", "seed_path", "train_revision", "trained"]  # fmt: skip

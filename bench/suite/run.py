@@ -3,7 +3,6 @@ steps), then each task's seeds pooled into one entry per controller."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -15,7 +14,7 @@ import numpy as np
 
 from bench.growth import training
 from bench.growth.pooling import summarize_runs
-from bench.suite.archive import carry, load_seed, partial_path, restore, save_seed
+from bench.suite.archive import carry, load_seed, partial_path, restore, run_end, save_seed, train_revision
 from esper.shell.config.presets import preset
 from esper.shell.data.tasks import Task, seed_params
 from esper.shell.env.config import GENERATED_TASKS
@@ -315,11 +314,7 @@ def revisions(meta: dict) -> dict[str, str | None]:
     def short(rev: str | None) -> str | None:
         return rev[:7] if rev else None
 
-    train = meta.get("train_git_rev")  # an archived seed's (bench.suite.archive)
-    prov = Path(meta["run_dir"]) / "provenance.json" if meta.get("run_dir") else None
-    if train is None and prov is not None and prov.exists():
-        train = json.loads(prov.read_text()).get("git_rev")
-    return {"train": short(train), "evaluate": short(meta.get("git_rev"))}
+    return {"train": short(train_revision(meta)), "evaluate": short(meta.get("git_rev"))}
 
 
 def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archive: Path | None = None,
@@ -336,11 +331,10 @@ def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archiv
             run = runs / task / f"seed{k}"
             events = run / "events.jsonl"
             updates = len(list(read_events(events, "ppo_update"))) if events.exists() else 0
-            ended = events.exists() and any(not e.get("interrupted") for e in read_events(events, "run_end"))
+            ended = run_end(run) is not None
             searches = sorted(p.stem for p in (run / "search").glob("*.json")) if run.is_dir() else []
             evals = {name: (run / d / "results.json").exists()
-                     for name, d in (("table", EVAL_DIR), ("diagnosis", f"{EVAL_DIR}-diagnosis"),
-                                     ("in_cap", f"{EVAL_DIR}-in-cap"))}  # fmt: skip
+                     for name, d in zip(("table", "diagnosis", "in_cap"), EVALUATIONS)}  # fmt: skip
             kept = archive is not None and load_seed(archive, task, k, episodes, final_data_seed(task, k))
             partial = archive is not None and partial_path(archive, task, k).is_dir()
             rows.append({"task": task, "seed": k, "updates": updates, "of": of, "trained": ended,

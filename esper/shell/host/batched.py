@@ -396,14 +396,13 @@ class StackedHosts:
         per_host = [h.host_parameters() for h in self.hosts]
         if len({tuple(p.shape for p in ps) for ps in per_host}) != 1:
             raise ValueError("StackedHosts.bind_parameters: the hosts' parameters differ in shape")
-        self.leaves, leaves = {}, []
+        self.leaves = {}
         for j, first in enumerate(per_host[0]):
             leaf = torch.stack([ps[j].detach() for ps in per_host]).requires_grad_(first.requires_grad)
             for e, ps in enumerate(per_host):
                 ps[j].data = leaf.data[e]
             self.leaves[id(first)] = leaf
-            leaves.append(leaf)
-        return leaves
+        return list(self.leaves.values())
 
     def host_grads(self, e: int) -> list[torch.Tensor | None]:
         """Env ``e``'s host gradients (rows of the bound leaves' ``.grad``; None where a leaf has none), in
