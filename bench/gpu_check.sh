@@ -5,7 +5,10 @@
 #   2. bench rows that need a GPU: GAE with the fused kernel, the 8-head loss with the fused
 #      masked-categorical kernel (bench.run --suite gae, then --suite loss, --device cuda);
 #   3. the CLI end to end on CUDA, alone and under torchrun (NCCL, one rank), and with ppo.replay,
-#      then resumed from its checkpoint for two more updates.
+#      then resumed from its checkpoint for two more updates;
+#   4. (issue 44) episodes per second of the default preset on the GPU, batched against one CUDA stream
+#      per env and against the CPU, at 8, 32 and 128 envs (bench.throughput), and torchrun scaling on
+#      the machine's CPU cores at 1, 2, 4 and 8 processes (bench.scaling).
 # Usage, from the repository root: bash bench/gpu_check.sh [OUT_DIR]   (default: bench/results/gpu)
 # ONLY="tests bench-gae" runs some steps; TESTS="path ..." replaces the test selection.
 # Packages the machine lacks can sit as wheels in .whl/ (installed to /tmp/site, nothing else touched).
@@ -52,6 +55,9 @@ step run-replay 240 bash -c 'python3 -m esper.shell.run --preset smoke --env.dev
 import json; ev = [json.loads(l) for l in open(\"/tmp/esper-gpu-replay/events.jsonl\")]
 up = [e for e in ev if e.get(\"event\") == \"ppo_update\"]
 print(\"updates\", len(up), \"replayed_envs\", [e.get(\"replayed_envs\") for e in up])"'
+step throughput 420 python3 -m bench.throughput --envs 8 32 128 --cell-timeout 110 \
+    --deadline "${THROUGHPUT_DEADLINE:-330}" --paths cuda:batched cuda:per_env cpu:batched:2 --out "$OUT_DIR"
+step scaling 420 python3 -m bench.scaling --ranks 1 2 4 8 --cores 8 --updates 2 --repeats 1 --out "$OUT_DIR"
 step torchrun-nccl 60 torchrun --standalone --nproc_per_node=1 -m esper.shell.run --preset smoke \
     --env.device cuda --run_dir /tmp/esper-gpu-torchrun
 grep "^=== .*rc=" "$LOG"

@@ -213,7 +213,7 @@ def _cpu_model() -> str:
 
 def _git_revision() -> str:
     """``<sha>[+dirty]`` from read-only git queries (dirty: changed or untracked files under esper/ or
-    bench/, the code measured), or "unknown"."""
+    bench/, the code measured); without git, ``$ESPER_REVISION`` or "unknown"."""
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(
@@ -228,7 +228,8 @@ def _git_revision() -> str:
         ).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        # a copy of the tree without .git (a lent GPU machine): the revision its sender named, if any
+        return os.environ.get("ESPER_REVISION", "unknown")
 
 
 # ------------------------------------------------------------------------------------------- reports

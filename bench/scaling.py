@@ -45,7 +45,8 @@ def run_once(ranks: int, workers: int, threads: int, updates: int, extra: list[s
             "--env.workers", str(workers), "--run_dir", str(root), "--name", name]  # fmt: skip
     launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"] if ranks > 1 else []
     cmd = [sys.executable, *launch, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # keep a carried site
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         errors = [ln for ln in done.stderr.splitlines() if "error:" in ln] or done.stderr.splitlines()

@@ -28,10 +28,10 @@ FAMILIES = {
 }  # fmt: skip
 
 
-def _banks(family: str, n_envs: int):
-    cfg = EnvConfig(n_envs=n_envs, workers=1, **FAMILIES[family])
+def _banks(family: str, n_envs: int, device: torch.device | None = None):
+    device = device or torch.device("cpu")
+    cfg = EnvConfig(n_envs=n_envs, workers=1, device=str(device), **FAMILIES[family])
     task = cfg.build_task()
-    device = torch.device("cpu")
     ref, bat = PerEnvHosts(cfg, task, device), BatchedHosts(cfg, task, device)
     seeds = [100 + e for e in range(n_envs)]
     ref.reset(seeds)
@@ -51,6 +51,7 @@ def _assert_same_state(ref: PerEnvHosts, bat: BatchedHosts, atol: float = 1e-4) 
         assert a.keys() == b.keys()
         for k in a:
             torch.testing.assert_close(b[k].float(), a[k].float(), atol=atol, rtol=1e-4, msg=f"env {e} {k}")
+            assert b[k].device == a[k].device, f"env {e} {k}"
 
 
 def _assert_same_measure(a: dict, b: dict) -> None:
@@ -64,15 +65,19 @@ def _assert_same_measure(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_batched_step_equals_the_per_env_step_for_every_blueprint_slot_stage_alpha_and_style(family):
+    check_every_blueprint_slot_stage_alpha_and_style(family, torch.device("cpu"))
+
+
+def check_every_blueprint_slot_stage_alpha_and_style(family: str, device: torch.device) -> None:
     """One env per (blueprint, slot): each env holds that blueprint there, in a stage, at an alpha and in a
     style that together cover every stage x alpha and every style; each env also holds another seed in
     the next slot, so slots interact and groups mix. Three epochs on both paths: the measurements
     (losses, accuracies, gradient ratios, counterfactual contributions), every parameter and buffer and
-    the final evaluation agree."""
+    the final evaluation agree (also on a GPU: ``test_env_cuda.py``)."""
     torch.set_num_threads(1)
     probe_names = _banks(family, 1)[2]
     combos = list(itertools.product(range(len(probe_names)), range(3)))
-    ref, bat, names = _banks(family, len(combos))
+    ref, bat, names = _banks(family, len(combos), device)
     stage_alpha = list(itertools.product(STAGES, ALPHAS))
     seen = set()
     for e, (b, s) in enumerate(combos):

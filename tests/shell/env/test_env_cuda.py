@@ -1,9 +1,11 @@
 """The vectorized env on a real GPU: skipped without CUDA (CI has none; run on a GPU machine).
 
 ``test_env.py`` checks the per-env stream protocol on a CPU with fake streams. These tests run the real
-thing: an episode with one CUDA stream per env must give the same numbers as the same episode with every
-env on the default stream (cuDNN and cuBLAS made deterministic), so a missing wait would show as a
-difference; and CUDA AMP (one GradScaler per env, finding H12) must train to finite losses.
+thing: an episode with one CUDA stream per env (``env.host_step per_env``) must give the same numbers as
+the same episode with every env on the default stream (cuDNN and cuBLAS made deterministic), so a missing
+wait would show as a difference; CUDA AMP (one GradScaler per env, finding H12) must train to finite
+losses; and the batched host step (every env's host as one batch, the default where it applies) must
+equal the per-env reference on the GPU as it does on the CPU (``test_batched.py``), TF32 off.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from tests.shell.env.test_env import _Scripted
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def _cuda_env(n_envs: int = 3, *, amp: bool = False) -> VecEnv:
+def _cuda_env(n_envs: int = 3, *, amp: bool = False, host_step: str = "per_env") -> VecEnv:
     cfg = EnvConfig(
         task="digits", n_envs=n_envs, image_size=8, channels=(4, 8, 8), batch_size=32, train_batches=3,
-        val_batches=1, amp=amp, device="cuda",
+        val_batches=1, amp=amp, device="cuda", host_step=host_step,
     )  # fmt: skip
     return VecEnv(cfg, LifecycleConfig(max_epochs=4), GovernorConfig(), seed=0)
 
@@ -75,11 +77,40 @@ def test_H12_cuda_amp_trains_each_env_with_its_own_scaler():
     assert losses and all(torch.isfinite(torch.tensor(v)) for v in losses)
 
 
-def test_cuda_env_keeps_its_hosts_on_the_gpu():
-    env = _cuda_env(2)
+@pytest.mark.parametrize("host_step", ["per_env", "batched"])
+def test_cuda_env_keeps_its_hosts_on_the_gpu(host_step):
+    env = _cuda_env(2, host_step=host_step)
     env.reset(0)
-    for model in env.hosts.models:
-        assert {p.device.type for p in model.host.parameters()} == {"cuda"}
+    hosts = [m.host for m in env.hosts.models] if host_step == "per_env" else env.hosts.hosts
+    assert type(env.hosts).__name__ == {"per_env": "PerEnvHosts", "batched": "BatchedHosts"}[host_step]
+    for host in hosts:
+        assert {p.device.type for p in host.parameters()} == {"cuda"}
+
+
+@pytest.fixture
+def no_tf32(monkeypatch):
+    """TF32 off: the card's default rounds convolutions and matmuls to 10 mantissa bits, and a grouped
+    convolution over the envs rounds otherwise than one convolution per env."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+
+
+@pytest.mark.parametrize("family", ["cnn1d", "cnn"])
+def test_batched_step_on_the_gpu_equals_the_per_env_step(family, no_tf32):
+    from tests.shell.env.test_batched import check_every_blueprint_slot_stage_alpha_and_style
+
+    check_every_blueprint_slot_stage_alpha_and_style(family, torch.device("cuda"))
+
+
+def test_batched_episode_on_the_gpu_takes_the_per_env_episodes_actions(no_tf32):
+    """A whole scripted episode on both paths: the same lifecycle events, and the same measurements to
+    the tolerance of a few epochs' float drift."""
+    a, b = (_episode(_cuda_env(host_step=h)) for h in ("per_env", "batched"))
+    assert [e["op"] for e in a.epochs] == [e["op"] for e in b.epochs]
+    for field in ("val_loss", "train_loss"):
+        x = torch.tensor([e[field] for e in a.epochs], dtype=torch.float64)
+        y = torch.tensor([e[field] for e in b.epochs], dtype=torch.float64)
+        torch.testing.assert_close(y, x, rtol=1e-3, atol=1e-3, msg=lambda m, f=field: f"{f}: {m}")
 
 
 def test_random_baseline_draws_the_same_actions_on_the_gpu_as_on_the_cpu():
