@@ -51,11 +51,11 @@ def deterministic(monkeypatch):
 
 def test_S1_real_streams_give_the_default_stream_episode(deterministic):
     with_streams = _cuda_env()
-    assert all(s is not None for s in with_streams.streams.streams), "one CUDA stream per env expected"
+    assert all(s is not None for s in with_streams.hosts.streams.streams), "one CUDA stream per env expected"
     a = _episode(with_streams)
 
     serial = _cuda_env()
-    serial.streams.streams = [None] * serial.n  # every env's work on the default stream
+    serial.hosts.streams.streams = [None] * serial.n  # every env's work on the default stream
     b = _episode(serial)
 
     for field in ("val_acc", "val_loss", "train_loss", "reward"):
