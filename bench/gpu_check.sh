@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The checks only a GPU machine can run, in one go (about 8 minutes on an H100):
+# The checks only a GPU machine can run, in one go (about 8 minutes on an H100, plus up to 10 minutes for
+# each of step 4's two benches: select steps with ONLY=...; the scaling bench can run beside the others,
+# pinned to other cores, as on 2026-11-30):
 #   1. the Triton kernels compiled for the GPU against the core (tests/kernels), and the env on real
 #      CUDA streams and CUDA AMP (tests/shell/env/test_env_cuda.py); CI has no GPU, so these skip there;
 #   2. bench rows that need a GPU: GAE with the fused kernel, the 8-head loss with the fused
