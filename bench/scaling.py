@@ -45,22 +45,34 @@ def run_once(ranks: int, workers: int, threads: int, updates: int, extra: list[s
             "--env.workers", str(workers), "--run_dir", str(root), "--name", name]  # fmt: skip
     launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"] if ranks > 1 else []
     cmd = [sys.executable, *launch, *args]
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # keep a carried site
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=ROOT, env=child_env(threads), capture_output=True, text=True)
     if done.returncode != 0:
         errors = [ln for ln in done.stderr.splitlines() if "error:" in ln] or done.stderr.splitlines()
         print(done.stderr[-4000:], file=sys.stderr)
         raise RuntimeError(f"{ranks} process(es) failed: {' | '.join(errors[-3:])}")
+    return {"ranks": ranks, "env_workers_per_rank": workers, "threads_per_rank": threads,
+            **measured_throughput(root / name)}  # fmt: skip
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """The environment of a measured run's process: ``threads`` OpenMP threads, this checkout first on
+    the path (a site carried onto a lent machine kept after it)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
+
+
+def measured_throughput(run_dir: Path) -> dict:
+    """A finished run's measured throughput, from its checkpoint's per-update rows (the first dropped
+    as warm-up where there are several: allocations, caches)."""
     from esper.shell.runtime.checkpoint import load_checkpoint
 
-    ckpt = load_checkpoint(root / name / "checkpoint.pt")
+    ckpt = load_checkpoint(run_dir / "checkpoint.pt")
     rows = ckpt["progress"]["rows"]
-    timed = rows[1:] if len(rows) > 1 else rows  # the first update warms up (allocations, caches)
+    timed = rows[1:] if len(rows) > 1 else rows
     n_envs = ckpt["config"]["env"]["n_envs"]
     seconds = sum(r["seconds"] for r in timed)
-    return {"ranks": ranks, "env_workers_per_rank": workers, "threads_per_rank": threads, "n_envs": n_envs,
-            "updates_timed": len(timed), "seconds": seconds,
+    return {"n_envs": n_envs, "updates_timed": len(timed), "seconds": seconds,
+            "seconds_per_update": seconds / len(timed),
             "episodes_per_s": n_envs * len(timed) / seconds}  # fmt: skip
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -36,8 +35,9 @@ from pathlib import Path
 
 import torch
 
+from bench.scaling import QUIET, child_env, measured_throughput
+
 ROOT = Path(__file__).resolve().parents[1]
-QUIET = ["--eval_episodes", "0", "--report", "false", "--progress", "false"]
 HOST_STEPS = ("batched", "per_env")
 
 
@@ -80,35 +80,15 @@ def cell_args(path: dict, n_envs: int, updates: int, extra: list[str], root: Pat
     ]
 
 
-def throughput(run_dir: Path) -> dict:
-    """A finished run's measured throughput, from its checkpoint's per-update rows (the first dropped
-    as warm-up where there are several)."""
-    from esper.shell.runtime.checkpoint import load_checkpoint
-
-    ckpt = load_checkpoint(run_dir / "checkpoint.pt")
-    rows = ckpt["progress"]["rows"]
-    timed = rows[1:] if len(rows) > 1 else rows
-    n_envs = ckpt["config"]["env"]["n_envs"]
-    seconds = sum(r["seconds"] for r in timed)
-    return {
-        "n_envs": n_envs,
-        "updates_timed": len(timed),
-        "seconds": seconds,
-        "seconds_per_update": seconds / len(timed),
-        "episodes_per_s": n_envs * len(timed) / seconds,
-    }
-
-
 def run_cell(
     path: dict, n_envs: int, updates: int, extra: list[str], root: Path, name: str, timeout: float
 ) -> dict:
     """One cell in its own process: its throughput, or ``{"error": ...}``."""
     cmd = [sys.executable, *cell_args(path, n_envs, updates, extra, root, name)]
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # keep a carried site
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     t0 = time.perf_counter()
     try:
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(cmd, cwd=ROOT, env=child_env(1), capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0}
     wall = time.perf_counter() - t0
@@ -116,7 +96,7 @@ def run_cell(
         lines = done.stderr.strip().splitlines()
         print(done.stderr[-3000:], file=sys.stderr)
         return {"error": f"exit {done.returncode}: {lines[-1] if lines else ''}"[:300], "wall_s": wall}
-    return {**throughput(root / name), "wall_s": wall}
+    return {**measured_throughput(root / name), "wall_s": wall}
 
 
 def summarize(paths: list[dict], envs: list[int], measured: dict) -> list[dict]:
