@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.suites.hosts import POPULATIONS, populate, sgemm_rate, step_flops
+from bench.suites.hosts import POPULATIONS, compile_step, populate, sgemm_rate, step_flops
 from esper.shell.env.bank import PerEnvHosts
 from esper.shell.env.batched import BatchedHosts
 from esper.shell.env.config import EnvConfig
@@ -44,3 +44,19 @@ def test_step_flops_counts_the_seeds_and_the_rate_is_positive():
     populate(grown, names, "converged")
     assert 0 < step_flops(bare) < step_flops(grown)
     assert sgemm_rate(n=64, seconds=0.05) > 0
+
+
+def test_the_compiled_step_trains_the_hosts_as_the_eager_one():
+    """``hosts_compiled`` times a compiled bank against an eager one: they must do the same work (a cheap
+    backend here; the suite compiles with inductor)."""
+    (_, eager), names = _banks(2)
+    (_, compiled), _ = _banks(2)
+    for bank in (eager, compiled):
+        populate(bank, names, "converged")
+    compile_step(compiled, backend="aot_eager")
+    for _ in range(2):
+        a, b = eager.measure(1.0), compiled.measure(1.0)
+        for key in ("train_loss", "val_acc"):
+            torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-5)
+    for p, q in zip(eager.optimizer.param_groups[0]["params"], compiled.optimizer.param_groups[0]["params"]):
+        torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-5)

@@ -134,3 +134,53 @@ def _case(ctx: Context, res: SuiteResult, envs: int, population: str, rate: floa
     if population == "converged":
         ratio = round_ratio(stats["per-env"], stats["batched"])
         res.targets.append(Target(f"batched host epoch, {case}", ratio, ">= 5x the per-env path", ratio >= 5))
+
+
+@suite(
+    "hosts_compiled",
+    help="one epoch of the batched hosts: eager against its training step compiled with inductor",
+    order=61,
+)
+def run_compiled(ctx: Context) -> SuiteResult:
+    """Does a compiler close the gap to the FLOP floor on this machine? The batched training step
+    (``StackedHosts.loss``, forward; its backward through AOT autograd) compiled with inductor, against
+    the same step eager, one epoch of 8 envs for two populations, interleaved. Validation stays eager on
+    both sides (a few percent of an epoch). The first compiled epoch's time, compile included, is a note:
+    every new seed structure (blueprint, slot, stage per group) compiles again."""
+    tune_allocator()
+    res = SuiteResult(ratio_label="x vs eager")
+    for population in ("host only", "converged"):
+        _compiled_case(ctx, res, 8, population)
+    res.notes.append(
+        f"One epoch = 31 training steps of batch 128 per env and the validation with counterfactuals, "
+        f"one batch of all envs on {torch.get_num_threads()} torch thread(s); the compiled row compiles "
+        f"`StackedHosts.loss` with torch.compile's default (inductor) backend."
+    )
+    return res
+
+
+def compile_step(bank: BatchedHosts, backend: str = "inductor") -> None:
+    """Compile ``bank``'s batched training step (``StackedHosts.loss``) in place; validation stays eager."""
+    bank.stack.loss = torch.compile(bank.stack.loss, backend=backend)
+
+
+def _compiled_case(ctx: Context, res: SuiteResult, envs: int, population: str) -> None:
+    device = torch.device("cpu")
+    cfg = EnvConfig(task="mnist1d", n_envs=envs, batch_size=128, workers=1)
+    task = cfg.build_task()
+    names = task.make_host().blueprint_names
+    banks = {"eager": BatchedHosts(cfg, task, device), "compiled": BatchedHosts(cfg, task, device)}
+    for bank in banks.values():
+        bank.reset(list(range(envs)))
+        populate(bank, names, population)
+    compile_step(banks["compiled"])
+    first_s = ctx.time_once(lambda: banks["compiled"].measure(1.0))
+    epochs = {k: (lambda b=b: b.measure(1.0)) for k, b in banks.items()}
+    stats = ctx.compare(epochs, rounds=3 if ctx.quick else 5)
+    case = f"{envs} envs, {population}"
+    res.rows.append(Row(case, "batched, eager", stats["eager"], ratio=1.0))
+    res.rows.append(Row(
+        case, "batched, training step compiled (inductor)", stats["compiled"],
+        ratio=round_ratio(stats["eager"], stats["compiled"]),
+        note=f"first epoch with its compile {first_s:.1f} s",
+    ))  # fmt: skip
