@@ -6,9 +6,10 @@ sees: accuracy, loss, counterfactuals) and **test** (seen by neither; only repor
 episode). :meth:`Task.make_loaders` returns them as :class:`Loaders`.
 
 - ``mnist1d`` (the default): MNIST-1D, generated procedurally by the ``mnist1d`` package (no download,
-  deterministic for a seed, ~1 s): 6,000 1-D signals of length 40, 10 classes, split 4,000 / 1,000 /
-  1,000 in generation order (the package shuffles). Standardized by the package. ``mnist1d_deep``
-  draws the same data for a deeper host.
+  deterministic for a seed; 3-7 s, then read from the disk cache, :mod:`esper.shell.data.cache`):
+  6,000 1-D signals of length 40, 10 classes, split 4,000 / 1,000 / 1,000 in generation order (the
+  package shuffles). Standardized by the package. ``mnist1d_deep`` draws the same data for a deeper
+  host.
 - ``longrange``: generated here from a seed (:func:`load_longrange`): noise with two pulses far apart,
   the class whether they point the same way; 6,000 signals of length 64, split 4,000 / 1,000 / 1,000.
 - ``digits``: scikit-learn's bundled handwritten digits (1797 8×8 grayscale images, 10 classes), read
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from esper.shell.data.cache import cached_tensors
 from esper.shell.host.hosts import Batch
 
 CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
@@ -120,8 +122,9 @@ def load_mnist1d(
 
     The package seeds Python's and NumPy's global generators; their states are restored after, so
     generating the data leaves the caller's random streams untouched. A draw is generated once per
-    process (about 5 s for the default's 6,000 samples on the 2-core VM) and each call gets its own
-    copy."""
+    machine (3-7 s for the default's 6,000 samples on the 2-core VM), then read from the disk cache
+    (:mod:`esper.shell.data.cache`; ``ESPER_CACHE_DIR=off`` turns it off) and kept per process; each
+    call gets its own copy."""
     if len(splits) != 3 or min(splits) < 10:
         raise ValueError(f"MNIST-1D splits: three sizes >= 10 (train, val, test), got {splits}")
     x, y = _mnist1d_draw(sum(splits), seed)
@@ -133,25 +136,38 @@ def load_mnist1d(
 @functools.lru_cache(maxsize=4)
 def _mnist1d_draw(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` MNIST-1D samples of draw ``seed``: ``x float32 [n, 1, 40]``, ``y int64 [n]`` (kept per
-    process; never handed out without a copy)."""
-    import random
+    process, and on disk per machine by :mod:`esper.shell.data.cache`; never handed out without a
+    copy)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    try:
-        from mnist1d.data import get_dataset_args, make_dataset
-    except ImportError as e:  # a dependency of esper; only a broken install gets here
+    try:  # the versions only (a cache hit imports neither package: mnist1d imports matplotlib)
+        versions = f"{version('mnist1d')}-np{np.__version__}-scipy{version('scipy')}"
+    except PackageNotFoundError as e:  # a dependency of esper; only a broken install gets here
         raise ImportError("the mnist1d task needs the `mnist1d` package: pip install mnist1d") from e
-    args = get_dataset_args()
-    args.num_samples = n
-    args.train_split = 1.0  # the package's own split is not used: all samples come back in "x"
-    args.seed = seed
-    py_state, np_state = random.getstate(), np.random.get_state()  # noqa: NPY002 (the package's global)
-    try:
-        data = make_dataset(args)
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)  # noqa: NPY002
-    x = torch.as_tensor(data["x"], dtype=torch.float32).unsqueeze(1)  # [N, 1, L]
-    y = torch.as_tensor(data["y"], dtype=torch.int64)
+
+    def make() -> dict[str, torch.Tensor]:
+        import random
+
+        from mnist1d.data import get_dataset_args, make_dataset
+
+        args = get_dataset_args()
+        args.num_samples = n
+        args.train_split = 1.0  # the package's own split is not used: all samples come back in "x"
+        args.seed = seed
+        py_state, np_state = random.getstate(), np.random.get_state()  # noqa: NPY002 (the package's global)
+        try:
+            data = make_dataset(args)
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)  # noqa: NPY002
+        x = torch.as_tensor(data["x"], dtype=torch.float32).unsqueeze(1)  # [N, 1, L]
+        y = torch.as_tensor(data["y"], dtype=torch.int64)
+        return {"x": x, "y": y}
+
+    # the key names what the samples depend on: the count, the seed and the code that computes them
+    key = f"mnist1d-{versions}-n{n}-seed{seed}"
+    data = cached_tensors(key, make)
+    x, y = data["x"], data["y"]
     if len(y) < n:  # the package makes num_samples // 10 per class
         raise ValueError(f"mnist1d returned {len(y)} samples, fewer than the {n} asked for")
     return x, y
