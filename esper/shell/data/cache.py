@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def _load(path: Path) -> dict[str, torch.Tensor] | None:
 
 
 def _store(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one writer each
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"format": _FORMAT, "sha256": digest(tensors), "tensors": tensors}, tmp)
