@@ -85,6 +85,14 @@ def test_the_cache_folder_follows_the_environment_and_keys_are_file_names(tmp_pa
     assert cache_dir() == tmp_path / "esper"
     monkeypatch.setenv(ENV, str(tmp_path / "mine"))
     assert cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv(ENV)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+
+    def homeless():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr("esper.shell.data.cache.Path.home", homeless)
+    assert cache_dir() is None
     for bad in ("", "../up", "a/b", "sp ace"):
         with pytest.raises(ValueError, match="cache key"):
             cached_tensors(bad, _maker([]))
