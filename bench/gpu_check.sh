@@ -11,6 +11,8 @@
 #   4. (issue 44) episodes per second of the default preset on the GPU, batched against one CUDA stream
 #      per env and against the CPU, at 8, 32 and 128 envs (bench.throughput), and torchrun scaling on
 #      the machine's CPU cores at 1, 2, 4 and 8 processes (bench.scaling).
+#   5. (issue 44) one epoch of the batched hosts with its training step captured as a CUDA graph against
+#      eager, at 8, 32 and 128 envs (bench.run --suite hosts_cuda_graph; ONLY=cuda-graph runs it alone).
 # Usage, from the repository root: bash bench/gpu_check.sh [OUT_DIR]   (default: bench/results/gpu)
 # ONLY="tests bench-gae" runs some steps; TESTS="path ..." replaces the test selection.
 # Packages the machine lacks can sit as wheels in .whl/ (installed to /tmp/site, nothing else touched).
@@ -61,6 +63,8 @@ print(\"updates\", len(up), \"replayed_envs\", [e.get(\"replayed_envs\") for e i
 step throughput 600 python3 -m bench.throughput --envs 8 32 128 --cell-timeout 200 \
     --deadline "${THROUGHPUT_DEADLINE:-560}" --paths cuda:batched cuda:per_env cpu:batched:2 --out "$OUT_DIR"
 step scaling 420 python3 -m bench.scaling --ranks 1 2 4 8 --cores 8 --updates 2 --repeats 1 --out "$OUT_DIR"
+step cuda-graph 300 python3 -m bench.run --suite hosts_cuda_graph --device cuda --out "$OUT_DIR" \
+    --tag hosts-cuda-graph
 step torchrun-nccl 60 torchrun --standalone --nproc_per_node=1 -m esper.shell.run --preset smoke \
     --env.device cuda --run_dir /tmp/esper-gpu-torchrun
 grep "^=== .*rc=" "$LOG"

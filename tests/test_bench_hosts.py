@@ -60,3 +60,24 @@ def test_the_compiled_step_trains_the_hosts_as_the_eager_one():
             torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-5)
     for p, q in zip(eager.optimizer.param_groups[0]["params"], compiled.optimizer.param_groups[0]["params"]):
         torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-5)
+
+
+def test_the_cuda_graph_probe_wraps_the_epoch_loop_without_changing_its_eager_steps():
+    """``hosts_cuda_graph``'s StepGraph takes over the bank's loss, zero_grad and step; before it
+    captures (here: never, the warm-up outlasts the epoch) the epoch must train exactly as unwrapped.
+    Its capture and replay need a GPU (bench/gpu_check.sh runs them)."""
+    from bench.suites.cuda_graphs import StepGraph
+
+    (_, plain), names = _banks(2)
+    (_, wrapped), _ = _banks(2)
+    for bank in (plain, wrapped):
+        populate(bank, names, "converged")
+    graph = StepGraph(wrapped, warmup=100)
+    for _ in range(2):
+        graph.begin_epoch()
+        a, b = plain.measure(1.0), wrapped.measure(1.0)
+        assert graph.calls == 1 and graph.captures == 0  # one training batch an epoch here
+        for key in ("train_loss", "val_acc"):
+            assert torch.equal(a[key], b[key])
+    for p, q in zip(plain.stack.leaves.values(), wrapped.stack.leaves.values(), strict=True):
+        assert torch.equal(p, q)
