@@ -133,6 +133,11 @@ def _case(ctx: Context, res: SuiteResult, envs: int, population: str) -> None:
     try:
         a, b = eager.measure(1.0), graphed_epoch()
     except Exception as e:  # the probe reports why a capture failed
+        if graph._capture is not None:  # leave no capture open for the next case
+            try:
+                graph._capture.__exit__(type(e), e, e.__traceback__)
+            except Exception:  # the first error is the one reported
+                pass
         res.notes.append(f"{case}: the captured epoch failed: {type(e).__name__}: {str(e)[:300]}")
         return
     pairs = zip(eager.stack.leaves.values(), graphed.stack.leaves.values(), strict=True)
