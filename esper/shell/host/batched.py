@@ -269,6 +269,7 @@ class SeedGroup:
         object.__setattr__(self, "coef", per_style)
         gated = [i for i, s in enumerate(self.styles) if s == Style.GATED_GATE]
         object.__setattr__(self, "gated", t(gated, dtype=torch.long) if gated else None)
+        object.__setattr__(self, "gated_pos", tuple(gated))  # the same positions, read without a sync
 
 
 #: Per slot, the groups that act there.
@@ -357,7 +358,7 @@ def apply_slot(hosts: Sequence[Host], s: int, groups: Sequence[SeedGroup], h: to
         d = run_group([sl.seed for sl in slots], x, group.train)
         g = None
         if group.gated is not None:  # the gate of the GATED_GATE seeds only (the others have none)
-            pick = group.gated.tolist()
+            pick = group.gated_pos
             sub = x if len(pick) == len(slots) else x.index_select(0, group.gated)
             g = _gate([slots[i].gate for i in pick], sub, [group.train[i] for i in pick])
             if len(pick) < len(slots):
@@ -384,6 +385,19 @@ class StackedHosts:
         ]
         self.bind_buffers()
         self.leaves: Leaves = {}
+        self._rows: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
+
+    def rows(self, envs: Sequence[int], device: torch.device) -> torch.Tensor:
+        """``envs`` as an int64 index tensor on ``device``, made once per subset and kept: a step then
+        copies nothing from the host (on a GPU each such copy blocked, and a CUDA graph cannot capture
+        one). Made outside inference mode, so evaluation's tensors can index a training step's."""
+        key = (tuple(int(e) for e in envs), str(device))
+        index = self._rows.get(key)
+        if index is None:
+            with torch.inference_mode(False):
+                index = torch.tensor(key[0], dtype=torch.long, device=device)
+            self._rows[key] = index
+        return index
 
     def bind_parameters(self) -> list[torch.Tensor]:
         """Make each host parameter (every one outside the slots) a row of one leaf tensor ``[E, *shape]``
@@ -488,7 +502,7 @@ class StackedHosts:
         else:
             running_mean, running_var = self.running[b]
             if len(envs) != self.n:
-                rows = torch.tensor(list(envs), device=x.device)
+                rows = self.rows(envs, x.device)
                 running_mean, running_var = running_mean[rows], running_var[rows]
             scale = weight * torch.rsqrt(running_var + norm.eps)  # [G, C]
             x = x * _bcast(scale, x) + _bcast(bias - running_mean * scale, x)
@@ -518,7 +532,7 @@ class StackedHosts:
         total = per_env.sum()
         self.steps.add_(1)  # the batch norms count their steps, as nn.BatchNorm does
         if whatif is not None and len(whatif[0]):
-            rows = torch.tensor(list(whatif[0]), device=x.device)
+            rows = self.rows(whatif[0], x.device)
             # the what-if pass starts at the first incubating slot: up to there it is the host pass (same
             # parameters, same batch statistics, the seeds before it composed alike), and an incubating
             # seed reads the detached activation, so nothing before it needs a gradient
@@ -547,7 +561,7 @@ class StackedHosts:
             if not live[s]:
                 continue
             sub = list(live[s])
-            rows = torch.tensor(sub, device=x.device)
+            rows = self.rows(sub, x.device)
             cf_plan = plan([self.hosts[e] for e in sub], skip={s: set(range(len(sub)))}, trainable=False)
             logits_s = self.resume(sub, before[s].index_select(0, rows), s, cf_plan)
             cf[rows, s] = _cross_entropy(logits_s, y.index_select(0, rows))[1]
