@@ -19,9 +19,8 @@ from __future__ import annotations
 import torch
 
 from bench.harness import Context, Row, SuiteResult, round_ratio, suite
-from bench.suites.hosts import populate
+from bench.suites.hosts import twin_banks
 from esper.shell.env.batched import BatchedHosts
-from esper.shell.env.config import EnvConfig
 
 
 class StepGraph:
@@ -33,7 +32,7 @@ class StepGraph:
     captures again (its groups and learning rates may differ)."""
 
     def __init__(self, bank: BatchedHosts, warmup: int = 3) -> None:
-        self.bank, self.warmup = bank, warmup
+        self.warmup = warmup
         self._loss = bank.stack.loss
         self._zero_grad, self._step = bank.optimizer.zero_grad, bank.optimizer.step
         bank.stack.loss = self.loss
@@ -84,14 +83,6 @@ class StepGraph:
             self._step()
 
 
-def _bank(cfg: EnvConfig, task, device: torch.device, names, population: str) -> BatchedHosts:
-    torch.manual_seed(0)
-    bank = BatchedHosts(cfg, task, device)
-    bank.reset(list(range(cfg.n_envs)))
-    populate(bank, names, population)
-    return bank
-
-
 @suite(
     "hosts_cuda_graph",
     help="one epoch of the batched hosts on a GPU: eager against its training step as a CUDA graph",
@@ -104,8 +95,13 @@ def run(ctx: Context) -> SuiteResult:
         return res
     populations = ("converged", "diverse")
     cases = [(8, "converged")] if ctx.quick else [(e, p) for e in (8, 32, 128) for p in populations]
-    for envs, population in cases:
-        _case(ctx, res, envs, population)
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # compare exactly
+    try:
+        for envs, population in cases:
+            _case(ctx, res, envs, population)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     res.notes.append(
         "One epoch = 31 training steps of batch 128 per env and the validation with counterfactuals (eager "
         "on both sides), all envs in one batch; the graph row captures once an epoch, after 3 eager steps, "
@@ -116,13 +112,7 @@ def run(ctx: Context) -> SuiteResult:
 
 
 def _case(ctx: Context, res: SuiteResult, envs: int, population: str) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    cfg = EnvConfig(task="mnist1d", n_envs=envs, batch_size=128, workers=1, device=str(ctx.device))
-    task = cfg.build_task()
-    names = task.make_host().blueprint_names
-    eager = _bank(cfg, task, ctx.device, names, population)
-    graphed = _bank(cfg, task, ctx.device, names, population)
+    eager, graphed = twin_banks(envs, population, ctx.device)
     graph = StepGraph(graphed)
 
     def graphed_epoch():

@@ -164,16 +164,27 @@ def compile_step(bank: BatchedHosts, backend: str = "inductor") -> None:
     bank.stack.loss = torch.compile(bank.stack.loss, backend=backend)
 
 
-def _compiled_case(ctx: Context, res: SuiteResult, envs: int, population: str) -> None:
-    device = torch.device("cpu")
-    cfg = EnvConfig(task="mnist1d", n_envs=envs, batch_size=128, workers=1)
+def twin_banks(
+    envs: int, population: str, device: torch.device | None = None
+) -> tuple[BatchedHosts, BatchedHosts]:
+    """Two batched banks of ``envs`` hosts at the default's shape (MNIST-1D, batch 128, 31 batches an
+    epoch, one batch of all envs) holding the same hosts and the seeds of ``population``: one to time as
+    it is, one to change (``reset`` seeds each host, so both draw the same seeds)."""
+    device = device if device is not None else torch.device("cpu")
+    cfg = EnvConfig(task="mnist1d", n_envs=envs, batch_size=128, workers=1, device=str(device))
     task = cfg.build_task()
     names = task.make_host().blueprint_names
-    banks = {"eager": BatchedHosts(cfg, task, device), "compiled": BatchedHosts(cfg, task, device)}
-    for bank in banks.values():
+    banks = BatchedHosts(cfg, task, device), BatchedHosts(cfg, task, device)
+    for bank in banks:
         bank.reset(list(range(envs)))
         populate(bank, names, population)
-    compile_step(banks["compiled"])
+    return banks
+
+
+def _compiled_case(ctx: Context, res: SuiteResult, envs: int, population: str) -> None:
+    eager, compiled = twin_banks(envs, population)
+    banks = {"eager": eager, "compiled": compiled}
+    compile_step(compiled)
     first_s = ctx.time_once(lambda: banks["compiled"].measure(1.0))
     epochs = {k: (lambda b=b: b.measure(1.0)) for k, b in banks.items()}
     stats = ctx.compare(epochs, rounds=3 if ctx.quick else 5)
