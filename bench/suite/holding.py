@@ -174,6 +174,7 @@ COLUMNS = (
     ("FOSSILIZE legal", ("legal",)),
     ("of those, fossilized", ("legal: fossilize",)),
     ("of those, a new ramp on it", ("legal: set_alpha_target",)),
+    ("of those, waited or acted elsewhere", ("legal: waited", "legal: acted elsewhere")),
     ("HOLDING, same-alpha ramp", ("ramp_same",)),
     ("HOLDING, below G5", ("below_gate",)),
     ("at the end: fossilized", ("end:fossilized",)),
