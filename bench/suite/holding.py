@@ -43,7 +43,6 @@ from pathlib import Path
 
 import torch
 
-from esper.core.masks import seed_pays
 from esper.core.spec import Op, Stage
 from esper.shell.config.fields import from_dict
 from esper.shell.config.presets import RunConfig
@@ -61,19 +60,21 @@ CATEGORIES = (
 CHOICE_CATEGORIES = ("blend_settled", "legal")
 
 
-def classify(slots, min_contribution: float) -> list[list[str | None]]:
-    """Per env and slot ``[E][S]``: the category of a BLENDING or HOLDING seed (:data:`CATEGORIES`),
-    None for any other slot."""
+def classify(step) -> list[list[str | None]]:
+    """Per env and slot ``[E][S]`` of a step's input (its ``slots`` and ``legal`` masks): the category of
+    a BLENDING or HOLDING seed (:data:`CATEGORIES`), None for any other slot. Whether FOSSILIZE is legal
+    is read from the env's own mask, so a settled HOLDING seed it does not offer is below G5."""
+    slots = step.slots
     stage = slots["stage"]
     ramping = slots["ramp_pos"] < slots["ramp_len"]
     same = ramping & (slots["ramp_from"] == slots["ramp_to"])
     blend_in = ramping & (slots["ramp_from"] == 0) & (slots["ramp_to"] > 0)
-    pays = seed_pays(slots, min_contribution)
+    legal = step.legal["slot_by_op"][:, int(Op.FOSSILIZE)]
     blending, holding = stage == int(Stage.BLENDING), stage == int(Stage.HOLDING)
     code = torch.full_like(stage, -1)
     for i, where in enumerate((
         blending & blend_in, blending & same, blending & ramping & ~blend_in & ~same, blending & ~ramping,
-        holding & ~ramping & pays, holding & same, holding & ramping & ~same, holding & ~ramping & ~pays,
+        holding & ~ramping & legal, holding & same, holding & ramping & ~same, holding & ~ramping & ~legal,
     )):  # fmt: skip
         code = torch.where(where, i, code)
     return [[CATEGORIES[c] if c >= 0 else None for c in row] for row in code.tolist()]
@@ -83,11 +84,10 @@ class Recorder:
     """A controller that passes every call to ``inner`` and tallies, per env, what :func:`classify`
     finds before each step and what the controller chose where FOSSILIZE was legal."""
 
-    def __init__(self, inner, min_contribution: float, n_slots: int):
-        self.inner, self.min_contribution, self.n_slots = inner, min_contribution, n_slots
+    def __init__(self, inner):
+        self.inner = inner
         self.learns = inner.learns
         self.counts: list[Counter] = []
-        self.last: list[list[str | None]] = []
 
     def begin(self, n_envs: int) -> None:
         self.inner.begin(n_envs)
@@ -101,9 +101,8 @@ class Recorder:
 
     def bootstrap(self, step):
         # the post-episode observation: the seeds' state at the end
-        self.last = classify(step.slots, self.min_contribution)
         final = step.slots["stage"].tolist()
-        for i, row in enumerate(self.last):
+        for i, row in enumerate(classify(step)):
             for cat in row:
                 if cat is not None:
                     self.counts[i][f"end:{cat}"] += 1
@@ -112,16 +111,13 @@ class Recorder:
 
     def act(self, step):
         out = self.inner.act(step)
-        cats = classify(step.slots, self.min_contribution)
-        legal = step.legal["slot_by_op"][:, int(Op.FOSSILIZE)].tolist()  # [E][S]
+        cats = classify(step)
         ops, chosen = out["op", "action"].tolist(), out["slot", "action"].tolist()
         for i, row in enumerate(cats):
             for s, cat in enumerate(row):
                 if cat is None:
                     continue
                 self.counts[i][cat] += 1
-                if cat == "legal" and not legal[i][s]:
-                    self.counts[i]["legal but masked"] += 1  # the classification and the mask disagree
                 if cat not in CHOICE_CATEGORIES:
                     continue
                 op = Op(ops[i])
@@ -148,7 +144,7 @@ def trace(run_dir: Path, *, controller: str, episodes: int, eval_seed: int, data
 
     def make(env, start: int):
         inner = make_controller(controller, cfg, env, checkpoint=checkpoint, seed=eval_seed + start)
-        rec = Recorder(inner, cfg.lifecycle.g5_min_contribution, len(env.slot_names))
+        rec = Recorder(inner)
         recorders.append(rec)
         return rec
 
