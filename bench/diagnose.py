@@ -20,6 +20,15 @@ Three questions, each over every run given:
    training episodes ended on a host that holds every seed of the plan, in updates ``1..early``, in
    all updates, and in the last update: whether a controller that misses a placement never saw what it
    pays, or saw it and left it.
+5. **What FOSSILIZE is worth to the learner** (:func:`holding_credit`, ``--credit-from N``): in the
+   training episodes of updates ``N..``, every step before which a slot held a HOLDING seed that pays
+   (measured contribution at least ``--credit-min`` points), with what the controller chose for it
+   (FOSSILIZE or another op on that slot, WAIT, or an op on another slot) and the episode's return from
+   that step on. Choices read at the same epoch of the same run share the measurement they act on, so
+   their mean returns differ by what followed them (the default's OBJECTIVE reward telescopes to the
+   final objective); beside that difference, the spread of the return at one epoch: the noise the
+   advantage of one such choice is learned against. An observational reading (which choice the
+   policy sampled depends on the state), not a controlled one.
 """
 
 from __future__ import annotations
@@ -133,8 +142,71 @@ def exposure(path: str | Path, plan: str, early: int = 5) -> dict[str, int]:
     }  # fmt: skip
 
 
+#: The classes of a choice made before a step on a paying HOLDING seed (:func:`holding_credit`).
+CREDIT_CHOICES = ("FOSSILIZE", "SET_ALPHA_TARGET", "PRUNE", "WAIT", "elsewhere")
+
+
+def holding_credit(
+    path: str | Path, from_update: int = 1, min_contribution: float = 1.0
+) -> list[dict[str, Any]]:
+    """One row per (step, slot) of the training episodes of updates ``from_update..`` where the slot's
+    seed was HOLDING before the step (the previous epoch's post-step stage) and its contribution measured
+    at that step was at least ``min_contribution``: ``{"update", "epoch", "env", "slot", "choice",
+    "return_to_go"}``. ``choice`` is the op taken on that slot (one of :data:`CREDIT_CHOICES`),
+    ``WAIT``, or ``elsewhere`` (an op on another slot); ``return_to_go`` is the sum of the env's rewards
+    from that step to the episode's end. Reads the ``epoch`` events' per-env ``op``, ``slot``,
+    ``reward``, ``stage``, ``contribution`` and ``slot_names``."""
+    episodes: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for e in _events(path):
+        if e["event"] == "epoch" and e["update"] >= from_update:
+            episodes[e["update"]].append(e)
+    rows = []
+    for update, evs in sorted(episodes.items()):
+        evs.sort(key=lambda e: e["epoch"])
+        for env in range(len(evs[0]["reward"])):
+            rtg = np.cumsum([ev["reward"][env] for ev in evs][::-1])[::-1]
+            for t in range(1, len(evs)):
+                ev, before = evs[t], evs[t - 1]["stage"][env]
+                for s, stage in enumerate(before):
+                    c = ev["contribution"][env][s]
+                    if stage != "HOLDING" or c is None or c < min_contribution:
+                        continue
+                    op, on = ev["op"][env], ev["slot"][env] == ev["slot_names"][s]
+                    choice = "WAIT" if op == "WAIT" else (op if on else "elsewhere")
+                    rows.append({"update": update, "epoch": ev["epoch"], "env": env,
+                                 "slot": ev["slot_names"][s], "choice": choice,
+                                 "return_to_go": float(rtg[t])})  # fmt: skip
+    return rows
+
+
+def credit_contrast(rows: list[dict[str, Any]], choice: str, against: str = "WAIT") -> dict[str, Any]:
+    """``choice`` against ``against`` among :func:`holding_credit` rows of one run: per epoch where both
+    were chosen, the difference of their mean returns-to-go, averaged with weight ``min(n_choice,
+    n_against)``, as ``{"difference", "weight", "epochs"}`` (``difference`` None where no epoch holds
+    both), and ``spread``, the median over epochs with at least 6 rows of the returns' standard
+    deviation (None where none has)."""
+    by_epoch: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        by_epoch[r["epoch"]][r["choice"]].append(r["return_to_go"])
+    num = weight = epochs = 0
+    for d in by_epoch.values():
+        if d.get(choice) and d.get(against):
+            n = min(len(d[choice]), len(d[against]))
+            num, weight, epochs = num + n * (np.mean(d[choice]) - np.mean(d[against])), weight + n, epochs + 1
+    pooled = [[x for v in d.values() for x in v] for d in by_epoch.values()]
+    sds = [np.std(v) for v in pooled if len(v) >= 6]
+    return {"difference": float(num / weight) if weight else None, "weight": weight, "epochs": epochs,
+            "spread": float(np.median(sds)) if sds else None}  # fmt: skip
+
+
 def summary(
-    paths: list[str], window: int = 5, last_update: int = 8, plans: Sequence[str] = (), early: int = 5
+    paths: list[str],
+    window: int = 5,
+    last_update: int = 8,
+    plans: Sequence[str] = (),
+    early: int = 5,
+    credit_from: int = 0,
+    credit_min: float = 1.0,
 ) -> str:
     prunes = [p for path in paths for p in deadline_prunes(path, window)]
     lines = [f"{len(paths)} runs, {len(prunes)} deadline prunes"]
@@ -173,6 +245,18 @@ def summary(
             x = exposure(path, plan, early)
             lines.append(f"  {Path(path).parent.name or path}: {x['early']}/{x['early_episodes']}, "
                          f"{x['all']}/{x['episodes']}, {x['last']}/{x['last_episodes']}")  # fmt: skip
+    if credit_from > 0:
+        lines.append(
+            f"choices on a HOLDING seed that pays (contribution >= {credit_min:g}), updates {credit_from}-: "
+            "counts; FOSSILIZE minus WAIT in return-to-go at the same epoch (weight); the return's spread"
+        )
+        for path in paths:
+            rows = holding_credit(path, credit_from, credit_min)
+            counts = ", ".join(f"{k} {sum(r['choice'] == k for r in rows)}" for k in CREDIT_CHOICES)
+            x = credit_contrast(rows, "FOSSILIZE")
+            diff = "n/a" if x["difference"] is None else f"{x['difference']:+.2f}"
+            spread = "n/a" if x["spread"] is None else f"{x['spread']:.2f}"
+            lines.append(f"  {Path(path).parent.name or path}: {counts}; {diff} ({x['weight']}); sd {spread}")
     return "\n".join(lines)
 
 
@@ -188,8 +272,15 @@ def main(argv: list[str] | None = None) -> int:
         help="a placement (b0=conv_heavy+b2=self_attention): training episodes that ended holding it",
     )
     p.add_argument("--early", type=int, default=5, help="the plan's early window: updates 1..N")
+    p.add_argument(
+        "--credit-from", type=int, default=0, help="read choices on paying HOLDING seeds, updates N.. (0 off)"
+    )
+    p.add_argument("--credit-min", type=float, default=1.0, help="a HOLDING seed pays from this contribution")
     args = p.parse_args(argv)
-    print(summary(args.events, args.window, args.last_update, args.plan, args.early))
+    if args.credit_from < 0:
+        p.error(f"--credit-from must be >= 0, got {args.credit_from}")
+    credit = {"credit_from": args.credit_from, "credit_min": args.credit_min}
+    print(summary(args.events, args.window, args.last_update, args.plan, args.early, **credit))
     return 0
 
 

@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from bench.diagnose import b0_returns, deadline_prunes, dips, exposure, summary
+from bench.diagnose import (
+    b0_returns,
+    credit_contrast,
+    deadline_prunes,
+    dips,
+    exposure,
+    holding_credit,
+    summary,
+)
 
 
 def _write(path, events):
@@ -78,8 +86,10 @@ def test_dips_find_one_epoch_drops_that_recover_and_what_came_before(tmp_path):
         (0, 3, 20.0, ["alpha_set"], True), (0, 6, 24.0, [], False)
     ]  # fmt: skip
     assert [d["epoch"] for d in dips(path, drop=21.0)] == [6]
-    assert "one-epoch dips (>= 15 points, back within 5): 2 (per run 2); after an alpha_set 1, " \
+    assert (
+        "one-epoch dips (>= 15 points, back within 5): 2 (per run 2); after an alpha_set 1, "
         "after a re-style 1, after no lifecycle event 1" in summary([str(path)])
+    )
 
 
 def test_exposure_counts_training_episodes_whose_final_host_holds_the_whole_plan(tmp_path):
@@ -101,3 +111,60 @@ def test_exposure_counts_training_episodes_whose_final_host_holds_the_whole_plan
             exposure(path, bad)
     with pytest.raises(ValueError, match="no episode events"):
         exposure(_write(tmp_path / "empty.jsonl", [_epoch(1, 1, [1.0])]), plan)
+
+
+def _step(update, epoch, stages, contributions, ops, slots, rewards):
+    """An ``epoch`` event of two slots (b0, b1) over len(ops) envs: post-step ``stages`` and measured
+    ``contributions`` per env and slot, the op and slot each env's controller chose, its reward."""
+    return {"event": "epoch", "update": update, "epoch": epoch, "val_acc": [50.0] * len(ops), "op": ops,
+            "slot": slots, "reward": rewards, "stage": stages, "contribution": contributions,
+            "slot_names": ["b0", "b1"]}  # fmt: skip
+
+
+def test_holding_credit_reads_each_choice_on_a_paying_holding_seed_with_the_return_after_it(tmp_path):
+    H, B, D = "HOLDING", "BLENDING", "DORMANT"
+    events = [
+        # epoch 1: env 0's b0 HOLDING after the step; env 1's b0 BLENDING, b1 HOLDING
+        _step(1, 1, [[H, D], [B, H]], [[None, None], [0.0, 3.0]], ["WAIT", "WAIT"], ["b0", "b0"], [1.0, 1.0]),
+        # epoch 2: env 0 fossilizes its paying b0; env 1 acts on b0 while b1 (paying) holds
+        _step(
+            1,
+            2,
+            [["FOSSILIZED", D], [H, H]],
+            [[2.0, None], [5.0, 3.0]],
+            ["FOSSILIZE", "ADVANCE"],
+            ["b0", "b0"],
+            [4.0, -1.0],
+        ),
+        # epoch 3: env 1 waits with both seeds HOLDING; b0 does not pay (0.5 < 1)
+        _step(
+            1,
+            3,
+            [["FOSSILIZED", D], [H, H]],
+            [[2.0, None], [0.5, 2.0]],
+            ["WAIT", "WAIT"],
+            ["b0", "b1"],
+            [2.0, 0.5],
+        ),
+        _step(2, 2, [[H, D], [H, D]], [[9.0, None], [9.0, None]], ["WAIT", "WAIT"], ["b0", "b0"], [0.0, 0.0]),
+    ]
+    path = _write(tmp_path / "events.jsonl", events)
+    rows = holding_credit(path, from_update=1)
+    got = [(r["update"], r["epoch"], r["env"], r["slot"], r["choice"], r["return_to_go"]) for r in rows]
+    assert got == [
+        (1, 2, 0, "b0", "FOSSILIZE", 6.0),  # HOLDING before epoch 2's step, paying 2.0; 4 + 2 after it
+        (1, 2, 1, "b1", "elsewhere", -0.5),  # env 1 acted on b0, not on its HOLDING b1
+        (1, 3, 1, "b1", "WAIT", 0.5),  # b0 was HOLDING before too, but paid 0.5
+    ]  # update 2 starts a new episode: its first step has no step before it
+    assert [r["update"] for r in holding_credit(path, from_update=2)] == []
+    assert holding_credit(path, min_contribution=0.0)[-1][("slot")] == "b1"
+    assert len(holding_credit(path, min_contribution=0.0)) == 4  # env 1's b0 at epoch 3 now counts
+    # FOSSILIZE against WAIT, matched by epoch: no epoch holds both here
+    assert credit_contrast(rows, "FOSSILIZE")["difference"] is None
+    both = rows + [{"epoch": 2, "choice": "WAIT", "return_to_go": 2.0}] * 2
+    x = credit_contrast(both, "FOSSILIZE")
+    assert x == {"difference": 4.0, "weight": 1, "epochs": 1, "spread": None}  # 6 - mean(2, 2)
+    assert "FOSSILIZE 1, SET_ALPHA_TARGET 0, PRUNE 0, WAIT 1, elsewhere 1; n/a (0)" in summary(
+        [str(path)], credit_from=1
+    )
+    assert "HOLDING seed" not in summary([str(path)])  # off unless asked
