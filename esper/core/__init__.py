@@ -2,7 +2,7 @@
 ``torch.compile(fullgraph=True)``. Single-head inputs use TorchRL's key names, so another RL stack can
 call ``esper.core.gae(td, ...)`` and ``esper.core.ppo_loss(td)`` directly."""
 
-from esper.core.advantage import gae, gae_tensors, normalize_advantage
+from esper.core.advantage import gae, gae_tensors, group_relative, normalize_advantage
 from esper.core.distributions import (
     k3_kl,
     log_prob,
@@ -72,6 +72,7 @@ __all__ = [
     "gae_tensors",
     "gate_readiness",
     "grad_health",
+    "group_relative",
     "head_relevance",
     "init_history",
     "init_slots",

@@ -282,6 +282,52 @@ def normalize_advantage(
     return out.to(advantage.dtype)
 
 
+def group_relative(advantage: torch.Tensor, group: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Each env's advantage less the mean of the other envs of its group at the same step (a
+    leave-one-out baseline), for envs run in groups of ``group`` that share their host seeds.
+
+    Args:
+        advantage: floating ``[E, T]`` or ``[E, T, 1]``, envs on the first dim, each group ``group``
+            consecutive envs (env ``e`` in group ``e // group``).
+        group: a Python int >= 1 that divides ``E``; 1 returns ``advantage`` unchanged.
+        valid: bool ``[E, T]`` (or shaped like ``advantage``), or None for every step: only valid
+            steps enter a baseline, and an invalid step comes back as it was.
+
+    Why it is unbiased: the envs of a group share the host (its init, its seeds' init, its data order),
+    and each samples its own actions, so the other envs' advantages at step t do not depend on this
+    env's action at t. Subtracting their mean is a baseline, whatever ``lmbda`` GAE used. What it takes
+    out is what the group shares: how well this host does whatever the controller does (the host's
+    luck), which a critic that sees one env's history can only partly tell apart from the action's
+    effect. A step where no other env of the group is valid keeps its advantage (baseline 0). Math in
+    float32 at least; returned in ``advantage``'s dtype.
+    """
+    where = "group_relative"
+    check_kind(advantage, "advantage", kind="float", where=where)
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"{where}: group must be a Python int >= 1, got {group!r}")
+    if advantage.dim() < 2 or advantage.dim() > 3 or (advantage.dim() == 3 and advantage.shape[-1] != 1):
+        raise ValueError(f"{where}: advantage must be [E, T] or [E, T, 1], got {list(advantage.shape)}")
+    E = advantage.shape[0]
+    if E % group:
+        raise ValueError(f"{where}: group {group} must divide the {E} envs (whole groups of envs)")
+    if group == 1:
+        return advantage
+    dtype = compute_dtype(advantage.dtype)
+    a = advantage.reshape(E, -1).to(dtype)
+    if valid is None:
+        w = torch.ones_like(a)
+    else:
+        check_kind(valid, "valid", kind="bool", where=where)
+        if valid.numel() != a.numel() or valid.shape[0] != E:
+            raise ValueError(f"{where}: valid must be shaped like advantage, got {list(valid.shape)}")
+        w = valid.reshape(E, -1).to(dtype)
+    g, gw = (a * w).reshape(E // group, group, -1), w.reshape(E // group, group, -1)
+    others = (gw.sum(1, keepdim=True) - gw).reshape(E, -1)  # valid envs of the group besides this one
+    rest = ((g.sum(1, keepdim=True) - g).reshape(E, -1)) / others.clamp(min=1.0)
+    out = torch.where((w > 0) & (others > 0), a - rest, a)
+    return out.reshape(advantage.shape).to(advantage.dtype)
+
+
 def check_gae_coefs(gamma: float, lmbda: float, where: str = _WHERE) -> None:
     """gamma and lmbda are Python floats (not tensors: they are compile-time constants) in ``[0, 1]``."""
     for name, x in (("gamma", gamma), ("lmbda", lmbda)):
@@ -301,6 +347,7 @@ __all__ = [
     "gae_inputs",
     "gae_out_dtype",
     "gae_tensors",
+    "group_relative",
     "normalize_advantage",
     "write_gae_outputs",
 ]

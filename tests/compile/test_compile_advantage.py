@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from esper.core.advantage import gae, gae_tensors, normalize_advantage
+from esper.core.advantage import gae, gae_tensors, group_relative, normalize_advantage
 from tests.core.test_advantage import make_td, ref_gae, rollout
 
 
@@ -93,3 +93,10 @@ def test_normalize_advantage_with_a_reduction_compiles_fullgraph(compile_check):
     adv = torch.randn(4, 9)
     adv[1, 2] = float("nan")
     compile_check(lambda a: normalize_advantage(a, reduce=lambda t: 2 * t), adv)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_group_relative_compiles_fullgraph(compile_check, masked):
+    adv = torch.randn(6, 10, 1)
+    valid = torch.rand(6, 10) < 0.6 if masked else None
+    compile_check(lambda a, v: group_relative(a, 3, v), adv, valid)

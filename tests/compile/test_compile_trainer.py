@@ -82,10 +82,13 @@ def test_compiled_update_is_one_graph_without_recompiles_and_equals_eager():
 
 def test_compiled_update_with_replay_compiles_once_per_batch_size_and_equals_eager():
     """``ppo.replay 1``: the first update holds the new rollout alone, the later ones a kept rollout as
-    well, so the step compiles twice and never again; every update matches the eager trainer's."""
+    well, so the step compiles twice and never again; every update matches the eager trainer's. With
+    ``ppo.host_group 2`` (here) the group baseline is part of GAE's one graph (the test above runs
+    without groups)."""
     torch._dynamo.reset()
     backend = CountingBackend()
-    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None, lr=1e-2, replay=1)
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None, lr=1e-2, replay=1,
+                    host_group=2)  # fmt: skip
     (p_eager, eager), (p_comp, comp) = _pair(cfg, backend)
     graphs = []
     for i in range(3):

@@ -15,7 +15,7 @@ from torchrl.objectives.value.functional import (
     vec_generalized_advantage_estimate,
 )
 
-from esper.core.advantage import gae, gae_tensors, normalize_advantage
+from esper.core.advantage import gae, gae_tensors, group_relative, normalize_advantage
 from esper.core.spec import Keys
 
 
@@ -403,3 +403,54 @@ def test_normalize_advantage_keeps_one_nan_to_itself():
     mask = torch.ones_like(valid)
     mask[0, 1] = False
     torch.testing.assert_close(out[mask], expected[mask])
+
+
+# ------------------------------------------------------------------------------------- group_relative
+def test_group_relative_subtracts_the_other_envs_of_the_group_at_each_step():
+    adv = torch.tensor([[1.0, 2.0], [3.0, 6.0], [0.0, 0.0], [4.0, 4.0]])
+    pairs = torch.tensor([[-2.0, -4.0], [2.0, 4.0], [-4.0, -4.0], [4.0, 4.0]])
+    torch.testing.assert_close(group_relative(adv, 2), pairs)
+    # groups of four: each env against the mean of the three others
+    want = adv - (adv.sum(0, keepdim=True) - adv) / 3
+    torch.testing.assert_close(group_relative(adv.unsqueeze(-1), 4), want.unsqueeze(-1))
+    assert group_relative(adv, 1) is adv  # one env a group: no baseline
+    # an invalid step comes back as it was and is nobody's baseline; alone in its group, no baseline
+    valid = torch.tensor([[True, True], [False, True], [True, True], [True, True]])
+    got = group_relative(adv, 2, valid)
+    torch.testing.assert_close(got, torch.tensor([[1.0, -4.0], [3.0, 4.0], [-4.0, -4.0], [4.0, 4.0]]))
+    half = group_relative(adv.half(), 2)
+    assert half.dtype == torch.float16
+
+
+def test_group_relative_is_unbiased_and_takes_out_the_hosts_luck():
+    """A bandit on shared hosts: return = host luck (sd 3) + 0.5 if action 1 + noise (sd 1). The group
+    baseline must keep the action's effect whole (a mean that counted the env itself would halve it in
+    pairs) and shrink the spread, since the luck is what a group shares."""
+    g = torch.Generator().manual_seed(0)
+    n_groups, group, effect = 20000, 2, 0.5
+    luck = (3.0 * torch.randn(n_groups, 1, generator=g)).expand(n_groups, group).reshape(-1, 1)
+    action = torch.rand(n_groups * group, 1, generator=g) < 0.5
+    ret = luck + effect * action.float() + torch.randn(n_groups * group, 1, generator=g)
+    adv = group_relative(ret, group)
+    gap = adv[action].mean() - adv[~action].mean()
+    assert abs(float(gap) - effect) < 0.05
+    assert float(adv.std()) < 0.6 * float(ret.std())
+
+
+@pytest.mark.parametrize(
+    ("adv", "group", "match"),
+    [
+        (torch.zeros(4, 3), 3, "must divide the 4 envs"),
+        (torch.zeros(4, 3), 0, "Python int >= 1"),
+        (torch.zeros(4, 3), True, "Python int >= 1"),
+        (torch.zeros(4), 2, r"\[E, T\] or \[E, T, 1\]"),
+        (torch.zeros(4, 3, 2), 2, r"\[E, T\] or \[E, T, 1\]"),
+    ],
+)
+def test_group_relative_refuses_bad_input(adv, group, match):
+    with pytest.raises(ValueError, match=match):
+        group_relative(adv, group)
+    with pytest.raises((TypeError, ValueError), match="float"):
+        group_relative(torch.zeros(4, 3, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="shaped like advantage"):
+        group_relative(torch.zeros(4, 3), 2, torch.ones(4, 2, dtype=torch.bool))

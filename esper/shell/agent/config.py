@@ -116,6 +116,15 @@ class PPOConfig:
         "acted): decoupled PPO (esper.core.decouple). Observation and reward statistics see each batch once",
         ge=0,
     )
+    host_group: int = doc(
+        1,
+        "training envs run in groups of this many consecutive envs that share their host seeds (the "
+        "host's init, its seeds' init and data order), and each env's advantage is taken relative to the "
+        "other envs of its group at the same step (esper.core.group_relative: a leave-one-out baseline "
+        "that takes out the host's luck). 1: every env its own host, no group baseline. Must divide "
+        "env.n_envs and each process's share of it",
+        ge=1,
+    )
     grad_explode_factor: float = doc(
         10.0, "a parameter's pre-clip grad norm above this x max_grad_norm is 'exploding'", gt=0
     )

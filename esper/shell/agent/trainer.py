@@ -65,7 +65,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from esper import kernels
-from esper.core.advantage import gae, gae_tensors, normalize_advantage
+from esper.core.advantage import gae, gae_tensors, group_relative, normalize_advantage
 from esper.core.distributions import masked_categorical
 from esper.core.health import GradHealthConfig, lstm_health
 from esper.core.loss import decouple, ppo_loss
@@ -388,7 +388,10 @@ def loss_functions(
         )
 
     def gae_fn(td: TensorDictBase) -> TensorDictBase:
-        return gae_impl(td, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
+        out = gae_impl(td, gamma=cfg.gamma, lmbda=cfg.gae_lambda)
+        if cfg.host_group > 1:  # the envs of a group share a host: the others' advantages are a baseline
+            out["advantage"] = group_relative(out["advantage"], cfg.host_group, out.get(KEYS.valid, None))
+        return out
 
     if compile:
         gae_fn = torch.compile(gae_fn, fullgraph=True, dynamic=False, backend=backend)

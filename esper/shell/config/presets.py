@@ -119,6 +119,11 @@ class RunConfig:
         self._check_tasks()
         if self.init_from and self.policy != "ppo":
             raise ValueError(f"init_from starts a learned controller; policy {self.policy} has none")
+        if self.env.n_envs % self.ppo.host_group:
+            raise ValueError(
+                f"ppo.host_group={self.ppo.host_group} must divide env.n_envs={self.env.n_envs} (whole "
+                "groups of envs share a host)"
+            )
         if self.env.n_envs % self.ppo.n_minibatches:
             raise ValueError(
                 f"ppo.n_minibatches={self.ppo.n_minibatches} must divide env.n_envs={self.env.n_envs} "

@@ -15,9 +15,13 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
-def train_host_seeds(run_seed: int, episode: int, env_indices: Sequence[int]) -> list[int]:
-    """Host seeds of a training episode (host init, seed modules and data order), per global env index."""
-    return [derive_seed("train", run_seed, episode, i) for i in env_indices]
+def train_host_seeds(run_seed: int, episode: int, env_indices: Sequence[int], *, group: int = 1) -> list[int]:
+    """Host seeds of a training episode (host init, seed modules and data order), per global env index.
+    With ``group`` > 1 the envs ``group * k .. group * k + group - 1`` share the seed of env ``k``'s
+    group (``ppo.host_group``); ``group`` 1 gives every env its own, the seeds of a run without groups."""
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"train_host_seeds: group must be an int >= 1, got {group!r}")
+    return [derive_seed("train", run_seed, episode, i // group) for i in env_indices]
 
 
 def eval_host_seeds(eval_seed: int, episodes: Sequence[int]) -> list[int]:

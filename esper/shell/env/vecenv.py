@@ -117,12 +117,21 @@ class VecEnv:
         first_env: int = 0,
         reward: RewardConfig | None = None,
         gamma: float = 0.99,
+        host_group: int = 1,
     ) -> None:
         check_devices(cfg)
         self.cfg, self.lifecycle = cfg, lifecycle
         self.gamma = gamma
         #: Global index of this VecEnv's first env (several processes may each run a slice).
         self.first_env = first_env
+        if first_env % host_group or cfg.n_envs % host_group:
+            raise ValueError(
+                f"ppo.host_group={host_group} must divide each process's envs: this one runs envs "
+                f"{first_env}..{first_env + cfg.n_envs - 1} (a group of envs shares a host; none may span "
+                "two processes)"
+            )
+        #: Consecutive envs that share their training hosts' seeds (``ppo.host_group``).
+        self.host_group = host_group
         self.task = task if task is not None else cfg.build_task()
         self.n = cfg.n_envs
         self.device = torch.device(cfg.device)
@@ -173,9 +182,11 @@ class VecEnv:
     def reset(self, episode: int, *, host_seeds: Sequence[int] | None = None) -> TimeStep:
         """Fresh hosts, optimizers, data order, slot state and history for a new batch of episodes, and
         the first epoch's measurement. Env ``i``'s host is seeded with ``host_seeds[i]`` (default:
-        :func:`train_host_seeds` of the run seed, the episode and the env's global index)."""
+        :func:`train_host_seeds` of the run seed, the episode and the env's global index, shared by the
+        envs of a ``host_group``)."""
         if host_seeds is None:
-            host_seeds = train_host_seeds(self.seed, episode, range(self.first_env, self.first_env + self.n))
+            envs = range(self.first_env, self.first_env + self.n)
+            host_seeds = train_host_seeds(self.seed, episode, envs, group=self.host_group)
         if len(host_seeds) != self.n:
             raise ValueError(f"VecEnv.reset: {len(host_seeds)} host seeds for {self.n} envs")
         self.hosts.reset(host_seeds)

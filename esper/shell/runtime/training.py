@@ -354,7 +354,7 @@ def build_envs(cfg: RunConfig, env_cfg: EnvConfig, first: int) -> dict[str, VecE
     envs = {
         task: VecEnv(
             dataclasses.replace(env_cfg, task=task), cfg.lifecycle, cfg.governor, seed=cfg.seed,
-            first_env=first, reward=cfg.reward, gamma=cfg.ppo.gamma,
+            first_env=first, reward=cfg.reward, gamma=cfg.ppo.gamma, host_group=cfg.ppo.host_group,
         )
         for task in cfg.training_tasks
     }  # fmt: skip

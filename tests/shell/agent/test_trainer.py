@@ -13,7 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from esper.core import distributions as D
-from esper.core.advantage import gae
+from esper.core.advantage import gae, group_relative
 from esper.core.masks import head_relevance, legal_masks
 from esper.core.normalize import running_stats, scale
 from esper.core.spec import HEAD_INDEX, HEADS, SLOT_FIELDS, ActionSpec, Stage
@@ -674,3 +674,27 @@ def test_replay_checkpoint_is_whole_and_each_process_keeps_its_slice():
     assert len(half.state.replay) == len(trainer.state.replay) == 2
     for whole, part in zip(trainer.state.replay, half.state.replay):
         assert part.batch_size[0] == 2 and (part == whole[2:]).all()
+
+
+def test_host_groups_take_each_envs_advantage_against_the_others_of_its_group():
+    """``ppo.host_group 2``: GAE's advantages, then each env's less its partner's, on the new rollout
+    and on a replayed one alike (both go through the trainer's GAE; the replayed rollout comes from the
+    policy as it is, so its behaviour weight is 1); the value targets stay GAE's."""
+    base = _replay_cfg(normalize_advantage=False)
+    policy, trainer = _make(dataclasses.replace(base, host_group=2))
+    old = make_rollout(policy, trainer, seed=30)
+    new = make_rollout(policy, trainer, seed=31)
+    snapshot = copy.deepcopy(trainer.state_dict())
+    grouped = trainer.prepare(new.clone(), replayed=[old.clone()])
+    _, plain = _make(base)
+    plain.load_state_dict(copy.deepcopy(snapshot))
+    ungrouped = plain.prepare(new.clone(), replayed=[old.clone()])
+    torch.testing.assert_close(grouped["value_target"], ungrouped["value_target"])
+    for part in (slice(0, 4), slice(4, 8)):
+        want = group_relative(ungrouped[part]["advantage"], 2)
+        torch.testing.assert_close(grouped[part]["advantage"], want)
+    a = grouped[:4]["advantage"]
+    torch.testing.assert_close(a[0::2], -a[1::2])  # in pairs, each is the other's negative
+    assert not torch.allclose(a, ungrouped[:4]["advantage"])
+    with pytest.raises(ValueError, match="group 3 must divide the 4 envs"):
+        _make(dataclasses.replace(base, host_group=3))[1].prepare(new.clone())

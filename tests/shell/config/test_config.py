@@ -164,6 +164,9 @@ def test_overrides_of_one_section_are_validated_together():
     with pytest.raises(ValueError, match="must divide env.n_envs=3"):
         with_overrides(base, {"env.n_envs": "3"})
     assert with_overrides(base, {"env.n_envs": "3", "ppo.n_minibatches": "1"}).env.n_envs == 3
+    with pytest.raises(ValueError, match="ppo.host_group=3 must divide env.n_envs=4"):
+        with_overrides(base, {"env.n_envs": "4", "ppo.n_minibatches": "1", "ppo.host_group": "3"})
+    assert with_overrides(base, {"env.n_envs": "4", "ppo.host_group": "2"}).ppo.host_group == 2
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,29 @@ def test_training_and_evaluation_hosts_never_share_a_seed():
     assert derive_seed("eval", 1, 2) == derive_seed("eval", 1, 2) and 0 <= derive_seed("x") < 2**63
 
 
+def test_host_groups_share_a_training_host_within_a_group_and_never_across():
+    """``ppo.host_group``: consecutive envs share the training host's seed (its init, its seeds' init, its
+    data order), so the first measurement of a group's envs is the same; without groups every env has its
+    own seed, exactly the seeds of before (group 1)."""
+    assert train_host_seeds(3, 5, range(4)) == [derive_seed("train", 3, 5, i) for i in range(4)]
+    paired = train_host_seeds(3, 5, range(4, 8), group=2)
+    assert paired[0] == paired[1] != paired[2] == paired[3]
+    assert paired[0] == derive_seed("train", 3, 5, 2)  # the group's index, from the global env index
+    with pytest.raises(ValueError, match="group must be an int >= 1"):
+        train_host_seeds(3, 5, range(4), group=0)
+    cfg = EnvConfig(task="mnist1d", n_envs=4, batch_size=128, train_batches=2)
+    lc = LifecycleConfig(max_epochs=3)
+    env = VecEnv(cfg, lc, GovernorConfig(), seed=3, host_group=2)
+    ts = env.reset(0)
+    assert env.host_seeds == train_host_seeds(3, 0, range(4), group=2)
+    acc = ts.measurement["val_acc"]
+    assert acc[0] == acc[1] and acc[2] == acc[3] and not torch.equal(acc[:2], acc[2:])
+    for first, n in ((2, 4), (0, 3)):  # a group would span two processes
+        with pytest.raises(ValueError, match="must divide each process's envs"):
+            VecEnv(dataclasses.replace(cfg, n_envs=n), lc, GovernorConfig(), seed=3, first_env=first,
+                   host_group=4)  # fmt: skip
+
+
 def test_env_hosts_follow_the_given_seeds():
     env = _env(2)
     env.reset(0, host_seeds=[11, 12])
