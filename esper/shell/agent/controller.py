@@ -8,6 +8,7 @@ normalizer), and the pre-step recurrent state.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection
 
 import torch
@@ -52,11 +53,18 @@ class PPOController:
         self.state = self.policy.initial_state(n_envs, self.device)
 
     def seed_envs(self, host_seeds: list[int]) -> None:
-        """Called by the runner after each reset: one action generator per env (with ``per_env``)."""
+        """Called by the runner after each reset: one action generator per env (with ``per_env``). Envs
+        that share a host (``ppo.host_group``) must not share their actions too, or a group's episodes
+        would be one episode run G times and its group baseline would cancel every advantage: the k-th
+        env of a host seed (k >= 1, in env order) draws from its own stream. The first keeps the stream
+        of before, so a run without groups samples what it always did."""
         if self.per_env:
-            self.env_generators = [
-                torch.Generator(device=self.device).manual_seed(derive_seed("act", s)) for s in host_seeds
-            ]
+            seen: Counter = Counter()
+            seeds = []
+            for s in host_seeds:
+                seeds.append(derive_seed("act", s) if not seen[s] else derive_seed("act", s, seen[s]))
+                seen[s] += 1
+            self.env_generators = [torch.Generator(device=self.device).manual_seed(x) for x in seeds]
 
     def act(self, step: StepInput) -> TensorDict:
         legal = self.agent.legal(step)

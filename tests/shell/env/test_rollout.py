@@ -284,3 +284,28 @@ def test_C7_rollback_penalty_reaches_the_learner(monkeypatch):
     reward = prepared["next", "reward"]
     assert torch.equal(torch.sign(reward), torch.sign(td["next", "raw_reward"]))
     assert reward[0, 1] == reward[0].min() and reward[1, 0] == reward[1].min() and reward[0, 1] < 0
+
+
+def test_envs_that_share_a_host_do_not_share_their_actions():
+    """``ppo.host_group``: the envs of a group share the host, never the action draws. If they did (the
+    per-env generators were seeded from the host seed alone) a group's episodes would be one episode run
+    twice, and the group baseline would cancel every advantage. A run without groups keeps its draws."""
+    torch.manual_seed(0)
+    trainer = _build()[2]
+    per_env = PPOController(trainer.agent, per_env=True)
+    per_env.seed_envs([5, 5, 9])
+    draws = [torch.rand(4, generator=g) for g in per_env.env_generators]
+    assert not torch.equal(draws[0], draws[1])
+    alone = PPOController(trainer.agent, per_env=True)
+    alone.seed_envs([5, 9])
+    # the first env of a host keeps its stream
+    assert torch.equal(torch.rand(4, generator=alone.env_generators[0]), draws[0])
+    assert torch.equal(torch.rand(4, generator=alone.env_generators[1]), draws[2])
+    # one episode of a pair that shares its host: the same first measurement, and a learner that samples
+    # per env tells the two apart (a uniform policy over the legal ops: they part within a few steps)
+    grouped = VecEnv(ENV, LifecycleConfig(max_epochs=6), GovernorConfig(), seed=0, host_group=2)
+    ctl = PPOController(trainer.agent, per_env=True)
+    rollout = EpisodeRunner(grouped, ctl).run(0).rollout
+    assert grouped.host_seeds[0] == grouped.host_seeds[1]
+    ops = rollout["op", "action"]
+    assert not torch.equal(ops[0], ops[1])
