@@ -422,6 +422,32 @@ def test_group_relative_subtracts_the_other_envs_of_the_group_at_each_step():
     assert half.dtype == torch.float16
 
 
+def ref_group_relative(adv, group, valid):
+    """Per env and step, in Python floats: the env's advantage less the mean of the group's other valid
+    envs there; an invalid step, or one with no other valid env in its group, as it was."""
+    a, v = adv.reshape(adv.shape[0], -1).tolist(), valid.reshape(adv.shape[0], -1).tolist()
+    out = [row[:] for row in a]
+    for e, row in enumerate(a):
+        first = e - e % group
+        for t, x in enumerate(row):
+            others = [a[j][t] for j in range(first, first + group) if j != e and v[j][t]]
+            if v[e][t] and others:
+                out[e][t] = x - sum(others) / len(others)
+    return torch.tensor(out, dtype=torch.float64).reshape(adv.shape)
+
+
+@pytest.mark.parametrize(("E", "group", "trailing"), [(6, 3, False), (8, 2, True), (4, 4, False)])
+def test_group_relative_matches_the_reference(E, group, trailing):
+    g = torch.Generator().manual_seed(E + group)
+    adv = torch.randn(E, 7, generator=g, dtype=torch.float64)
+    valid = torch.rand(E, 7, generator=g) < 0.7
+    if trailing:
+        adv = adv.unsqueeze(-1)
+    torch.testing.assert_close(group_relative(adv, group, valid), ref_group_relative(adv, group, valid))
+    every = torch.ones(E, 7, dtype=torch.bool)
+    torch.testing.assert_close(group_relative(adv, group), ref_group_relative(adv, group, every))
+
+
 def test_group_relative_is_unbiased_and_takes_out_the_hosts_luck():
     """A bandit on shared hosts: return = host luck (sd 3) + 0.5 if action 1 + noise (sd 1). The group
     baseline must keep the action's effect whole (a mean that counted the env itself would halve it in
