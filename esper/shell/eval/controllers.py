@@ -57,7 +57,8 @@ PLAN_PREFIX = "grow:"
 #: ``grow:b0=conv_heavy@STANDARD@0.7``.
 STYLE_SEP = "@"
 EXTRA_CONTROLLERS = (
-    "ppo_mixed, ppo_greedy_fossilize, heuristic_tuned, plan_search[@HOST_EPOCHS|@Kx], grow_all:BLUEPRINT, "
+    "ppo_mixed, ppo_greedy_fossilize, heuristic_tuned, plan_search[@HOST_EPOCHS|@Kx], "
+    "plan_search_cap[@HOST_EPOCHS|@Kx] (within the learned controller's cap), grow_all:BLUEPRINT, "
     "grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...], either with @STYLE@TEMPO@ALPHA (any)"
 )
 

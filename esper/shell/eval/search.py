@@ -9,6 +9,10 @@
   max_epochs`` of the run's config), ``plan_search@H`` ``H`` host epochs, ``plan_search@Kx`` ``K`` times
   the learned controller's. Its candidates: each blueprint in every slot (the task's ``grow_all``
   blueprint first), then plans drawn at random (each enabled slot empty or one blueprint), no repeats.
+- ``plan_search_cap`` (``@H``, ``@Kx`` alike): the same search over only the plans that fit the learned
+  controller's parameter cap (``ppo.param_cap``, or ``ppo.param_cap_share`` of what ``grow_all`` adds;
+  :func:`learner_cap`), so that the search and the controller look for the best plan under one budget.
+  ``plan_search`` has no cap: where the controller has one, the two answer different questions.
 
 **The selection rule.** Both score a candidate by the mean final **validation** accuracy of its hosts,
 on **training hosts** (the learned controller's own: :func:`esper.shell.env.seeding.train_host_seeds`
@@ -33,18 +37,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from esper.shell.agent.config import param_cap_on
 from esper.shell.baselines.heuristic import HeuristicController, HeuristicThresholds
 from esper.shell.baselines.simple import GrowAllController
 from esper.shell.config.fields import to_dict
 from esper.shell.config.presets import RunConfig
-from esper.shell.data.tasks import Task, written_plan
+from esper.shell.data.tasks import Task, grow_all_params, seed_params, written_plan
 from esper.shell.env.seeding import derive_seed, train_host_seeds
 from esper.shell.eval.runner import run_hosts
 from esper.shell.host.blueprints import BLUEPRINTS
+from esper.shell.host.hosts import Host
 
 HEURISTIC_TUNED = "heuristic_tuned"
 PLAN_SEARCH = "plan_search"
+#: ``plan_search`` within the learned controller's parameter cap.
+PLAN_SEARCH_CAP = "plan_search_cap"
 #: ``plan_search@H`` (host epochs) or ``plan_search@Kx`` (K times the learned controller's compute).
 BUDGET_SEP = "@"
 #: The thresholds ``heuristic_tuned`` tries: every combination, the reference's values first. They
@@ -64,7 +73,29 @@ SEARCH_VERSION = 1
 
 def is_searched(name: str) -> bool:
     """Whether controller ``name`` searches on training hosts before it is evaluated."""
-    return name == HEURISTIC_TUNED or name == PLAN_SEARCH or name.startswith(PLAN_SEARCH + BUDGET_SEP)
+    return name == HEURISTIC_TUNED or _plan_kind(name) is not None
+
+
+def _plan_kind(name: str) -> str | None:
+    """``plan_search`` or ``plan_search_cap`` for a plan search's name (with or without a budget), else
+    None."""
+    kind = name.partition(BUDGET_SEP)[0]
+    return kind if kind in (PLAN_SEARCH, PLAN_SEARCH_CAP) else None
+
+
+def learner_cap(cfg: RunConfig, task: Task) -> float:
+    """The learned controller's parameter cap on ``task``'s host, in seed parameters
+    (:func:`~esper.shell.agent.config.param_cap_on` of the run's ``ppo.param_cap`` and
+    ``ppo.param_cap_share``); refused in one line where the controller has none."""
+    with torch.random.fork_rng(devices=[]):  # a host draws its init: leave the caller's stream
+        grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
+    cap = param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, grow_all)
+    if not cap > 0:
+        raise ValueError(
+            f"{PLAN_SEARCH_CAP}: the learned controller has no parameter cap to search within "
+            f"(ppo.param_cap and ppo.param_cap_share are 0); use {PLAN_SEARCH}"
+        )
+    return float(cap)
 
 
 def learned_compute(cfg: RunConfig) -> int:
@@ -73,8 +104,9 @@ def learned_compute(cfg: RunConfig) -> int:
 
 
 def plan_budget(name: str, cfg: RunConfig) -> int:
-    """``plan_search``'s budget in host epochs: the learned controller's compute, ``@H`` host epochs or
-    ``@Kx`` K times the learned controller's (one-line errors)."""
+    """A plan search's budget in host epochs: the learned controller's compute, ``@H`` host epochs or
+    ``@Kx`` K times the learned controller's (one-line errors; ``plan_search`` and ``plan_search_cap``
+    alike)."""
     _, at, spec = name.partition(BUDGET_SEP)
     if not at:
         return learned_compute(cfg)
@@ -117,10 +149,15 @@ def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path |
     t0 = time.perf_counter()
     if name == HEURISTIC_TUNED:
         result = tune_heuristic(cfg, task)
-    elif is_searched(name):
+    elif _plan_kind(name) == PLAN_SEARCH_CAP:
+        result = search_plans(cfg, task, plan_budget(name, cfg), cap=learner_cap(cfg, task))
+    elif _plan_kind(name) == PLAN_SEARCH:
         result = search_plans(cfg, task, plan_budget(name, cfg))
     else:
-        raise ValueError(f"{name}: not a searched controller ({HEURISTIC_TUNED}, {PLAN_SEARCH}[@BUDGET])")
+        raise ValueError(
+            f"{name}: not a searched controller ({HEURISTIC_TUNED}, {PLAN_SEARCH}[@BUDGET], "
+            f"{PLAN_SEARCH_CAP}[@BUDGET])"
+        )
     result["seconds"] = time.perf_counter() - t0
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -222,14 +259,19 @@ def halving_schedule(budget_episodes: int, n_space: int) -> list[tuple[int, int]
     return out
 
 
-def search_plans(cfg: RunConfig, task: Task, budget: int) -> dict[str, Any]:
+def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = None) -> dict[str, Any]:
     """The best fixed plan within ``budget`` host epochs (:func:`halving_schedule` over
-    :func:`plan_space`), candidates side by side on the same training hosts in each round."""
+    :func:`plan_space`), candidates side by side on the same training hosts in each round. With ``cap``
+    (seed parameters), only the plans that add at most ``cap`` are candidates, in the same order."""
     T = cfg.lifecycle.max_epochs
     probe = task.make_host()
     slot_names = tuple(probe.slot_names)
     enabled = [not cfg.env.slots or i in cfg.env.slots for i in range(len(slot_names))]
     space = plan_space(task, slot_names, enabled, derive_seed("plan_search", cfg.seed))
+    if cap is not None:
+        space = plans_within(space, task, probe, cap)
+        if not space:
+            raise ValueError(f"{PLAN_SEARCH_CAP}: no plan adds at most {cap:g} seed parameters on this host")
     schedule = halving_schedule(budget // T, len(space))
     alive = list(range(schedule[0][0])) if schedule else [0]
     scores: dict[int, list[float]] = {c: [] for c in alive}
@@ -258,6 +300,7 @@ def search_plans(cfg: RunConfig, task: Task, budget: int) -> dict[str, Any]:
     hosts = [h for r in rounds for h in r["host_seeds"]]
     return {
         "chosen": space[best],
+        **({"cap_params": cap} if cap is not None else {}),
         "budget_host_epochs": budget,
         "episodes": used,
         "compute_host_epochs": used * T,
@@ -271,12 +314,29 @@ def search_plans(cfg: RunConfig, task: Task, budget: int) -> dict[str, Any]:
     }
 
 
+def plans_within(plans: Sequence[str], task: Task, host: Host, cap: float) -> list[str]:
+    """The ``plans`` (written, on ``host``'s slots) that add at most ``cap`` seed parameters to ``host``
+    (:func:`~esper.shell.data.tasks.seed_params`), in their order."""
+    names = tuple(host.slot_names)
+    each: dict[tuple[int, str], int] = {}  # a plan's parameters are its seeds' sum: count each seed once
+
+    def params(plan: str) -> int:
+        total = 0
+        for s, b in written_plan(plan, names).items():
+            if (s, b) not in each:
+                each[(s, b)] = seed_params(task, host, {s: b})  # forks the RNG itself
+            total += each[(s, b)]
+        return total
+
+    return [p for p in plans if params(p) <= cap]
+
+
 def _plan_indices(plan: str, slot_names: Sequence[str], blueprint_names: Sequence[str]) -> dict[int, int]:
     return {s: blueprint_names.index(b) for s, b in written_plan(plan, slot_names).items()}
 
 
 __all__ = [
-    "HEURISTIC_TUNED", "PLAN_SEARCH", "TUNE_GRID", "TUNE_HOSTS", "halving_schedule", "is_searched",
-    "learned_compute", "plan_budget", "plan_space", "search", "search_plans", "selection_host_seeds",
-    "tune_heuristic",
+    "HEURISTIC_TUNED", "PLAN_SEARCH", "PLAN_SEARCH_CAP", "TUNE_GRID", "TUNE_HOSTS", "halving_schedule",
+    "is_searched", "learned_compute", "learner_cap", "plan_budget", "plan_space", "plans_within", "search",
+    "search_plans", "selection_host_seeds", "tune_heuristic",
 ]  # fmt: skip

@@ -109,6 +109,44 @@ def test_plan_search_respects_its_budget_and_reports_its_compute(cfg, task, monk
     assert len(set(space)) == len(space)
 
 
+@pytest.fixture(scope="module")
+def capped():
+    return preset("smoke", {**TINY, "ppo.param_cap_share": 0.6})  # 0.6 of grow_all's 1,200: 720
+
+
+def test_plan_search_cap_searches_only_the_plans_within_the_learned_controllers_cap(capped, task,
+                                                                                    monkeypatch):  # fmt: skip
+    assert S.learner_cap(capped, task) == pytest.approx(720.0)
+    host = task.make_host()
+    space = S.plan_space(task, host.slot_names, [True] * 3, seed=0)
+    within = S.plans_within(space, task, host, 720.0)
+    from esper.shell.data.tasks import seed_params
+
+    assert within == [p for p in space if seed_params(task, host, p) <= 720]  # the same order, filtered
+    assert "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy" not in within  # grow_all's plan adds 1,200
+    assert "b0=conv_heavy+b1=conv_light" in within and 0 < len(within) < len(space)
+    seen = _recording(monkeypatch)
+    T = capped.lifecycle.max_epochs
+    res = S.search("plan_search_cap@" + str(9 * T), capped, task)
+    assert res["cap_params"] == pytest.approx(720.0) and res["compute_host_epochs"] == len(seen) * T <= 9 * T
+    tried = [c["plan"] for c in res["candidates"]]
+    assert tried and all(seed_params(task, host, p) <= 720 for p in tried)
+    assert tried[0] in within[:4] and res["chosen"] in tried
+    # plan_search on the same config: its first candidate is grow_all's plan, over the cap
+    free = S.search_plans(capped, task, 4 * T)
+    assert "cap_params" not in free
+    assert "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy" in [c["plan"] for c in free["candidates"]]
+
+
+def test_plan_search_cap_refuses_a_learner_without_a_cap_in_one_line(cfg, task):
+    with pytest.raises(ValueError, match="no parameter cap to search within") as err:
+        S.search("plan_search_cap", cfg, task)
+    assert "\n" not in str(err.value)
+    tiny = preset("smoke", {**TINY, "ppo.param_cap": 10.0})  # below every blueprint (the smallest adds 17)
+    with pytest.raises(ValueError, match="no plan adds at most 10"):
+        S.search("plan_search_cap@0.5x", tiny, task)
+
+
 def test_plan_budget_names(cfg):
     full = S.learned_compute(cfg)
     assert full == cfg.updates * cfg.env.n_envs * cfg.lifecycle.max_epochs
@@ -117,6 +155,13 @@ def test_plan_budget_names(cfg):
     assert S.plan_budget("plan_search@100", cfg) == 100
     with pytest.raises(ValueError, match="host epochs"):
         S.plan_budget("plan_search@lots", cfg)
+    assert S.plan_budget("plan_search_cap@0.5x", cfg) == round(0.5 * full)
+    assert S.plan_budget("plan_search_cap", cfg) == full
+    searched = ("plan_search", "plan_search@2x", "plan_search_cap", "plan_search_cap@9")
+    assert all(S.is_searched(n) for n in searched)
+    assert not any(
+        S.is_searched(n) for n in ("plan_search_", "plan_searcher@1x", "grow_all", "plan_search_capx")
+    )
 
 
 def test_per_env_plans_grow_each_envs_own_plan(cfg, task):
