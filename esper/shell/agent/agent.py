@@ -212,7 +212,7 @@ def build_agent(
     (``VecEnv.obs_dim``; None: the default layout's, without ``lifecycle.seed_grad_features``)."""
     raw_dim = obs_dim(spec.n_slots, spec.n_blueprints) if raw_obs_dim is None else raw_obs_dim
     biases = dict(wait_bias=ppo.wait_bias, germinate_bias=ppo.germinate_bias, blend_bias=ppo.blend_bias,
-                  slot_order_bias=ppo.slot_order_bias)  # fmt: skip
+                  fossilize_bias=ppo.fossilize_bias, slot_order_bias=ppo.slot_order_bias)  # fmt: skip
     device = torch.device(device)
     if ppo.policy == "set":
         # the slot features' count says whether the layout holds the seeds' gradient features

@@ -68,6 +68,12 @@ class PPOConfig:
         "initial logit of GERMINATE above the ops other than WAIT (equal to wait_bias: an untrained "
         "policy germinates as often as it waits where it can, and rarely prunes or re-targets)",
     )
+    fossilize_bias: float = doc(
+        0.0,
+        "initial logit of FOSSILIZE above the ops that change a live seed (PRUNE, SET_ALPHA_TARGET, "
+        "ADVANCE). The mask removes FOSSILIZE until a seed may be kept, so this is a start preference for "
+        "keeping a seed once it may be kept (0: none; at wait_bias, as likely as WAIT there)",
+    )
     blend_bias: float = doc(
         0.0,
         "initial logit of the fixed schedules' blend (style LINEAR_ADD, tempo FAST, alpha target 1.0) "

@@ -70,14 +70,17 @@ def recurrent_trunk(n_in: int, hidden: int) -> tuple[nn.Sequential, nn.LSTM, nn.
 
 
 @torch.no_grad()
-def start_biases(heads: nn.ModuleDict, *, wait_bias: float, germinate_bias: float, blend_bias: float) -> None:
+def start_biases(heads: nn.ModuleDict, *, wait_bias: float, germinate_bias: float, blend_bias: float,
+                 fossilize_bias: float = 0.0) -> None:  # fmt: skip
     """The initial preferences both policies share. The heads' last layers start near zero (gain 0.01),
     so their biases are the initial logits: WAIT starts ``wait_bias`` logits above the ops that change a
-    live seed (PRUNE, SET_ALPHA_TARGET, FOSSILIZE, ADVANCE), GERMINATE ``germinate_bias``, and each blend
-    head ``blend_bias`` above its other choices on the fixed schedules' blend (DEFAULT_BLEND; 0:
-    uniform)."""
+    live seed (PRUNE, SET_ALPHA_TARGET, ADVANCE), GERMINATE ``germinate_bias``, FOSSILIZE
+    ``fossilize_bias``, and each blend head ``blend_bias`` above its other choices on the fixed
+    schedules' blend (DEFAULT_BLEND; 0: uniform). The biases start at zero, so a 0 leaves them as they
+    were, bit for bit."""
     heads["op"][2].bias[int(Op.WAIT)] = float(wait_bias)
     heads["op"][2].bias[int(Op.GERMINATE)] = float(germinate_bias)
+    heads["op"][2].bias[int(Op.FOSSILIZE)] = float(fossilize_bias)
     for head, choice in DEFAULT_BLEND.items():
         heads[head][2].bias[choice] = float(blend_bias)
 
@@ -104,6 +107,7 @@ class FactoredRecurrentActorCritic(nn.Module):
         wait_bias: float = 0.0,
         germinate_bias: float = 0.0,
         blend_bias: float = 0.0,
+        fossilize_bias: float = 0.0,
         slot_bias: bool = False,
         slot_order_bias: float = 0.0,
         blueprint_prior: torch.Tensor | None = None,
@@ -132,7 +136,8 @@ class FactoredRecurrentActorCritic(nn.Module):
             )
             for table in self.slot_bias.values():
                 nn.init.zeros_(table.weight)
-        start_biases(self.heads, wait_bias=wait_bias, germinate_bias=germinate_bias, blend_bias=blend_bias)
+        start_biases(self.heads, wait_bias=wait_bias, germinate_bias=germinate_bias, blend_bias=blend_bias,
+                     fossilize_bias=fossilize_bias)  # fmt: skip
         with torch.no_grad():
             # Slot s starts s * slot_order_bias logits below slot 0 (0: uniform over the legal slots).
             order = torch.arange(spec.n_slots, dtype=self.heads["slot"][2].bias.dtype)

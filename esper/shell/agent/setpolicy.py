@@ -23,13 +23,13 @@ that slot. The other heads (style, tempo, alpha target, speed, curve) read the t
 chosen slot's encoding, with the fixed sizes of their enums. Masks, relevance and sampling order are the
 flat network's (:mod:`esper.shell.agent.policy`).
 
-Initial preferences: ``wait_bias``, ``germinate_bias`` and ``blend_bias`` as in the flat network (the op
-and blend heads' output biases). The two pointer heads carry a learned scalar prior each: the slot head
-``-w_order * i`` on slot ``i`` (``w_order`` starts at ``slot_order_bias``: an untrained policy acts on
-the first legal slot), the blueprint head ``w_size * ln(cost)`` on each blueprint at the chosen slot
-(``w_size`` starts at ``size_bias``: the capacity prior, computed from the descriptors of whatever host
-it acts on). Both pointers' score networks start near zero (gain 0.01), so at the start these priors
-are the heads' preferences, as the flat network's initial biases are.
+Initial preferences: ``wait_bias``, ``germinate_bias``, ``fossilize_bias`` and ``blend_bias`` as in the
+flat network (the op and blend heads' output biases). The two pointer heads carry a learned scalar prior
+each: the slot head ``-w_order * i`` on slot ``i`` (``w_order`` starts at ``slot_order_bias``: an
+untrained policy acts on the first legal slot), the blueprint head ``w_size * ln(cost)`` on each
+blueprint at the chosen slot (``w_size`` starts at ``size_bias``: the capacity prior, computed from the
+descriptors of whatever host it acts on). Both pointers' score networks start near zero (gain 0.01), so
+at the start these priors are the heads' preferences, as the flat network's initial biases are.
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ class SetRecurrentActorCritic(nn.Module):
         wait_bias: float = 0.0,
         germinate_bias: float = 0.0,
         blend_bias: float = 0.0,
+        fossilize_bias: float = 0.0,
         slot_order_bias: float = 0.0,
         size_bias: float = 0.0,
     ) -> None:
@@ -134,7 +135,8 @@ class SetRecurrentActorCritic(nn.Module):
         self.value_head = _mlp(hidden, head_hidden, 1, 1.0)
         #: The flat network's per-slot table has no counterpart here (the chosen slot's encoding).
         self.slot_bias = None
-        start_biases(self.heads, wait_bias=wait_bias, germinate_bias=germinate_bias, blend_bias=blend_bias)
+        start_biases(self.heads, wait_bias=wait_bias, germinate_bias=germinate_bias, blend_bias=blend_bias,
+                     fossilize_bias=fossilize_bias)  # fmt: skip
 
     # ------------------------------------------------------------------------------------ building blocks
     def initial_state(self, batch: int, device: torch.device | str | None = None) -> RecurrentState:

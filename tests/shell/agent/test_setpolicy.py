@@ -246,6 +246,28 @@ def test_wait_and_blend_biases_are_the_flat_policy_s():
     assert (p[:, int(Op.WAIT)] > 0.4).all() and (p[:, int(Op.GERMINATE)] > 0.4).all()
 
 
+@pytest.mark.parametrize("policy", ["set", "flat"])
+def test_fossilize_bias_starts_fossilize_above_wait_where_it_is_legal(policy):
+    """``ppo.fossilize_bias`` reaches either network from the config: FOSSILIZE starts that many logits
+    above the ops that change a live seed. Above ``wait_bias``, an untrained policy's most likely op is
+    FOSSILIZE wherever the mask allows it, and WAIT where neither it nor GERMINATE is legal (no free
+    slot, no seed that may be kept yet); 0 leaves the network as it was, bit for bit (the defaults'
+    events do not move)."""
+    base = dict(policy=policy, hidden=16, head_hidden=16, wait_bias=3.0, germinate_bias=3.0)
+    agent = _agent(PPOConfig(**base, fossilize_bias=4.0))
+    out, _ = _probs(agent, LAYOUTS["cnn1d-3"], Op.WAIT, 0)
+    logits = out["op", "logits"][:, 0]
+    gap = logits[:, int(Op.FOSSILIZE)] - logits[:, int(Op.PRUNE)]
+    torch.testing.assert_close(gap, torch.full_like(gap, 4.0), atol=0.05, rtol=0)
+    legal = torch.ones_like(logits, dtype=torch.bool)
+    assert (logits.masked_fill(~legal, -torch.inf).argmax(-1) == int(Op.FOSSILIZE)).all()
+    legal[:, [int(Op.FOSSILIZE), int(Op.GERMINATE)]] = False
+    assert (logits.masked_fill(~legal, -torch.inf).argmax(-1) == int(Op.WAIT)).all()
+    plain, zero = _agent(PPOConfig(**base)), _agent(PPOConfig(**base, fossilize_bias=0.0))
+    for (k, a), b in zip(plain.policy.state_dict().items(), zero.policy.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+
+
 def _trainer(agent, cfg: PPOConfig = CFG) -> PPOTrainer:
     return PPOTrainer(agent, cfg, generator=torch.Generator().manual_seed(0))
 
