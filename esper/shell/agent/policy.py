@@ -71,7 +71,7 @@ def recurrent_trunk(n_in: int, hidden: int) -> tuple[nn.Sequential, nn.LSTM, nn.
 
 @torch.no_grad()
 def start_biases(heads: nn.ModuleDict, *, wait_bias: float, germinate_bias: float, blend_bias: float,
-                 fossilize_bias: float = 0.0) -> None:  # fmt: skip
+                 fossilize_bias: float) -> None:  # fmt: skip
     """The initial preferences both policies share. The heads' last layers start near zero (gain 0.01),
     so their biases are the initial logits: WAIT starts ``wait_bias`` logits above the ops that change a
     live seed (PRUNE, SET_ALPHA_TARGET, ADVANCE), GERMINATE ``germinate_bias``, FOSSILIZE
