@@ -14,7 +14,8 @@ reward and lifecycle, only the task's own sizes differ; docs/suite.md says why e
    ``python -m esper.shell.run --preset PRESET --seed k`` run in ``--runs/TASK/seedk`` (bench.growth's
    training step: a finished run is kept, an interrupted one resumed);
 2. **evaluate** it with ``python -m esper.shell.evaluate`` against :data:`BASELINES` and ``plan_search`` at
-   :data:`PLAN_MULTIPLES` times its training compute, on 10 fresh hosts (evaluation seed ``1000 + k``)
+   :data:`PLAN_MULTIPLES` times its training compute, and the same search within its parameter cap at
+   equal compute (:data:`CAP_SEARCH`, where it has a cap), on 10 fresh hosts (evaluation seed ``1000 + k``)
    and, for generated data, a fresh draw (data seed :data:`FINAL_DATA_SEED` ``+ k``), into
    ``RUN_DIR/eval-suite`` (kept: a re-run evaluates only what is missing);
 3. **pool** the seeds: per controller the mean test accuracy with a 95 % interval over training seeds
@@ -39,6 +40,7 @@ from __future__ import annotations
 from bench.suite.report import markdown, plots
 from bench.suite.run import (
     BASELINES,
+    CAP_SEARCH,
     CONTROLLERS,
     EVAL_EPISODES,
     FINAL_DATA_SEED,
@@ -52,6 +54,6 @@ from bench.suite.run import (
 )
 
 __all__ = [
-    "BASELINES", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "LEARNED", "PLAN_MULTIPLES", "SUITE",
-    "final_data_seed", "markdown", "plan_name", "plots", "pool_task", "run_suite",
+    "BASELINES", "CAP_SEARCH", "CONTROLLERS", "EVAL_EPISODES", "FINAL_DATA_SEED", "LEARNED", "PLAN_MULTIPLES",
+    "SUITE", "final_data_seed", "markdown", "plan_name", "plots", "pool_task", "run_suite",
 ]  # fmt: skip

@@ -15,10 +15,10 @@ import numpy as np
 from bench.growth import training
 from bench.growth.pooling import summarize_runs
 from bench.suite.archive import carry, load_seed, partial_path, restore, run_end, save_seed, train_revision
-from esper.shell.config.presets import preset
+from esper.shell.config.presets import RunConfig, preset
 from esper.shell.data.tasks import Task, seed_params
 from esper.shell.env.config import GENERATED_TASKS
-from esper.shell.eval.search import HEURISTIC_TUNED, learned_compute
+from esper.shell.eval.search import HEURISTIC_TUNED, PLAN_SEARCH_CAP, learned_compute
 from esper.shell.host.hosts import Host
 from esper.shell.telemetry.events import read_events
 
@@ -59,7 +59,18 @@ def plan_name(multiple: float) -> str:
     return f"plan_search@{multiple:g}x"
 
 
-CONTROLLERS = (*LEARNED, *BASELINES[:-1], *(plan_name(m) for m in PLAN_MULTIPLES), BASELINES[-1])
+#: The plan search at equal compute over only the plans within the learned controller's parameter cap
+#: (``esper.shell.eval.search``): the search that looks for the best plan under the controller's budget,
+#: beside ``plan_search@1x``, which has none. Evaluated where the task's preset has a cap.
+CAP_SEARCH = f"{PLAN_SEARCH_CAP}@1x"
+CONTROLLERS = (*LEARNED, *BASELINES[:-1], *(plan_name(m) for m in PLAN_MULTIPLES), CAP_SEARCH, BASELINES[-1])
+
+
+def controllers_for(cfg: RunConfig) -> tuple[str, ...]:
+    """The controllers a seed trained with ``cfg`` is evaluated with: :data:`CONTROLLERS`, less
+    :data:`CAP_SEARCH` where the learned controller has no parameter cap to search within."""
+    capped = cfg.ppo.param_cap > 0 or cfg.ppo.param_cap_share > 0
+    return CONTROLLERS if capped else tuple(n for n in CONTROLLERS if n != CAP_SEARCH)
 
 
 def final_data_seed(task: str, k: int) -> int | None:
@@ -80,7 +91,7 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int,
     threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
     run_dir, train_s = training._train(k, root, ["--preset", SUITE[task], *threads])
     extra = ["--threads", "1"] if jobs > 1 else []
-    results = training._evaluate(run_dir, k, episodes, CONTROLLERS, out=EVAL_DIR,
+    results = training._evaluate(run_dir, k, episodes, controllers_for(preset(SUITE[task])), out=EVAL_DIR,
                                  data_seed=final_data_seed(task, k), extra=extra)  # fmt: skip
     with_diagnostics(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
     with_plan_in_cap(results, task, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
@@ -344,13 +355,15 @@ def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archiv
 
 
 def status_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """:func:`status` as a table (searches by budget: ``tuned`` is ``heuristic_tuned``)."""
+    """:func:`status` as a table (searches by budget: ``tuned`` is ``heuristic_tuned``, ``cap 1x``
+    ``plan_search_cap@1x``)."""
     out = ["| task | seed | training | searches cached | table | diagnosis | in cap | archived |",
            "|---|---:|---|---|---|---|---|---|"]  # fmt: skip
     mark = {True: "done", False: ""}
     for r in rows:
         train = "done" if r["trained"] else (f"{r['updates']}/{r['of']} updates" if r["updates"] else "")
-        short = (n.replace(HEURISTIC_TUNED, "tuned").replace("plan_search@", "") for n in r["searches"])
+        short = (n.replace(HEURISTIC_TUNED, "tuned").replace(f"{PLAN_SEARCH_CAP}@", "cap ")
+                 .replace("plan_search@", "") for n in r["searches"])  # fmt: skip
         searched = ", ".join(short)
         kept = "done" if r.get("archived") else ("in progress" if r.get("partial") else "")
         evals = " | ".join([*(mark[r[k]] for k in ("table", "diagnosis", "in_cap")), kept])
@@ -366,8 +379,9 @@ def planned_compute(task: str) -> int:
 
 
 __all__ = [
-    "BASELINES", "CONTROLLERS", "EVALUATIONS", "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP",
-    "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "carry_suite", "final_data_seed", "most_grown",
-    "plan_name", "planned_compute", "pool_task", "restore_suite", "revisions", "run_suite", "scored_plans",
-    "search_view", "seed_fates", "status", "status_lines", "with_diagnostics", "with_plan_in_cap",
+    "BASELINES", "CAP_SEARCH", "CONTROLLERS", "EVALUATIONS", "EVAL_EPISODES", "FINAL_DATA_SEED",
+    "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "carry_suite",
+    "controllers_for", "final_data_seed", "most_grown", "plan_name", "planned_compute", "pool_task",
+    "restore_suite", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates", "status",
+    "status_lines", "with_diagnostics", "with_plan_in_cap",
 ]  # fmt: skip

@@ -21,14 +21,15 @@ from typing import Any
 
 from bench.growth import training
 from bench.suite.run import (
-    CONTROLLERS,
     PLAN_MULTIPLES,
     SUITE,
+    controllers_for,
     final_data_seed,
     plan_name,
     pool_task,
     with_diagnostics,
 )
+from esper.shell.config.presets import preset
 
 #: What the transfer run sets beyond the default: the policy whose shapes do not depend on the host.
 TRANSFER_FLAGS = ("--ppo.policy", "set")
@@ -91,7 +92,8 @@ def run_transfer(heldout: str, seeds: int, first_seed: int, episodes: int, jobs:
 
     def one(k: int) -> tuple[int, dict, float]:
         run_dir, train_s = training._train(k, root, [*args, *threads])
-        results = training._evaluate(run_dir, k, episodes, CONTROLLERS, out=EVAL_DIR,
+        # the preset it trains with (train_args) holds the controller's cap
+        results = training._evaluate(run_dir, k, episodes, controllers_for(preset("default")), out=EVAL_DIR,
                                      data_seed=final_data_seed(heldout, k), extra=evaluate_flags)  # fmt: skip
         with_diagnostics(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(heldout, k), evaluate_flags)
         log(f"transfer to {heldout}, seed {k}: done")
