@@ -315,6 +315,23 @@ def test_the_search_within_the_cap_is_reported_beside_the_goal_not_for_it():
     assert "minus_plan_search_cap_equal_compute" not in without
 
 
+def test_a_suite_of_several_tasks_gets_one_overview_plot(tmp_path):
+    """Several tasks: one more plot, every task's baselines, judged controller and searches side by side
+    (a controller a task lacks is left out); one task: none."""
+    from bench.suite.report import OVERVIEW, plots
+
+    def row(mean):
+        return {"test_acc_mean": mean, "test_acc_ci95": [mean - 1, mean + 1], "params_added_mean": 10.0,
+                "compute_host_epochs": 100}  # fmt: skip
+
+    full = {n: row(50.0 + i) for i, n in enumerate(OVERVIEW)}
+    lacking = {n: c for n, c in full.items() if n != CAP_SEARCH}
+    files = plots(tmp_path, "s", {"tasks": {"a": {"controllers": full}, "b": {"controllers": lacking}}})
+    (overview,) = files[""]
+    assert overview.name == "s-overview.png" and overview.read_bytes()[:4] == b"\x89PNG"
+    assert "" not in plots(tmp_path / "one", "s", {"tasks": {"a": {"controllers": full}}})
+
+
 def test_every_suite_controller_has_its_own_colour():
     """Each controller a suite plot draws has a fixed colour, and no two share one (matplotlib's default
     red, which a controller without a colour got, is `ppo`'s)."""

@@ -328,9 +328,39 @@ def plots(out: Path, stem: str, suite: dict[str, Any]) -> dict[str, list[Path]]:
         ax.set_title(f"{task}: accuracy vs compute (95 % CI over training seeds)")
         b = finish_figure(fig, ax, out / f"{stem}-{task}-acc-vs-compute.png", legend_size=7)
         files[task] = [a, b]
+    if len(suite["tasks"]) > 1:
+        files[""] = [overview(out / f"{stem}-overview.png", suite["tasks"])]
     return files
 
 
+#: The rows of the overview, left to right within a task: the baselines the first goal names, the
+#: controller judged, the searches at equal compute.
+OVERVIEW = (*MUST_BEAT, "ppo_greedy", plan_name(1.0), CAP_SEARCH)
+
+
+def overview(path: Path, tasks: dict[str, dict]) -> Path:
+    """Every task on one axes: :data:`OVERVIEW`'s controllers side by side per task, each its mean test
+    accuracy with its 95 % interval over training seeds (a controller a task lacks is left out)."""
+    fig, ax = new_figure(size=(max(7.0, 2.2 * len(tasks)), 4.5))
+    width = 0.8 / len(OVERVIEW)
+    for i, name in enumerate(OVERVIEW):
+        xs, ms, lo, hi = [], [], [], []
+        for j, t in enumerate(tasks.values()):
+            if (c := t["controllers"].get(name)) is not None:
+                xs.append(j - 0.4 + width * (i + 0.5))
+                ms.append(c["test_acc_mean"])
+                lo.append(c["test_acc_mean"] - c["test_acc_ci95"][0])
+                hi.append(c["test_acc_ci95"][1] - c["test_acc_mean"])
+        if xs:
+            ax.errorbar(xs, ms, yerr=[lo, hi], marker="D" if name == "ppo_greedy" else "o", ls="none",
+                        capsize=3, color=color(name), label=name)  # fmt: skip
+    ax.set_xticks(range(len(tasks)), list(tasks))
+    ax.set_ylabel("final test accuracy (%)")
+    ax.set_title("the suite: each controller on each task (95 % CI over training seeds)")
+    return finish_figure(fig, ax, path, legend_size=7, ncol=2)
+
+
 __all__ = [
-    "MUST_BEAT", "SUITE", "TRANSFER_GAIN_SHARE", "WITHIN", "goals", "markdown", "plots", "transfer_verdict",
+    "MUST_BEAT", "OVERVIEW", "SUITE", "TRANSFER_GAIN_SHARE", "WITHIN", "goals", "markdown", "overview",
+    "plots", "transfer_verdict",
 ]  # fmt: skip
