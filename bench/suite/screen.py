@@ -1,0 +1,201 @@
+"""Read a screen: an arm (the default plus flags, trained on suite tasks and seeds) paired seed by seed
+with the suite's archived ``ppo_greedy``, and decided by the rule written before it.
+
+    python -m bench.suite.screen RUNS/hg4 --tasks mnist1d_deep,longrange --first-seed 200 --seeds 5
+    python -m bench.suite.screen RUNS/fb4 --out bench/results/suite/DATE-vm-screen-fb4.md
+
+``ARM_DIR/TASK/seedk`` is a training run of the arm, evaluated into ``ARM_DIR/TASK/seedk/EVAL/``
+(``python -m esper.shell.evaluate RUN --episodes 10 --seed 1000+k --data-seed 100000+k --controllers
+ppo,ppo_greedy``: the suite's hosts and draw, which this checks before it pairs). The suite's seed comes
+from ``--archive`` (:mod:`bench.suite.archive`). Per seed: the arm's ``ppo_greedy`` and ``ppo``, the
+suite's ``ppo_greedy``, their difference, and from the training events of updates
+:data:`LATE_UPDATES` how many seeds the controller fossilized against how many the holding deadline
+kept (``timeout_fossilized``), beside the suite's own run where ``--suite-runs`` has it. The rule the
+screens of docs/suite.md wrote before their runs: an arm **goes on** to a rule of its own if its paired
+mean over every (task, seed) pair is at least :data:`GOES_ON` points and no task's paired mean is below
+:data:`FLOOR`; nothing is decided until every pair is in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.suite.archive import load_seed
+from bench.suite.run import EVAL_EPISODES, SUITE, final_data_seed
+from esper.shell.eval.stats import mean_ci95
+
+#: The paired mean over all pairs an arm needs to go on, and the lowest a task's paired mean may be.
+GOES_ON, FLOOR = 0.5, -0.5
+#: The training updates whose lifecycle events are counted (the late half of the default's 22).
+LATE_UPDATES = (12, 22)
+#: Where a screen run's evaluation is, inside its run directory.
+EVAL = "eval-screen"
+#: The suite's kept seeds (:mod:`bench.suite.archive`).
+ARCHIVE = Path(__file__).resolve().parents[1] / "results" / "suite" / "seeds"
+#: The readout the suite's rule judges, and the one paired.
+READOUT = "ppo_greedy"
+
+
+def fossil_counts(events: Path, updates: tuple[int, int] = LATE_UPDATES) -> dict[str, int] | None:
+    """Seeds fossilized by the controller (``fossilized``) and kept by the holding deadline
+    (``timeout_fossilized``) in training updates ``updates`` (inclusive); None without the file."""
+    if not events.is_file():
+        return None
+    counts = {"fossilized": 0, "timeout_fossilized": 0}
+    first, last = updates
+    with events.open() as f:
+        for line in f:
+            if '"lifecycle"' not in line or "fossilized" not in line:
+                continue
+            e = json.loads(line)
+            late = first <= e.get("update", 0) <= last
+            if e.get("event") == "lifecycle" and e.get("kind") in counts and late:
+                counts[e["kind"]] += 1
+    return counts
+
+
+def _arm_results(run: Path, task: str, k: int, episodes: int) -> dict[str, Any] | None:
+    """Seed ``k``'s evaluation of the arm, checked to be on the suite's hosts and draw; None if absent."""
+    f = run / EVAL / "results.json"
+    if not f.is_file():
+        return None
+    results = json.loads(f.read_text())
+    meta = results.get("meta", {})
+    want = {"eval_seed": 1000 + k, "episodes": episodes}
+    if (data_seed := final_data_seed(task, k)) is not None:
+        want["data_seed"] = data_seed
+    got = {key: meta.get(key) for key in want}
+    if got != want:
+        raise ValueError(f"{f}: evaluated on {got}, not on the suite's {want}: the pair would not be paired")
+    return results
+
+
+def read_screen(arm_dir: Path, archive: Path, tasks: Sequence[str], seeds: Sequence[int],
+                suite_runs: Path | None = None, episodes: int = EVAL_EPISODES) -> dict[str, Any]:  # fmt: skip
+    """Every (task, seed) pair of the arm in ``arm_dir`` with the suite's archived seed, per task and
+    pooled: ``{"tasks": {TASK: {"seeds": {k: row}, "paired": (mean, (lo, hi)) | None, ...}},
+    "pooled": ..., "pairs": n, "of": len(tasks) * len(seeds)}``."""
+    unknown = [t for t in tasks if t not in SUITE]
+    if unknown or not tasks or not seeds:
+        raise ValueError(
+            f"unknown or no suite task(s) {unknown}; tasks: {', '.join(SUITE)}; seeds: {list(seeds)}"
+        )
+    out: dict[str, Any] = {"tasks": {}}
+    every: list[float] = []
+    for task in tasks:
+        rows: dict[int, dict[str, Any]] = {}
+        for k in seeds:
+            run = arm_dir / task / f"seed{k}"
+            arm = _arm_results(run, task, k, episodes)
+            suite = load_seed(archive, task, k, episodes, final_data_seed(task, k))
+            if arm is None or suite is None:
+                rows[k] = {"missing": "arm" if arm is None else "suite"}
+                continue
+            a, s = arm["controllers"], suite["controllers"]
+            rows[k] = {
+                "arm": a[READOUT]["test_acc_mean"],
+                "arm_ppo": a["ppo"]["test_acc_mean"] if "ppo" in a else None,
+                "suite": s[READOUT]["test_acc_mean"],
+                "paired": a[READOUT]["test_acc_mean"] - s[READOUT]["test_acc_mean"],
+                "fossils": fossil_counts(run / "events.jsonl"),
+                "suite_fossils": None if suite_runs is None else fossil_counts(
+                    suite_runs / task / f"seed{k}" / "events.jsonl"),
+            }  # fmt: skip
+        done = [r for r in rows.values() if "paired" in r]
+        every += [r["paired"] for r in done]
+        out["tasks"][task] = {
+            "seeds": rows,
+            "arm": mean_ci95([r["arm"] for r in done]) if done else None,
+            "suite": mean_ci95([r["suite"] for r in done]) if done else None,
+            "paired": mean_ci95([r["paired"] for r in done]) if done else None,
+            "pairs": len(done),
+        }
+    out["pooled"] = mean_ci95(every) if every else None
+    out["pairs"], out["of"] = len(every), len(tasks) * len(seeds)
+    return out
+
+
+def decide(screen: dict[str, Any], goes_on: float = GOES_ON, floor: float = FLOOR) -> dict[str, Any]:
+    """The rule: undecided until every pair is in; then the arm goes on if the pooled paired mean is at
+    least ``goes_on`` and no task's paired mean is below ``floor``."""
+    if screen["pairs"] < screen["of"]:
+        return {"decided": False, "goes_on": None, "checks": {}}
+    checks = {"pooled": screen["pooled"][0] >= goes_on}
+    checks.update({task: t["paired"][0] >= floor for task, t in screen["tasks"].items()})
+    return {"decided": True, "goes_on": all(checks.values()), "checks": checks}
+
+
+def _interval(v: tuple[float, tuple[float, float]] | None, signed: bool = False) -> str:
+    if v is None:
+        return "n/a"
+    m, (lo, hi) = v
+    return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]" if signed else f"{m:.1f} [{lo:.1f}, {hi:.1f}]"
+
+
+def markdown(screen: dict[str, Any], decision: dict[str, Any], arm: str) -> str:
+    """The screen as a table: per seed, per task, pooled, and the decision."""
+    first, last = LATE_UPDATES
+    lines = [f"| task | seed | `{arm}` `{READOUT}` | `{arm}` `ppo` | suite `{READOUT}` | paired | "
+             f"fossilized / kept by the deadline, updates {first}-{last} (`{arm}`; suite) |",
+             "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+
+    def fossils(c: dict[str, int] | None) -> str:
+        return "n/a" if c is None else f"{c['fossilized']} / {c['timeout_fossilized']}"
+
+    for task, t in screen["tasks"].items():
+        for k, r in t["seeds"].items():
+            if "missing" in r:
+                lines.append(f"| `{task}` | {k} | not in yet ({r['missing']}) | | | | |")
+                continue
+            ppo = "n/a" if r["arm_ppo"] is None else f"{r['arm_ppo']:.1f}"
+            counts = f"{fossils(r['fossils'])}; {fossils(r['suite_fossils'])}"
+            lines.append(f"| `{task}` | {k} | {r['arm']:.1f} | {ppo} | {r['suite']:.1f} | "
+                         f"{r['paired']:+.2f} | {counts} |")  # fmt: skip
+    lines.append("")
+    for task, t in screen["tasks"].items():
+        lines.append(f"- `{task}` ({t['pairs']} pairs): `{arm}` {_interval(t['arm'])}, suite "
+                     f"{_interval(t['suite'])}; paired {_interval(t['paired'], signed=True)}")  # fmt: skip
+    lines.append(f"- pooled over {screen['pairs']} of {screen['of']} pairs: paired "
+                 f"{_interval(screen['pooled'], signed=True)}")  # fmt: skip
+    if decision["decided"]:
+        verdict = "goes on to a rule of its own" if decision["goes_on"] else "does not go on"
+        checks = ", ".join(f"{name} {'holds' if ok else 'fails'}" for name, ok in decision["checks"].items())
+        lines.append(f"- **decision: {verdict}** (pooled at least {GOES_ON:+.1f}, each task at least "
+                     f"{FLOOR:+.1f}: {checks})")  # fmt: skip
+    else:
+        lines.append(f"- not decided: {screen['pairs']} of {screen['of']} pairs in")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.suite.screen", description=__doc__.split("\n\n")[0])
+    p.add_argument("arm_dir", type=Path, help="the arm's runs: ARM_DIR/TASK/seedk")
+    p.add_argument("--tasks", default="mnist1d_deep,longrange")
+    p.add_argument("--first-seed", type=int, default=200)
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--archive", type=Path, default=ARCHIVE,
+                   help="the suite's kept seeds (default bench/results/suite/seeds)")  # fmt: skip
+    p.add_argument("--suite-runs", type=Path, default=None,
+                   help="the suite's run directories (for its fossilization counts)")  # fmt: skip
+    p.add_argument("--episodes", type=int, default=EVAL_EPISODES)
+    p.add_argument("--out", type=Path, default=None, help="also write the table here")
+    args = p.parse_args(argv)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    try:
+        seeds = range(args.first_seed, args.first_seed + args.seeds)
+        screen = read_screen(args.arm_dir, args.archive, tasks, seeds, args.suite_runs, args.episodes)
+    except ValueError as e:
+        p.error(str(e))
+    text = markdown(screen, decide(screen), args.arm_dir.name)
+    print(text, end="")
+    if args.out is not None:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
