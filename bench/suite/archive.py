@@ -72,10 +72,15 @@ def load_seed(archive: Path, task: str, k: int, episodes: int,
         return None
     with gzip.open(path, "rb") as f:
         results = json.loads(f.read())
-    meta = results.get("meta", {})
+    return results if same_evaluation(results.get("meta", {}), k, episodes, data_seed) else None
+
+
+def same_evaluation(meta: dict[str, Any], k: int, episodes: int, data_seed: int | None) -> bool:
+    """Whether an evaluation's ``meta`` is the suite's evaluation of training seed ``k``: ``episodes``
+    fresh hosts of evaluation seed ``1000 + k``, on data seed ``data_seed`` (None: a fixed dataset's test
+    split, which has no seed to check)."""
     same_data = data_seed is None or meta.get("data_seed") == data_seed
-    same_hosts = (meta.get("episodes"), meta.get("eval_seed")) == (episodes, 1000 + k)
-    return results if same_data and same_hosts else None
+    return same_data and (meta.get("episodes"), meta.get("eval_seed")) == (episodes, 1000 + k)
 
 
 def partial_path(archive: Path, task: str, k: int) -> Path:
@@ -144,4 +149,4 @@ def restore(archive: Path, task: str, k: int, run_dir: Path) -> bool:
 
 
 __all__ = ["RUN_FILES", "TRAINING_ONLY", "carry", "load_seed", "partial_path", "restore", "run_end",
-           "save_seed", "seed_path", "train_revision", "trained"]  # fmt: skip
+           "same_evaluation", "save_seed", "seed_path", "train_revision", "trained"]  # fmt: skip

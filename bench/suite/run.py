@@ -69,8 +69,7 @@ CONTROLLERS = (*LEARNED, *BASELINES[:-1], *(plan_name(m) for m in PLAN_MULTIPLES
 def controllers_for(cfg: RunConfig) -> tuple[str, ...]:
     """The controllers a seed trained with ``cfg`` is evaluated with: :data:`CONTROLLERS`, less
     :data:`CAP_SEARCH` where the learned controller has no parameter cap to search within."""
-    capped = cfg.ppo.param_cap > 0 or cfg.ppo.param_cap_share > 0
-    return CONTROLLERS if capped else tuple(n for n in CONTROLLERS if n != CAP_SEARCH)
+    return CONTROLLERS if cfg.ppo.has_param_cap else tuple(n for n in CONTROLLERS if n != CAP_SEARCH)
 
 
 def final_data_seed(task: str, k: int) -> int | None:

@@ -24,9 +24,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.suite.archive import load_seed
+from bench.suite.archive import load_seed, same_evaluation
 from bench.suite.run import EVAL_EPISODES, SUITE, final_data_seed
+from bench.suite.transfer import READOUT  # the readout the suite's rule judges: the one paired
 from esper.shell.eval.stats import mean_ci95
+from esper.shell.telemetry.events import read_events
 
 #: The paired mean over all pairs an arm needs to go on, and the lowest a task's paired mean may be.
 GOES_ON, FLOOR = 0.5, -0.5
@@ -36,8 +38,6 @@ LATE_UPDATES = (12, 22)
 EVAL = "eval-screen"
 #: The suite's kept seeds (:mod:`bench.suite.archive`).
 ARCHIVE = Path(__file__).resolve().parents[1] / "results" / "suite" / "seeds"
-#: The readout the suite's rule judges, and the one paired.
-READOUT = "ppo_greedy"
 
 
 def fossil_counts(events: Path, updates: tuple[int, int] = LATE_UPDATES) -> dict[str, int] | None:
@@ -47,14 +47,9 @@ def fossil_counts(events: Path, updates: tuple[int, int] = LATE_UPDATES) -> dict
         return None
     counts = {"fossilized": 0, "timeout_fossilized": 0}
     first, last = updates
-    with events.open() as f:
-        for line in f:
-            if '"lifecycle"' not in line or "fossilized" not in line:
-                continue
-            e = json.loads(line)
-            late = first <= e.get("update", 0) <= last
-            if e.get("event") == "lifecycle" and e.get("kind") in counts and late:
-                counts[e["kind"]] += 1
+    for e in read_events(events, "lifecycle"):
+        if e.get("kind") in counts and first <= e.get("update", 0) <= last:
+            counts[e["kind"]] += 1
     return counts
 
 
@@ -64,13 +59,11 @@ def _arm_results(run: Path, task: str, k: int, episodes: int) -> dict[str, Any] 
     if not f.is_file():
         return None
     results = json.loads(f.read_text())
-    meta = results.get("meta", {})
-    want = {"eval_seed": 1000 + k, "episodes": episodes}
-    if (data_seed := final_data_seed(task, k)) is not None:
-        want["data_seed"] = data_seed
-    got = {key: meta.get(key) for key in want}
-    if got != want:
-        raise ValueError(f"{f}: evaluated on {got}, not on the suite's {want}: the pair would not be paired")
+    meta, data_seed = results.get("meta", {}), final_data_seed(task, k)
+    if not same_evaluation(meta, k, episodes, data_seed):
+        got = {key: meta.get(key) for key in ("episodes", "eval_seed", "data_seed")}
+        raise ValueError(f"{f}: evaluated on {got}, not on the suite's {episodes} hosts of evaluation seed "
+                         f"{1000 + k} and data seed {data_seed}: the pair would not be paired")  # fmt: skip
     return results
 
 

@@ -160,6 +160,12 @@ class PPOConfig:
                 f"got {len(self.head_entropy_weights)}"
             )
 
+    @property
+    def has_param_cap(self) -> bool:
+        """Whether the learned controller has a parameter cap (``param_cap`` or ``param_cap_share`` set;
+        :func:`param_cap_on` says how many parameters on a host)."""
+        return self.param_cap > 0 or self.param_cap_share > 0
+
     def entropy_coef_at(self, update: int) -> float:
         return _anneal(self.entropy_coef, self.entropy_coef_end, self.entropy_anneal_updates, update)
 

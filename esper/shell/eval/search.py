@@ -87,15 +87,14 @@ def learner_cap(cfg: RunConfig, task: Task) -> float:
     """The learned controller's parameter cap on ``task``'s host, in seed parameters
     (:func:`~esper.shell.agent.config.param_cap_on` of the run's ``ppo.param_cap`` and
     ``ppo.param_cap_share``); refused in one line where the controller has none."""
-    with torch.random.fork_rng(devices=[]):  # a host draws its init: leave the caller's stream
-        grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
-    cap = param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, grow_all)
-    if not cap > 0:
+    if not cfg.ppo.has_param_cap:
         raise ValueError(
             f"{PLAN_SEARCH_CAP}: the learned controller has no parameter cap to search within "
             f"(ppo.param_cap and ppo.param_cap_share are 0); use {PLAN_SEARCH}"
         )
-    return float(cap)
+    with torch.random.fork_rng(devices=[]):  # a host draws its init: leave the caller's stream
+        grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
+    return float(param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, grow_all))
 
 
 def learned_compute(cfg: RunConfig) -> int:
