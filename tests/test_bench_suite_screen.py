@@ -89,3 +89,57 @@ def test_the_command_prints_and_writes_the_table(tmp_path, capsys):
     assert printed == out.read_text() and "| `mnist1d_deep` | 200 | 81.0 | 80.0 | 80.0 | +1.00 |" in printed
     with pytest.raises(SystemExit):
         main([str(arm), "--archive", str(archive), "--tasks", "nope"])
+
+
+FRESH = (300, 301)
+
+
+def _two_arms(tmp_path, deltas: dict[tuple[str, int], float], base_eval_seed: int | None = None):
+    """A base arm at 80 on every fresh seed and an arm at 80 + delta, both evaluated into eval-fresh."""
+    base, arm = tmp_path / "fresh" / "default", tmp_path / "fresh" / "fb4"
+    for task in TASKS:
+        for k in FRESH:
+            for root, greedy, seed in ((base, 80.0, base_eval_seed), (arm, 80.0 + deltas[task, k], None)):
+                out = root / task / f"seed{k}" / "eval-fresh"
+                out.mkdir(parents=True)
+                (out / "results.json").write_text(json.dumps(_results(k, task, greedy, eval_seed=seed)))
+    return arm, base
+
+
+STEADY = {("mnist1d_deep", 300): 1.0, ("mnist1d_deep", 301): 1.2, ("longrange", 300): 0.8,
+          ("longrange", 301): 1.1}  # fmt: skip
+SPREAD = {("mnist1d_deep", 300): 3.0, ("mnist1d_deep", 301): -1.8, ("longrange", 300): 3.0,
+          ("longrange", 301): -1.8}  # fmt: skip
+
+
+@pytest.mark.parametrize(("deltas", "adopted"), [(STEADY, True), (SPREAD, False)])
+def test_a_confirmation_pairs_two_arms_and_asks_its_interval_above_zero(tmp_path, deltas, adopted):
+    """Both pass the screen's rule (pooled +1.03 and +0.60); the spread one's interval spans zero, so the
+    confirmation's stricter rule adopts only the steady one."""
+    arm, base = _two_arms(tmp_path, deltas)
+    screen = read_screen(arm, tmp_path / "no-archive", TASKS, FRESH, base_dir=base, eval_dir="eval-fresh")
+    assert screen["pairs"] == 4
+    assert screen["tasks"]["longrange"]["seeds"][301]["paired"] == pytest.approx(deltas["longrange", 301])
+    assert screen["pooled"][0] == pytest.approx(sum(deltas.values()) / 4)
+    assert decide(screen)["goes_on"]  # the screen's rule would let both through
+    d = decide(screen, confirm=True)
+    assert d["decided"] and d["goes_on"] is adopted
+    assert d["checks"]["pooled interval above zero"] is adopted
+    text = markdown(screen, d, "fb4", "`default`")
+    assert f"**decision: {'adopted' if adopted else 'not adopted'}**" in text
+    assert "| task | seed | `fb4` `ppo_greedy` | `fb4` `ppo` | `default` `ppo_greedy` |" in text
+
+
+def test_a_base_evaluated_on_other_hosts_is_not_paired(tmp_path):
+    arm, base = _two_arms(tmp_path, STEADY, base_eval_seed=7)
+    with pytest.raises(ValueError, match="would not be paired"):
+        read_screen(arm, tmp_path, TASKS, FRESH, base_dir=base, eval_dir="eval-fresh")
+
+
+def test_the_command_confirms_against_a_base(tmp_path, capsys):
+    arm, base = _two_arms(tmp_path, SPREAD)
+    args = [str(arm), "--base", str(base), "--eval", "eval-fresh", "--first-seed", "300", "--seeds", "2"]
+    assert main([*args, "--confirm"]) == 0
+    printed = capsys.readouterr().out
+    assert "**decision: not adopted**" in printed and "pooled interval above zero fails" in printed
+    assert main(args) == 0 and "**decision: goes on to a rule of its own**" in capsys.readouterr().out

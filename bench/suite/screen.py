@@ -3,6 +3,8 @@ with the suite's archived ``ppo_greedy``, and decided by the rule written before
 
     python -m bench.suite.screen RUNS/hg4 --tasks mnist1d_deep,longrange --first-seed 200 --seeds 5
     python -m bench.suite.screen RUNS/fb4 --out bench/results/suite/DATE-vm-screen-fb4.md
+    python -m bench.suite.screen RUNS/fresh/fb4 --base RUNS/fresh/default --eval eval-fresh --confirm \
+        --tasks mnist1d,mnist1d_deep,longrange,digits_shallow --first-seed 300
 
 ``ARM_DIR/TASK/seedk`` is a training run of the arm, evaluated into ``ARM_DIR/TASK/seedk/EVAL/``
 (``python -m esper.shell.evaluate RUN --episodes 10 --seed 1000+k --data-seed 100000+k --controllers
@@ -14,6 +16,12 @@ kept (``timeout_fossilized``), beside the suite's own run where ``--suite-runs``
 screens of docs/suite.md wrote before their runs: an arm **goes on** to a rule of its own if its paired
 mean over every (task, seed) pair is at least :data:`GOES_ON` points and no task's paired mean is below
 :data:`FLOOR`; nothing is decided until every pair is in.
+
+With ``--base BASE_DIR`` the arm is paired with another arm's runs instead (``BASE_DIR/TASK/seedk``,
+trained at the same revision and evaluated on the same hosts and draw, each checked), on seeds the suite
+never used. ``--confirm`` decides by the stricter rule a confirmation on fresh seeds wrote before its
+runs: the arm is **adopted** if the pooled paired mean is at least :data:`GOES_ON`, its 95 % interval lies
+above zero, and no task's paired mean is below :data:`FLOOR`.
 """
 
 from __future__ import annotations
@@ -53,9 +61,10 @@ def fossil_counts(events: Path, updates: tuple[int, int] = LATE_UPDATES) -> dict
     return counts
 
 
-def _arm_results(run: Path, task: str, k: int, episodes: int) -> dict[str, Any] | None:
-    """Seed ``k``'s evaluation of the arm, checked to be on the suite's hosts and draw; None if absent."""
-    f = run / EVAL / "results.json"
+def _arm_results(run: Path, task: str, k: int, episodes: int, eval_dir: str = EVAL) -> dict[str, Any] | None:
+    """Seed ``k``'s evaluation of a run (in ``run/eval_dir``), checked to be on the suite's hosts and draw
+    for that seed; None if absent."""
+    f = run / eval_dir / "results.json"
     if not f.is_file():
         return None
     results = json.loads(f.read_text())
@@ -68,10 +77,13 @@ def _arm_results(run: Path, task: str, k: int, episodes: int) -> dict[str, Any] 
 
 
 def read_screen(arm_dir: Path, archive: Path, tasks: Sequence[str], seeds: Sequence[int],
-                suite_runs: Path | None = None, episodes: int = EVAL_EPISODES) -> dict[str, Any]:  # fmt: skip
-    """Every (task, seed) pair of the arm in ``arm_dir`` with the suite's archived seed, per task and
-    pooled: ``{"tasks": {TASK: {"seeds": {k: row}, "paired": (mean, (lo, hi)) | None, ...}},
-    "pooled": ..., "pairs": n, "of": len(tasks) * len(seeds)}``."""
+                suite_runs: Path | None = None, episodes: int = EVAL_EPISODES, *,
+                base_dir: Path | None = None, eval_dir: str = EVAL) -> dict[str, Any]:  # fmt: skip
+    """Every (task, seed) pair of the arm in ``arm_dir`` with its base, per task and pooled:
+    ``{"tasks": {TASK: {"seeds": {k: row}, "paired": (mean, (lo, hi)) | None, ...}}, "pooled": ...,
+    "pairs": n, "of": len(tasks) * len(seeds)}``. The base is the suite's archived seed (its training
+    events from ``suite_runs``), or with ``base_dir`` that directory's run of the same task and seed
+    (evaluated into the same ``eval_dir``)."""
     unknown = [t for t in tasks if t not in SUITE]
     if unknown or not tasks or not seeds:
         raise ValueError(
@@ -83,27 +95,32 @@ def read_screen(arm_dir: Path, archive: Path, tasks: Sequence[str], seeds: Seque
         rows: dict[int, dict[str, Any]] = {}
         for k in seeds:
             run = arm_dir / task / f"seed{k}"
-            arm = _arm_results(run, task, k, episodes)
-            suite = load_seed(archive, task, k, episodes, final_data_seed(task, k))
-            if arm is None or suite is None:
-                rows[k] = {"missing": "arm" if arm is None else "suite"}
+            arm = _arm_results(run, task, k, episodes, eval_dir)
+            if base_dir is None:
+                base = load_seed(archive, task, k, episodes, final_data_seed(task, k))
+                base_runs = suite_runs
+            else:
+                base = _arm_results(base_dir / task / f"seed{k}", task, k, episodes, eval_dir)
+                base_runs = base_dir
+            if arm is None or base is None:
+                rows[k] = {"missing": "arm" if arm is None else "base"}
                 continue
-            a, s = arm["controllers"], suite["controllers"]
+            a, s = arm["controllers"], base["controllers"]
             rows[k] = {
                 "arm": a[READOUT]["test_acc_mean"],
                 "arm_ppo": a["ppo"]["test_acc_mean"] if "ppo" in a else None,
-                "suite": s[READOUT]["test_acc_mean"],
+                "base": s[READOUT]["test_acc_mean"],
                 "paired": a[READOUT]["test_acc_mean"] - s[READOUT]["test_acc_mean"],
                 "fossils": fossil_counts(run / "events.jsonl"),
-                "suite_fossils": None if suite_runs is None else fossil_counts(
-                    suite_runs / task / f"seed{k}" / "events.jsonl"),
+                "base_fossils": None if base_runs is None else fossil_counts(
+                    base_runs / task / f"seed{k}" / "events.jsonl"),
             }  # fmt: skip
         done = [r for r in rows.values() if "paired" in r]
         every += [r["paired"] for r in done]
         out["tasks"][task] = {
             "seeds": rows,
             "arm": mean_ci95([r["arm"] for r in done]) if done else None,
-            "suite": mean_ci95([r["suite"] for r in done]) if done else None,
+            "base": mean_ci95([r["base"] for r in done]) if done else None,
             "paired": mean_ci95([r["paired"] for r in done]) if done else None,
             "pairs": len(done),
         }
@@ -112,14 +129,19 @@ def read_screen(arm_dir: Path, archive: Path, tasks: Sequence[str], seeds: Seque
     return out
 
 
-def decide(screen: dict[str, Any], goes_on: float = GOES_ON, floor: float = FLOOR) -> dict[str, Any]:
+def decide(screen: dict[str, Any], goes_on: float = GOES_ON, floor: float = FLOOR,
+           confirm: bool = False) -> dict[str, Any]:  # fmt: skip
     """The rule: undecided until every pair is in; then the arm goes on if the pooled paired mean is at
-    least ``goes_on`` and no task's paired mean is below ``floor``."""
+    least ``goes_on`` and no task's paired mean is below ``floor``. ``confirm`` (a run on fresh seeds)
+    also asks that the pooled mean's 95 % interval lie above zero; ``goes_on`` then reads "adopted"."""
     if screen["pairs"] < screen["of"]:
-        return {"decided": False, "goes_on": None, "checks": {}}
-    checks = {"pooled": screen["pooled"][0] >= goes_on}
+        return {"decided": False, "goes_on": None, "checks": {}, "confirm": confirm}
+    mean, (lo, _) = screen["pooled"]
+    checks = {"pooled": mean >= goes_on}
+    if confirm:
+        checks["pooled interval above zero"] = lo > 0
     checks.update({task: t["paired"][0] >= floor for task, t in screen["tasks"].items()})
-    return {"decided": True, "goes_on": all(checks.values()), "checks": checks}
+    return {"decided": True, "goes_on": all(checks.values()), "checks": checks, "confirm": confirm}
 
 
 def _interval(v: tuple[float, tuple[float, float]] | None, signed: bool = False) -> str:
@@ -129,11 +151,12 @@ def _interval(v: tuple[float, tuple[float, float]] | None, signed: bool = False)
     return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]" if signed else f"{m:.1f} [{lo:.1f}, {hi:.1f}]"
 
 
-def markdown(screen: dict[str, Any], decision: dict[str, Any], arm: str) -> str:
-    """The screen as a table: per seed, per task, pooled, and the decision."""
+def markdown(screen: dict[str, Any], decision: dict[str, Any], arm: str, base: str = "suite") -> str:
+    """The screen as a table: per seed, per task, pooled, and the decision (``base`` names what the arm
+    is paired with)."""
     first, last = LATE_UPDATES
-    lines = [f"| task | seed | `{arm}` `{READOUT}` | `{arm}` `ppo` | suite `{READOUT}` | paired | "
-             f"fossilized / kept by the deadline, updates {first}-{last} (`{arm}`; suite) |",
+    lines = [f"| task | seed | `{arm}` `{READOUT}` | `{arm}` `ppo` | {base} `{READOUT}` | paired | "
+             f"fossilized / kept by the deadline, updates {first}-{last} (`{arm}`; {base}) |",
              "|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
 
     def fossils(c: dict[str, int] | None) -> str:
@@ -145,20 +168,25 @@ def markdown(screen: dict[str, Any], decision: dict[str, Any], arm: str) -> str:
                 lines.append(f"| `{task}` | {k} | not in yet ({r['missing']}) | | | | |")
                 continue
             ppo = "n/a" if r["arm_ppo"] is None else f"{r['arm_ppo']:.1f}"
-            counts = f"{fossils(r['fossils'])}; {fossils(r['suite_fossils'])}"
-            lines.append(f"| `{task}` | {k} | {r['arm']:.1f} | {ppo} | {r['suite']:.1f} | "
+            counts = f"{fossils(r['fossils'])}; {fossils(r['base_fossils'])}"
+            lines.append(f"| `{task}` | {k} | {r['arm']:.1f} | {ppo} | {r['base']:.1f} | "
                          f"{r['paired']:+.2f} | {counts} |")  # fmt: skip
     lines.append("")
     for task, t in screen["tasks"].items():
-        lines.append(f"- `{task}` ({t['pairs']} pairs): `{arm}` {_interval(t['arm'])}, suite "
-                     f"{_interval(t['suite'])}; paired {_interval(t['paired'], signed=True)}")  # fmt: skip
+        lines.append(f"- `{task}` ({t['pairs']} pairs): `{arm}` {_interval(t['arm'])}, {base} "
+                     f"{_interval(t['base'])}; paired {_interval(t['paired'], signed=True)}")  # fmt: skip
     lines.append(f"- pooled over {screen['pairs']} of {screen['of']} pairs: paired "
                  f"{_interval(screen['pooled'], signed=True)}")  # fmt: skip
     if decision["decided"]:
-        verdict = "goes on to a rule of its own" if decision["goes_on"] else "does not go on"
+        if decision.get("confirm"):
+            verdict = "adopted" if decision["goes_on"] else "not adopted"
+            asked = (f"pooled at least {GOES_ON:+.1f} with its 95 % interval above zero, each task at least "
+                     f"{FLOOR:+.1f}")  # fmt: skip
+        else:
+            verdict = "goes on to a rule of its own" if decision["goes_on"] else "does not go on"
+            asked = f"pooled at least {GOES_ON:+.1f}, each task at least {FLOOR:+.1f}"
         checks = ", ".join(f"{name} {'holds' if ok else 'fails'}" for name, ok in decision["checks"].items())
-        lines.append(f"- **decision: {verdict}** (pooled at least {GOES_ON:+.1f}, each task at least "
-                     f"{FLOOR:+.1f}: {checks})")  # fmt: skip
+        lines.append(f"- **decision: {verdict}** ({asked}: {checks})")
     else:
         lines.append(f"- not decided: {screen['pairs']} of {screen['of']} pairs in")
     return "\n".join(lines) + "\n"
@@ -175,15 +203,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--suite-runs", type=Path, default=None,
                    help="the suite's run directories (for its fossilization counts)")  # fmt: skip
     p.add_argument("--episodes", type=int, default=EVAL_EPISODES)
+    p.add_argument("--base", type=Path, default=None,
+                   help="pair with these runs (BASE/TASK/seedk), not the suite's")  # fmt: skip
+    p.add_argument("--eval", default=EVAL, help=f"the evaluation's folder inside each run (default {EVAL})")
+    p.add_argument("--confirm", action="store_true",
+                   help="the confirmation's rule: the pooled interval also above zero")  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="also write the table here")
     args = p.parse_args(argv)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     try:
         seeds = range(args.first_seed, args.first_seed + args.seeds)
-        screen = read_screen(args.arm_dir, args.archive, tasks, seeds, args.suite_runs, args.episodes)
+        screen = read_screen(args.arm_dir, args.archive, tasks, seeds, args.suite_runs, args.episodes,
+                             base_dir=args.base, eval_dir=args.eval)  # fmt: skip
     except ValueError as e:
         p.error(str(e))
-    text = markdown(screen, decide(screen), args.arm_dir.name)
+    base = "suite" if args.base is None else f"`{args.base.name}`"
+    text = markdown(screen, decide(screen, confirm=args.confirm), args.arm_dir.name, base)
     print(text, end="")
     if args.out is not None:
         args.out.write_text(text)
