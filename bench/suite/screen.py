@@ -91,6 +91,7 @@ def read_screen(arm_dir: Path, archive: Path, tasks: Sequence[str], seeds: Seque
         )
     out: dict[str, Any] = {"tasks": {}}
     every: list[float] = []
+    base_runs = suite_runs if base_dir is None else base_dir  # where the base's training events are
     for task in tasks:
         rows: dict[int, dict[str, Any]] = {}
         for k in seeds:
@@ -98,10 +99,8 @@ def read_screen(arm_dir: Path, archive: Path, tasks: Sequence[str], seeds: Seque
             arm = _arm_results(run, task, k, episodes, eval_dir)
             if base_dir is None:
                 base = load_seed(archive, task, k, episodes, final_data_seed(task, k))
-                base_runs = suite_runs
             else:
                 base = _arm_results(base_dir / task / f"seed{k}", task, k, episodes, eval_dir)
-                base_runs = base_dir
             if arm is None or base is None:
                 rows[k] = {"missing": "arm" if arm is None else "base"}
                 continue
@@ -178,7 +177,7 @@ def markdown(screen: dict[str, Any], decision: dict[str, Any], arm: str, base: s
     lines.append(f"- pooled over {screen['pairs']} of {screen['of']} pairs: paired "
                  f"{_interval(screen['pooled'], signed=True)}")  # fmt: skip
     if decision["decided"]:
-        if decision.get("confirm"):
+        if decision["confirm"]:
             verdict = "adopted" if decision["goes_on"] else "not adopted"
             asked = (f"pooled at least {GOES_ON:+.1f} with its 95 % interval above zero, each task at least "
                      f"{FLOOR:+.1f}")  # fmt: skip
