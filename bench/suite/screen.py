@@ -21,12 +21,16 @@ With ``--base BASE_DIR`` the arm is paired with another arm's runs instead (``BA
 trained at the same revision and evaluated on the same hosts and draw, each checked), on seeds the suite
 never used. ``--confirm`` decides by the stricter rule a confirmation on fresh seeds wrote before its
 runs: the arm is **adopted** if the pooled paired mean is at least :data:`GOES_ON`, its 95 % interval lies
-above zero, and no task's paired mean is below :data:`FLOOR`.
+above zero, and no task's paired mean is below :data:`FLOOR`. A seed kept by :mod:`bench.suite.confirm`
+(``ARM_DIR/TASK/seedk.json.gz``, with its counts) is read where its run directory is gone, so
+``python -m bench.suite.screen ARCHIVE/fb4 --base ARCHIVE/default ...`` reads the confirmation from the
+repository alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,18 +66,32 @@ def fossil_counts(events: Path, updates: tuple[int, int] = LATE_UPDATES) -> dict
 
 
 def _arm_results(run: Path, task: str, k: int, episodes: int, eval_dir: str = EVAL) -> dict[str, Any] | None:
-    """Seed ``k``'s evaluation of a run (in ``run/eval_dir``), checked to be on the suite's hosts and draw
-    for that seed; None if absent."""
-    f = run / eval_dir / "results.json"
-    if not f.is_file():
+    """Seed ``k``'s evaluation of a run (in ``run/eval_dir``, or kept beside it as ``run.json.gz`` by
+    :mod:`bench.suite.confirm`, which also holds its fossilization counts), checked to be on the suite's
+    hosts and draw for that seed; None if absent."""
+    f, kept = run / eval_dir / "results.json", run.with_name(run.name + ".json.gz")
+    if f.is_file():
+        results = json.loads(f.read_text())
+    elif kept.is_file():
+        f = kept
+        with gzip.open(kept, "rb") as fh:
+            results = json.loads(fh.read())
+    else:
         return None
-    results = json.loads(f.read_text())
     meta, data_seed = results.get("meta", {}), final_data_seed(task, k)
     if not same_evaluation(meta, k, episodes, data_seed):
         got = {key: meta.get(key) for key in ("episodes", "eval_seed", "data_seed")}
         raise ValueError(f"{f}: evaluated on {got}, not on the suite's {episodes} hosts of evaluation seed "
                          f"{1000 + k} and data seed {data_seed}: the pair would not be paired")  # fmt: skip
     return results
+
+
+def _fossils(results: dict[str, Any], run: Path | None) -> dict[str, int] | None:
+    """A seed's late fossilization counts: those kept with its ``results``, else read from ``run``'s
+    training events (None where neither has them)."""
+    if results.get("fossils") is not None:
+        return results["fossils"]
+    return None if run is None else fossil_counts(run / "events.jsonl")
 
 
 def read_screen(arm_dir: Path, archive: Path, tasks: Sequence[str], seeds: Sequence[int],
@@ -110,9 +128,8 @@ def read_screen(arm_dir: Path, archive: Path, tasks: Sequence[str], seeds: Seque
                 "arm_ppo": a["ppo"]["test_acc_mean"] if "ppo" in a else None,
                 "base": s[READOUT]["test_acc_mean"],
                 "paired": a[READOUT]["test_acc_mean"] - s[READOUT]["test_acc_mean"],
-                "fossils": fossil_counts(run / "events.jsonl"),
-                "base_fossils": None if base_runs is None else fossil_counts(
-                    base_runs / task / f"seed{k}" / "events.jsonl"),
+                "fossils": _fossils(arm, run),
+                "base_fossils": _fossils(base, None if base_runs is None else base_runs / task / f"seed{k}"),
             }  # fmt: skip
         done = [r for r in rows.values() if "paired" in r]
         every += [r["paired"] for r in done]
@@ -210,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="also write the table here")
     args = p.parse_args(argv)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.base is not None and args.suite_runs is not None:
+        p.error("--suite-runs names the suite's runs, which --base replaces: give one of them")
     try:
         seeds = range(args.first_seed, args.first_seed + args.seeds)
         screen = read_screen(args.arm_dir, args.archive, tasks, seeds, args.suite_runs, args.episodes,

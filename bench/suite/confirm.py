@@ -1,0 +1,125 @@
+"""The confirmation runs of a candidate change (one arm a process), kept in the repository as they finish.
+
+    python -m bench.suite.confirm fb4 --runs RUNS/fresh --archive bench/results/suite/confirm-fb4 \\
+        --rev f608ea9 --tasks mnist1d,mnist1d_deep,longrange,digits_shallow --first-seed 300 --seeds 5
+
+trains each (task, seed) of the arm as its rule says (``python -m esper.shell.run --preset PRESET --seed k
+--progress false --threads 1 [FLAG]``, seed by seed, the tasks in the given order), evaluates it on the
+suite's fresh hosts and draw for that seed (``--controllers ppo,ppo_greedy``), and keeps the evaluation in
+``ARCHIVE/ARM/TASK/seedk.json.gz`` (:mod:`bench.suite.archive`) with what the reading takes from the run's
+training events (the late fossilization counts, the credit reading): the run directory does not outlive
+its machine, and forty runs do not fit in one session. A seed kept there is skipped; a run directory with a
+checkpoint is resumed.
+
+``--rev`` pins the code the rule was written at: before each training the working tree's ``esper/`` must
+be the same as at that revision (``git diff --quiet REV -- esper``), or the arm stops, so a change to the
+library made while the runs go cannot enter some of them. ``python -m bench.suite.screen ARCHIVE/ARM
+--base ARCHIVE/default ...`` reads the kept seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.growth import training
+from bench.suite.archive import load_seed, save_seed
+from bench.suite.run import SUITE, final_data_seed
+from bench.suite.screen import fossil_counts
+
+#: The arms, by name: the flags added to the default's training command.
+ARMS: dict[str, tuple[str, ...]] = {"default": (), "fb4": ("--ppo.fossilize_bias", "4")}
+#: The readouts each seed is evaluated with.
+CONTROLLERS = ("ppo", "ppo_greedy")
+#: Where each seed's evaluation goes inside its run directory.
+EVAL_DIR = "eval-fresh"
+#: Evaluation episodes (fresh hosts) per seed, as the suite's.
+EPISODES = 10
+#: The training update from which the credit reading is taken (``bench.diagnose --credit-from``).
+CREDIT_FROM = 12
+REPO = Path(__file__).resolve().parents[2]
+
+
+def library_matches(rev: str, repo: Path = REPO) -> bool:
+    """Whether ``repo``'s working tree has the same ``esper/`` as revision ``rev``."""
+    proc = subprocess.run(["git", "diff", "--quiet", rev, "--", "esper"], cwd=repo, check=False,
+                          capture_output=True)  # fmt: skip
+    if proc.returncode > 1:
+        raise RuntimeError(f"git diff against {rev} failed: {proc.stderr.decode().strip()}")
+    return proc.returncode == 0
+
+
+def credit(events: Path, first: int = CREDIT_FROM) -> dict[str, Any] | None:
+    """The credit reading of a run's training events from update ``first`` (``bench.diagnose --credit-from``):
+    the choices made on a paying HOLDING seed, counted (``counts``), and FOSSILIZE against WAIT in
+    return-to-go (``contrast``); None without the file."""
+    from bench.diagnose import CREDIT_CHOICES, credit_contrast, holding_credit
+
+    if not events.is_file():
+        return None
+    rows = holding_credit(events, first)
+    return {"from_update": first, "counts": {c: sum(r["choice"] == c for r in rows) for c in CREDIT_CHOICES},
+            "contrast": credit_contrast(rows, "FOSSILIZE")}  # fmt: skip
+
+
+def train_args(task: str, arm: str) -> list[str]:
+    """The arm's training flags for ``task`` (``_train`` adds the seed, run directory and progress)."""
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+    return ["--preset", SUITE[task], "--threads", "1", *ARMS[arm]]
+
+
+def confirm_seed(arm: str, task: str, k: int, runs: Path, archive: Path, rev: str | None,
+                 log: Callable[[str], None] = print) -> Path:  # fmt: skip
+    """Train, evaluate and keep seed ``k`` of ``task`` for ``arm`` (nothing runs where it is kept);
+    the kept file's path."""
+    kept_at = archive / arm
+    data_seed = final_data_seed(task, k)
+    if load_seed(kept_at, task, k, EPISODES, data_seed) is not None:
+        return kept_at / task / f"seed{k}.json.gz"
+    if rev is not None and not library_matches(rev):
+        raise RuntimeError(f"esper/ differs from {rev}, the revision the rule pins: "
+                           f"not training {task} seed {k}")  # fmt: skip
+    log(f"{arm} {task} seed {k}: training")
+    run_dir, train_s = training._train(k, runs / arm / task, train_args(task, arm))
+    log(f"{arm} {task} seed {k}: evaluating")
+    results = training._evaluate(run_dir, k, EPISODES, CONTROLLERS, out=EVAL_DIR, data_seed=data_seed,
+                                 extra=["--threads", "1"])  # fmt: skip
+    results = {**results, "fossils": fossil_counts(run_dir / "events.jsonl"),
+               "credit": credit(run_dir / "events.jsonl")}  # fmt: skip
+    path = save_seed(kept_at, task, k, results, train_s)
+    log(f"{arm} {task} seed {k}: kept in {path}")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.suite.confirm", description=__doc__.split("\n\n")[0])
+    p.add_argument("arm", choices=sorted(ARMS))
+    p.add_argument("--runs", type=Path, required=True, help="run directories go in RUNS/ARM/TASK/seedk")
+    p.add_argument("--archive", type=Path, required=True,
+                   help="kept seeds go in ARCHIVE/ARM/TASK/seedk.json.gz")  # fmt: skip
+    p.add_argument("--rev", default=None, help="the revision whose esper/ the runs must train with")
+    p.add_argument("--tasks", default=",".join(SUITE))
+    p.add_argument("--first-seed", type=int, default=300)
+    p.add_argument("--seeds", type=int, default=5)
+    args = p.parse_args(argv)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks or any(t not in SUITE for t in tasks) or args.seeds < 1:
+        p.error(f"tasks must be among {', '.join(SUITE)} and --seeds >= 1")
+    for k in range(args.first_seed, args.first_seed + args.seeds):
+        for task in tasks:
+            try:
+                confirm_seed(args.arm, task, k, args.runs, args.archive, args.rev,
+                             log=lambda m: print(m, flush=True))  # fmt: skip
+            except RuntimeError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""``python -m bench.suite.confirm``: a confirmation's runs, each kept in the repository once evaluated (with
+what its reading takes from the training events), so that the runs outlive the machine that made them, and
+never trained with a library other than the one the rule pins."""
+
+import gzip
+import json
+import shutil
+import subprocess
+
+import pytest
+
+import bench.suite.confirm as confirm
+from bench.growth import training
+from bench.suite.run import final_data_seed
+from bench.suite.screen import main as screen_main
+from bench.suite.screen import read_screen
+
+TASKS = ("mnist1d_deep", "longrange")
+FRESH = (300, 301)
+
+
+def _results(k: int, task: str, greedy: float) -> dict:
+    meta = {"episodes": 10, "eval_seed": 1000 + k, "data_seed": final_data_seed(task, k), "run_dir": "x"}
+    return {"meta": meta, "controllers": {"ppo_greedy": {"test_acc_mean": greedy},
+                                          "ppo": {"test_acc_mean": greedy - 1.0}}}  # fmt: skip
+
+
+def _events(path, fossilized: int, kept: int) -> None:
+    lines = [{"event": "lifecycle", "update": 15, "kind": "fossilized"}] * fossilized
+    lines += [{"event": "lifecycle", "update": 20, "kind": "timeout_fossilized"}] * kept
+    lines.append({"event": "lifecycle", "update": 3, "kind": "fossilized"})  # early: not counted
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """Training and evaluation replaced by stand-ins that write a run's events and results: the calls made,
+    by (task, seed), with the training flags."""
+    calls: dict = {"train": [], "evaluate": []}
+
+    def train(k, root, extra):
+        calls["train"].append((root.parent.name, root.name, k, list(extra)))
+        run = root / f"seed{k}"
+        run.mkdir(parents=True, exist_ok=True)
+        _events(run / "events.jsonl", fossilized=5 if "--ppo.fossilize_bias" in extra else 1, kept=2)
+        return run, 123.0
+
+    def evaluate(run_dir, k, episodes, names, out, data_seed, extra):
+        calls["evaluate"].append((run_dir, k, tuple(names), out, data_seed, tuple(extra)))
+        task = run_dir.parent.name
+        return _results(k, task, 81.0 if run_dir.parent.parent.name == "fb4" else 80.0)
+
+    monkeypatch.setattr(training, "_train", train)
+    monkeypatch.setattr(training, "_evaluate", evaluate)
+    monkeypatch.setattr(confirm, "library_matches", lambda rev: True)
+    return calls
+
+
+def test_a_seed_is_trained_evaluated_and_kept_with_its_counts(tmp_path, fake_runs):
+    path = confirm.confirm_seed("fb4", "longrange", 300, tmp_path / "runs", tmp_path / "kept", "abc")
+    assert path == tmp_path / "kept" / "fb4" / "longrange" / "seed300.json.gz"
+    ((arm, task, k, flags),) = fake_runs["train"]
+    assert (arm, task, k) == ("fb4", "longrange", 300)
+    assert flags == ["--preset", "longrange", "--threads", "1", "--ppo.fossilize_bias", "4"]
+    ((_, _, names, out, data_seed, extra),) = fake_runs["evaluate"]
+    assert names == ("ppo", "ppo_greedy") and out == "eval-fresh" and extra == ("--threads", "1")
+    assert data_seed == final_data_seed("longrange", 300)
+    with gzip.open(path, "rb") as f:
+        kept = json.loads(f.read())
+    assert kept["fossils"] == {"fossilized": 5, "timeout_fossilized": 2}
+    assert kept["credit"]["from_update"] == 12 and kept["credit"]["contrast"]["difference"] is None
+    assert kept["meta"]["train_seconds"] == 123.0
+
+
+def test_a_kept_seed_is_not_run_again(tmp_path, fake_runs):
+    for _ in range(2):
+        confirm.confirm_seed("default", "mnist1d_deep", 301, tmp_path / "runs", tmp_path / "kept", None)
+    assert len(fake_runs["train"]) == 1 and len(fake_runs["evaluate"]) == 1
+
+
+def test_a_library_other_than_the_pinned_one_trains_nothing(tmp_path, fake_runs, monkeypatch):
+    monkeypatch.setattr(confirm, "library_matches", lambda rev: False)
+    with pytest.raises(RuntimeError, match="differs from f608ea9"):
+        confirm.confirm_seed("fb4", "mnist1d", 300, tmp_path / "runs", tmp_path / "kept", "f608ea9")
+    assert fake_runs["train"] == []
+    assert confirm.main(["fb4", "--runs", str(tmp_path / "r"), "--archive", str(tmp_path / "k"),
+                         "--rev", "f608ea9", "--tasks", "mnist1d", "--seeds", "1"]) == 1  # fmt: skip
+
+
+def test_library_matches_reads_the_working_tree_against_the_revision(tmp_path):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "esper").mkdir()
+    (tmp_path / "esper" / "a.py").write_text("x = 1\n")
+    (tmp_path / "notes.md").write_text("a\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    (tmp_path / "notes.md").write_text("b\n")  # outside esper/: still the same library
+    assert confirm.library_matches("HEAD", tmp_path)
+    (tmp_path / "esper" / "a.py").write_text("x = 2\n")
+    assert not confirm.library_matches("HEAD", tmp_path)
+    with pytest.raises(RuntimeError, match="git diff"):
+        confirm.library_matches("no-such-rev", tmp_path)
+
+
+def test_an_unknown_arm_is_refused():
+    with pytest.raises(ValueError, match="unknown arm"):
+        confirm.train_args("mnist1d", "fb9")
+
+
+def test_the_screen_reads_a_confirmation_from_the_kept_seeds_alone(tmp_path, fake_runs, capsys):
+    """Every pair run through the driver, then the run directories removed: the reading needs only what
+    was kept, counts included."""
+    for k in FRESH:
+        for task in TASKS:
+            for arm in ("default", "fb4"):
+                confirm.confirm_seed(arm, task, k, tmp_path / "runs", tmp_path / "kept", None)
+    shutil.rmtree(tmp_path / "runs")
+    kept = tmp_path / "kept"
+    screen = read_screen(kept / "fb4", tmp_path / "none", TASKS, FRESH, base_dir=kept / "default",
+                         eval_dir="eval-fresh")  # fmt: skip
+    assert screen["pairs"] == 4 and screen["pooled"][0] == pytest.approx(1.0)
+    row = screen["tasks"]["longrange"]["seeds"][300]
+    assert row["fossils"] == {"fossilized": 5, "timeout_fossilized": 2}
+    assert row["base_fossils"] == {"fossilized": 1, "timeout_fossilized": 2}
+    args = [str(kept / "fb4"), "--base", str(kept / "default"), "--eval", "eval-fresh", "--first-seed", "300",
+            "--seeds", "2", "--confirm"]  # fmt: skip
+    assert screen_main(args) == 0
+    assert "5 / 2; 1 / 2" in capsys.readouterr().out
+
+
+def test_the_screen_refuses_suite_runs_beside_a_base(tmp_path):
+    with pytest.raises(SystemExit):
+        screen_main([str(tmp_path / "a"), "--base", str(tmp_path / "b"), "--suite-runs", str(tmp_path)])
