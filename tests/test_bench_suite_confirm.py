@@ -11,6 +11,7 @@ import pytest
 
 import bench.suite.confirm as confirm
 from bench.growth import training
+from bench.suite.archive import save_seed
 from bench.suite.run import final_data_seed
 from bench.suite.screen import main as screen_main
 from bench.suite.screen import read_screen
@@ -43,12 +44,18 @@ def fake_runs(monkeypatch):
         run = root / f"seed{k}"
         run.mkdir(parents=True, exist_ok=True)
         _events(run / "events.jsonl", fossilized=5 if "--ppo.fossilize_bias" in extra else 1, kept=2)
+        (run / "config.json").write_text(json.dumps({"seed": k}))
         return run, 123.0
 
     def evaluate(run_dir, k, episodes, names, out, data_seed, extra):
         calls["evaluate"].append((run_dir, k, tuple(names), out, data_seed, tuple(extra)))
         task = run_dir.parent.name
-        return _results(k, task, 81.0 if run_dir.parent.parent.name == "fb4" else 80.0)
+        greedy = 81.0 if run_dir.parent.parent.name == "fb4" else 80.0
+        results = _results(k, task, greedy)
+        results["controllers"].update({n: {"test_acc_mean": greedy + 0.5} for n in names})
+        if "ppo_greedy" in names:
+            results["controllers"]["ppo_greedy"]["grown_counts"] = {"b0=conv_heavy": 10}
+        return results
 
     monkeypatch.setattr(training, "_train", train)
     monkeypatch.setattr(training, "_evaluate", evaluate)
@@ -62,20 +69,43 @@ def test_a_seed_is_trained_evaluated_and_kept_with_its_counts(tmp_path, fake_run
     ((arm, task, k, flags),) = fake_runs["train"]
     assert (arm, task, k) == ("fb4", "longrange", 300)
     assert flags == ["--preset", "longrange", "--threads", "1", "--ppo.fossilize_bias", "4"]
-    ((_, _, names, out, data_seed, extra),) = fake_runs["evaluate"]
+    (_, _, names, out, data_seed, extra), diagnosis = fake_runs["evaluate"]
     assert names == ("ppo", "ppo_greedy") and out == "eval-fresh" and extra == ("--threads", "1")
     assert data_seed == final_data_seed("longrange", 300)
+    # the diagnosis rows, while the policy is here: its own most grown plan; fossilizing wherever legal
+    assert (
+        diagnosis[2] == ("grow:b0=conv_heavy", "ppo_greedy_fossilize")
+        and diagnosis[3] == "eval-fresh-diagnosis"
+    )
     with gzip.open(path, "rb") as f:
         kept = json.loads(f.read())
     assert kept["fossils"] == {"fossilized": 5, "timeout_fossilized": 2}
     assert kept["credit"]["from_update"] == 12 and kept["credit"]["contrast"]["difference"] is None
     assert kept["meta"]["train_seconds"] == 123.0
+    assert list(kept["controllers"]) == ["ppo_greedy", "ppo_greedy_plan", "ppo_greedy_fossilize", "ppo"]
+    assert kept["run_config"] == {"seed": 300}  # the baselines can be evaluated from it later
+
+
+def test_a_kept_seed_without_its_diagnosis_rows_gets_them_while_its_run_is_here(tmp_path, fake_runs):
+    runs, archive = tmp_path / "runs", tmp_path / "kept"
+    save_seed(archive / "fb4", "mnist1d", 302, _results(302, "mnist1d", 81.0), 99.0)  # kept before the rows
+    confirm.confirm_seed("fb4", "mnist1d", 302, runs, archive, None)
+    assert fake_runs["evaluate"] == []  # no run directory: kept as it is
+    run = runs / "fb4" / "mnist1d" / "seed302"
+    run.mkdir(parents=True)
+    (run / "checkpoint.pt").write_bytes(b"x")
+    (run / "events.jsonl").write_text(json.dumps({"event": "run_end", "t": 99.0}) + "\n")
+    path = confirm.confirm_seed("fb4", "mnist1d", 302, runs, archive, None)
+    assert fake_runs["train"] == [] and len(fake_runs["evaluate"]) == 1
+    with gzip.open(path, "rb") as f:
+        kept = json.loads(f.read())
+    assert "ppo_greedy_fossilize" in kept["controllers"] and kept["meta"]["train_seconds"] == 99.0
 
 
 def test_a_kept_seed_is_not_run_again(tmp_path, fake_runs):
     for _ in range(2):
         confirm.confirm_seed("default", "mnist1d_deep", 301, tmp_path / "runs", tmp_path / "kept", None)
-    assert len(fake_runs["train"]) == 1 and len(fake_runs["evaluate"]) == 1
+    assert len(fake_runs["train"]) == 1 and len(fake_runs["evaluate"]) == 2  # the table's, the diagnosis
 
 
 def test_a_library_other_than_the_pinned_one_trains_nothing(tmp_path, fake_runs, monkeypatch):

@@ -20,6 +20,7 @@ library made while the runs go cannot enter some of them. ``python -m bench.suit
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -27,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.growth import training
-from bench.suite.archive import load_seed, save_seed
-from bench.suite.run import SUITE, final_data_seed
+from bench.suite.archive import load_seed, save_seed, trained
+from bench.suite.run import FOSSILIZING, SUITE, final_data_seed, with_diagnostics
 from bench.suite.screen import fossil_counts
 
 #: The arms, by name: the flags added to the default's training command.
@@ -73,13 +74,34 @@ def train_args(task: str, arm: str) -> list[str]:
     return ["--preset", SUITE[task], "--threads", "1", *ARMS[arm]]
 
 
+def _keep(kept_at: Path, task: str, k: int, run_dir: Path, results: dict[str, Any], train_s: float) -> Path:
+    """Seed ``k``'s evaluation kept with what its reading and the suite's table take from the run directory:
+    the diagnosis rows (evaluated now, while the trained policy is here), the late fossilization counts, the
+    credit reading and the run's settings (``run_config``, from which the baselines can be evaluated on the
+    same hosts once the directory is gone)."""
+    results = with_diagnostics(results, run_dir, k, EPISODES, EVAL_DIR, final_data_seed(task, k),
+                               ["--threads", "1"])  # fmt: skip
+    events = run_dir / "events.jsonl"
+    config = (
+        json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else None
+    )
+    results = {**results, "fossils": fossil_counts(events), "credit": credit(events), "run_config": config}
+    return save_seed(kept_at, task, k, results, train_s)
+
+
 def confirm_seed(arm: str, task: str, k: int, runs: Path, archive: Path, rev: str | None,
                  log: Callable[[str], None] = print) -> Path:  # fmt: skip
-    """Train, evaluate and keep seed ``k`` of ``task`` for ``arm`` (nothing runs where it is kept);
-    the kept file's path."""
+    """Train, evaluate and keep seed ``k`` of ``task`` for ``arm`` (nothing runs where it is kept whole; a
+    kept seed without its diagnosis rows gets them where its run directory is still here); the kept
+    file's path."""
     kept_at = archive / arm
     data_seed = final_data_seed(task, k)
-    if load_seed(kept_at, task, k, EPISODES, data_seed) is not None:
+    run_dir = runs / arm / task / f"seed{k}"
+    if (kept := load_seed(kept_at, task, k, EPISODES, data_seed)) is not None:
+        if FOSSILIZING not in kept["controllers"] and trained(run_dir):
+            log(f"{arm} {task} seed {k}: adding the diagnosis rows")
+            results = {key: v for key, v in kept.items() if key in ("meta", "controllers", "correlations")}
+            _keep(kept_at, task, k, run_dir, results, kept["meta"].get("train_seconds", 0.0))
         return kept_at / task / f"seed{k}.json.gz"
     if rev is not None and not library_matches(rev):
         raise RuntimeError(f"esper/ differs from {rev}, the revision the rule pins: "
@@ -89,9 +111,7 @@ def confirm_seed(arm: str, task: str, k: int, runs: Path, archive: Path, rev: st
     log(f"{arm} {task} seed {k}: evaluating")
     results = training._evaluate(run_dir, k, EPISODES, CONTROLLERS, out=EVAL_DIR, data_seed=data_seed,
                                  extra=["--threads", "1"])  # fmt: skip
-    results = {**results, "fossils": fossil_counts(run_dir / "events.jsonl"),
-               "credit": credit(run_dir / "events.jsonl")}  # fmt: skip
-    path = save_seed(kept_at, task, k, results, train_s)
+    path = _keep(kept_at, task, k, run_dir, results, train_s)
     log(f"{arm} {task} seed {k}: kept in {path}")
     return path
 
