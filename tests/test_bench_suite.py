@@ -506,3 +506,58 @@ def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_
     assert seen == [(3, True, True), (4, False, False)]
     assert (archive / "longrange" / "seed3.json.gz").exists() and not partial.exists()
     assert [t[0] for t in trained] == [3, 4]
+
+
+def _kept_controller(tmp_path, seeds=(3, 4), host_seeds=None):
+    """Controller runs kept as bench.suite.confirm keeps them: the learned rows and diagnosis rows of each
+    seed, with the run's settings, in ``tmp_path/controller/longrange/seedk.json.gz``."""
+    from bench.suite.archive import save_seed
+
+    where = tmp_path / "controller"
+    names = ("ppo", "ppo_greedy", OWN_PLAN, FOSSILIZING)
+    for k in seeds:
+        r = _results(k, FINAL_DATA_SEED + k, names)
+        r["meta"].update({"train_git_rev": "c" * 40, "host_seeds": host_seeds})
+        r["run_config"] = {"seed": k, "marker": "kept"}
+        save_seed(where, "longrange", k, r, 77.0)
+    return where
+
+
+def test_a_kept_controller_is_joined_to_baselines_evaluated_on_its_hosts(tmp_path, monkeypatch):
+    """--controller-from: no controller is trained; each seed's baselines are evaluated on the kept run's
+    hosts and draw from its settings, and the table pools the kept rows with them in the suite's order."""
+    trained, evaluated = _mock_runs(monkeypatch)
+    kept, out, runs = _kept_controller(tmp_path), tmp_path / "results", tmp_path / "runs"
+    argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
+            "--runs", str(runs), "--out", str(out), "--controller-from", str(kept)]  # fmt: skip
+    assert main(argv) == 0
+    assert trained == []
+    baselines = tuple(n for n in CONTROLLERS if n not in ("ppo", "ppo_greedy"))
+    assert [(k, o, d, n) for k, o, d, n, _ in evaluated] == [
+        (3, EVAL_DIR, FINAL_DATA_SEED + 3, baselines), (3, IN_CAP_DIR, FINAL_DATA_SEED + 3, IN_CAP_EVAL),
+        (4, EVAL_DIR, FINAL_DATA_SEED + 4, baselines), (4, IN_CAP_DIR, FINAL_DATA_SEED + 4, IN_CAP_EVAL),
+    ]  # fmt: skip
+    assert json.loads((runs / "longrange" / "seed3" / "config.json").read_text()) == {
+        "seed": 3,
+        "marker": "kept",
+    }
+    saved = json.loads(next(out.glob("*.json")).read_text())["tasks"]["longrange"]
+    entry = saved["controllers"]
+    assert list(entry)[:4] == ["ppo", "ppo_greedy", OWN_PLAN, FOSSILIZING]
+    assert set(entry) == {*CONTROLLERS, OWN_PLAN, FOSSILIZING, IN_CAP}
+    assert list(entry)[list(entry).index(plan_name(1)) + 1] == IN_CAP
+    assert saved["revisions"]["3"] == {"train": "ccccccc", "evaluate": "eeeeeee"}
+    assert "all_disjoint_above" in saved["goals"]["ppo_greedy"]
+    # kept in the suite's archive like any seed, then read back
+    assert (out / "seeds" / "longrange" / "seed4.json.gz").is_file()
+
+
+def test_a_kept_controller_is_not_joined_where_it_is_missing_or_met_other_hosts(tmp_path, monkeypatch):
+    _mock_runs(monkeypatch)
+    argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
+            "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]  # fmt: skip
+    with pytest.raises(SystemExit):  # seed 4 is not kept
+        main([*argv, "--controller-from", str(_kept_controller(tmp_path, seeds=(3,)))])
+    other = _kept_controller(tmp_path / "other", host_seeds="[1, 2]")  # the baselines' meta names none
+    with pytest.raises(SystemExit):
+        main([*argv, "--archive", str(tmp_path / "a2"), "--controller-from", str(other)])

@@ -58,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="after --transfer TASK: fine-tune each seed's transferred controller on TASK, and "
                         "train the same network there from scratch; their learning curves")  # fmt: skip
     p.add_argument("--updates", type=int, default=22, help="--finetune's updates per run (22, the default's)")
+    p.add_argument("--controller-from", type=Path, default=None, metavar="DIR",
+                   help="train no controller: join the one kept in DIR/TASK/seedk.json.gz (python -m "
+                        "bench.suite.confirm keeps them) to the baselines evaluated here on the same hosts "
+                        "and draw")  # fmt: skip
     p.add_argument("--status", action="store_true",
                    help="print where each (task, seed) of --runs stands (training, searches, evaluations) "
                         "and exit; runs nothing")  # fmt: skip
@@ -73,7 +77,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = (args.seeds, args.first_seed, args.episodes, args.jobs, args.runs)
     if args.transfer is not None:
         return run_transfer(args.transfer, *sizes)
-    return merged(run_suite(tasks, *sizes, archive=_archive(args)), args.merge)
+    suite = run_suite(tasks, *sizes, archive=_archive(args), controller_from=args.controller_from)
+    return merged(suite, args.merge)
 
 
 def _archive(args: argparse.Namespace) -> Path:

@@ -11,10 +11,10 @@ training events (the late fossilization counts, the credit reading): the run dir
 its machine, and forty runs do not fit in one session. A seed kept there is skipped; a run directory with a
 checkpoint is resumed.
 
-``--rev`` pins the code the rule was written at: before each training the working tree's ``esper/`` must
-be the same as at that revision (``git diff --quiet REV -- esper``), or the arm stops, so a change to the
-library made while the runs go cannot enter some of them. ``python -m bench.suite.screen ARCHIVE/ARM
---base ARCHIVE/default ...`` reads the kept seeds.
+``--rev`` pins the code the rule was written at: before each training and each evaluation the working
+tree's ``esper/`` must be the same as at that revision (``git diff --quiet REV -- esper``), or the arm
+stops, so a change to the library made while the runs go cannot enter some of them.
+``python -m bench.suite.screen ARCHIVE/ARM --base ARCHIVE/default ...`` reads the kept seeds.
 """
 
 from __future__ import annotations
@@ -108,6 +108,9 @@ def confirm_seed(arm: str, task: str, k: int, runs: Path, archive: Path, rev: st
                            f"not training {task} seed {k}")  # fmt: skip
     log(f"{arm} {task} seed {k}: training")
     run_dir, train_s = training._train(k, runs / arm / task, train_args(task, arm))
+    if rev is not None and not library_matches(rev):  # evaluation reads esper/ too
+        raise RuntimeError(f"esper/ differs from {rev}, the revision the rule pins: "
+                           f"not evaluating {task} seed {k}")  # fmt: skip
     log(f"{arm} {task} seed {k}: evaluating")
     results = training._evaluate(run_dir, k, EPISODES, CONTROLLERS, out=EVAL_DIR, data_seed=data_seed,
                                  extra=["--threads", "1"])  # fmt: skip

@@ -3,6 +3,7 @@ steps), then each task's seeds pooled into one entry per controller."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from esper.shell.config.presets import RunConfig, preset
 from esper.shell.data.tasks import Task, seed_params
 from esper.shell.env.config import GENERATED_TASKS
 from esper.shell.eval.search import HEURISTIC_TUNED, PLAN_SEARCH_CAP, learned_compute
+from esper.shell.eval.stats import spearman
 from esper.shell.host.hosts import Host
 from esper.shell.telemetry.events import read_events
 
@@ -77,16 +79,23 @@ def final_data_seed(task: str, k: int) -> int | None:
     return FINAL_DATA_SEED + k if preset(SUITE[task]).env.task in GENERATED_TASKS else None
 
 
-def _one(task: str, k: int, episodes: int, runs: Path, jobs: int,
-         archive: Path | None = None) -> tuple[str, int, dict, float]:  # fmt: skip
+def _one(task: str, k: int, episodes: int, runs: Path, jobs: int, archive: Path | None = None,
+         controller_from: Path | None = None) -> tuple[str, int, dict, float]:  # fmt: skip
     """Train (or keep) and evaluate (or keep) training seed ``k`` of ``task``; with an ``archive``, a seed
-    kept there is read from it (nothing runs), and a seed evaluated here is kept there."""
+    kept there is read from it (nothing runs), and a seed evaluated here is kept there. With
+    ``controller_from`` no controller is trained: the one kept there (:mod:`bench.suite.confirm`) is joined
+    to the baselines evaluated here (:func:`with_kept_controller`)."""
     if archive is not None and (kept := load_seed(archive, task, k, episodes, final_data_seed(task, k))):
         return task, k, kept, kept["meta"].get("train_seconds", 0.0)
     root = runs / task
     if archive is not None:
         restore(archive, task, k, root / f"seed{k}")  # a state in progress kept from another machine
     root.mkdir(parents=True, exist_ok=True)
+    if controller_from is not None:
+        results, train_s = with_kept_controller(task, k, episodes, root / f"seed{k}", jobs, controller_from)
+        if archive is not None:
+            save_seed(archive, task, k, results, train_s)
+        return task, k, results, train_s
     threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
     run_dir, train_s = training._train(k, root, ["--preset", SUITE[task], *threads])
     extra = ["--threads", "1"] if jobs > 1 else []
@@ -97,6 +106,55 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int,
     if archive is not None:
         save_seed(archive, task, k, results, train_s)
     return task, k, results, train_s
+
+
+def with_kept_controller(task: str, k: int, episodes: int, run_dir: Path, jobs: int,
+                         controller_from: Path) -> tuple[dict, float]:  # fmt: skip
+    """Seed ``k`` of ``task`` from a controller run kept in ``controller_from`` (its ``ppo``,
+    ``ppo_greedy`` and diagnosis rows, evaluated on the suite's hosts and draw for the seed) and the
+    baselines, evaluated here on the same hosts and draw from the kept run's settings (written to
+    ``run_dir/config.json`` where the directory has none), with :data:`IN_CAP`: one seed's results as
+    :func:`_one` makes them, and the kept training time. Refused (ValueError) where nothing is kept for
+    the seed, or the two evaluations' hosts differ."""
+    data_seed = final_data_seed(task, k)
+    kept = load_seed(controller_from, task, k, episodes, data_seed)
+    if kept is None:
+        raise ValueError(f"--controller-from {controller_from}: no {task} seed {k} kept there for "
+                         f"{episodes} hosts of evaluation seed {1000 + k} (python -m bench.suite.confirm "
+                         "keeps them)")  # fmt: skip
+    if not (run_dir / "config.json").is_file():
+        if not kept.get("run_config"):
+            raise ValueError(f"--controller-from {controller_from}: {task} seed {k} keeps no run settings")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(kept["run_config"], indent=1))
+    names = [n for n in controllers_for(preset(SUITE[task])) if n not in LEARNED]
+    extra = ["--threads", "1"] if jobs > 1 else []
+    base = training._evaluate(run_dir, k, episodes, names, out=EVAL_DIR, data_seed=data_seed, extra=extra)
+    with_plan_in_cap(base, task, run_dir, k, episodes, EVAL_DIR, data_seed, extra)
+    if kept["meta"].get("host_seeds") != base["meta"].get("host_seeds"):
+        raise ValueError(f"{task} seed {k}: the kept controller met other hosts than the baselines here: "
+                         "the rows would not be paired")  # fmt: skip
+    controllers = {**kept["controllers"], **base["controllers"]}
+    episodes_all = [e for c in controllers.values() for e in c.get("per_episode", [])]
+    meta = {
+        **base["meta"],
+        "train_git_rev": train_revision(kept["meta"]),
+        "controller_from": str(controller_from),
+        "controller_git_rev": kept["meta"].get("git_rev"),
+    }
+    results = {"controllers": controllers, "correlations": joined_correlations(episodes_all), "meta": meta}
+    return results, float(kept["meta"].get("train_seconds", 0.0))
+
+
+def joined_correlations(episodes: list[dict]) -> dict[str, Any]:
+    """Spearman's rho of return against test accuracy and test objective over the episodes of two
+    evaluations joined (the one against accuracy per parameter needs the host's size, which the
+    episodes do not keep: None)."""
+    ret = [e["return"] for e in episodes]
+    return {"n_episodes": len(episodes),
+            "return_vs_test_acc": spearman(ret, [e["final_test_acc"] for e in episodes]),
+            "return_vs_test_acc_per_kparam": None,
+            "return_vs_test_objective": spearman(ret, [e["test_objective"] for e in episodes])}  # fmt: skip
 
 
 def with_diagnostics(results: dict, run_dir: Path, k: int, episodes: int, out: str, data_seed: int | None,
@@ -167,9 +225,11 @@ def most_grown(controller: dict) -> str:
 
 
 def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
-              log: Callable[[str], None] = print, archive: Path | None = None) -> dict[str, Any]:  # fmt: skip
+              log: Callable[[str], None] = print, archive: Path | None = None,
+              controller_from: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Every (task, seed) trained and evaluated (``jobs`` at a time), each task's seeds pooled; with an
-    ``archive`` (:mod:`bench.suite.archive`), seeds kept there are read, and seeds evaluated here kept."""
+    ``archive`` (:mod:`bench.suite.archive`), seeds kept there are read, and seeds evaluated here kept;
+    with ``controller_from``, the controllers kept there are joined to the baselines, not trained."""
     unknown = [t for t in tasks if t not in SUITE]
     if unknown or not tasks:
         raise ValueError(f"unknown suite task(s) {unknown}; tasks: {', '.join(SUITE)}")
@@ -179,7 +239,7 @@ def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, 
     pairs = [(t, k) for t in tasks for k in range(first_seed, first_seed + seeds)]
 
     def one(pair: tuple[str, int]) -> tuple[str, int, dict, float]:
-        out = _one(*pair, episodes, runs, jobs, archive)
+        out = _one(*pair, episodes, runs, jobs, archive, controller_from)
         log(f"{pair[0]} seed {pair[1]}: done")
         return out
 
@@ -380,7 +440,7 @@ def planned_compute(task: str) -> int:
 __all__ = [
     "BASELINES", "CAP_SEARCH", "CONTROLLERS", "EVALUATIONS", "EVAL_EPISODES", "FINAL_DATA_SEED",
     "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "carry_suite",
-    "controllers_for", "final_data_seed", "most_grown", "plan_name", "planned_compute", "pool_task",
-    "restore_suite", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates", "status",
-    "status_lines", "with_diagnostics", "with_plan_in_cap",
+    "controllers_for", "final_data_seed", "joined_correlations", "most_grown", "plan_name", "planned_compute",
+    "pool_task", "restore_suite", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates",
+    "status", "status_lines", "with_diagnostics", "with_kept_controller", "with_plan_in_cap",
 ]  # fmt: skip
