@@ -113,8 +113,20 @@ def test_a_library_other_than_the_pinned_one_trains_nothing(tmp_path, fake_runs,
     with pytest.raises(RuntimeError, match="differs from f608ea9"):
         confirm.confirm_seed("fb4", "mnist1d", 300, tmp_path / "runs", tmp_path / "kept", "f608ea9")
     assert fake_runs["train"] == []
-    assert confirm.main(["fb4", "--runs", str(tmp_path / "r"), "--archive", str(tmp_path / "k"),
+    assert confirm.main(["default", "fb4", "--runs", str(tmp_path / "r"), "--archive", str(tmp_path / "k"),
                          "--rev", "f608ea9", "--tasks", "mnist1d", "--seeds", "1"]) == 1  # fmt: skip
+
+
+def test_the_command_runs_the_arms_side_by_side_seed_by_seed(tmp_path, fake_runs):
+    argv = ["default", "fb4", "--runs", str(tmp_path / "r"), "--archive", str(tmp_path / "k"),
+            "--tasks", "mnist1d,longrange", "--first-seed", "300", "--seeds", "2"]  # fmt: skip
+    assert confirm.main(argv) == 0
+    for arm in ("default", "fb4"):
+        order = [(task, k) for a, task, k, _ in fake_runs["train"] if a == arm]
+        assert order == [("mnist1d", 300), ("longrange", 300), ("mnist1d", 301), ("longrange", 301)]
+    assert len(list((tmp_path / "k").rglob("*.json.gz"))) == 8
+    with pytest.raises(SystemExit):  # an arm named twice would race itself
+        confirm.main(["fb4", "fb4", "--runs", str(tmp_path / "r"), "--archive", str(tmp_path / "k")])
 
 
 def test_library_matches_reads_the_working_tree_against_the_revision(tmp_path):

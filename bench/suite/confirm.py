@@ -1,14 +1,15 @@
-"""The confirmation runs of a candidate change (one arm a process), kept in the repository as they finish.
+"""The confirmation runs of a candidate change, kept in the repository as each seed is evaluated.
 
-    python -m bench.suite.confirm fb4 --runs RUNS/fresh --archive bench/results/suite/confirm-fb4 \\
+    python -m bench.suite.confirm default fb4 --runs RUNS/fresh --archive bench/results/suite/confirm-fb4 \\
         --rev f608ea9 --tasks mnist1d,mnist1d_deep,longrange,digits_shallow --first-seed 300 --seeds 5
 
-trains each (task, seed) of the arm as its rule says (``python -m esper.shell.run --preset PRESET --seed k
---progress false --threads 1 [FLAG]``, seed by seed, the tasks in the given order), evaluates it on the
-suite's fresh hosts and draw for that seed (``--controllers ppo,ppo_greedy``), and keeps the evaluation in
-``ARCHIVE/ARM/TASK/seedk.json.gz`` (:mod:`bench.suite.archive`) with what the reading takes from the run's
-training events (the late fossilization counts, the credit reading): the run directory does not outlive
-its machine, and forty runs do not fit in one session. A seed kept there is skipped; a run directory with a
+trains each (task, seed) of each arm as its rule says (``python -m esper.shell.run --preset PRESET --seed k
+--progress false --threads 1 [FLAG]``; seed by seed, the tasks in the given order, the arms side by side,
+one process each), evaluates it on the suite's fresh hosts and draw for that seed (``--controllers
+ppo,ppo_greedy``, then the diagnosis rows), and keeps the evaluation in ``ARCHIVE/ARM/TASK/seedk.json.gz``
+(:mod:`bench.suite.archive`) with what the reading takes from the run's training events (the late
+fossilization counts, the credit reading) and the run's settings: the run directory does not outlive its
+machine, and forty runs do not fit in one session. A seed kept there is skipped; a run directory with a
 checkpoint is resumed.
 
 ``--rev`` pins the code the rule was written at: before each training and each evaluation the working
@@ -22,8 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +120,24 @@ def confirm_seed(arm: str, task: str, k: int, runs: Path, archive: Path, rev: st
     return path
 
 
+def run_arm(arm: str, tasks: Sequence[str], seeds: Sequence[int], runs: Path, archive: Path, rev: str | None,
+            log: Callable[[str], None] = print) -> bool:  # fmt: skip
+    """Every (task, seed) of ``arm``, seed by seed, kept as each is evaluated; whether all went (an error is
+    logged and stops the arm)."""
+    for k in seeds:
+        for task in tasks:
+            try:
+                confirm_seed(arm, task, k, runs, archive, rev, log)
+            except RuntimeError as e:
+                log(f"{arm}: error: {e}")
+                return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.suite.confirm", description=__doc__.split("\n\n")[0])
-    p.add_argument("arm", choices=sorted(ARMS))
+    p.add_argument("arms", nargs="+", choices=sorted(ARMS), metavar="ARM",
+                   help=f"the arms, side by side (one process each): {', '.join(ARMS)}")  # fmt: skip
     p.add_argument("--runs", type=Path, required=True, help="run directories go in RUNS/ARM/TASK/seedk")
     p.add_argument("--archive", type=Path, required=True,
                    help="kept seeds go in ARCHIVE/ARM/TASK/seedk.json.gz")  # fmt: skip
@@ -131,17 +147,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=5)
     args = p.parse_args(argv)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    if not tasks or any(t not in SUITE for t in tasks) or args.seeds < 1:
-        p.error(f"tasks must be among {', '.join(SUITE)} and --seeds >= 1")
-    for k in range(args.first_seed, args.first_seed + args.seeds):
-        for task in tasks:
-            try:
-                confirm_seed(args.arm, task, k, args.runs, args.archive, args.rev,
-                             log=lambda m: print(m, flush=True))  # fmt: skip
-            except RuntimeError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 1
-    return 0
+    if (
+        not tasks
+        or any(t not in SUITE for t in tasks)
+        or args.seeds < 1
+        or len(set(args.arms)) < len(args.arms)
+    ):
+        p.error(f"tasks must be among {', '.join(SUITE)}, --seeds >= 1, and each arm named once")
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+
+    def one(arm: str) -> bool:
+        return run_arm(
+            arm, tasks, seeds, args.runs, args.archive, args.rev, log=lambda m: print(m, flush=True)
+        )
+
+    with ThreadPoolExecutor(max_workers=len(args.arms)) as arms:  # each arm's work runs in subprocesses
+        ok = list(arms.map(one, args.arms))
+    return 0 if all(ok) else 1
 
 
 if __name__ == "__main__":
