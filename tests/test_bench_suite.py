@@ -508,12 +508,12 @@ def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_
     assert [t[0] for t in trained] == [3, 4]
 
 
-def _kept_controller(tmp_path, seeds=(3, 4), host_seeds=None):
+def _kept_controller(tmp_path, seeds=(3, 4), host_seeds=None, arm="controller"):
     """Controller runs kept as bench.suite.confirm keeps them: the learned rows and diagnosis rows of each
     seed, with the run's settings, in ``tmp_path/controller/longrange/seedk.json.gz``."""
     from bench.suite.archive import save_seed
 
-    where = tmp_path / "controller"
+    where = tmp_path / arm
     names = ("ppo", "ppo_greedy", OWN_PLAN, FOSSILIZING)
     for k in seeds:
         r = _results(k, FINAL_DATA_SEED + k, names)
@@ -561,3 +561,18 @@ def test_a_kept_controller_is_not_joined_where_it_is_missing_or_met_other_hosts(
     other = _kept_controller(tmp_path / "other", host_seeds="[1, 2]")  # the baselines' meta names none
     with pytest.raises(SystemExit):
         main([*argv, "--archive", str(tmp_path / "a2"), "--controller-from", str(other)])
+
+
+def test_another_arm_stands_beside_the_judged_one_on_the_same_baselines(tmp_path, monkeypatch):
+    _mock_runs(monkeypatch)
+    kept, other = _kept_controller(tmp_path), _kept_controller(tmp_path, arm="default")
+    out = tmp_path / "results"
+    argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
+            "--runs", str(tmp_path / "runs"), "--out", str(out), "--controller-from", str(kept)]  # fmt: skip
+    assert main([*argv, "--beside", str(other)]) == 0
+    entry = json.loads(next(out.glob("*.json")).read_text())["tasks"]["longrange"]["controllers"]
+    beside = ["ppo[default]", "ppo_greedy[default]"]
+    assert list(entry)[:6] == ["ppo", "ppo_greedy", OWN_PLAN, FOSSILIZING, *beside]
+    assert entry["ppo_greedy[default]"]["test_acc_mean"] == entry["ppo_greedy"]["test_acc_mean"]
+    with pytest.raises(SystemExit):  # beside what? --beside needs the judged arm
+        main(["--tasks", "longrange", "--beside", str(other), "--runs", str(tmp_path / "r2")])

@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="train no controller: join the one kept in DIR/TASK/seedk.json.gz (python -m "
                         "bench.suite.confirm keeps them) to the baselines evaluated here on the same hosts "
                         "and draw")  # fmt: skip
+    p.add_argument("--beside", type=Path, default=None, metavar="DIR",
+                   help="with --controller-from: another arm's kept runs, whose ppo and ppo_greedy join the "
+                        "table as ppo_greedy[NAME] (they judge nothing)")  # fmt: skip
     p.add_argument("--status", action="store_true",
                    help="print where each (task, seed) of --runs stands (training, searches, evaluations) "
                         "and exit; runs nothing")  # fmt: skip
@@ -77,7 +80,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = (args.seeds, args.first_seed, args.episodes, args.jobs, args.runs)
     if args.transfer is not None:
         return run_transfer(args.transfer, *sizes)
-    suite = run_suite(tasks, *sizes, archive=_archive(args), controller_from=args.controller_from)
+    if args.beside is not None and args.controller_from is None:
+        raise ValueError("--beside names an arm shown beside the one --controller-from joins: give both")
+    suite = run_suite(tasks, *sizes, archive=_archive(args), controller_from=args.controller_from,
+                      beside=args.beside)  # fmt: skip
     return merged(suite, args.merge)
 
 

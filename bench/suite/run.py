@@ -80,7 +80,8 @@ def final_data_seed(task: str, k: int) -> int | None:
 
 
 def _one(task: str, k: int, episodes: int, runs: Path, jobs: int, archive: Path | None = None,
-         controller_from: Path | None = None) -> tuple[str, int, dict, float]:  # fmt: skip
+         controller_from: Path | None = None,
+         beside: Path | None = None) -> tuple[str, int, dict, float]:  # fmt: skip
     """Train (or keep) and evaluate (or keep) training seed ``k`` of ``task``; with an ``archive``, a seed
     kept there is read from it (nothing runs), and a seed evaluated here is kept there. With
     ``controller_from`` no controller is trained: the one kept there (:mod:`bench.suite.confirm`) is joined
@@ -92,7 +93,8 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int, archive: Path 
         restore(archive, task, k, root / f"seed{k}")  # a state in progress kept from another machine
     root.mkdir(parents=True, exist_ok=True)
     if controller_from is not None:
-        results, train_s = with_kept_controller(task, k, episodes, root / f"seed{k}", jobs, controller_from)
+        results, train_s = with_kept_controller(task, k, episodes, root / f"seed{k}", jobs, controller_from,
+                                                beside)  # fmt: skip
         if archive is not None:
             save_seed(archive, task, k, results, train_s)
         return task, k, results, train_s
@@ -108,14 +110,15 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int, archive: Path 
     return task, k, results, train_s
 
 
-def with_kept_controller(task: str, k: int, episodes: int, run_dir: Path, jobs: int,
-                         controller_from: Path) -> tuple[dict, float]:  # fmt: skip
+def with_kept_controller(task: str, k: int, episodes: int, run_dir: Path, jobs: int, controller_from: Path,
+                         beside: Path | None = None) -> tuple[dict, float]:  # fmt: skip
     """Seed ``k`` of ``task`` from a controller run kept in ``controller_from`` (its ``ppo``,
     ``ppo_greedy`` and diagnosis rows, evaluated on the suite's hosts and draw for the seed) and the
     baselines, evaluated here on the same hosts and draw from the kept run's settings (written to
     ``run_dir/config.json`` where the directory has none), with :data:`IN_CAP`: one seed's results as
     :func:`_one` makes them, and the kept training time. Refused (ValueError) where nothing is kept for
-    the seed, or the two evaluations' hosts differ."""
+    the seed, or the two evaluations' hosts differ. ``beside``: another arm's kept runs, whose learned rows
+    join too, named :func:`beside_name` (they judge nothing)."""
     data_seed = final_data_seed(task, k)
     kept = load_seed(controller_from, task, k, episodes, data_seed)
     if kept is None:
@@ -134,7 +137,13 @@ def with_kept_controller(task: str, k: int, episodes: int, run_dir: Path, jobs: 
     if kept["meta"].get("host_seeds") != base["meta"].get("host_seeds"):
         raise ValueError(f"{task} seed {k}: the kept controller met other hosts than the baselines here: "
                          "the rows would not be paired")  # fmt: skip
-    controllers = {**kept["controllers"], **base["controllers"]}
+    other = {}
+    if beside is not None:
+        also = load_seed(beside, task, k, episodes, data_seed)
+        if also is None or also["meta"].get("host_seeds") != base["meta"].get("host_seeds"):
+            raise ValueError(f"--beside {beside}: no {task} seed {k} kept there on the same hosts")
+        other = {beside_name(n, beside): also["controllers"][n] for n in LEARNED if n in also["controllers"]}
+    controllers = {**kept["controllers"], **other, **base["controllers"]}
     episodes_all = [e for c in controllers.values() for e in c.get("per_episode", [])]
     meta = {
         **base["meta"],
@@ -144,6 +153,11 @@ def with_kept_controller(task: str, k: int, episodes: int, run_dir: Path, jobs: 
     }
     results = {"controllers": controllers, "correlations": joined_correlations(episodes_all), "meta": meta}
     return results, float(kept["meta"].get("train_seconds", 0.0))
+
+
+def beside_name(name: str, arm_dir: Path) -> str:
+    """A learned row of the arm kept in ``arm_dir``, beside the judged arm's: ``ppo_greedy[default]``."""
+    return f"{name}[{arm_dir.name}]"
 
 
 def joined_correlations(episodes: list[dict]) -> dict[str, Any]:
@@ -226,10 +240,11 @@ def most_grown(controller: dict) -> str:
 
 def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
               log: Callable[[str], None] = print, archive: Path | None = None,
-              controller_from: Path | None = None) -> dict[str, Any]:  # fmt: skip
+              controller_from: Path | None = None, beside: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Every (task, seed) trained and evaluated (``jobs`` at a time), each task's seeds pooled; with an
     ``archive`` (:mod:`bench.suite.archive`), seeds kept there are read, and seeds evaluated here kept;
-    with ``controller_from``, the controllers kept there are joined to the baselines, not trained."""
+    with ``controller_from``, the controllers kept there are joined to the baselines, not trained (and
+    ``beside``'s learned rows beside them)."""
     unknown = [t for t in tasks if t not in SUITE]
     if unknown or not tasks:
         raise ValueError(f"unknown suite task(s) {unknown}; tasks: {', '.join(SUITE)}")
@@ -239,7 +254,7 @@ def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, 
     pairs = [(t, k) for t in tasks for k in range(first_seed, first_seed + seeds)]
 
     def one(pair: tuple[str, int]) -> tuple[str, int, dict, float]:
-        out = _one(*pair, episodes, runs, jobs, archive, controller_from)
+        out = _one(*pair, episodes, runs, jobs, archive, controller_from, beside)
         log(f"{pair[0]} seed {pair[1]}: done")
         return out
 
@@ -439,7 +454,7 @@ def planned_compute(task: str) -> int:
 
 __all__ = [
     "BASELINES", "CAP_SEARCH", "CONTROLLERS", "EVALUATIONS", "EVAL_EPISODES", "FINAL_DATA_SEED",
-    "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "carry_suite",
+    "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "beside_name", "carry_suite",
     "controllers_for", "final_data_seed", "joined_correlations", "most_grown", "plan_name", "planned_compute",
     "pool_task", "restore_suite", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates",
     "status", "status_lines", "with_diagnostics", "with_kept_controller", "with_plan_in_cap",
