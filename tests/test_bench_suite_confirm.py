@@ -168,7 +168,11 @@ def test_the_screen_reads_a_confirmation_from_the_kept_seeds_alone(tmp_path, fak
     args = [str(kept / "fb4"), "--base", str(kept / "default"), "--eval", "eval-fresh", "--first-seed", "300",
             "--seeds", "2", "--confirm"]  # fmt: skip
     assert screen_main(args) == 0
-    assert "5 / 2; 1 / 2" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "5 / 2; 1 / 2" in printed
+    # the credit reading kept with each seed (no paying HOLDING seed in these events: nothing chosen)
+    assert "The credit reading (`bench.diagnose --credit-from 12`)" in printed
+    assert "| `longrange` | 0 / 0 (n/a); 0 / 0 (n/a) | 0 / 0 (n/a); 0 / 0 (n/a) |" in printed
 
 
 def test_the_screen_refuses_suite_runs_beside_a_base(tmp_path):

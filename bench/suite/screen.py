@@ -130,6 +130,8 @@ def read_screen(arm_dir: Path, archive: Path, tasks: Sequence[str], seeds: Seque
                 "paired": a[READOUT]["test_acc_mean"] - s[READOUT]["test_acc_mean"],
                 "fossils": _fossils(arm, run),
                 "base_fossils": _fossils(base, None if base_runs is None else base_runs / task / f"seed{k}"),
+                "credit": arm.get("credit"),
+                "base_credit": base.get("credit"),
             }  # fmt: skip
         done = [r for r in rows.values() if "paired" in r]
         every += [r["paired"] for r in done]
@@ -205,7 +207,34 @@ def markdown(screen: dict[str, Any], decision: dict[str, Any], arm: str, base: s
         lines.append(f"- **decision: {verdict}** ({asked}: {checks})")
     else:
         lines.append(f"- not decided: {screen['pairs']} of {screen['of']} pairs in")
+    lines += _credit_lines(screen, arm, base)
     return "\n".join(lines) + "\n"
+
+
+def _credit_lines(screen: dict[str, Any], arm: str, base: str) -> list[str]:
+    """The credit reading kept with each seed (:mod:`bench.suite.confirm`), as a table per task: on a
+    HOLDING seed that pays, FOSSILIZE / WAIT chosen, and FOSSILIZE minus WAIT in return-to-go at the same
+    epoch; nothing where no seed keeps one."""
+    kept = [c for t in screen["tasks"].values() for r in t["seeds"].values()
+            for c in (r.get("credit"), r.get("base_credit")) if c]  # fmt: skip
+    if not kept:
+        return []
+
+    def one(c: dict[str, Any] | None) -> str:
+        if not c:
+            return "n/a"
+        d = c["contrast"]["difference"]
+        return f"{c['counts']['FOSSILIZE']} / {c['counts']['WAIT']} ({'n/a' if d is None else f'{d:+.2f}'})"
+
+    out = ["", f"The credit reading (`bench.diagnose --credit-from {kept[0]['from_update']}`): on a HOLDING "
+           "seed that pays, FOSSILIZE / WAIT chosen (FOSSILIZE minus WAIT in return-to-go at the same "
+           "epoch), seed by seed:", "", f"| task | `{arm}` | {base} |", "|---|---|---|"]  # fmt: skip
+    for task, t in screen["tasks"].items():
+        done = [r for r in t["seeds"].values() if "paired" in r]
+        if done:
+            out.append(f"| `{task}` | {'; '.join(one(r.get('credit')) for r in done)} | "
+                       f"{'; '.join(one(r.get('base_credit')) for r in done)} |")  # fmt: skip
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
