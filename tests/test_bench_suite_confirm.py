@@ -178,3 +178,18 @@ def test_the_screen_reads_a_confirmation_from_the_kept_seeds_alone(tmp_path, fak
 def test_the_screen_refuses_suite_runs_beside_a_base(tmp_path):
     with pytest.raises(SystemExit):
         screen_main([str(tmp_path / "a"), "--base", str(tmp_path / "b"), "--suite-runs", str(tmp_path)])
+
+
+def test_status_says_where_each_run_stands_and_runs_nothing(tmp_path, fake_runs, capsys):
+    runs, kept = tmp_path / "runs", tmp_path / "kept"
+    confirm.confirm_seed("fb4", "mnist1d", 300, runs, kept, None)
+    partial = runs / "default" / "mnist1d" / "seed300"
+    partial.mkdir(parents=True)
+    (partial / "events.jsonl").write_text(json.dumps({"event": "ppo_update", "update": 1}) + "\n")
+    n = len(fake_runs["train"])
+    argv = ["default", "fb4", "--runs", str(runs), "--archive", str(kept), "--tasks", "mnist1d",
+            "--seeds", "1"]  # fmt: skip
+    assert confirm.main([*argv, "--status"]) == 0
+    printed = capsys.readouterr().out
+    assert "| `mnist1d` | 300 | 1/22 updates | kept |" in printed and "1 of 2 runs kept." in printed
+    assert len(fake_runs["train"]) == n

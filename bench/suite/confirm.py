@@ -134,6 +134,35 @@ def run_arm(arm: str, tasks: Sequence[str], seeds: Sequence[int], runs: Path, ar
     return True
 
 
+def status_lines(arms: Sequence[str], tasks: Sequence[str], seeds: Sequence[int], runs: Path,
+                 archive: Path) -> list[str]:  # fmt: skip
+    """Where each (arm, task, seed) stands, read from ``archive`` and ``runs`` (nothing runs): ``kept``,
+    ``trained`` (not yet kept), ``U/N updates`` of a training in progress, or blank."""
+    from bench.suite.run import preset
+    from esper.shell.telemetry.events import read_events
+
+    out = [f"| task | seed | {' | '.join(f'`{a}`' for a in arms)} |", f"|---|---:|{'---|' * len(arms)}"]
+    kept_n = 0
+    for k in seeds:
+        for task in tasks:
+            cells = []
+            for arm in arms:
+                run = runs / arm / task / f"seed{k}"
+                if load_seed(archive / arm, task, k, EPISODES, final_data_seed(task, k)) is not None:
+                    cells.append("kept")
+                    kept_n += 1
+                elif trained(run):
+                    cells.append("trained")
+                elif (run / "events.jsonl").is_file():
+                    done = len(list(read_events(run / "events.jsonl", "ppo_update")))
+                    cells.append(f"{done}/{preset(SUITE[task]).updates} updates")
+                else:
+                    cells.append("")
+            out.append(f"| `{task}` | {k} | {' | '.join(cells)} |")
+    out.append(f"\n{kept_n} of {len(arms) * len(tasks) * len(seeds)} runs kept.")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.suite.confirm", description=__doc__.split("\n\n")[0])
     p.add_argument("arms", nargs="+", choices=sorted(ARMS), metavar="ARM",
@@ -145,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tasks", default=",".join(SUITE))
     p.add_argument("--first-seed", type=int, default=300)
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--status", action="store_true", help="print where each run stands and exit; runs nothing")
     args = p.parse_args(argv)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if (
@@ -155,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         p.error(f"tasks must be among {', '.join(SUITE)}, --seeds >= 1, and each arm named once")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
+    if args.status:
+        print("\n".join(status_lines(args.arms, tasks, seeds, args.runs, args.archive)))
+        return 0
 
     def one(arm: str) -> bool:
         return run_arm(
