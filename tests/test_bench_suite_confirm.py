@@ -30,6 +30,8 @@ def _events(path, fossilized: int, kept: int) -> None:
     lines = [{"event": "lifecycle", "update": 15, "kind": "fossilized"}] * fossilized
     lines += [{"event": "lifecycle", "update": 20, "kind": "timeout_fossilized"}] * kept
     lines.append({"event": "lifecycle", "update": 3, "kind": "fossilized"})  # early: not counted
+    lines.append({"event": "episode", "update": 22, "env": 1, "grown": "b0=conv_heavy", "final_val_acc": 80.0,
+                  "return": 3.5, "host_seed": 7})  # fmt: skip
     path.write_text("".join(json.dumps(e) + "\n" for e in lines))
 
 
@@ -84,6 +86,8 @@ def test_a_seed_is_trained_evaluated_and_kept_with_its_counts(tmp_path, fake_run
     assert kept["meta"]["train_seconds"] == 123.0
     assert list(kept["controllers"]) == ["ppo_greedy", "ppo_greedy_plan", "ppo_greedy_fossilize", "ppo"]
     assert kept["run_config"] == {"seed": 300}  # the baselines can be evaluated from it later
+    (episode,) = kept["train_episodes"]  # what it grew on its training hosts, kept beyond its events
+    assert episode["grown"] == "b0=conv_heavy" and episode["update"] == 22 and "host_seed" not in episode
 
 
 def test_a_kept_seed_without_its_diagnosis_rows_gets_them_while_its_run_is_here(tmp_path, fake_runs):

@@ -32,6 +32,7 @@ from bench.growth import training
 from bench.suite.archive import load_seed, save_seed, trained
 from bench.suite.run import FOSSILIZING, SUITE, final_data_seed, with_diagnostics
 from bench.suite.screen import fossil_counts
+from esper.shell.telemetry.events import read_events
 
 #: The arms, by name: the flags added to the default's training command.
 ARMS: dict[str, tuple[str, ...]] = {"default": (), "fb4": ("--ppo.fossilize_bias", "4")}
@@ -68,6 +69,20 @@ def credit(events: Path, first: int = CREDIT_FROM) -> dict[str, Any] | None:
             "contrast": credit_contrast(rows, "FOSSILIZE")}  # fmt: skip
 
 
+#: What is kept of each training episode (its ``episode`` event).
+EPISODE_KEYS = ("update", "env", "grown", "final_val_acc", "final_test_acc", "params_added", "return",
+                "n_fossilized", "n_pruned", "op_counts")  # fmt: skip
+
+
+def train_episodes(events: Path) -> list[dict[str, Any]] | None:
+    """Each training episode's outcome (:data:`EPISODE_KEYS` of its ``episode`` event): what the
+    controller grew on its training hosts, update by update, for readings made after the run directory
+    is gone; None without the file."""
+    if not events.is_file():
+        return None
+    return [{key: e.get(key) for key in EPISODE_KEYS} for e in read_events(events, "episode")]
+
+
 def train_args(task: str, arm: str) -> list[str]:
     """The arm's training flags for ``task`` (``_train`` adds the seed, run directory and progress)."""
     if arm not in ARMS:
@@ -78,29 +93,30 @@ def train_args(task: str, arm: str) -> list[str]:
 def _keep(kept_at: Path, task: str, k: int, run_dir: Path, results: dict[str, Any], train_s: float) -> Path:
     """Seed ``k``'s evaluation kept with what its reading and the suite's table take from the run directory:
     the diagnosis rows (evaluated now, while the trained policy is here), the late fossilization counts, the
-    credit reading and the run's settings (``run_config``, from which the baselines can be evaluated on the
-    same hosts once the directory is gone)."""
+    credit reading, each training episode's outcome (``train_episodes``) and the run's settings
+    (``run_config``, from which the baselines can be evaluated on the same hosts once the directory is
+    gone)."""
     results = with_diagnostics(results, run_dir, k, EPISODES, EVAL_DIR, final_data_seed(task, k),
                                ["--threads", "1"])  # fmt: skip
     events = run_dir / "events.jsonl"
-    config = (
-        json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else None
-    )
-    results = {**results, "fossils": fossil_counts(events), "credit": credit(events), "run_config": config}
+    cfg = run_dir / "config.json"
+    config = json.loads(cfg.read_text()) if cfg.is_file() else None
+    results = {**results, "fossils": fossil_counts(events), "credit": credit(events), "run_config": config,
+               "train_episodes": train_episodes(events)}  # fmt: skip
     return save_seed(kept_at, task, k, results, train_s)
 
 
 def confirm_seed(arm: str, task: str, k: int, runs: Path, archive: Path, rev: str | None,
                  log: Callable[[str], None] = print) -> Path:  # fmt: skip
     """Train, evaluate and keep seed ``k`` of ``task`` for ``arm`` (nothing runs where it is kept whole; a
-    kept seed without its diagnosis rows gets them where its run directory is still here); the kept
-    file's path."""
+    kept seed without its diagnosis rows or training episodes gets them where its run directory is still
+    here); the kept file's path."""
     kept_at = archive / arm
     data_seed = final_data_seed(task, k)
     run_dir = runs / arm / task / f"seed{k}"
     if (kept := load_seed(kept_at, task, k, EPISODES, data_seed)) is not None:
-        if FOSSILIZING not in kept["controllers"] and trained(run_dir):
-            log(f"{arm} {task} seed {k}: adding the diagnosis rows")
+        if (FOSSILIZING not in kept["controllers"] or "train_episodes" not in kept) and trained(run_dir):
+            log(f"{arm} {task} seed {k}: adding what the kept seed lacks")
             results = {key: v for key, v in kept.items() if key in ("meta", "controllers", "correlations")}
             _keep(kept_at, task, k, run_dir, results, kept["meta"].get("train_seconds", 0.0))
         return kept_at / task / f"seed{k}.json.gz"
@@ -139,7 +155,6 @@ def status_lines(arms: Sequence[str], tasks: Sequence[str], seeds: Sequence[int]
     """Where each (arm, task, seed) stands, read from ``archive`` and ``runs`` (nothing runs): ``kept``,
     ``trained`` (not yet kept), ``U/N updates`` of a training in progress, or blank."""
     from bench.suite.run import preset
-    from esper.shell.telemetry.events import read_events
 
     out = [f"| task | seed | {' | '.join(f'`{a}`' for a in arms)} |", f"|---|---:|{'---|' * len(arms)}"]
     kept_n = 0
