@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.growth import training
-from bench.suite.archive import load_seed, save_seed, trained
+from bench.suite.archive import load_seed, save_seed, seed_path, trained
 from bench.suite.run import FOSSILIZING, SUITE, final_data_seed, with_diagnostics
 from bench.suite.screen import fossil_counts
+from esper.shell.config.presets import preset
 from esper.shell.telemetry.events import read_events
 
 #: The arms, by name: the flags added to the default's training command.
@@ -106,6 +107,12 @@ def _keep(kept_at: Path, task: str, k: int, run_dir: Path, results: dict[str, An
     return save_seed(kept_at, task, k, results, train_s)
 
 
+def _check_library(rev: str | None, doing: str) -> None:
+    """Refuse (RuntimeError) ``doing`` where ``esper/`` differs from ``rev`` (None: nothing pinned)."""
+    if rev is not None and not library_matches(rev):
+        raise RuntimeError(f"esper/ differs from {rev}, the revision the rule pins: not {doing}")
+
+
 def confirm_seed(arm: str, task: str, k: int, runs: Path, archive: Path, rev: str | None,
                  log: Callable[[str], None] = print) -> Path:  # fmt: skip
     """Train, evaluate and keep seed ``k`` of ``task`` for ``arm`` (nothing runs where it is kept whole; a
@@ -119,15 +126,11 @@ def confirm_seed(arm: str, task: str, k: int, runs: Path, archive: Path, rev: st
             log(f"{arm} {task} seed {k}: adding what the kept seed lacks")
             results = {key: v for key, v in kept.items() if key in ("meta", "controllers", "correlations")}
             _keep(kept_at, task, k, run_dir, results, kept["meta"].get("train_seconds", 0.0))
-        return kept_at / task / f"seed{k}.json.gz"
-    if rev is not None and not library_matches(rev):
-        raise RuntimeError(f"esper/ differs from {rev}, the revision the rule pins: "
-                           f"not training {task} seed {k}")  # fmt: skip
+        return seed_path(kept_at, task, k)
+    _check_library(rev, f"training {task} seed {k}")
     log(f"{arm} {task} seed {k}: training")
     run_dir, train_s = training._train(k, runs / arm / task, train_args(task, arm))
-    if rev is not None and not library_matches(rev):  # evaluation reads esper/ too
-        raise RuntimeError(f"esper/ differs from {rev}, the revision the rule pins: "
-                           f"not evaluating {task} seed {k}")  # fmt: skip
+    _check_library(rev, f"evaluating {task} seed {k}")  # evaluation reads esper/ too
     log(f"{arm} {task} seed {k}: evaluating")
     results = training._evaluate(run_dir, k, EPISODES, CONTROLLERS, out=EVAL_DIR, data_seed=data_seed,
                                  extra=["--threads", "1"])  # fmt: skip
@@ -154,8 +157,6 @@ def status_lines(arms: Sequence[str], tasks: Sequence[str], seeds: Sequence[int]
                  archive: Path) -> list[str]:  # fmt: skip
     """Where each (arm, task, seed) stands, read from ``archive`` and ``runs`` (nothing runs): ``kept``,
     ``trained`` (not yet kept), ``U/N updates`` of a training in progress, or blank."""
-    from bench.suite.run import preset
-
     out = [f"| task | seed | {' | '.join(f'`{a}`' for a in arms)} |", f"|---|---:|{'---|' * len(arms)}"]
     kept_n = 0
     for k in seeds:

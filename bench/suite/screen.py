@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.suite.archive import load_seed, same_evaluation
+from bench.suite.archive import load_seed, same_evaluation, seed_path
 from bench.suite.run import EVAL_EPISODES, SUITE, final_data_seed
 from bench.suite.transfer import READOUT  # the readout the suite's rule judges: the one paired
 from esper.shell.eval.stats import mean_ci95
@@ -69,7 +69,7 @@ def _arm_results(run: Path, task: str, k: int, episodes: int, eval_dir: str = EV
     """Seed ``k``'s evaluation of a run (in ``run/eval_dir``, or kept beside it as ``run.json.gz`` by
     :mod:`bench.suite.confirm`, which also holds its fossilization counts), checked to be on the suite's
     hosts and draw for that seed; None if absent."""
-    f, kept = run / eval_dir / "results.json", run.with_name(run.name + ".json.gz")
+    f, kept = run / eval_dir / "results.json", seed_path(run.parent.parent, task, k)
     if f.is_file():
         results = json.loads(f.read_text())
     elif kept.is_file():
