@@ -1,6 +1,6 @@
 """Where a learned controller's seeds wait: why they are not fossilized, step by step.
 
-The suite's diagnosis (docs/suite.md) finds that ``ppo_greedy`` keeps most of its seeds out of
+The suite's diagnosis (docs/experiment-log.md) finds that ``ppo_greedy`` keeps most of its seeds out of
 FOSSILIZE's reach, and that fossilizing wherever it is legal recovers only part of the gap. This
 reading splits the rest. It replays a controller's evaluation episodes of one suite seed (the same
 hosts, draw and batches as the table's) and looks, before every step, at each slot whose seed is
