@@ -13,7 +13,8 @@ revision is checked out into a temporary git worktree (removed after).
 It also compares the two runs' events (the first round's of each): at the run's fixed seed, a change
 that only makes the code faster gives the same events to the bit, apart from times
 (:func:`fingerprint`). ``--preset`` runs another preset (a suite task's) instead of the default. The
-suite's rule lets a part run at a later revision whose fixed-seed run gives the same events (docs/experiment-log.md).
+suite's rule lets a part run at a later revision whose fixed-seed run gives the same events
+(docs/experiment-log.md).
 
 Writes ``bench/results/perf/<date>-<host>-revisions[-<tag>].{md,json}``.
 """

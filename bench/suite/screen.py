@@ -13,9 +13,9 @@ from ``--archive`` (:mod:`bench.suite.archive`). Per seed: the arm's ``ppo_greed
 suite's ``ppo_greedy``, their difference, and from the training events of updates
 :data:`LATE_UPDATES` how many seeds the controller fossilized against how many the holding deadline
 kept (``timeout_fossilized``), beside the suite's own run where ``--suite-runs`` has it. The rule the
-screens of docs/experiment-log.md wrote before their runs: an arm **goes on** to a rule of its own if its paired
-mean over every (task, seed) pair is at least :data:`GOES_ON` points and no task's paired mean is below
-:data:`FLOOR`; nothing is decided until every pair is in.
+screens of docs/experiment-log.md wrote before their runs: an arm **goes on** to a rule of its own if
+its paired mean over every (task, seed) pair is at least :data:`GOES_ON` points and no task's paired
+mean is below :data:`FLOOR`; nothing is decided until every pair is in.
 
 With ``--base BASE_DIR`` the arm is paired with another arm's runs instead (``BASE_DIR/TASK/seedk``,
 trained at the same revision and evaluated on the same hosts and draw, each checked), on seeds the suite
