@@ -31,20 +31,11 @@ Forward by stage:
   straight-through forward, ``h + (y − y.detach())``, evaluates the loss at the host's output
   whatever the seed does: its gradient never responds to the seed's own delta, so the delta grows
   without bound along the first gradient and wrecks the host once blended in.)
-- BLENDING, HOLDING, PRUNED on a CNN host (``cnn``, ``cnn1d``): ``y(alpha)`` with ``x = h.detach()``:
-  the host's downstream layers see the blend, but the layers before the slot are not shaped by a seed
-  that may still be pruned (the reference's isolation for its CNN host).
-- BLENDING, HOLDING on a transformer host: ``y(alpha)`` with ``x = h``, as the reference blends its
-  transformer seeds. A seed on the residual stream often pays only once the layers before it work for
-  it (an attention seed that completes an induction head needs the layer below to write the previous
-  token: ``bench.suite.induction_screen`` reads 78.5 % attached, 9.9 % detached, 16.5 % without the
-  seed), and a seed that cannot show what it pays while blending is pruned before it is kept. PRUNED:
-  detached, as on a CNN host.
+- BLENDING, HOLDING, PRUNED: ``y(alpha)`` with ``x = h.detach()``: the host's downstream layers see
+  the blend, but the layers before the slot are not shaped by a seed that may still be pruned
+  (the reference kept this isolation for its CNN host; we keep it for both families).
 - FOSSILIZED: ``y(alpha)`` with ``x = h``: the seed is permanent, so gradients flow into the host
   through it. Seeds keep training after fossilization (their optimizer stays, as in the reference).
-
-:data:`ATTACHED_INPUT_STAGES` holds, per family, the stages whose seed reads ``h`` itself
-(:func:`input_attached`); it is the one place that decides.
 - ``alpha == 0`` in any non-training stage returns ``h`` without running the seed, so the output is
   exactly the host's.
 
@@ -67,23 +58,9 @@ from esper.core.spec import LIVE_STAGES, Stage, Style
 
 #: Stages whose seed incubates: the normal forward skips it, a what-if pass trains it.
 INCUBATING_STAGES = frozenset({Stage.GERMINATED, Stage.TRAINING})
-#: Per host family, the stages in which a composed seed reads the host activation ``h`` itself, so that
-#: gradients flow through it into the layers before the slot; in every other stage it reads
-#: ``h.detach()`` (incubating seeds too, in the what-if pass). CNN hosts attach a seed once it is
-#: fossilized; transformer hosts once it blends, as the reference did (module docstring).
-ATTACHED_INPUT_STAGES: dict[str, frozenset[Stage]] = {
-    "cnn": frozenset({Stage.FOSSILIZED}),
-    "cnn1d": frozenset({Stage.FOSSILIZED}),
-    "transformer": frozenset({Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED}),
-}
-
-
-def input_attached(family: str, stage: Stage) -> bool:
-    """Whether a seed of a ``family`` host in ``stage`` reads the live activation
-    (:data:`ATTACHED_INPUT_STAGES`)."""
-    if family not in ATTACHED_INPUT_STAGES:
-        raise ValueError(f"unknown host family {family!r}; families: {', '.join(ATTACHED_INPUT_STAGES)}")
-    return stage in ATTACHED_INPUT_STAGES[family]
+#: Stages in which the seed reads ``h.detach()`` (everything but FOSSILIZED; incubating seeds too, in
+#: the what-if pass).
+DETACHED_INPUT_STAGES = frozenset(LIVE_STAGES) - {Stage.FOSSILIZED}
 
 
 class Gate(nn.Module):
@@ -201,11 +178,6 @@ class SeedSlot(nn.Module):
         return self.seed is not None and self.stage not in INCUBATING_STAGES and self.alpha > 0.0
 
     @property
-    def attached(self) -> bool:
-        """Whether the seed, when composed, reads the live activation (:func:`input_attached`)."""
-        return input_attached(self.family, self.stage)
-
-    @property
     def incubating(self) -> bool:
         """Whether the slot holds a seed that trains only in the what-if pass."""
         return self.seed is not None and self.stage in INCUBATING_STAGES
@@ -230,7 +202,7 @@ class SeedSlot(nn.Module):
         alpha = self.alpha if forced is None else forced
         if alpha == 0.0:
             return h
-        x = h if self.attached else h.detach()
+        x = h.detach() if self.stage in DETACHED_INPUT_STAGES else h
         return self._compose(h, x, alpha)
 
     def _compose(self, h: torch.Tensor, x: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -245,4 +217,4 @@ class SeedSlot(nn.Module):
         )
 
 
-__all__ = ["ATTACHED_INPUT_STAGES", "INCUBATING_STAGES", "Gate", "SeedSlot", "compose", "input_attached"]
+__all__ = ["DETACHED_INPUT_STAGES", "INCUBATING_STAGES", "Gate", "SeedSlot", "compose"]
