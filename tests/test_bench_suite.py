@@ -552,6 +552,47 @@ def test_a_kept_controller_is_joined_to_baselines_evaluated_on_its_hosts(tmp_pat
     assert (out / "seeds" / "longrange" / "seed4.json.gz").is_file()
 
 
+def test_baselines_in_progress_are_carried_to_another_machine_and_go_on_there(tmp_path, monkeypatch, capsys):
+    """--controller-from with --carry: a run directory of baselines only (the kept run's settings, no
+    checkpoint) is kept from its first cached search, without a checkpoint or events; one with nothing
+    cached is not. On another machine the state goes back before the baselines are evaluated, so the
+    cached search is not run again, and once the seed is kept whole its partial state goes. Where the run
+    directory is the live one (its settings written), --restore leaves it alone."""
+    _, evaluated = _mock_runs(monkeypatch)
+    kept, runs, archive = _kept_controller(tmp_path), tmp_path / "runs", tmp_path / "archive"
+    half, none = runs / "longrange" / "seed3", runs / "longrange" / "seed4"
+    for run in (half, none):
+        run.mkdir(parents=True)
+        (run / "config.json").write_text('{"seed": 3, "marker": "kept"}')
+    (half / "search").mkdir()
+    (half / "search" / f"{plan_name(2)}.json").write_text('{"chosen": "b0=norm"}')
+    argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
+            "--archive", str(archive)]  # fmt: skip
+    assert main(["--carry", *argv, "--runs", str(runs)]) == 0
+    partial = archive / "longrange" / "seed3.partial"
+    assert f"kept {partial}" in capsys.readouterr().out
+    assert not (archive / "longrange" / "seed4.partial").exists()  # nothing cached: nothing to carry
+    assert sorted(p.name for p in partial.iterdir()) == ["config.json", "search"]
+    assert (partial / "search" / f"{plan_name(2)}.json").read_text() == '{"chosen": "b0=norm"}'
+    assert main(["--restore", *argv, "--runs", str(runs)]) == 0
+    assert "nothing to restore" in capsys.readouterr().out  # the live run directory: left alone
+    seen = []
+    real_evaluate = bg._evaluate
+
+    def evaluate(run_dir, k, episodes, names, out, data_seed=None, extra=()):
+        seen.append((k, out, (run_dir / "search" / f"{plan_name(2)}.json").exists()))
+        return real_evaluate(run_dir, k, episodes, names, out, data_seed, extra)
+
+    monkeypatch.setattr(bg, "_evaluate", evaluate)
+    elsewhere = tmp_path / "elsewhere"
+    assert main([*argv, "--runs", str(elsewhere), "--out", str(tmp_path / "out"),
+                 "--controller-from", str(kept)]) == 0  # fmt: skip
+    assert [s for s in seen if s[1] == EVAL_DIR] == [(3, EVAL_DIR, True), (4, EVAL_DIR, False)]
+    assert json.loads((elsewhere / "longrange" / "seed3" / "config.json").read_text())["marker"] == "kept"
+    assert (archive / "longrange" / "seed3.json.gz").exists() and not partial.exists()
+    assert len(evaluated) == 4
+
+
 def test_a_kept_controller_is_not_joined_where_it_is_missing_or_met_other_hosts(tmp_path, monkeypatch):
     _mock_runs(monkeypatch)
     argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",

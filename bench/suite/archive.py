@@ -13,8 +13,10 @@ A seed still in progress when its machine goes is kept too, from the point where
 (:func:`carry`): ``ARCHIVE/TASK/seedK.partial/`` holds what the rest of its evaluation reads from the run
 directory, with the checkpoint slimmed to what evaluation loads (the policy's weights and observation
 statistics; the optimizer's state and the replay buffer, which only a resumed training needs, are left
-out), plus the searches and evaluations already cached. :func:`restore` puts it back into a run
-directory, and the suite goes on from there. A partial state is removed once its seed is kept whole.
+out), plus the searches and evaluations already cached. A run directory of baselines only (``python -m
+bench.suite --controller-from``: the kept run's settings and no checkpoint) is kept from its first cached
+search or evaluation, without a checkpoint. :func:`restore` puts it back into a run directory, and the
+suite goes on from there. A partial state is removed once its seed is kept whole.
 """
 
 from __future__ import annotations
@@ -107,11 +109,17 @@ def trained(run_dir: Path) -> bool:
 
 
 def carry(archive: Path, task: str, k: int, run_dir: Path, evaluations: tuple[str, ...]) -> Path | None:
-    """Keep seed ``k``'s state in progress in ``archive`` (the folder; None where its run is not trained,
-    or the seed is kept whole already): the run's :data:`RUN_FILES`, its ``run_end`` event, the checkpoint
-    without :data:`TRAINING_ONLY`, every cached search (``search*/``) and the ``results.json`` of each of
-    ``evaluations`` (folder names) that is written."""
-    if not trained(run_dir) or seed_path(archive, task, k).exists():
+    """Keep seed ``k``'s state in progress in ``archive`` (the folder; None where the seed is kept whole
+    already, or its run directory has nothing to carry: a run not trained, baselines not started): the
+    run's :data:`RUN_FILES`, every cached search (``search*/``) and the ``results.json`` of each of
+    ``evaluations`` (folder names) that is written; for a trained run also its ``run_end`` event and the
+    checkpoint without :data:`TRAINING_ONLY` (:func:`baselines_only` runs have neither)."""
+    if seed_path(archive, task, k).exists():
+        return None
+    caches = sorted(run_dir.glob("search*/*.json"))
+    written = [name for name in evaluations if (run_dir / name / "results.json").exists()]
+    is_trained = trained(run_dir)
+    if not is_trained and not (baselines_only(run_dir) and (caches or written)):
         return None
     dest = partial_path(archive, task, k)
     tmp = dest.with_name(dest.name + ".tmp")
@@ -120,33 +128,43 @@ def carry(archive: Path, task: str, k: int, run_dir: Path, evaluations: tuple[st
     for name in RUN_FILES:
         if (run_dir / name).exists():
             shutil.copy2(run_dir / name, tmp / name)
-    (tmp / "events.jsonl").write_text(json.dumps(run_end(run_dir)) + "\n")
-    ck = load_checkpoint(run_dir / "checkpoint.pt")
-    ck.pop("version", None)
-    ck["trainer"] = {key: v for key, v in ck["trainer"].items() if key not in TRAINING_ONLY}
-    save_checkpoint(tmp / "checkpoint.pt", ck)
-    for cache in sorted(run_dir.glob("search*/*.json")):
+    if is_trained:
+        (tmp / "events.jsonl").write_text(json.dumps(run_end(run_dir)) + "\n")
+        ck = load_checkpoint(run_dir / "checkpoint.pt")
+        ck.pop("version", None)
+        ck["trainer"] = {key: v for key, v in ck["trainer"].items() if key not in TRAINING_ONLY}
+        save_checkpoint(tmp / "checkpoint.pt", ck)
+    for cache in caches:
         (tmp / cache.parent.name).mkdir(exist_ok=True)
         shutil.copy2(cache, tmp / cache.parent.name / cache.name)
-    for name in evaluations:
-        if (run_dir / name / "results.json").exists():
-            (tmp / name).mkdir()
-            shutil.copy2(run_dir / name / "results.json", tmp / name / "results.json")
+    for name in written:
+        (tmp / name).mkdir()
+        shutil.copy2(run_dir / name / "results.json", tmp / name / "results.json")
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return dest
 
 
+def baselines_only(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a run directory of baselines only (``python -m bench.suite --controller-from``
+    writes the kept run's settings there and trains nothing): settings and no checkpoint. A training that
+    has not saved yet looks the same, and is told apart by what is cached: it has no search."""
+    return (run_dir / "config.json").is_file() and not (run_dir / "checkpoint.pt").exists()
+
+
 def restore(archive: Path, task: str, k: int, run_dir: Path) -> bool:
     """Put seed ``k``'s kept state in progress into ``run_dir`` where that has no checkpoint of its own
-    (an empty or missing directory, or a training that never saved); whether it did."""
+    (an empty or missing directory, or a training that never saved), or, for baselines only (a state kept
+    without a checkpoint), no settings of its own; whether it did."""
     src = partial_path(archive, task, k)
     if not src.is_dir() or (run_dir / "checkpoint.pt").exists():
         return False
+    if not (src / "checkpoint.pt").exists() and (run_dir / "config.json").exists():
+        return False  # baselines only, and this run directory is the live one
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.copytree(src, run_dir, dirs_exist_ok=True)
     return True
 
 
-__all__ = ["RUN_FILES", "TRAINING_ONLY", "carry", "load_seed", "partial_path", "restore", "run_end",
-           "same_evaluation", "save_seed", "seed_path", "train_revision", "trained"]  # fmt: skip
+__all__ = ["RUN_FILES", "TRAINING_ONLY", "baselines_only", "carry", "load_seed", "partial_path", "restore",
+           "run_end", "same_evaluation", "save_seed", "seed_path", "train_revision", "trained"]  # fmt: skip

@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                         "instead of run (default: OUT/seeds; bench.suite.archive)")  # fmt: skip
     p.add_argument("--carry", action="store_true",
                    help="keep the state in progress of every trained, unfinished (task, seed) of --runs "
-                        "in --archive (the trained controller, cached searches and evaluations), for a "
+                        "in --archive (the trained controller, cached searches and evaluations; with "
+                        "--controller-from runs, the searches and evaluations cached so far), for a "
                         "later run on another machine to go on from, and exit; run it before a machine "
                         "goes")  # fmt: skip
     p.add_argument("--restore", action="store_true",
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(status_lines(rows)))
         elif args.carry:
             kept = carry_suite(tasks, args.seeds, args.first_seed, args.runs, _archive(args))
-            print("\n".join(f"kept {d}" for d in kept) or "nothing trained and unfinished to keep")
+            print("\n".join(f"kept {d}" for d in kept) or "nothing in progress to keep")
         else:
             back = restore_suite(tasks, args.seeds, args.first_seed, args.runs, _archive(args))
             print("\n".join(f"restored {d}" for d in back) or "nothing to restore")
