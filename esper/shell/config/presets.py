@@ -223,6 +223,10 @@ def _default() -> dict[str, Any]:
         # seeds 90-99 read 0.875 of grow_all's gain, under the rule's 0.90 (the same log). The misses never
         # saw conv_heavy in b0 in training, so the blueprint head starts on a capacity prior (size_bias 1:
         # each blueprint about in proportion to its parameters), adopted by the rule on fresh seeds 100-109.
+        # The learner cannot hear a step-earlier FOSSILIZE (worth half a point against returns that spread
+        # 3-6 at the same epoch), so it kept seeds blending late; FOSSILIZE starts one logit above WAIT where
+        # it is legal (fossilize_bias 4), adopted 2026-12-01 by the rule on the suite's four tasks, fresh
+        # seeds 300-304 (docs/experiment-log.md: +1.80 [+0.11, +3.49] pooled).
         eval_episodes=6,
         ppo={
             "hidden": 64,
@@ -243,6 +247,7 @@ def _default() -> dict[str, Any]:
             "gae_lambda": 1.0,
             "param_cap_share": 0.6,
             "size_bias": 1.0,
+            "fossilize_bias": 4.0,
         },
     )
 
