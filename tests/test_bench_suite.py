@@ -576,6 +576,8 @@ def test_baselines_in_progress_are_carried_to_another_machine_and_go_on_there(tm
     assert (partial / "search" / f"{plan_name(2)}.json").read_text() == '{"chosen": "b0=norm"}'
     assert main(["--restore", *argv, "--runs", str(runs)]) == 0
     assert "nothing to restore" in capsys.readouterr().out  # the live run directory: left alone
+    assert main(["--status", *argv, "--runs", str(runs)]) == 0
+    assert "| longrange | 3 | none (baselines only) | 2x |  |  |  | in progress |" in capsys.readouterr().out
     seen = []
     real_evaluate = bg._evaluate
 

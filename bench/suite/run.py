@@ -15,7 +15,16 @@ import numpy as np
 
 from bench.growth import training
 from bench.growth.pooling import summarize_runs
-from bench.suite.archive import carry, load_seed, partial_path, restore, run_end, save_seed, train_revision
+from bench.suite.archive import (
+    baselines_only,
+    carry,
+    load_seed,
+    partial_path,
+    restore,
+    run_end,
+    save_seed,
+    train_revision,
+)
 from esper.shell.config.presets import RunConfig, preset
 from esper.shell.data.tasks import Task, seed_params
 from esper.shell.env.config import GENERATED_TASKS
@@ -405,8 +414,9 @@ def revisions(meta: dict) -> dict[str, str | None]:
 def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archive: Path | None = None,
            episodes: int = EVAL_EPISODES) -> list[dict[str, Any]]:  # fmt: skip
     """Where each (task, seed) of a suite run stands, read from ``runs`` (nothing is run): its training
-    (``updates`` done of ``of``, ``trained``), the searches cached in its run directory, which of its
-    evaluations (the table's, the diagnosis, the plan within the cap) are written, and whether
+    (``updates`` done of ``of``, ``trained``; ``baselines_only`` where it trains none: ``--controller-from``),
+    the searches cached in its run directory, which of its evaluations (the table's, the diagnosis, the
+    plan within the cap) are written, and whether
     ``archive`` keeps it for an evaluation of ``episodes`` hosts (``archived``: then it is done wherever
     its run directory is) or keeps its state in progress (``partial``)."""
     rows = []
@@ -422,8 +432,9 @@ def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archiv
                      for name, d in zip(("table", "diagnosis", "in_cap"), EVALUATIONS)}  # fmt: skip
             kept = archive is not None and load_seed(archive, task, k, episodes, final_data_seed(task, k))
             partial = archive is not None and partial_path(archive, task, k).is_dir()
+            only = baselines_only(run) and not events.exists()  # a training writes its events at once
             rows.append({"task": task, "seed": k, "updates": updates, "of": of, "trained": ended,
-                         "searches": searches, **evals, "archived": bool(kept),
+                         "baselines_only": only, "searches": searches, **evals, "archived": bool(kept),
                          "partial": partial})  # fmt: skip
     return rows
 
@@ -436,6 +447,7 @@ def status_lines(rows: list[dict[str, Any]]) -> list[str]:
     mark = {True: "done", False: ""}
     for r in rows:
         train = "done" if r["trained"] else (f"{r['updates']}/{r['of']} updates" if r["updates"] else "")
+        train = "none (baselines only)" if r.get("baselines_only") else train
         short = (n.replace(HEURISTIC_TUNED, "tuned").replace(f"{PLAN_SEARCH_CAP}@", "cap ")
                  .replace("plan_search@", "") for n in r["searches"])  # fmt: skip
         searched = ", ".join(short)
