@@ -439,6 +439,14 @@ def test_merge_adds_the_tasks_an_earlier_results_file_pooled(tmp_path, monkeypat
         main(["--tasks", "longrange", *base, "--out", str(out), "--merge", str(tmp_path / "missing.json")])
 
 
+def _carried(capsys, argv: list[str], runs, archive):
+    """``--carry`` on ``runs``: longrange seed 3's state in progress, which it must say it kept."""
+    assert main(["--carry", *argv, "--runs", str(runs)]) == 0
+    partial = archive / "longrange" / "seed3.partial"
+    assert f"kept {partial}" in capsys.readouterr().out
+    return partial
+
+
 def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_path, monkeypatch, capsys):
     """``--carry`` keeps a trained, unfinished seed's state (the run's files, its run_end, the checkpoint
     without the optimizer's state and the replay buffer, the cached searches and evaluations) in the
@@ -470,9 +478,7 @@ def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_
     (done / DIAG / "results.json").write_text('{"controllers": {}}')
     argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
             "--archive", str(archive)]  # fmt: skip
-    assert main(["--carry", *argv, "--runs", str(runs)]) == 0
-    partial = archive / "longrange" / "seed3.partial"
-    assert f"kept {partial}" in capsys.readouterr().out
+    partial = _carried(capsys, argv, runs, archive)
     assert not (archive / "longrange" / "seed4.partial").exists()  # not trained: nothing to carry
     ck = load_checkpoint(partial / "checkpoint.pt")
     assert set(ck["trainer"]) == {"policy", "obs_stats"}
@@ -568,9 +574,7 @@ def test_baselines_in_progress_are_carried_to_another_machine_and_go_on_there(tm
     (half / "search" / f"{plan_name(2)}.json").write_text('{"chosen": "b0=norm"}')
     argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
             "--archive", str(archive)]  # fmt: skip
-    assert main(["--carry", *argv, "--runs", str(runs)]) == 0
-    partial = archive / "longrange" / "seed3.partial"
-    assert f"kept {partial}" in capsys.readouterr().out
+    partial = _carried(capsys, argv, runs, archive)
     assert not (archive / "longrange" / "seed4.partial").exists()  # nothing cached: nothing to carry
     assert sorted(p.name for p in partial.iterdir()) == ["config.json", "search"]
     assert (partial / "search" / f"{plan_name(2)}.json").read_text() == '{"chosen": "b0=norm"}'
