@@ -147,9 +147,10 @@ def carry(archive: Path, task: str, k: int, run_dir: Path, evaluations: tuple[st
 
 def baselines_only(run_dir: Path) -> bool:
     """Whether ``run_dir`` is a run directory of baselines only (``python -m bench.suite --controller-from``
-    writes the kept run's settings there and trains nothing): settings and no checkpoint. A training that
-    has not saved yet looks the same, and is told apart by what is cached: it has no search."""
-    return (run_dir / "config.json").is_file() and not (run_dir / "checkpoint.pt").exists()
+    writes the kept run's settings there and trains nothing): settings, no checkpoint and no events (a
+    training logs its ``run_start`` as it begins, before it saves anything)."""
+    return (run_dir / "config.json").is_file() and not any(
+        (run_dir / name).exists() for name in ("checkpoint.pt", "events.jsonl"))
 
 
 def restore(archive: Path, task: str, k: int, run_dir: Path) -> bool:

@@ -416,9 +416,9 @@ def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archiv
     """Where each (task, seed) of a suite run stands, read from ``runs`` (nothing is run): its training
     (``updates`` done of ``of``, ``trained``; ``baselines_only`` where it trains none: ``--controller-from``),
     the searches cached in its run directory, which of its evaluations (the table's, the diagnosis, the
-    plan within the cap) are written, and whether
-    ``archive`` keeps it for an evaluation of ``episodes`` hosts (``archived``: then it is done wherever
-    its run directory is) or keeps its state in progress (``partial``)."""
+    plan within the cap) are written, and whether ``archive`` keeps it for an evaluation of ``episodes``
+    hosts (``archived``: then it is done wherever its run directory is) or keeps its state in progress
+    (``partial``)."""
     rows = []
     for task in tasks:
         of = preset(SUITE[task]).updates
@@ -432,10 +432,9 @@ def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archiv
                      for name, d in zip(("table", "diagnosis", "in_cap"), EVALUATIONS)}  # fmt: skip
             kept = archive is not None and load_seed(archive, task, k, episodes, final_data_seed(task, k))
             partial = archive is not None and partial_path(archive, task, k).is_dir()
-            only = baselines_only(run) and not events.exists()  # a training writes its events at once
             rows.append({"task": task, "seed": k, "updates": updates, "of": of, "trained": ended,
-                         "baselines_only": only, "searches": searches, **evals, "archived": bool(kept),
-                         "partial": partial})  # fmt: skip
+                         "baselines_only": baselines_only(run), "searches": searches, **evals,
+                         "archived": bool(kept), "partial": partial})  # fmt: skip
     return rows
 
 
@@ -446,8 +445,10 @@ def status_lines(rows: list[dict[str, Any]]) -> list[str]:
            "|---|---:|---|---|---|---|---|---|"]  # fmt: skip
     mark = {True: "done", False: ""}
     for r in rows:
-        train = "done" if r["trained"] else (f"{r['updates']}/{r['of']} updates" if r["updates"] else "")
-        train = "none (baselines only)" if r.get("baselines_only") else train
+        if r.get("baselines_only"):
+            train = "none (baselines only)"
+        else:
+            train = "done" if r["trained"] else (f"{r['updates']}/{r['of']} updates" if r["updates"] else "")
         short = (n.replace(HEURISTIC_TUNED, "tuned").replace(f"{PLAN_SEARCH_CAP}@", "cap ")
                  .replace("plan_search@", "") for n in r["searches"])  # fmt: skip
         searched = ", ".join(short)
