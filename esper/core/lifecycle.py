@@ -13,8 +13,10 @@ against :func:`esper.core.masks.op_slot_legality`; an illegal pair changes nothi
 - **GERMINATE** (DORMANT, enabled, room for a seed): G0 = the blueprint index is in
   ``[0, n_blueprints)``. Pass: GERMINATED; blueprint, style, tempo and ``ALPHA_TARGETS[alpha_target]``
   stored; ``acc_at_germination`` = this epoch's val_acc; age 0. Fail: ``germinate_failed``.
-- **ADVANCE** on TRAINING: G2 = ``epochs_in_stage >= g2_min_epochs``, val_acc gain since the stage
-  began ``>= g2_min_gain`` and gradient-ratio EMA ``>= g2_min_grad_ratio``. Pass: BLENDING, with a
+- **ADVANCE** on TRAINING: G2 = ``epochs_in_stage >= g2_min_epochs``, a gain ``>= g2_min_gain`` and
+  gradient-ratio EMA ``>= g2_min_grad_ratio``. The gain (``g2_evidence``) is the host's val_acc gain
+  since the stage began (``host``, the reference's), or the seed's own what-if gain, ``whatif_gain``
+  (``what_if``: what blending it in at alpha 1 would add to val_acc now). Pass: BLENDING, with a
   blend-in ramp from 0 to ``alpha_target`` over ``TEMPO_EPOCHS[tempo]`` epochs along
   ``STYLE_BLEND_CURVE[style]``. ADVANCE on BLENDING: G3 = ``epochs_in_stage >= g3_min_epochs`` and the
   ramp finished. Pass: HOLDING. A failed gate changes nothing (``advance_failed``). There is no
@@ -104,8 +106,12 @@ SEED_FIELDS: tuple[str, ...] = (
     "acc_at_germination",
     "acc_at_stage_start",
     "grad_ratio",
+    "whatif_gain",
     "seed_params",
 )
+
+#: What G2's gain reads (``LifecycleConfig.g2_evidence``).
+G2_EVIDENCE = ("host", "what_if")
 
 #: Bool ``[*E, S]`` entries of the events TensorDict returned by :func:`lifecycle_step`.
 EVENT_KINDS: tuple[str, ...] = (
@@ -146,6 +152,13 @@ class LifecycleConfig:
     g2_min_epochs: int = config_field(3, "G2: epochs in TRAINING before ADVANCE can pass")
     g2_min_gain: float = config_field(0.5, "G2: val-acc gain (points) since TRAINING began")
     g2_min_grad_ratio: float = config_field(0.05, "G2: minimum seed/host gradient-ratio EMA")
+    g2_evidence: str = config_field(
+        "host",
+        "what G2's gain reads: host = the host's val-acc gain since TRAINING began (the reference's; the "
+        "seed is not in that forward, so on a host that cannot learn the task alone only noise passes it), "
+        "what_if = the val-acc gain the seed would bring blended in at alpha 1 now (one more validation "
+        "pass per incubating seed and epoch)",
+    )
     g3_min_epochs: int = config_field(3, "G3: epochs in BLENDING (and the ramp finished) before ADVANCE")
     g5_min_contribution: float = config_field(1.0, "G5: counterfactual contribution (points) to fossilize")
     holding_timeout: int = config_field(5, "HOLDING epochs after which the seed is pruned automatically")
@@ -203,6 +216,8 @@ class LifecycleConfig:
         for name in ("g2_min_gain", "g2_min_grad_ratio", "g5_min_contribution", "grad_ratio_cap"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{where}.{name} must be finite, got {getattr(self, name)}")
+        if self.g2_evidence not in G2_EVIDENCE:
+            raise ValueError(f"{where}.g2_evidence must be one of {G2_EVIDENCE}, got {self.g2_evidence!r}")
         if not 0.0 <= self.grad_ratio_momentum < 1.0:
             raise ValueError(f"{where}.grad_ratio_momentum must be in [0, 1), got {self.grad_ratio_momentum}")
         if not self.grad_ratio_cap > 0:
@@ -324,7 +339,10 @@ def gate_readiness(slots: TensorDict, val_acc: torch.Tensor, cfg: LifecycleConfi
     stage = slots["stage"]
     eis = slots["epochs_in_stage"]
     settled = slots["ramp_pos"] >= slots["ramp_len"]
-    gain = clean_acc(val_acc).unsqueeze(-1) - slots["acc_at_stage_start"]
+    if cfg.g2_evidence == "what_if":
+        gain = slots["whatif_gain"]
+    else:
+        gain = clean_acc(val_acc).unsqueeze(-1) - slots["acc_at_stage_start"]
     g2 = (
         (stage == int(Stage.TRAINING))
         & (eis >= cfg.g2_min_epochs)
@@ -339,8 +357,9 @@ def gate_readiness(slots: TensorDict, val_acc: torch.Tensor, cfg: LifecycleConfi
 # ------------------------------------------------------------------------------------ measurements
 def record_signals(slots: TensorDict, signals: TensorDict, cfg: LifecycleConfig) -> TensorDict:
     """Copy this epoch's measurements into the slot state (no decisions): ``contribution`` and
-    ``seed_params`` of live seeds, and the gradient-ratio EMA of seeds in GERMINATED, TRAINING or
-    BLENDING (the first measurement, made while GERMINATED, starts the EMA; later stages keep it).
+    ``seed_params`` of live seeds, the gradient-ratio EMA of seeds in GERMINATED, TRAINING or
+    BLENDING (the first measurement, made while GERMINATED, starts the EMA; later stages keep it),
+    and ``whatif_gain`` of incubating seeds (GERMINATED, TRAINING) where the signals hold one (0 else).
     The raw ratio is clamped to ``[0, grad_ratio_cap]`` before the EMA."""
     _check_batch(slots, signals, "record_signals")
     sig = signals["slots"]
@@ -352,9 +371,13 @@ def record_signals(slots: TensorDict, signals: TensorDict, cfg: LifecycleConfig)
     measured = stage_in(stage, (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING))
     grad_ratio = torch.where(measured, ema, slots["grad_ratio"])
     params = torch.nan_to_num(sig["seed_params"].float(), nan=0.0).clamp(min=0.0)
+    incubating = stage_in(stage, (Stage.GERMINATED, Stage.TRAINING))
+    whatif = sig.get("whatif_gain", None)
+    whatif = torch.zeros_like(slots["whatif_gain"]) if whatif is None else clean_contribution(whatif)
     return _build(
         slots,
         {
+            "whatif_gain": torch.where(incubating, whatif, 0.0),
             "contribution": torch.where(live, clean_contribution(sig["contribution"]), 0.0),
             "seed_params": torch.where(live, params, 0.0),
             "grad_ratio": torch.where(live, grad_ratio, 0.0),

@@ -231,6 +231,10 @@ SLOT_FIELDS = MappingProxyType(
         "acc_at_germination": (torch.float32, "host val accuracy (%) when the seed germinated"),
         "acc_at_stage_start": (torch.float32, "host val accuracy (%) when the stage began"),
         "grad_ratio": (torch.float32, "EMA of the parameter-normalized seed/host gradient ratio"),
+        "whatif_gain": (
+            torch.float32,
+            "val-acc gain (points) an incubating seed would bring blended in at alpha 1 (0 where unmeasured)",
+        ),
         "seed_params": (torch.float32, "parameter count of the seed"),
         "embargo": (torch.int64, "epochs of embargo left (EMBARGOED slots)"),
     }

@@ -75,6 +75,11 @@ def test_record_signals_gates_and_clear_seeds_compile(compile_check):
     slots, _, signals, _ = busy_state()
     compile_check(lambda s, g: record_signals(s, g, LC), slots, signals)
     compile_check(lambda s, v: gate_readiness(s, v, LC), slots, signals["val_acc"])
+    # G2 on the seeds' own what-if gain (lifecycle.g2_evidence what_if), recorded from the signals
+    what_if = dataclasses.replace(LC, g2_evidence="what_if")
+    signals["slots", "whatif_gain"] = torch.full(signals["slots"].batch_size, 1.5)
+    compile_check(lambda s, g: record_signals(s, g, what_if), slots, signals)
+    compile_check(lambda s, v: gate_readiness(s, v, what_if), slots, signals["val_acc"])
     compile_check(clear_seeds, slots, torch.tensor([True, False]))
     compile_check(lambda n: init_slots(n, [True, False]), 3)
 

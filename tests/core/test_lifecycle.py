@@ -199,6 +199,7 @@ def random_rollout(data, *, E=2, S=3, T=25, cfg=None, enabled=None):
         {"grad_ratio_momentum": 1.0},
         {"grad_ratio_cap": 0.0},
         {"g2_min_gain": float("nan")},
+        {"g2_evidence": "seed"},
         {"g2_min_epochs": 1.5},
     ],
 )
@@ -324,6 +325,41 @@ def test_fastest_germinate_to_fossilize_path_with_reference_numbers():
 def test_g2_blocks_on_gain_and_grad_ratio(kw, fails):
     run = _play({1: (Op.GERMINATE, 0, {}), 6: (Op.ADVANCE, 0, {})}, T=6, **kw)
     assert fired(run[5][2]) == ({"advance_failed"} if fails else {"advanced"})
+
+
+@pytest.mark.parametrize(
+    ("evidence", "whatif", "host_gain", "passes"),
+    [
+        ("host", 5.0, 0.0, False),  # the reference: a host that does not learn alone strands the seed
+        ("host", 0.0, 1.0, True),
+        ("what_if", 5.0, 0.0, True),  # the seed's own evidence: blending it in would add 5 points
+        ("what_if", 0.25, 1.0, False),  # the host improves, the seed would not: it is not blended
+    ],
+)
+def test_g2_reads_the_evidence_it_is_told_to(evidence, whatif, host_gain, passes):
+    """``g2_evidence``: ``host`` reads the host's val-acc gain since TRAINING began (the reference's),
+    ``what_if`` the seed's own what-if gain, recorded while it incubates; the dwell and the gradient
+    ratio hold either way."""
+    cfg = LifecycleConfig(g2_evidence=evidence)
+    slots = init_slots(1, [True, True])
+    for t in range(1, 7):
+        op = Op.GERMINATE if t == 1 else Op.ADVANCE if t == 6 else Op.WAIT
+        sig = make_signals(1, 2, epoch=t, val_acc=50.0 + host_gain * t, grad_ratio=0.5)
+        sig["slots", "whatif_gain"] = torch.tensor([[whatif, 7.0]])
+        pre, slots, ev = step(slots, make_action(1, op, 0), sig, cfg)
+        if t > 1:  # recorded for the incubating seed only (slot 1 holds none)
+            assert pre["whatif_gain"].tolist() == [[whatif, 0.0]]
+    assert fired(ev) == ({"advanced"} if passes else {"advance_failed"})
+    assert int(slots["stage"][0, 0]) == (Stage.BLENDING if passes else Stage.TRAINING)
+    # once blended the seed no longer incubates: its what-if gain is no longer recorded
+    assert record_signals(slots, sig, cfg)["whatif_gain"].tolist() == [[whatif if not passes else 0.0, 0.0]]
+
+
+def test_record_signals_without_a_whatif_measurement_records_zero():
+    cfg = LifecycleConfig(g2_evidence="what_if")
+    slots = init_slots(1, [True])
+    _, slots, _ = step(slots, make_action(1, Op.GERMINATE, 0), make_signals(1, 1), cfg)
+    assert record_signals(slots, make_signals(1, 1), cfg)["whatif_gain"].tolist() == [[0.0]]
 
 
 def test_g5_needs_contribution_and_the_policy_fossilizes_never_automatically():

@@ -30,8 +30,9 @@ from esper.shell.host.hosts import Host
 from esper.shell.host.model import SEED_GRAD_KEYS, EnvModel
 
 #: What :meth:`PerEnvHosts.measure` returns per env, in order: ``[E]`` each, ``[E, S]`` from the fifth
-#: (each live seed's contribution, then its gradients: :data:`~esper.shell.host.model.SEED_GRAD_KEYS`).
-MEASURED = ("train_loss", "train_acc", "val_loss", "val_acc", "contribution", *SEED_GRAD_KEYS)
+#: (each live seed's contribution, each incubating seed's what-if gain (0 unless asked for), then the
+#: seeds' gradients: :data:`~esper.shell.host.model.SEED_GRAD_KEYS`).
+MEASURED = ("train_loss", "train_acc", "val_loss", "val_acc", "contribution", "whatif_gain", *SEED_GRAD_KEYS)
 
 
 def snapshot_state(host: Host) -> dict[str, torch.Tensor]:
@@ -115,21 +116,23 @@ class PerEnvHosts:
         return [host.slot(s).alpha for s in range(host.n_slots)]
 
     # ------------------------------------------------------------------------------------------- epochs
-    def measure(self, lr_scale: float) -> dict[str, torch.Tensor]:
+    def measure(self, lr_scale: float, *, whatif: bool = False) -> dict[str, torch.Tensor]:
         """Train every env one epoch at ``lr_scale`` times its learning rates, then validate it with
-        every live seed's counterfactual: :data:`MEASURED`, stacked over envs on the policy device."""
+        every live seed's counterfactual (and, with ``whatif``, every incubating seed's what-if gain):
+        :data:`MEASURED`, stacked over envs on the policy device."""
         t0 = time.perf_counter()
         for model in self.models:
             model.set_lr_scale(lr_scale)
         train = self._each(lambda i: self.models[i].train_epoch(self.loaders[i].train, **self._amp(i)))
         t1 = time.perf_counter()
-        val = self._each(lambda i: self.models[i].counterfactual_validation(self.loaders[i].val))
+        val = self._each(lambda i: self.models[i].measure_validation(self.loaders[i].val, whatif=whatif))
         t2 = time.perf_counter()
         self.timings = {"host_training": t1 - t0, "validation": t2 - t1}
         rows = []
         for i in range(self.n):
-            tr, (vloss, vacc, contrib) = train[i], val[i]
-            parts = [tr["loss"], tr["acc"], vloss, vacc, contrib, *(tr[k] for k in SEED_GRAD_KEYS)]
+            tr, v = train[i], val[i]
+            parts = [tr["loss"], tr["acc"], v["val_loss"], v["val_acc"], v["contribution"], v["whatif_gain"],
+                     *(tr[k] for k in SEED_GRAD_KEYS)]  # fmt: skip
             # cast after the join: a cast is a read, and reads of env i's results wait on its event (S1)
             rows.append([p.float() for p in self.streams.join(i, parts, self.device)])
         return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(MEASURED)}

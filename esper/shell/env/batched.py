@@ -87,13 +87,14 @@ class BatchedHosts:
         return [self.hosts[i].slot(s).alpha for s in range(self.hosts[i].n_slots)]
 
     # ------------------------------------------------------------------------------------------- epochs
-    def measure(self, lr_scale: float) -> dict[str, torch.Tensor]:
+    def measure(self, lr_scale: float, *, whatif: bool = False) -> dict[str, torch.Tensor]:
         """Train every env one epoch at ``lr_scale`` times its learning rates, then validate it with
-        every live seed's counterfactual: :data:`~esper.shell.env.bank.MEASURED`, stacked over envs."""
+        every live seed's counterfactual (and, with ``whatif``, every incubating seed's what-if gain):
+        :data:`~esper.shell.env.bank.MEASURED`, stacked over envs."""
         t0 = time.perf_counter()
         train = self._train_epoch(lr_scale)
         t1 = time.perf_counter()
-        val = self._validate(counterfactual=True)
+        val = self._validate(counterfactual=True, whatif=whatif)
         self.timings = {"host_training": t1 - t0, "validation": time.perf_counter() - t1}
         out = {**train, **val}
         return {k: out[k].float().to(self.device) for k in MEASURED}
@@ -160,25 +161,33 @@ class BatchedHosts:
             for p in params:
                 p.grad = None
 
-    def _validate(self, *, counterfactual: bool, split: str = "val") -> dict[str, torch.Tensor]:
-        """``val_loss``, ``val_acc`` and (with ``counterfactual``) ``contribution [E, S]`` on ``split``."""
+    def _validate(
+        self, *, counterfactual: bool, split: str = "val", whatif: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """``val_loss``, ``val_acc``, with ``counterfactual`` ``contribution [E, S]`` and with ``whatif``
+        ``whatif_gain [E, S]`` (each incubating seed's accuracy blended in at alpha 1, minus
+        ``val_acc``; 0 elsewhere) on ``split``."""
         for host in self.hosts:
             host.eval()
         S = self.hosts[0].n_slots
         live = [[e for e, h in enumerate(self.hosts) if counterfactual and h.slot(s).contributes]
                 for s in range(S)]  # fmt: skip
+        incubating = [[e for e, h in enumerate(self.hosts) if whatif and h.slot(s).incubating]
+                      for s in range(S)]  # fmt: skip
         eval_plan = plan(self.hosts, trainable=False)
         loss_sum = torch.zeros(self.n, device=self.host_device)
         correct = torch.zeros(self.n, dtype=torch.int64, device=self.host_device)
         cf = torch.zeros(self.n, S, dtype=torch.int64, device=self.host_device)
+        wi = torch.zeros(self.n, S, dtype=torch.int64, device=self.host_device)
         n_items = 0
         with self._autocast():
             for batches in zip(*(getattr(ld, split) for ld in self.loaders)):
                 x, y = stack_inputs(batches)
-                loss, n_correct, n_cf = self.stack.evaluate(x, y, eval_plan, live)
+                loss, n_correct, n_cf, n_wi = self.stack.evaluate(x, y, eval_plan, live, incubating)
                 loss_sum += loss.float() * y.shape[1]
                 correct += n_correct
                 cf += n_cf
+                wi += n_wi
                 n_items += y.shape[1]
         for host in self.hosts:
             host.train()
@@ -191,6 +200,10 @@ class BatchedHosts:
                                     dtype=torch.bool, device=acc.device)  # fmt: skip
             cf_acc = cf.float() * (100.0 / n_items)
             out["contribution"] = torch.where(measured, acc.unsqueeze(1) - cf_acc, 0.0)
+        if whatif or counterfactual:
+            asked = torch.tensor([[e in incubating[s] for s in range(S)] for e in range(self.n)],
+                                 dtype=torch.bool, device=acc.device)  # fmt: skip
+            out["whatif_gain"] = torch.where(asked, wi.float() * (100.0 / n_items) - acc.unsqueeze(1), 0.0)
         return out
 
     def _autocast(self):
@@ -290,9 +303,9 @@ class ShardedHosts:
         for lo, bank in self.shards:  # in order, in this thread: host init draws from the global RNG
             bank.reset(host_seeds[lo:lo + bank.n])
 
-    def measure(self, lr_scale: float) -> dict[str, torch.Tensor]:
+    def measure(self, lr_scale: float, *, whatif: bool = False) -> dict[str, torch.Tensor]:
         t0 = time.perf_counter()
-        out = self._each(lambda bank: bank.measure(lr_scale))
+        out = self._each(lambda bank: bank.measure(lr_scale, whatif=whatif))
         wall = time.perf_counter() - t0
         # each shard's split of its own wall time between training and validation, scaled to this wall
         busy = [sum(bank.timings.values()) for _, bank in self.shards]

@@ -231,7 +231,7 @@ class VecEnv:
         observe: the time step the controller acts on."""
         self.epoch += 1
         scale = lr_scale(self.cfg.lr_schedule, self.epoch, self.lifecycle.max_epochs)
-        measured = self.hosts.measure(scale)
+        measured = self.hosts.measure(scale, whatif=self.lifecycle.g2_evidence == "what_if")
         self.timings.update(self.hosts.timings)
         t0 = time.perf_counter()
         E, S = self.n, self.spec.n_slots
@@ -241,7 +241,8 @@ class VecEnv:
                 **{k: measured[k] for k in ("train_loss", "train_acc", "val_loss", "val_acc")},
                 "host_params": self._host_params_tensor(),
                 "slots": TensorDict(
-                    {k: measured[k] for k in ("contribution", *SEED_GRAD_KEYS)} | self._seed_state(),
+                    {k: measured[k] for k in ("contribution", "whatif_gain", *SEED_GRAD_KEYS)}
+                    | self._seed_state(),
                     batch_size=[E, S],
                 ),
             },

@@ -547,11 +547,13 @@ class StackedHosts:
 
     @torch.inference_mode()
     def evaluate(
-        self, x: torch.Tensor, y: torch.Tensor, slot_plan: SlotPlan, live: Sequence[Sequence[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-        """Evaluation mode: per env the loss ``[E]``, correct count ``[E]`` and, for every slot, the
-        correct count with that slot's seed left out ``[E, S]`` (only the envs in ``live[s]``; the
-        others keep the real count)."""
+        self, x: torch.Tensor, y: torch.Tensor, slot_plan: SlotPlan, live: Sequence[Sequence[int]],
+        incubating: Sequence[Sequence[int]] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Evaluation mode: per env the loss ``[E]``, correct count ``[E]``, for every slot the correct
+        count with that slot's seed left out ``[E, S]`` (only the envs in ``live[s]``; the others keep
+        the real count), and the correct count with that slot's incubating seed blended in at alpha 1
+        ``[E, S]`` (only the envs in ``incubating[s]``; the others keep the real count)."""
         envs = list(range(self.n))
         logits, before = self.forward(envs, x, slot_plan, train=False, host_grad=False, statistics="use")
         loss, correct = _cross_entropy(logits, y)
@@ -565,7 +567,17 @@ class StackedHosts:
             cf_plan = plan([self.hosts[e] for e in sub], skip={s: set(range(len(sub)))}, trainable=False)
             logits_s = self.resume(sub, before[s].index_select(0, rows), s, cf_plan)
             cf[rows, s] = _cross_entropy(logits_s, y.index_select(0, rows))[1]
-        return loss, correct, cf
+        wi = correct.unsqueeze(1).repeat(1, S)
+        for s, envs_s in enumerate(incubating):
+            if not envs_s:
+                continue
+            sub = list(envs_s)
+            rows = self.rows(sub, x.device)
+            wi_plan = plan([self.hosts[e] for e in sub], forced={(k, s): 1.0 for k in range(len(sub))},
+                           trainable=False)  # fmt: skip
+            logits_s = self.resume(sub, before[s].index_select(0, rows), s, wi_plan)
+            wi[rows, s] = _cross_entropy(logits_s, y.index_select(0, rows))[1]
+        return loss, correct, cf, wi
 
 
 def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -229,14 +229,27 @@ class EnvModel:
         forced pass identical to the real one, so its contribution is exactly 0 and the pass is
         skipped (the real pass's result is reused).
         """
+        out = self.measure_validation(batches, live_slots)
+        return out["val_loss"], out["val_acc"], out["contribution"]
+
+    def measure_validation(
+        self, batches: Iterable[Batch], live_slots: Sequence[int] | torch.Tensor | None = None,
+        *, whatif: bool = False,
+    ) -> dict[str, torch.Tensor]:  # fmt: skip
+        """:meth:`counterfactual_validation`'s loop, as ``val_loss``, ``val_acc`` and ``contribution [S]``,
+        and ``whatif_gain [S]``: with ``whatif``, for each listed incubating seed (GERMINATED, TRAINING)
+        the accuracy with it blended in at alpha 1 minus ``val_acc``, in points (what G2 reads under
+        ``lifecycle.g2_evidence what_if``); 0 elsewhere, and everywhere without ``whatif``."""
         host = self.host
         slots = self._live_slot_indices(live_slots)
         measured = [i for i in slots if host.slot(i).contributes]
+        incubating = [i for i in slots if whatif and host.slot(i).incubating]
         was_training = host.training
         host.eval()
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), dtype=torch.int64, device=self.device)
         cf_correct = torch.zeros(len(measured), dtype=torch.int64, device=self.device)
+        wi_correct = torch.zeros(len(incubating), dtype=torch.int64, device=self.device)
         n_items = 0
         try:
             with torch.inference_mode():
@@ -248,6 +261,9 @@ class EnvModel:
                     for k, i in enumerate(measured):
                         with host.counterfactual(i):
                             cf_correct[k] += host.loss_and_correct(batch)[1]
+                    for k, i in enumerate(incubating):
+                        with host.slot(i).force_alpha(1.0):
+                            wi_correct[k] += host.loss_and_correct(batch)[1]
         finally:
             host.train(was_training)
         if n_items == 0:
@@ -257,7 +273,12 @@ class EnvModel:
         if measured:
             cf_acc = cf_correct.float() * (100.0 / n_items)
             contribution[torch.tensor(measured, device=self.device)] = acc - cf_acc
-        return loss_sum / n_items, acc, contribution
+        whatif_gain = torch.zeros(host.n_slots, device=self.device)
+        if incubating:
+            wi_acc = wi_correct.float() * (100.0 / n_items)
+            whatif_gain[torch.tensor(incubating, device=self.device)] = wi_acc - acc
+        return {"val_loss": loss_sum / n_items, "val_acc": acc, "contribution": contribution,
+                "whatif_gain": whatif_gain}  # fmt: skip
 
     def validate(self, batches: Iterable[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loss, acc %)`` with the real alphas (no counterfactual passes)."""

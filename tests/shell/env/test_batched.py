@@ -97,7 +97,13 @@ def check_every_blueprint_slot_stage_alpha_and_style(family: str, device: torch.
     assert {st for *_, st in seen} == set(Style)
     for epoch in range(3):
         scale = 1.0 - 0.2 * epoch  # a learning-rate schedule reaches both optimizers alike
-        _assert_same_measure(ref.measure(scale), bat.measure(scale))
+        whatif = epoch == 2  # the incubating seeds' what-if gains too (G2 under g2_evidence what_if)
+        a, b = ref.measure(scale, whatif=whatif), bat.measure(scale, whatif=whatif)
+        _assert_same_measure(a, b)
+        incubating = torch.tensor([[bool(ref.host(e).slot(s).incubating) for s in range(3)]
+                                   for e in range(len(combos))])  # fmt: skip
+        assert a["whatif_gain"][~incubating].eq(0).all()
+        assert a["whatif_gain"][incubating].ne(0).any() == whatif  # measured only when asked
     _assert_same_state(ref, bat)
     _assert_same_measure(ref.final(), bat.final())
 

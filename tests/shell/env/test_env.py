@@ -23,7 +23,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from esper.core.lifecycle import LifecycleConfig
-from esper.core.spec import HEADS, Op
+from esper.core.spec import HEADS, Op, Stage
 from esper.shell.baselines.simple import FixedController
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.governor import GovernorConfig
@@ -187,7 +187,7 @@ def _fake_cuda_streams(env: VecEnv, monkeypatch) -> FakeCuda:
 def _record_calls(monkeypatch, cuda: FakeCuda, env: VecEnv) -> list[tuple[int, str, str, dict]]:
     """Spy on the EnvModel methods that do an env's device work: (env, method, stream, kwargs)."""
     calls: list[tuple[int, str, str, dict]] = []
-    for method in ("train_epoch", "counterfactual_validation", "germinate"):
+    for method in ("train_epoch", "measure_validation", "counterfactual_validation", "germinate"):
         real = getattr(EnvModel, method)
 
         def spy(self, *a, _real=real, _method=method, **k):
@@ -247,7 +247,8 @@ def test_S1_every_cross_stream_read_waits_on_the_env_event(monkeypatch):
     streams = {i: {s for j, _, s, _ in calls if j == i} for i in range(env.n)}
     assert streams == {0: {"s0"}, 1: {"s1"}}
     kinds = {(i, m) for i, m, _, _ in calls}
-    assert {(0, "train_epoch"), (1, "counterfactual_validation"), (0, "germinate"), (1, "germinate")} <= kinds
+    assert {(0, "train_epoch"), (1, "measure_validation"), (1, "counterfactual_validation"), (0, "germinate"),
+            (1, "germinate")} <= kinds  # fmt: skip
     # the protocol: enter stream i (after waiting on the default), leave it, record an event on it;
     # the consumer waits on that event before anything else of env i is read
     log = cuda.log
@@ -368,3 +369,26 @@ def test_H12_env_model_bf16_epochs_learn():
         last = model.train_epoch(data, autocast_dtype=torch.bfloat16)
     assert first["loss"].dtype == torch.float32 and torch.isfinite(first["loss"])
     assert float(last["loss"]) < float(first["loss"])
+
+
+@pytest.mark.parametrize("host_step", ["per_env", "batched"])
+@pytest.mark.parametrize("evidence", ["host", "what_if"])
+def test_g2_what_if_measures_the_incubating_seeds_and_records_their_gain(monkeypatch, evidence, host_step):
+    """Under ``lifecycle.g2_evidence what_if`` the env asks its hosts for every incubating seed's what-if
+    gain each epoch (and only then: it costs a validation pass per seed), and the slot state records it
+    for the incubating seed alone, where G2 reads it."""
+    cfg = EnvConfig(task="digits", n_envs=2, image_size=8, channels=(4, 8, 8), batch_size=32, train_batches=1,
+                    val_batches=1, host_step=host_step)  # fmt: skip
+    env = VecEnv(cfg, LifecycleConfig(max_epochs=3, g2_evidence=evidence), GovernorConfig(), seed=0)
+    asked, real = [], env.hosts.measure
+
+    def measure(scale, **kw):
+        asked.append(kw.get("whatif"))
+        out = real(scale, **kw)
+        return {**out, "whatif_gain": torch.full_like(out["whatif_gain"], 7.0)}
+
+    monkeypatch.setattr(env.hosts, "measure", measure)
+    EpisodeRunner(env, _Scripted(env.spec)).run(0)
+    assert asked == [evidence == "what_if"] * 3
+    assert (env.slots["stage"][:, 0] == int(Stage.TRAINING)).all()
+    assert env.slots["whatif_gain"].tolist() == [[7.0, 0.0, 0.0]] * 2

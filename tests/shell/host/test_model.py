@@ -194,6 +194,34 @@ def test_M18_counterfactual_for_every_live_seed_alpha_zero_included():
     assert torch.equal(m.counterfactuals(data, mask), torch.tensor([0.0, 0.0, float(contrib[2])]))
 
 
+def test_whatif_gain_is_what_blending_an_incubating_seed_in_would_add():
+    """``measure_validation(whatif=True)``: each incubating seed (GERMINATED, TRAINING) is scored blended
+    in at alpha 1 against the real pass (what G2 reads under ``g2_evidence what_if``); other seeds get 0,
+    and without ``whatif`` every slot gets 0. The other measurements are the counterfactual loop's."""
+    m = _model()
+    data = _batches(2)
+    m.germinate(0, BP["conv_light"], Style.LINEAR_ADD)
+    m.germinate(1, BP["conv_heavy"], Style.GATED_GATE)
+    m.germinate(2, BP["bottleneck"], Style.LINEAR_MULTIPLY)
+    for i in range(3):
+        _perturb(m.host.seed_parameters(i))
+    m.host.set_slot(0, alpha=0.0, stage=Stage.TRAINING)
+    m.host.set_slot(1, alpha=0.0, stage=Stage.GERMINATED)
+    m.host.set_slot(2, alpha=0.7, stage=Stage.BLENDING)
+    m.host.eval()
+    with torch.no_grad():  # labels: the host's own predictions, so a seed that changes any scores below 100
+        data = [(x, m.host(x).argmax(-1)) for x, _ in data]
+    out = m.measure_validation(data, whatif=True)
+    for i in (0, 1):
+        with m.host.slot(i).force_alpha(1.0):
+            _, blended = m.validate(data)
+        assert float(out["whatif_gain"][i]) == pytest.approx(float(blended - out["val_acc"]), abs=1e-4)
+    assert float(out["whatif_gain"][0]) < 0.0 and float(out["whatif_gain"][2]) == 0.0
+    _, acc, contrib = m.counterfactual_validation(data)
+    assert torch.equal(out["contribution"], contrib) and float(out["val_acc"]) == float(acc)
+    assert m.measure_validation(data)["whatif_gain"].eq(0).all()
+
+
 def test_evaluate_modes_and_errors():
     m = _model()
     data = _batches(2)
