@@ -15,8 +15,9 @@ against :func:`esper.core.masks.op_slot_legality`; an illegal pair changes nothi
   stored; ``acc_at_germination`` = this epoch's val_acc; age 0. Fail: ``germinate_failed``.
 - **ADVANCE** on TRAINING: G2 = ``epochs_in_stage >= g2_min_epochs``, a gain ``>= g2_min_gain`` and
   gradient-ratio EMA ``>= g2_min_grad_ratio``. The gain (``g2_evidence``) is the host's val_acc gain
-  since the stage began (``host``, the reference's), or the seed's own what-if gain, ``whatif_gain``
-  (``what_if``: what blending it in at alpha 1 would add to val_acc now). Pass: BLENDING, with a
+  since the stage began (``host``, the reference's), the seed's own what-if gain, ``whatif_gain``
+  (``what_if``: what blending it in at alpha 1 would add to val_acc now), or the larger (``either``).
+  Pass: BLENDING, with a
   blend-in ramp from 0 to ``alpha_target`` over ``TEMPO_EPOCHS[tempo]`` epochs along
   ``STYLE_BLEND_CURVE[style]``. ADVANCE on BLENDING: G3 = ``epochs_in_stage >= g3_min_epochs`` and the
   ramp finished. Pass: HOLDING. A failed gate changes nothing (``advance_failed``). There is no
@@ -111,7 +112,7 @@ SEED_FIELDS: tuple[str, ...] = (
 )
 
 #: What G2's gain reads (``LifecycleConfig.g2_evidence``).
-G2_EVIDENCE = ("host", "what_if")
+G2_EVIDENCE = ("host", "what_if", "either")
 
 #: Bool ``[*E, S]`` entries of the events TensorDict returned by :func:`lifecycle_step`.
 EVENT_KINDS: tuple[str, ...] = (
@@ -157,7 +158,8 @@ class LifecycleConfig:
         "what G2's gain reads: host = the host's val-acc gain since TRAINING began (the reference's; the "
         "seed is not in that forward, so on a host that cannot learn the task alone only noise passes it), "
         "what_if = the val-acc gain the seed would bring blended in at alpha 1 now (one more validation "
-        "pass per incubating seed and epoch)",
+        "pass per incubating seed and epoch; read with the host's running statistics, so it under-reads a "
+        "seed the layers after it have not adapted to), either = whichever of the two is larger",
     )
     g3_min_epochs: int = config_field(3, "G3: epochs in BLENDING (and the ramp finished) before ADVANCE")
     g5_min_contribution: float = config_field(1.0, "G5: counterfactual contribution (points) to fossilize")
@@ -339,10 +341,11 @@ def gate_readiness(slots: TensorDict, val_acc: torch.Tensor, cfg: LifecycleConfi
     stage = slots["stage"]
     eis = slots["epochs_in_stage"]
     settled = slots["ramp_pos"] >= slots["ramp_len"]
+    gain = clean_acc(val_acc).unsqueeze(-1) - slots["acc_at_stage_start"]  # the host's: "host"
     if cfg.g2_evidence == "what_if":
         gain = slots["whatif_gain"]
-    else:
-        gain = clean_acc(val_acc).unsqueeze(-1) - slots["acc_at_stage_start"]
+    elif cfg.g2_evidence == "either":
+        gain = torch.maximum(gain, slots["whatif_gain"])
     g2 = (
         (stage == int(Stage.TRAINING))
         & (eis >= cfg.g2_min_epochs)

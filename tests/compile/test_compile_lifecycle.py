@@ -80,6 +80,8 @@ def test_record_signals_gates_and_clear_seeds_compile(compile_check):
     signals["slots", "whatif_gain"] = torch.full(signals["slots"].batch_size, 1.5)
     compile_check(lambda s, g: record_signals(s, g, what_if), slots, signals)
     compile_check(lambda s, v: gate_readiness(s, v, what_if), slots, signals["val_acc"])
+    either = dataclasses.replace(LC, g2_evidence="either")
+    compile_check(lambda s, v: gate_readiness(s, v, either), slots, signals["val_acc"])
     compile_check(clear_seeds, slots, torch.tensor([True, False]))
     compile_check(lambda n: init_slots(n, [True, False]), 3)
 

@@ -334,12 +334,15 @@ def test_g2_blocks_on_gain_and_grad_ratio(kw, fails):
         ("host", 0.0, 1.0, True),
         ("what_if", 5.0, 0.0, True),  # the seed's own evidence: blending it in would add 5 points
         ("what_if", 0.25, 1.0, False),  # the host improves, the seed would not: it is not blended
+        ("either", 5.0, 0.0, True),
+        ("either", 0.25, 1.0, True),
+        ("either", 0.25, 0.0, False),
     ],
 )
 def test_g2_reads_the_evidence_it_is_told_to(evidence, whatif, host_gain, passes):
     """``g2_evidence``: ``host`` reads the host's val-acc gain since TRAINING began (the reference's),
-    ``what_if`` the seed's own what-if gain, recorded while it incubates; the dwell and the gradient
-    ratio hold either way."""
+    ``what_if`` the seed's own what-if gain, recorded while it incubates, ``either`` the larger; the dwell
+    and the gradient ratio hold whatever the evidence."""
     cfg = LifecycleConfig(g2_evidence=evidence)
     slots = init_slots(1, [True, True])
     for t in range(1, 7):
