@@ -33,11 +33,13 @@ def test_the_swap_pairs_the_same_hosts_under_both_lifecycles(arm_dir, tmp_path, 
     assert lifecycle_swap.main([
         str(arm_dir), "--tasks", "mnist1d", "--first-seed", "7", "--seeds", "1", "--episodes", "2",
         "--set", "lifecycle.g2_evidence=what_if", "--set", "lifecycle.g2_min_gain=0.25",
-        "--controllers", "ppo_greedy,static", "--out", str(out),
+        "--controllers", "ppo_greedy,static", "--out", str(out), "--eval-seed", "40", "--data-seed", "90",
+        "--plus-seed",
     ]) == 0  # fmt: skip
     rec = json.loads(out.read_text())
     assert rec["sets"] == {"g2_evidence": "what_if", "g2_min_gain": 0.25}
     run = rec["runs"]["mnist1d/seed7"]
+    assert (run["eval_seed"], run["data_seed"]) == (47, 97)  # fresh hosts and draw per training seed
     static = run["controllers"]["static"]
     # the static host has no seed: the lifecycle cannot change it, so the hosts are the same ones
     base = static["base"]["test_acc"]

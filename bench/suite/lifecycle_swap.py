@@ -7,7 +7,9 @@ changes, paired host by host, with the episodes that end at chance counted in ea
 
 ``ARM_DIR/TASK/seedK`` is a training run (``config.json``, ``checkpoint.pt``). The hosts are the suite's
 selection measure, evaluation seed :data:`EVAL_SEED` and data draw :data:`DATA_SEED` (a fixed dataset
-reads its test split): never a host or draw a suite table reads. The controller was trained under the
+reads its test split): never a host or draw a suite table reads. ``--eval-seed E --data-seed D
+--plus-seed`` evaluates seed K on hosts of evaluation seed E + K and data draw D + K instead (fresh hosts
+and draws for a rule's confirming run). The controller was trained under the
 first lifecycle, so the swap shows what the setting does to a policy that never saw it (zero-shot): a
 screen, which decides nothing. An episode *stays at chance* when its test accuracy ends below chance
 (100 / classes) plus :data:`AT_CHANCE_MARGIN` points (a ``longrange`` host either learns the task or
@@ -73,7 +75,8 @@ def swap(run: Path, sets: dict[str, Any], controllers: list[str], episodes: int,
     if cfg.env.task in GENERATED_TASKS:
         env = dataclasses.replace(env, data_seed=data_seed)
     arms = {"base": cfg.lifecycle, "swapped": dataclasses.replace(cfg.lifecycle, **sets)}
-    out: dict[str, Any] = {"task": cfg.env.task, "controllers": {}}
+    out: dict[str, Any] = {"task": cfg.env.task, "eval_seed": eval_seed, "controllers": {},
+                           "data_seed": env.data_seed if cfg.env.task in GENERATED_TASKS else None}
     for arm, lifecycle in arms.items():
         arm_cfg = dataclasses.replace(cfg, env=env, lifecycle=lifecycle)
         res = compare_on_config(arm_cfg, controllers, episodes=episodes, seed=eval_seed,
@@ -125,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="lifecycle.FIELD=VALUE", dest="sets")
     ap.add_argument("--controllers", default="ppo_greedy", help="comma-separated evaluate controllers")
     ap.add_argument("--episodes", type=int, default=20, help="fresh hosts per run and arm (20)")
+    ap.add_argument("--eval-seed", type=int, default=EVAL_SEED, help=f"the hosts' seed ({EVAL_SEED})")
+    ap.add_argument("--data-seed", type=int, default=DATA_SEED, help=f"generated data's draw ({DATA_SEED})")
+    ap.add_argument("--plus-seed", action="store_true",
+                    help="add each run's training seed K to --eval-seed and --data-seed")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="write the record (JSON) here")
     args = ap.parse_args(argv)
     sets = parse_sets(args.sets)
@@ -136,17 +143,23 @@ def main(argv: list[str] | None = None) -> int:
             run = args.arm_dir / task / f"seed{k}"
             if not (run / "checkpoint.pt").is_file():
                 raise SystemExit(f"{run}: no trained run there (config.json and checkpoint.pt)")
-            records[f"{task}/seed{k}"] = rec = swap(run, sets, args.controllers.split(","), args.episodes)
+            plus = k if args.plus_seed else 0
+            records[f"{task}/seed{k}"] = rec = swap(run, sets, args.controllers.split(","), args.episodes,
+                                                    eval_seed=args.eval_seed + plus,
+                                                    data_seed=args.data_seed + plus)  # fmt: skip
             print("\n".join(summary({f"{task}/seed{k}": rec})[2:]), flush=True)
     lines = summary(records)
-    print(f"\nlifecycle {sets} against each run's own, evaluation seed {EVAL_SEED}, data draw {DATA_SEED}:")
+    plus = " (+ K)" if args.plus_seed else ""
+    where = f"evaluation seed {args.eval_seed}{plus}, data draw {args.data_seed}{plus}"
+    print(f"\nlifecycle {sets} against each run's own, {where}:")
     print("\n".join(lines))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "what": "trained controllers under their own lifecycle (base) and with the --set changes "
                     "(swapped), the same hosts; final test accuracy per episode",
-            "sets": sets, "eval_seed": EVAL_SEED, "data_seed": DATA_SEED, "episodes": args.episodes,
+            "sets": sets, "eval_seed": args.eval_seed, "data_seed": args.data_seed,
+            "plus_seed": args.plus_seed, "episodes": args.episodes,
             "at_chance_margin": AT_CHANCE_MARGIN, "runs": records, "table": lines,
             "seconds": time.perf_counter() - t0, "torch_threads": torch.get_num_threads(),
         }, indent=1))  # fmt: skip
