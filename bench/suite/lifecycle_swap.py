@@ -138,31 +138,35 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     records: dict[str, dict[str, Any]] = {}
-    for task in args.tasks.split(","):
-        for k in range(args.first_seed, args.first_seed + args.seeds):
-            run = args.arm_dir / task / f"seed{k}"
-            if not (run / "checkpoint.pt").is_file():
-                raise SystemExit(f"{run}: no trained run there (config.json and checkpoint.pt)")
-            plus = k if args.plus_seed else 0
-            records[f"{task}/seed{k}"] = rec = swap(run, sets, args.controllers.split(","), args.episodes,
-                                                    eval_seed=args.eval_seed + plus,
-                                                    data_seed=args.data_seed + plus)  # fmt: skip
-            print("\n".join(summary({f"{task}/seed{k}": rec})[2:]), flush=True)
-    lines = summary(records)
     plus = " (+ K)" if args.plus_seed else ""
     where = f"evaluation seed {args.eval_seed}{plus}, data draw {args.data_seed}{plus}"
-    print(f"\nlifecycle {sets} against each run's own, {where}:")
-    print("\n".join(lines))
-    if args.out is not None:
+
+    def write() -> None:  # after every run: a stopped screen keeps what it measured
+        if args.out is None:
+            return
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "what": "trained controllers under their own lifecycle (base) and with the --set changes "
                     "(swapped), the same hosts; final test accuracy per episode",
             "sets": sets, "eval_seed": args.eval_seed, "data_seed": args.data_seed,
             "plus_seed": args.plus_seed, "episodes": args.episodes,
-            "at_chance_margin": AT_CHANCE_MARGIN, "runs": records, "table": lines,
+            "at_chance_margin": AT_CHANCE_MARGIN, "runs": records, "table": summary(records),
             "seconds": time.perf_counter() - t0, "torch_threads": torch.get_num_threads(),
         }, indent=1))  # fmt: skip
+
+    for task in args.tasks.split(","):
+        for k in range(args.first_seed, args.first_seed + args.seeds):
+            run = args.arm_dir / task / f"seed{k}"
+            if not (run / "checkpoint.pt").is_file():
+                raise SystemExit(f"{run}: no trained run there (config.json and checkpoint.pt)")
+            shift = k if args.plus_seed else 0
+            records[f"{task}/seed{k}"] = rec = swap(run, sets, args.controllers.split(","), args.episodes,
+                                                    eval_seed=args.eval_seed + shift,
+                                                    data_seed=args.data_seed + shift)  # fmt: skip
+            print("\n".join(summary({f"{task}/seed{k}": rec})[2:]), flush=True)
+            write()
+    print(f"\nlifecycle {sets} against each run's own, {where}:")
+    print("\n".join(summary(records)))
     return 0
 
 
