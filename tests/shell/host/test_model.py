@@ -164,17 +164,21 @@ def test_seed_gradient_norm_and_its_vanishing_and_exploding_shares():
     assert SEED_VANISH_NORM < SEED_EXPLODE_NORM
 
 
-def test_M18_counterfactual_for_every_live_seed_alpha_zero_included():
+def _three_seeds(stages: tuple[Stage, Stage, Stage], alphas: tuple[float, float, float]):
+    """A model with a (perturbed) seed in each slot, in ``stages`` at ``alphas``, and two batches."""
     m = _model()
-    data = _batches(2)
     m.germinate(0, BP["conv_light"], Style.LINEAR_ADD)
     m.germinate(1, BP["conv_heavy"], Style.GATED_GATE)
     m.germinate(2, BP["bottleneck"], Style.LINEAR_MULTIPLY)
-    for i in range(3):
+    for i, (stage, alpha) in enumerate(zip(stages, alphas)):
         _perturb(m.host.seed_parameters(i))
-    m.host.set_slot(0, alpha=0.0, stage=Stage.TRAINING)
-    m.host.set_slot(1, alpha=0.0, stage=Stage.BLENDING)  # alpha 0: the reference skipped this one
-    m.host.set_slot(2, alpha=0.7, stage=Stage.HOLDING)
+        m.host.set_slot(i, alpha=alpha, stage=stage)
+    return m, _batches(2)
+
+
+def test_M18_counterfactual_for_every_live_seed_alpha_zero_included():
+    # slot 1 at alpha 0 in BLENDING: the reference skipped this one
+    m, data = _three_seeds((Stage.TRAINING, Stage.BLENDING, Stage.HOLDING), (0.0, 0.0, 0.7))
     # Label the data with the host's own predictions without seed 2: its counterfactual scores 100 %,
     # so any prediction the seed changes makes its contribution nonzero.
     m.host.eval()
@@ -198,16 +202,7 @@ def test_whatif_gain_is_what_blending_an_incubating_seed_in_would_add():
     """``measure_validation(whatif=True)``: each incubating seed (GERMINATED, TRAINING) is scored blended
     in at alpha 1 against the real pass (what G2 reads under ``g2_evidence what_if``); other seeds get 0,
     and without ``whatif`` every slot gets 0. The other measurements are the counterfactual loop's."""
-    m = _model()
-    data = _batches(2)
-    m.germinate(0, BP["conv_light"], Style.LINEAR_ADD)
-    m.germinate(1, BP["conv_heavy"], Style.GATED_GATE)
-    m.germinate(2, BP["bottleneck"], Style.LINEAR_MULTIPLY)
-    for i in range(3):
-        _perturb(m.host.seed_parameters(i))
-    m.host.set_slot(0, alpha=0.0, stage=Stage.TRAINING)
-    m.host.set_slot(1, alpha=0.0, stage=Stage.GERMINATED)
-    m.host.set_slot(2, alpha=0.7, stage=Stage.BLENDING)
+    m, data = _three_seeds((Stage.TRAINING, Stage.GERMINATED, Stage.BLENDING), (0.0, 0.0, 0.7))
     m.host.eval()
     with torch.no_grad():  # labels: the host's own predictions, so a seed that changes any scores below 100
         data = [(x, m.host(x).argmax(-1)) for x, _ in data]
