@@ -74,15 +74,15 @@ def swap(run: Path, sets: dict[str, Any], controllers: list[str], episodes: int,
     env = dataclasses.replace(cfg.env, workers=1)
     if cfg.env.task in GENERATED_TASKS:
         env = dataclasses.replace(env, data_seed=data_seed)
+    task = env.build_task()  # the same data for both arms: only the lifecycle differs
     arms = {"base": cfg.lifecycle, "swapped": dataclasses.replace(cfg.lifecycle, **sets)}
     out: dict[str, Any] = {"task": cfg.env.task, "eval_seed": eval_seed, "controllers": {},
-                           "data_seed": env.data_seed if cfg.env.task in GENERATED_TASKS else None}
+                           "data_seed": env.data_seed if cfg.env.task in GENERATED_TASKS else None,
+                           "chance": 100.0 / task.n_classes}  # fmt: skip
     for arm, lifecycle in arms.items():
         arm_cfg = dataclasses.replace(cfg, env=env, lifecycle=lifecycle)
         res = compare_on_config(arm_cfg, controllers, episodes=episodes, seed=eval_seed,
-                                checkpoint=checkpoint, show_progress=False)  # fmt: skip
-        chance = 100.0 / arm_cfg.env.build_task().n_classes
-        out["chance"] = chance
+                                checkpoint=checkpoint, show_progress=False, task=task)  # fmt: skip
         for name, s in res["controllers"].items():
             out["controllers"].setdefault(name, {})[arm] = {
                 "test_acc": [float(r["final_test_acc"]) for r in s["per_episode"]],

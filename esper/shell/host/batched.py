@@ -277,16 +277,16 @@ SlotPlan = tuple[tuple[SeedGroup, ...], ...]
 
 
 def plan(
-    hosts: Sequence[Host], *, forced: dict[tuple[int, int], float] | None = None,
-    skip: dict[int, set[int]] | None = None, trainable: bool = True, incubating_only: bool = False,
+    hosts: Sequence[Host], *, forced: dict[tuple[int, int], float] | None = None, trainable: bool = True,
+    incubating_only: bool = False,
 ) -> SlotPlan:  # fmt: skip
     """The seed groups of ``hosts`` as they stand (stage, alpha, blueprint, style).
 
-    ``forced``: (env, slot) -> the alpha forced there (the what-if pass forces incubating seeds to 1);
-    ``skip``: slot -> envs whose seed is left out (a counterfactual: alpha 0). Envs are positions in
-    ``hosts``. A seed acts where it is blended (not incubating) with alpha > 0, or where its alpha is
-    forced above 0. ``trainable``: the acting seeds get gradients; with ``incubating_only`` only the
-    incubating ones do (the what-if pass)."""
+    ``forced``: (env, slot) -> the alpha forced there (the what-if pass forces incubating seeds to 1, a
+    counterfactual forces a seed to 0, which leaves it out). Envs are positions in ``hosts``. A seed
+    acts where it is blended (not incubating) with alpha > 0, or where its alpha is forced above 0.
+    ``trainable``: the acting seeds get gradients; with ``incubating_only`` only the incubating ones do
+    (the what-if pass)."""
     if not hosts:
         return ()
     device = next(hosts[0].parameters()).device
@@ -295,7 +295,7 @@ def plan(
         groups: dict[str, list[tuple[int, SeedSlot, float]]] = {}
         for e, host in enumerate(hosts):
             slot = host.slot(s)
-            if slot.seed is None or e in (skip or {}).get(s, ()):
+            if slot.seed is None:
                 continue
             alpha = (forced or {}).get((e, s), None)
             if alpha is None:
@@ -558,26 +558,23 @@ class StackedHosts:
         logits, before = self.forward(envs, x, slot_plan, train=False, host_grad=False, statistics="use")
         loss, correct = _cross_entropy(logits, y)
         S = len(slot_plan)
-        cf = correct.unsqueeze(1).repeat(1, S)
-        for s in range(S):
-            if not live[s]:
-                continue
-            sub = list(live[s])
-            rows = self.rows(sub, x.device)
-            cf_plan = plan([self.hosts[e] for e in sub], skip={s: set(range(len(sub)))}, trainable=False)
-            logits_s = self.resume(sub, before[s].index_select(0, rows), s, cf_plan)
-            cf[rows, s] = _cross_entropy(logits_s, y.index_select(0, rows))[1]
-        wi = correct.unsqueeze(1).repeat(1, S)
-        for s, envs_s in enumerate(incubating):
-            if not envs_s:
-                continue
-            sub = list(envs_s)
-            rows = self.rows(sub, x.device)
-            wi_plan = plan([self.hosts[e] for e in sub], forced={(k, s): 1.0 for k in range(len(sub))},
-                           trainable=False)  # fmt: skip
-            logits_s = self.resume(sub, before[s].index_select(0, rows), s, wi_plan)
-            wi[rows, s] = _cross_entropy(logits_s, y.index_select(0, rows))[1]
-        return loss, correct, cf, wi
+
+        def with_slot(envs_by_slot: Sequence[Sequence[int]], alpha: float) -> torch.Tensor:
+            """``[E, S]`` correct counts with slot ``s``'s seed at ``alpha`` in the envs of
+            ``envs_by_slot[s]`` (0: left out; 1: an incubating seed blended in), the real count elsewhere."""
+            out = correct.unsqueeze(1).repeat(1, S)
+            for s, envs_s in enumerate(envs_by_slot):
+                if not envs_s:
+                    continue
+                sub = list(envs_s)
+                rows = self.rows(sub, x.device)
+                forced = {(k, s): alpha for k in range(len(sub))}  # a seed forced to 0 is left out
+                changed = plan([self.hosts[e] for e in sub], forced=forced, trainable=False)
+                logits_s = self.resume(sub, before[s].index_select(0, rows), s, changed)
+                out[rows, s] = _cross_entropy(logits_s, y.index_select(0, rows))[1]
+            return out
+
+        return loss, correct, with_slot(live, 0.0), with_slot(incubating, 1.0)
 
 
 def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
