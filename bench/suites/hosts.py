@@ -36,6 +36,8 @@ from esper.shell.host.batched import plan, stack_inputs
 from esper.shell.runtime.memory import tune_allocator
 
 POPULATIONS = ("host only", "converged", "diverse")
+#: a fourth, for ``hosts_whatif``: every env incubates a ``conv_heavy`` in ``b0``
+INCUBATING = "incubating in b0"
 
 
 def populate(bank, names: tuple[str, ...], population: str) -> None:
@@ -49,6 +51,9 @@ def populate(bank, names: tuple[str, ...], population: str) -> None:
             if e % 2:
                 bank.germinate(e, 2, bp("self_attention"), Style.LINEAR_ADD, 1)
                 bank.set_slot(e, 2, alpha=0.5, stage=int(Stage.BLENDING))
+        elif population == INCUBATING:  # the epochs after a trained controller's first germination
+            bank.germinate(e, 0, bp("conv_heavy"), Style.LINEAR_ADD, 1)
+            bank.set_slot(e, 0, alpha=0.0, stage=int(Stage.TRAINING))
         elif population == "diverse":
             real = [b for b in names if b != "noop"]
             for s in range(3):
@@ -194,4 +199,39 @@ def _compiled_case(ctx: Context, res: SuiteResult, envs: int, population: str) -
         case, "batched, training step compiled (inductor)", stats["compiled"],
         ratio=round_ratio(stats["eager"], stats["compiled"]),
         note=f"first epoch with its compile {first_s:.1f} s",
+    ))  # fmt: skip
+
+
+@suite(
+    "hosts_whatif",
+    help="one epoch of the batched hosts: validation without and with the what-if reading G2 may ask",
+    order=62,
+)
+def run_whatif(ctx: Context) -> SuiteResult:
+    """What ``lifecycle.g2_evidence`` other than ``host`` costs: each epoch's validation also scores
+    every incubating seed blended in at alpha 1 (one more validation pass from its slot onwards, per
+    incubating seed). One epoch of 8 envs, without and with that reading, interleaved, for the diverse
+    population (two incubating seeds among 24 slots) and for one where every env incubates a
+    ``conv_heavy`` in ``b0`` (the epochs after a trained controller's first germination)."""
+    tune_allocator()
+    res = SuiteResult(ratio_label="x vs without")
+    for population in ("diverse",) if ctx.quick else ("diverse", INCUBATING):
+        _whatif_case(ctx, res, 8, population)
+    res.notes.append(
+        f"One epoch = 31 training steps of batch 128 per env and the validation with counterfactuals, "
+        f"one batch of all envs on {torch.get_num_threads()} torch thread(s); 'with' also measures "
+        f"`whatif_gain` (what `lifecycle.g2_evidence` `what_if` and `either` read)."
+    )
+    return res
+
+
+def _whatif_case(ctx: Context, res: SuiteResult, envs: int, population: str) -> None:
+    without, with_ = twin_banks(envs, population)
+    epochs = {"without": lambda: without.measure(1.0), "with": lambda: with_.measure(1.0, whatif=True)}
+    stats = ctx.compare(epochs, rounds=3 if ctx.quick else 5)
+    case = f"{envs} envs, {population}"
+    res.rows.append(Row(case, "without the what-if reading (g2_evidence host)", stats["without"], ratio=1.0))
+    res.rows.append(Row(
+        case, "with it (g2_evidence what_if, either)", stats["with"],
+        ratio=round_ratio(stats["without"], stats["with"]),
     ))  # fmt: skip
