@@ -198,6 +198,10 @@ def _default() -> dict[str, Any]:
             "timeout_fossilizes": True,
             "prune_gate": True,
             "terminal_at_limit": True,
+            # G2 also passes on the incubating seed's own what-if gain: the host's gain alone strands
+            # seeds where the host cannot learn the task without them (longrange); adopted 2026-12-01 by
+            # a rule written before its zero-shot confirmation on fresh hosts (docs/experiment-log.md)
+            "g2_evidence": "either",
         },
         reward={"param_weight": 0.0, "param_budget_share": 0.6},
         # Why these settings (README, "Why the controller did not learn at first"): an untrained policy
