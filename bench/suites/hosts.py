@@ -152,14 +152,24 @@ def run_compiled(ctx: Context) -> SuiteResult:
     the same step eager, one epoch of 8 envs for two populations, interleaved. Validation stays eager on
     both sides (a few percent of an epoch). The first compiled epoch's time, compile included, is a note:
     every new seed structure (blueprint, slot, stage per group) compiles again."""
+    return _one_batch_epochs(
+        ctx, "x vs eager", _compiled_case, ("host only", "converged"),
+        "the compiled row compiles `StackedHosts.loss` with torch.compile's default (inductor) backend.",
+    )  # fmt: skip
+
+
+def _one_batch_epochs(
+    ctx: Context, ratio_label: str, case, populations: tuple[str, ...], what: str
+) -> SuiteResult:
+    """A suite of two twin batched banks timed epoch by epoch: ``case(ctx, res, 8, population)`` for each
+    population (the first alone with ``--quick``), and the note that says what an epoch is."""
     tune_allocator()
-    res = SuiteResult(ratio_label="x vs eager")
-    for population in ("host only",) if ctx.quick else ("host only", "converged"):
-        _compiled_case(ctx, res, 8, population)
+    res = SuiteResult(ratio_label=ratio_label)
+    for population in populations[:1] if ctx.quick else populations:
+        case(ctx, res, 8, population)
     res.notes.append(
         f"One epoch = 31 training steps of batch 128 per env and the validation with counterfactuals, "
-        f"one batch of all envs on {torch.get_num_threads()} torch thread(s); the compiled row compiles "
-        f"`StackedHosts.loss` with torch.compile's default (inductor) backend."
+        f"one batch of all envs on {torch.get_num_threads()} torch thread(s); {what}"
     )
     return res
 
@@ -188,18 +198,13 @@ def twin_banks(
 
 def _compiled_case(ctx: Context, res: SuiteResult, envs: int, population: str) -> None:
     eager, compiled = twin_banks(envs, population)
-    banks = {"eager": eager, "compiled": compiled}
     compile_step(compiled)
-    first_s = ctx.time_once(lambda: banks["compiled"].measure(1.0))
-    epochs = {k: (lambda b=b: b.measure(1.0)) for k, b in banks.items()}
-    stats = ctx.compare(epochs, rounds=3 if ctx.quick else 5)
-    case = f"{envs} envs, {population}"
-    res.rows.append(Row(case, "batched, eager", stats["eager"], ratio=1.0))
-    res.rows.append(Row(
-        case, "batched, training step compiled (inductor)", stats["compiled"],
-        ratio=round_ratio(stats["eager"], stats["compiled"]),
-        note=f"first epoch with its compile {first_s:.1f} s",
-    ))  # fmt: skip
+    first_s = ctx.time_once(lambda: compiled.measure(1.0))
+    epochs = {"batched, eager": lambda: eager.measure(1.0),
+              "batched, training step compiled (inductor)": lambda: compiled.measure(1.0)}  # fmt: skip
+    _timed_pair(
+        ctx, res, f"{envs} envs, {population}", epochs, f"first epoch with its compile {first_s:.1f} s"
+    )
 
 
 @suite(
@@ -213,25 +218,22 @@ def run_whatif(ctx: Context) -> SuiteResult:
     incubating seed). One epoch of 8 envs, without and with that reading, interleaved, for the diverse
     population (two incubating seeds among 24 slots) and for one where every env incubates a
     ``conv_heavy`` in ``b0`` (the epochs after a trained controller's first germination)."""
-    tune_allocator()
-    res = SuiteResult(ratio_label="x vs without")
-    for population in ("diverse",) if ctx.quick else ("diverse", INCUBATING):
-        _whatif_case(ctx, res, 8, population)
-    res.notes.append(
-        f"One epoch = 31 training steps of batch 128 per env and the validation with counterfactuals, "
-        f"one batch of all envs on {torch.get_num_threads()} torch thread(s); 'with' also measures "
-        f"`whatif_gain` (what `lifecycle.g2_evidence` `what_if` and `either` read)."
-    )
-    return res
+    return _one_batch_epochs(
+        ctx, "x vs without", _whatif_case, ("diverse", INCUBATING),
+        "'with' also measures `whatif_gain` (what `lifecycle.g2_evidence` `what_if` and `either` read).",
+    )  # fmt: skip
 
 
 def _whatif_case(ctx: Context, res: SuiteResult, envs: int, population: str) -> None:
     without, with_ = twin_banks(envs, population)
-    epochs = {"without": lambda: without.measure(1.0), "with": lambda: with_.measure(1.0, whatif=True)}
+    epochs = {"without the what-if reading (g2_evidence host)": lambda: without.measure(1.0),
+              "with it (g2_evidence what_if, either)": lambda: with_.measure(1.0, whatif=True)}  # fmt: skip
+    _timed_pair(ctx, res, f"{envs} envs, {population}", epochs)
+
+
+def _timed_pair(ctx: Context, res: SuiteResult, case: str, epochs: dict, note: str = "") -> None:
+    """Time the two ``epochs`` (row label -> one epoch) in interleaved rounds; the first is the ratio's 1."""
     stats = ctx.compare(epochs, rounds=3 if ctx.quick else 5)
-    case = f"{envs} envs, {population}"
-    res.rows.append(Row(case, "without the what-if reading (g2_evidence host)", stats["without"], ratio=1.0))
-    res.rows.append(Row(
-        case, "with it (g2_evidence what_if, either)", stats["with"],
-        ratio=round_ratio(stats["without"], stats["with"]),
-    ))  # fmt: skip
+    base, other = epochs
+    res.rows.append(Row(case, base, stats[base], ratio=1.0))
+    res.rows.append(Row(case, other, stats[other], ratio=round_ratio(stats[base], stats[other]), note=note))
