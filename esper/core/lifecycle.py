@@ -113,6 +113,8 @@ SEED_FIELDS: tuple[str, ...] = (
 
 #: What G2's gain reads (``LifecycleConfig.g2_evidence``).
 G2_EVIDENCE = ("host", "what_if", "either")
+#: The batch-norm statistics the what-if reading normalizes with (``LifecycleConfig.whatif_statistics``).
+WHATIF_STATISTICS = ("running", "batch")
 
 #: Bool ``[*E, S]`` entries of the events TensorDict returned by :func:`lifecycle_step`.
 EVENT_KINDS: tuple[str, ...] = (
@@ -158,8 +160,15 @@ class LifecycleConfig:
         "what G2's gain reads: host = the host's val-acc gain since TRAINING began (the reference's; the "
         "seed is not in that forward, so on a host that cannot learn the task alone only noise passes it), "
         "what_if = the val-acc gain the seed would bring blended in at alpha 1 now (one more validation "
-        "pass per incubating seed and epoch; read with the host's running statistics, so it under-reads a "
-        "seed the layers after it have not adapted to), either = whichever of the two is larger",
+        "pass per incubating seed and epoch; how it normalizes: whatif_statistics), either = whichever of "
+        "the two is larger",
+    )
+    whatif_statistics: str = config_field(
+        "running",
+        "the batch-norm statistics of G2's what-if reading: running = the host's running statistics, which "
+        "never saw the incubating seed, so a seed before a batch norm is mis-normalized and under-read; "
+        "batch = each validation batch's own statistics, for the host and the what-if pass alike (one more "
+        "host pass per env with an incubating seed; running statistics untouched)",
     )
     g3_min_epochs: int = config_field(3, "G3: epochs in BLENDING (and the ramp finished) before ADVANCE")
     g5_min_contribution: float = config_field(1.0, "G5: counterfactual contribution (points) to fossilize")
@@ -220,6 +229,10 @@ class LifecycleConfig:
                 raise ValueError(f"{where}.{name} must be finite, got {getattr(self, name)}")
         if self.g2_evidence not in G2_EVIDENCE:
             raise ValueError(f"{where}.g2_evidence must be one of {G2_EVIDENCE}, got {self.g2_evidence!r}")
+        if self.whatif_statistics not in WHATIF_STATISTICS:
+            raise ValueError(
+                f"{where}.whatif_statistics must be one of {WHATIF_STATISTICS}, got {self.whatif_statistics!r}"
+            )
         if not 0.0 <= self.grad_ratio_momentum < 1.0:
             raise ValueError(f"{where}.grad_ratio_momentum must be in [0, 1), got {self.grad_ratio_momentum}")
         if not self.grad_ratio_cap > 0:

@@ -116,16 +116,20 @@ class PerEnvHosts:
         return [host.slot(s).alpha for s in range(host.n_slots)]
 
     # ------------------------------------------------------------------------------------------- epochs
-    def measure(self, lr_scale: float, *, whatif: bool = False) -> dict[str, torch.Tensor]:
+    def measure(
+        self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running"
+    ) -> dict[str, torch.Tensor]:
         """Train every env one epoch at ``lr_scale`` times its learning rates, then validate it with
-        every live seed's counterfactual (and, with ``whatif``, every incubating seed's what-if gain):
-        :data:`MEASURED`, stacked over envs on the policy device."""
+        every live seed's counterfactual (and, with ``whatif``, every incubating seed's what-if gain, read
+        with ``whatif_statistics``): :data:`MEASURED`, stacked over envs on the policy device."""
         t0 = time.perf_counter()
         for model in self.models:
             model.set_lr_scale(lr_scale)
         train = self._each(lambda i: self.models[i].train_epoch(self.loaders[i].train, **self._amp(i)))
         t1 = time.perf_counter()
-        val = self._each(lambda i: self.models[i].measure_validation(self.loaders[i].val, whatif=whatif))
+        val = self._each(lambda i: self.models[i].measure_validation(
+            self.loaders[i].val, whatif=whatif, whatif_statistics=whatif_statistics
+        ))
         t2 = time.perf_counter()
         self.timings = {"host_training": t1 - t0, "validation": t2 - t1}
         rows = []

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from esper.core.lifecycle import WHATIF_STATISTICS
 from esper.core.spec import Stage, Style
 from esper.shell.data.tasks import Loaders, Task
 from esper.shell.env.bank import MEASURED, PerEnvHosts, seeded, snapshot_state
@@ -87,14 +88,16 @@ class BatchedHosts:
         return [self.hosts[i].slot(s).alpha for s in range(self.hosts[i].n_slots)]
 
     # ------------------------------------------------------------------------------------------- epochs
-    def measure(self, lr_scale: float, *, whatif: bool = False) -> dict[str, torch.Tensor]:
+    def measure(
+        self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running"
+    ) -> dict[str, torch.Tensor]:
         """Train every env one epoch at ``lr_scale`` times its learning rates, then validate it with
-        every live seed's counterfactual (and, with ``whatif``, every incubating seed's what-if gain):
-        :data:`~esper.shell.env.bank.MEASURED`, stacked over envs."""
+        every live seed's counterfactual (and, with ``whatif``, every incubating seed's what-if gain, read
+        with ``whatif_statistics``): :data:`~esper.shell.env.bank.MEASURED`, stacked over envs."""
         t0 = time.perf_counter()
         train = self._train_epoch(lr_scale)
         t1 = time.perf_counter()
-        val = self._validate(counterfactual=True, whatif=whatif)
+        val = self._validate(counterfactual=True, whatif=whatif, whatif_statistics=whatif_statistics)
         self.timings = {"host_training": t1 - t0, "validation": time.perf_counter() - t1}
         out = {**train, **val}
         return {k: out[k].float().to(self.device) for k in MEASURED}
@@ -162,11 +165,14 @@ class BatchedHosts:
                 p.grad = None
 
     def _validate(
-        self, *, counterfactual: bool, split: str = "val", whatif: bool = False
-    ) -> dict[str, torch.Tensor]:
+        self, *, counterfactual: bool, split: str = "val", whatif: bool = False,
+        whatif_statistics: str = "running",
+    ) -> dict[str, torch.Tensor]:  # fmt: skip
         """``val_loss``, ``val_acc``, with ``counterfactual`` ``contribution [E, S]`` and with ``whatif``
-        ``whatif_gain [E, S]`` (each incubating seed's accuracy blended in at alpha 1, minus
-        ``val_acc``; 0 elsewhere) on ``split``."""
+        ``whatif_gain [E, S]`` (each incubating seed's accuracy blended in at alpha 1, minus the host's,
+        both with the batch-norm statistics ``whatif_statistics`` names; 0 elsewhere) on ``split``."""
+        if whatif_statistics not in WHATIF_STATISTICS:
+            raise ValueError(f"whatif_statistics must be one of {WHATIF_STATISTICS}, got {whatif_statistics!r}")
         for host in self.hosts:
             host.eval()
         S = self.hosts[0].n_slots
@@ -179,15 +185,20 @@ class BatchedHosts:
         correct = torch.zeros(self.n, dtype=torch.int64, device=self.host_device)
         cf = torch.zeros(self.n, S, dtype=torch.int64, device=self.host_device)
         wi = torch.zeros(self.n, S, dtype=torch.int64, device=self.host_device)
+        wi_base = torch.zeros(self.n, dtype=torch.int64, device=self.host_device)
+        by_batch = whatif_statistics == "batch"
         n_items = 0
         with self._autocast():
             for batches in zip(*(getattr(ld, split) for ld in self.loaders)):
                 x, y = stack_inputs(batches)
-                loss, n_correct, n_cf, n_wi = self.stack.evaluate(x, y, eval_plan, live, incubating)
+                loss, n_correct, n_cf, n_wi, n_base = self.stack.evaluate(
+                    x, y, eval_plan, live, incubating, batch_statistics=by_batch
+                )
                 loss_sum += loss.float() * y.shape[1]
                 correct += n_correct
                 cf += n_cf
                 wi += n_wi
+                wi_base += n_base
                 n_items += y.shape[1]
         for host in self.hosts:
             host.train()
@@ -203,7 +214,8 @@ class BatchedHosts:
         if whatif or counterfactual:
             asked = torch.tensor([[e in incubating[s] for s in range(S)] for e in range(self.n)],
                                  dtype=torch.bool, device=acc.device)  # fmt: skip
-            out["whatif_gain"] = torch.where(asked, wi.float() * (100.0 / n_items) - acc.unsqueeze(1), 0.0)
+            base = wi_base.float() * (100.0 / n_items)
+            out["whatif_gain"] = torch.where(asked, wi.float() * (100.0 / n_items) - base.unsqueeze(1), 0.0)
         return out
 
     def _autocast(self):
@@ -303,9 +315,11 @@ class ShardedHosts:
         for lo, bank in self.shards:  # in order, in this thread: host init draws from the global RNG
             bank.reset(host_seeds[lo:lo + bank.n])
 
-    def measure(self, lr_scale: float, *, whatif: bool = False) -> dict[str, torch.Tensor]:
+    def measure(
+        self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running"
+    ) -> dict[str, torch.Tensor]:
         t0 = time.perf_counter()
-        out = self._each(lambda bank: bank.measure(lr_scale, whatif=whatif))
+        out = self._each(lambda bank: bank.measure(lr_scale, whatif=whatif, whatif_statistics=whatif_statistics))
         wall = time.perf_counter() - t0
         # each shard's split of its own wall time between training and validation, scaled to this wall
         busy = [sum(bank.timings.values()) for _, bank in self.shards]

@@ -120,7 +120,7 @@ class Host(nn.Module, ABC):
         """The what-if pass of incubating seeds: inside the block the listed slots compose at alpha 1
         on the detached host activation, and batch-norm running statistics do not move (the what-if
         activations must not leak into the host's evaluation statistics)."""
-        norms = [m for m in self.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        norms = self.batch_norms()
         saved = [m.momentum for m in norms]
         with ExitStack() as stack:
             for i in slot_indices:
@@ -132,6 +132,26 @@ class Host(nn.Module, ABC):
             finally:
                 for m, momentum in zip(norms, saved):
                     m.momentum = momentum
+
+    def batch_norms(self) -> list[nn.modules.batchnorm._BatchNorm]:
+        """The host's batch norms (seeds hold none: their norms are group or layer norms)."""
+        return [m for m in self.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+    @contextmanager
+    def batch_statistics(self) -> Iterator[None]:
+        """Inside the block every batch norm normalizes with the statistics of the batch it is given and
+        records nothing (running statistics and step counts untouched), whatever the host's mode; other
+        modules keep their mode. What the what-if reading under ``whatif_statistics batch`` uses, so that a
+        seed before a batch norm is normalized as blending it in would come to normalize it."""
+        norms = self.batch_norms()
+        saved = [(m.training, m.track_running_stats) for m in norms]
+        try:
+            for m in norms:
+                m.training, m.track_running_stats = True, False  # batch statistics, nothing recorded
+            yield
+        finally:
+            for m, (training, track) in zip(norms, saved):
+                m.training, m.track_running_stats = training, track
 
     @abstractmethod
     def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 
 import torch
 from torch import nn
 
+from esper.core.lifecycle import WHATIF_STATISTICS
 from esper.core.spec import Style
 from esper.shell.host.hosts import Batch, Host
 
@@ -234,22 +236,30 @@ class EnvModel:
 
     def measure_validation(
         self, batches: Iterable[Batch], live_slots: Sequence[int] | torch.Tensor | None = None,
-        *, whatif: bool = False,
+        *, whatif: bool = False, whatif_statistics: str = "running",
     ) -> dict[str, torch.Tensor]:  # fmt: skip
         """:meth:`counterfactual_validation`'s loop, as ``val_loss``, ``val_acc`` and ``contribution [S]``,
         and ``whatif_gain [S]``: with ``whatif``, for each listed incubating seed (GERMINATED, TRAINING)
-        the accuracy with it blended in at alpha 1 minus ``val_acc``, in points (what G2 reads under
-        ``lifecycle.g2_evidence what_if``); 0 elsewhere, and everywhere without ``whatif``."""
+        the accuracy with it blended in at alpha 1 minus the host's, in points (what G2 reads under
+        ``lifecycle.g2_evidence what_if``); 0 elsewhere, and everywhere without ``whatif``.
+        ``whatif_statistics`` (``lifecycle.whatif_statistics``): ``"running"`` reads both with the
+        host's running batch-norm statistics (the host's is then ``val_acc``); ``"batch"`` reads both
+        with each batch's own (:meth:`~esper.shell.host.hosts.Host.batch_statistics`; a host without
+        batch norms reads the same either way)."""
+        if whatif_statistics not in WHATIF_STATISTICS:
+            raise ValueError(f"whatif_statistics must be one of {WHATIF_STATISTICS}, got {whatif_statistics!r}")
         host = self.host
         slots = self._live_slot_indices(live_slots)
         measured = [i for i in slots if host.slot(i).contributes]
         incubating = [i for i in slots if whatif and host.slot(i).incubating]
+        by_batch = bool(incubating) and whatif_statistics == "batch" and bool(host.batch_norms())
         was_training = host.training
         host.eval()
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), dtype=torch.int64, device=self.device)
         cf_correct = torch.zeros(len(measured), dtype=torch.int64, device=self.device)
         wi_correct = torch.zeros(len(incubating), dtype=torch.int64, device=self.device)
+        wi_base = torch.zeros((), dtype=torch.int64, device=self.device)  # the host's, "batch" only
         n_items = 0
         try:
             with torch.inference_mode():
@@ -261,9 +271,12 @@ class EnvModel:
                     for k, i in enumerate(measured):
                         with host.counterfactual(i):
                             cf_correct[k] += host.loss_and_correct(batch)[1]
-                    for k, i in enumerate(incubating):
-                        with host.slot(i).force_alpha(1.0):
-                            wi_correct[k] += host.loss_and_correct(batch)[1]
+                    with host.batch_statistics() if by_batch else nullcontext():
+                        if by_batch:
+                            wi_base += host.loss_and_correct(batch)[1]
+                        for k, i in enumerate(incubating):
+                            with host.slot(i).force_alpha(1.0):
+                                wi_correct[k] += host.loss_and_correct(batch)[1]
         finally:
             host.train(was_training)
         if n_items == 0:
@@ -276,7 +289,8 @@ class EnvModel:
         whatif_gain = torch.zeros(host.n_slots, device=self.device)
         if incubating:
             wi_acc = wi_correct.float() * (100.0 / n_items)
-            whatif_gain[torch.tensor(incubating, device=self.device)] = wi_acc - acc
+            base = wi_base.float() * (100.0 / n_items) if by_batch else acc
+            whatif_gain[torch.tensor(incubating, device=self.device)] = wi_acc - base
         return {"val_loss": loss_sum / n_items, "val_acc": acc, "contribution": contribution,
                 "whatif_gain": whatif_gain}  # fmt: skip
 

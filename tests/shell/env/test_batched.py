@@ -72,8 +72,9 @@ def check_every_blueprint_slot_stage_alpha_and_style(family: str, device: torch.
     """One env per (blueprint, slot): each env holds that blueprint there, in a stage, at an alpha and in a
     style that together cover every stage x alpha and every style; each env also holds another seed in
     the next slot, so slots interact and groups mix. Three epochs on both paths: the measurements
-    (losses, accuracies, gradient ratios, counterfactual contributions), every parameter and buffer and
-    the final evaluation agree (also on a GPU: ``test_env_cuda.py``)."""
+    (losses, accuracies, gradient ratios, counterfactual contributions, what-if gains read with running
+    and with batch statistics), every parameter and buffer and the final evaluation agree (also on a
+    GPU: ``test_env_cuda.py``)."""
     torch.set_num_threads(1)
     probe_names = _banks(family, 1)[2]
     combos = list(itertools.product(range(len(probe_names)), range(3)))
@@ -97,8 +98,10 @@ def check_every_blueprint_slot_stage_alpha_and_style(family: str, device: torch.
     assert {st for *_, st in seen} == set(Style)
     for epoch in range(3):
         scale = 1.0 - 0.2 * epoch  # a learning-rate schedule reaches both optimizers alike
-        whatif = epoch == 2  # the incubating seeds' what-if gains too (G2 under g2_evidence what_if)
-        a, b = ref.measure(scale, whatif=whatif), bat.measure(scale, whatif=whatif)
+        whatif = epoch >= 1  # the incubating seeds' what-if gains too (G2 under g2_evidence what_if),
+        statistics = "batch" if epoch == 2 else "running"  # read with either batch-norm statistics
+        a = ref.measure(scale, whatif=whatif, whatif_statistics=statistics)
+        b = bat.measure(scale, whatif=whatif, whatif_statistics=statistics)
         _assert_same_measure(a, b)
         incubating = torch.tensor([[bool(ref.host(e).slot(s).incubating) for s in range(3)]
                                    for e in range(len(combos))])  # fmt: skip

@@ -217,6 +217,50 @@ def test_whatif_gain_is_what_blending_an_incubating_seed_in_would_add():
     assert m.measure_validation(data)["whatif_gain"].eq(0).all()
 
 
+class _Rescale(torch.nn.Module):
+    """A seed whose delta is ``8·x``: blended in at alpha 1 under LINEAR_ADD its slot outputs ``9·h``,
+    which the batch norm after it undoes once it normalizes with the statistics of what it is given."""
+
+    def __init__(self):
+        super().__init__()
+        self.k = torch.nn.Parameter(torch.tensor(8.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.k * x
+
+
+def test_whatif_batch_statistics_reads_a_seed_the_next_batch_norm_undoes_as_changing_nothing():
+    """``whatif_statistics="batch"``: the incubating seed's what-if and the host it is read against both
+    normalize with each batch's own statistics. A seed that only rescales its slot's activation changes
+    nothing once the batch norm after it has seen it, and reads 0 that way; read with the host's running
+    statistics (which never saw the seed, the reading before this option) it reads as a large loss. The
+    batch reading records nothing: running statistics, step counts and modes are as they were."""
+    m = _model()
+    data = _batches(3)
+    for _ in range(2):  # running statistics that are the host's own, not their initial 0 and 1
+        m.train_epoch(data)
+    m.host.slot(0).install(_Rescale(), Style.LINEAR_ADD, "conv_heavy")
+    m.host.set_slot(0, alpha=0.0, stage=Stage.TRAINING)
+    m.host.eval()
+    with torch.no_grad():  # labels: the host's own predictions, so the host alone scores 100
+        data = [(x, m.host(x).argmax(-1)) for x, _ in data]
+    norms = m.host.batch_norms()
+    before = [(n.running_mean.clone(), n.running_var.clone(), int(n.num_batches_tracked)) for n in norms]
+    m.host.train()
+    batch = m.measure_validation(data, whatif=True, whatif_statistics="batch")
+    running = m.measure_validation(data, whatif=True, whatif_statistics="running")
+    assert float(batch["whatif_gain"][0]) == pytest.approx(0.0, abs=1e-6)
+    assert float(running["val_acc"]) == 100.0 and float(running["whatif_gain"][0]) <= -30.0
+    assert m.host.training and all(n.training and n.track_running_stats for n in norms)
+    for n, (mean, var, steps) in zip(norms, before):
+        assert torch.equal(n.running_mean, mean) and torch.equal(n.running_var, var)
+        assert int(n.num_batches_tracked) == steps
+    for k in ("val_loss", "val_acc", "contribution"):  # only the what-if reading differs
+        assert torch.equal(batch[k], running[k])
+    with pytest.raises(ValueError, match="whatif_statistics"):
+        m.measure_validation(data, whatif=True, whatif_statistics="population")
+
+
 def test_evaluate_modes_and_errors():
     m = _model()
     data = _batches(2)
