@@ -230,9 +230,8 @@ class LifecycleConfig:
         if self.g2_evidence not in G2_EVIDENCE:
             raise ValueError(f"{where}.g2_evidence must be one of {G2_EVIDENCE}, got {self.g2_evidence!r}")
         if self.whatif_statistics not in WHATIF_STATISTICS:
-            raise ValueError(
-                f"{where}.whatif_statistics must be one of {WHATIF_STATISTICS}, got {self.whatif_statistics!r}"
-            )
+            got = self.whatif_statistics
+            raise ValueError(f"{where}.whatif_statistics must be one of {WHATIF_STATISTICS}, got {got!r}")
         if not 0.0 <= self.grad_ratio_momentum < 1.0:
             raise ValueError(f"{where}.grad_ratio_momentum must be in [0, 1), got {self.grad_ratio_momentum}")
         if not self.grad_ratio_cap > 0:

@@ -172,7 +172,9 @@ class BatchedHosts:
         ``whatif_gain [E, S]`` (each incubating seed's accuracy blended in at alpha 1, minus the host's,
         both with the batch-norm statistics ``whatif_statistics`` names; 0 elsewhere) on ``split``."""
         if whatif_statistics not in WHATIF_STATISTICS:
-            raise ValueError(f"whatif_statistics must be one of {WHATIF_STATISTICS}, got {whatif_statistics!r}")
+            raise ValueError(
+                f"whatif_statistics must be one of {WHATIF_STATISTICS}, got {whatif_statistics!r}"
+            )
         for host in self.hosts:
             host.eval()
         S = self.hosts[0].n_slots
@@ -319,7 +321,9 @@ class ShardedHosts:
         self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running"
     ) -> dict[str, torch.Tensor]:
         t0 = time.perf_counter()
-        out = self._each(lambda bank: bank.measure(lr_scale, whatif=whatif, whatif_statistics=whatif_statistics))
+        out = self._each(lambda bank: bank.measure(
+            lr_scale, whatif=whatif, whatif_statistics=whatif_statistics
+        ))
         wall = time.perf_counter() - t0
         # each shard's split of its own wall time between training and validation, scaled to this wall
         busy = [sum(bank.timings.values()) for _, bank in self.shards]

@@ -231,8 +231,9 @@ class VecEnv:
         observe: the time step the controller acts on."""
         self.epoch += 1
         scale = lr_scale(self.cfg.lr_schedule, self.epoch, self.lifecycle.max_epochs)
+        life = self.lifecycle
         measured = self.hosts.measure(
-            scale, whatif=self.lifecycle.g2_evidence != "host", whatif_statistics=self.lifecycle.whatif_statistics
+            scale, whatif=life.g2_evidence != "host", whatif_statistics=life.whatif_statistics
         )
         self.timings.update(self.hosts.timings)
         t0 = time.perf_counter()

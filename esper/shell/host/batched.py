@@ -563,8 +563,10 @@ class StackedHosts:
         loss, correct = _cross_entropy(logits, y)
         S = len(slot_plan)
 
-        def with_slot(envs_by_slot: Sequence[Sequence[int]], alpha: float, base: torch.Tensor,
-                      starts: list[torch.Tensor], position: dict[int, int] | None, train: bool) -> torch.Tensor:  # fmt: skip
+        def with_slot(
+            envs_by_slot: Sequence[Sequence[int]], alpha: float, base: torch.Tensor, starts: list[torch.Tensor],
+            position: dict[int, int] | None, train: bool,
+        ) -> torch.Tensor:  # fmt: skip
             """``[E, S]`` correct counts with slot ``s``'s seed at ``alpha`` in the envs of
             ``envs_by_slot[s]`` (0: left out; 1: an incubating seed blended in), ``base`` elsewhere;
             ``starts[s]`` holds the activations entering slot ``s``, for every env (``position``

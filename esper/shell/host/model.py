@@ -247,7 +247,9 @@ class EnvModel:
         with each batch's own (:meth:`~esper.shell.host.hosts.Host.batch_statistics`; a host without
         batch norms reads the same either way)."""
         if whatif_statistics not in WHATIF_STATISTICS:
-            raise ValueError(f"whatif_statistics must be one of {WHATIF_STATISTICS}, got {whatif_statistics!r}")
+            raise ValueError(
+                f"whatif_statistics must be one of {WHATIF_STATISTICS}, got {whatif_statistics!r}"
+            )
         host = self.host
         slots = self._live_slot_indices(live_slots)
         measured = [i for i in slots if host.slot(i).contributes]
