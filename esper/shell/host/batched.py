@@ -564,8 +564,8 @@ class StackedHosts:
         S = len(slot_plan)
 
         def with_slot(
-            envs_by_slot: Sequence[Sequence[int]], alpha: float, base: torch.Tensor, starts: list[torch.Tensor],
-            position: dict[int, int] | None, train: bool,
+            envs_by_slot: Sequence[Sequence[int]], alpha: float, base: torch.Tensor,
+            starts: list[torch.Tensor], position: dict[int, int] | None, train: bool,
         ) -> torch.Tensor:  # fmt: skip
             """``[E, S]`` correct counts with slot ``s``'s seed at ``alpha`` in the envs of
             ``envs_by_slot[s]`` (0: left out; 1: an incubating seed blended in), ``base`` elsewhere;
