@@ -24,11 +24,11 @@ def arm_dir(tmp_path_factory):
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
+    (root / "mnist1d" / "s7").rename(root / "mnist1d" / "seed7")
     return root
 
 
 def test_the_swap_pairs_the_same_hosts_under_both_lifecycles(arm_dir, tmp_path, capsys):
-    (arm_dir / "mnist1d" / "s7").rename(arm_dir / "mnist1d" / "seed7")
     out = tmp_path / "swap.json"
     assert lifecycle_swap.main([
         str(arm_dir), "--tasks", "mnist1d", "--first-seed", "7", "--seeds", "1", "--episodes", "2",
@@ -47,6 +47,33 @@ def test_the_swap_pairs_the_same_hosts_under_both_lifecycles(arm_dir, tmp_path, 
     assert set(run["controllers"]["ppo_greedy"]) == {"base", "swapped"}
     printed = capsys.readouterr().out
     assert "| pooled over 1 runs | `static` | | | **+0.00**" in printed
+
+
+def test_a_base_set_changes_both_arms_and_a_stopped_swap_goes_on(arm_dir, tmp_path, monkeypatch, capsys):
+    """``--base-set`` moves the base arm off the run's own lifecycle (both arms carry it), and a second
+    call with the same settings and ``--out`` keeps the runs the record holds instead of measuring them
+    again; other settings on the same record are refused."""
+    out = tmp_path / "swap.json"
+    args = [str(arm_dir), "--tasks", "mnist1d", "--first-seed", "7", "--seeds", "1", "--episodes", "1",
+            "--base-set", "lifecycle.g2_evidence=either", "--set", "lifecycle.whatif_statistics=batch",
+            "--controllers", "static", "--out", str(out)]  # fmt: skip
+    seen = []
+    real = lifecycle_swap.swap
+
+    def spy(run, sets, *a, **kw):
+        seen.append((sets, kw["base_sets"]))
+        return real(run, sets, *a, **kw)
+
+    monkeypatch.setattr(lifecycle_swap, "swap", spy)
+    assert lifecycle_swap.main(args) == 0
+    assert seen == [({"whatif_statistics": "batch"}, {"g2_evidence": "either"})]
+    rec = json.loads(out.read_text())
+    assert rec["base_sets"] == {"g2_evidence": "either"} and rec["sets"] == {"whatif_statistics": "batch"}
+    assert lifecycle_swap.main(args) == 0  # the record holds the run: nothing measured again
+    assert len(seen) == 1 and json.loads(out.read_text())["runs"] == rec["runs"]
+    assert "mnist1d/seed7: kept from" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="other settings"):
+        lifecycle_swap.main([*args[:-2], "--episodes", "2", "--out", str(out)])
 
 
 def test_the_swap_changes_the_lifecycle_only():

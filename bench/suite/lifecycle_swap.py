@@ -9,8 +9,11 @@ changes, paired host by host, with the episodes that end at chance counted in ea
 selection measure, evaluation seed :data:`EVAL_SEED` and data draw :data:`DATA_SEED` (a fixed dataset
 reads its test split): never a host or draw a suite table reads. ``--eval-seed E --data-seed D
 --plus-seed`` evaluates seed K on hosts of evaluation seed E + K and data draw D + K instead (fresh hosts
-and draws for a rule's confirming run). The controller was trained under the
-first lifecycle, so the swap shows what the setting does to a policy that never saw it (zero-shot): a
+and draws for a rule's confirming run). ``--base-set`` changes both arms (the base is then the run's
+lifecycle with those changes, the swapped arm that with ``--set`` on top), to compare two settings
+neither of which the controller trained under. With ``--out`` the record is written after every run,
+and a later call with the same settings keeps the runs it holds and measures only the others. The
+controller was trained under the first lifecycle, so the swap shows what the setting does to a policy that never saw it (zero-shot): a
 screen, which decides nothing. An episode *stays at chance* when its test accuracy ends below chance
 (100 / classes) plus :data:`AT_CHANCE_MARGIN` points (a ``longrange`` host either learns the task or
 stays there, docs/experiment-log.md).
@@ -41,7 +44,7 @@ EVAL_SEED, DATA_SEED = 500, 100000
 AT_CHANCE_MARGIN = 15.0
 
 
-def parse_sets(items: list[str]) -> dict[str, Any]:
+def parse_sets(items: list[str], *, required: bool = True) -> dict[str, Any]:
     """``["lifecycle.g2_evidence=what_if", ...]`` -> ``{field: value}`` of the lifecycle, each value
     parsed as the field's type (the swap changes the lifecycle only: a controller setting would change
     what the trained policy was trained for, and a task size the hosts)."""
@@ -60,22 +63,25 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
             out[name] = value == "true"
         else:
             out[name] = kind(value)
-    if not out:
+    if required and not out:
         raise SystemExit("give at least one --set lifecycle.FIELD=VALUE")
     return out
 
 
 def swap(run: Path, sets: dict[str, Any], controllers: list[str], episodes: int, *,
-         eval_seed: int = EVAL_SEED, data_seed: int = DATA_SEED) -> dict[str, Any]:  # fmt: skip
-    """One run's ``controllers`` on ``episodes`` hosts under its own lifecycle (``base``) and under it with
-    ``sets`` (``swapped``): per controller and arm, each episode's final test accuracy."""
+         eval_seed: int = EVAL_SEED, data_seed: int = DATA_SEED,
+         base_sets: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One run's ``controllers`` on ``episodes`` hosts under its own lifecycle with ``base_sets`` (``base``)
+    and under that with ``sets`` (``swapped``): per controller and arm, each episode's final test
+    accuracy."""
     cfg = from_dict(RunConfig, json.loads((run / "config.json").read_text()))
     checkpoint = load_checkpoint(run / "checkpoint.pt", map_location="cpu")
     env = dataclasses.replace(cfg.env, workers=1)
     if cfg.env.task in GENERATED_TASKS:
         env = dataclasses.replace(env, data_seed=data_seed)
     task = env.build_task()  # the same data for both arms: only the lifecycle differs
-    arms = {"base": cfg.lifecycle, "swapped": dataclasses.replace(cfg.lifecycle, **sets)}
+    base = dataclasses.replace(cfg.lifecycle, **(base_sets or {}))
+    arms = {"base": base, "swapped": dataclasses.replace(base, **sets)}
     out: dict[str, Any] = {"task": cfg.env.task, "eval_seed": eval_seed, "controllers": {},
                            "data_seed": env.data_seed if cfg.env.task in GENERATED_TASKS else None,
                            "chance": 100.0 / task.n_classes}  # fmt: skip
@@ -126,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, required=True)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--set", action="append", default=[], metavar="lifecycle.FIELD=VALUE", dest="sets")
+    ap.add_argument("--base-set", action="append", default=[], metavar="lifecycle.FIELD=VALUE",
+                    dest="base_sets", help="a change to both arms (the base too)")  # fmt: skip
     ap.add_argument("--controllers", default="ppo_greedy", help="comma-separated evaluate controllers")
     ap.add_argument("--episodes", type=int, default=20, help="fresh hosts per run and arm (20)")
     ap.add_argument("--eval-seed", type=int, default=EVAL_SEED, help=f"the hosts' seed ({EVAL_SEED})")
@@ -135,9 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the record (JSON) here")
     args = ap.parse_args(argv)
     sets = parse_sets(args.sets)
+    base_sets = parse_sets(args.base_sets, required=False)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     records: dict[str, dict[str, Any]] = {}
+    settings = {"sets": sets, "base_sets": base_sets, "eval_seed": args.eval_seed, "data_seed": args.data_seed,
+                "plus_seed": args.plus_seed, "episodes": args.episodes, "controllers": args.controllers}  # fmt: skip
+    kept: dict[str, dict[str, Any]] = {}
+    if args.out is not None and args.out.is_file():  # a stopped screen goes on where it stopped
+        old = json.loads(args.out.read_text())
+        if {k: old.get(k) for k in settings} != settings:
+            raise SystemExit(f"{args.out}: a record with other settings is there; give another --out")
+        kept = old["runs"]
     plus = " (+ K)" if args.plus_seed else ""
     where = f"evaluation seed {args.eval_seed}{plus}, data draw {args.data_seed}{plus}"
 
@@ -146,10 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             return
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
-            "what": "trained controllers under their own lifecycle (base) and with the --set changes "
-                    "(swapped), the same hosts; final test accuracy per episode",
-            "sets": sets, "eval_seed": args.eval_seed, "data_seed": args.data_seed,
-            "plus_seed": args.plus_seed, "episodes": args.episodes,
+            "what": "trained controllers under their own lifecycle with the --base-set changes (base) and "
+                    "with the --set changes on top (swapped), the same hosts; final test accuracy per episode",
+            **settings,
             "at_chance_margin": AT_CHANCE_MARGIN, "runs": records, "table": summary(records),
             "seconds": time.perf_counter() - t0, "torch_threads": torch.get_num_threads(),
         }, indent=1))  # fmt: skip
@@ -160,12 +176,18 @@ def main(argv: list[str] | None = None) -> int:
             if not (run / "checkpoint.pt").is_file():
                 raise SystemExit(f"{run}: no trained run there (config.json and checkpoint.pt)")
             shift = k if args.plus_seed else 0
-            records[f"{task}/seed{k}"] = rec = swap(run, sets, args.controllers.split(","), args.episodes,
-                                                    eval_seed=args.eval_seed + shift,
-                                                    data_seed=args.data_seed + shift)  # fmt: skip
+            key = f"{task}/seed{k}"
+            if key in kept:
+                records[key] = rec = kept[key]
+                print(f"{key}: kept from {args.out}", flush=True)
+                continue
+            records[key] = rec = swap(run, sets, args.controllers.split(","), args.episodes,
+                                      eval_seed=args.eval_seed + shift, data_seed=args.data_seed + shift,
+                                      base_sets=base_sets)  # fmt: skip
             print("\n".join(summary({f"{task}/seed{k}": rec})[2:]), flush=True)
             write()
-    print(f"\nlifecycle {sets} against each run's own, {where}:")
+    against = f"each run's own with {base_sets}" if base_sets else "each run's own"
+    print(f"\nlifecycle {sets} against {against}, {where}:")
     print("\n".join(summary(records)))
     return 0
 
