@@ -39,16 +39,21 @@ def test_populations_put_the_same_seeds_on_both_paths(population):
 
 
 def test_the_whatif_population_asks_only_the_validation_for_more():
-    """``hosts_whatif`` times an epoch without and with the what-if reading: the reading must change
-    nothing but the validation's ``whatif_gain`` (it trains the same), and agree with the per-env path."""
+    """``hosts_whatif`` times an epoch without and with the what-if reading (on running or on batch
+    statistics): the reading must change nothing but the validation's ``whatif_gain`` (it trains the
+    same), and agree with the per-env path."""
     (ref, bat), names = _banks(4)
     (_, without), _ = _banks(4)
-    for bank in (ref, bat, without):
+    (_, batch), _ = _banks(4)
+    for bank in (ref, bat, without, batch):
         populate(bank, names, INCUBATING)
     assert all(h.slot(0).incubating and h.slot(1).seed is None for h in bat.hosts)
     a, b, c = ref.measure(1.0, whatif=True), bat.measure(1.0, whatif=True), without.measure(1.0)
+    d = batch.measure(1.0, whatif=True, whatif_statistics="batch")
     for key in ("train_loss", "val_acc", "contribution"):
         torch.testing.assert_close(b[key], c[key], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(d[key], c[key], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(d["whatif_gain"], b["whatif_gain"])  # the batch reading reads otherwise
     torch.testing.assert_close(b["whatif_gain"], a["whatif_gain"], atol=1e-3, rtol=1e-4)
     assert not c["whatif_gain"].any() and b["whatif_gain"][:, 1:].eq(0).all()
     assert b["whatif_gain"][:, 0].ne(0).any()  # asked of every env's b0, and a fresh seed moves the score

@@ -13,10 +13,10 @@ and draws for a rule's confirming run). ``--base-set`` changes both arms (the ba
 lifecycle with those changes, the swapped arm that with ``--set`` on top), to compare two settings
 neither of which the controller trained under. With ``--out`` the record is written after every run,
 and a later call with the same settings keeps the runs it holds and measures only the others. The
-controller was trained under the first lifecycle, so the swap shows what the setting does to a policy that never saw it (zero-shot): a
-screen, which decides nothing. An episode *stays at chance* when its test accuracy ends below chance
-(100 / classes) plus :data:`AT_CHANCE_MARGIN` points (a ``longrange`` host either learns the task or
-stays there, docs/experiment-log.md).
+controller was trained under the first lifecycle, so the swap shows what the setting does to a policy
+that never saw it (zero-shot): a screen, which decides nothing. An episode *stays at chance* when its
+test accuracy ends below chance (100 / classes) plus :data:`AT_CHANCE_MARGIN` points (a ``longrange``
+host either learns the task or stays there, docs/experiment-log.md).
 """
 
 from __future__ import annotations
@@ -147,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     records: dict[str, dict[str, Any]] = {}
-    settings = {"sets": sets, "base_sets": base_sets, "eval_seed": args.eval_seed, "data_seed": args.data_seed,
-                "plus_seed": args.plus_seed, "episodes": args.episodes, "controllers": args.controllers}  # fmt: skip
+    settings = {"sets": sets, "base_sets": base_sets, "eval_seed": args.eval_seed,
+                "data_seed": args.data_seed, "plus_seed": args.plus_seed, "episodes": args.episodes,
+                "controllers": args.controllers}  # fmt: skip
     kept: dict[str, dict[str, Any]] = {}
     if args.out is not None and args.out.is_file():  # a stopped screen goes on where it stopped
         old = json.loads(args.out.read_text())
@@ -164,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "what": "trained controllers under their own lifecycle with the --base-set changes (base) and "
-                    "with the --set changes on top (swapped), the same hosts; final test accuracy per episode",
+                    "with the --set changes on top (swapped), the same hosts; final test accuracy per "
+                    "episode",
             **settings,
             "at_chance_margin": AT_CHANCE_MARGIN, "runs": records, "table": summary(records),
             "seconds": time.perf_counter() - t0, "torch_threads": torch.get_num_threads(),

@@ -202,7 +202,7 @@ def _compiled_case(ctx: Context, res: SuiteResult, envs: int, population: str) -
     first_s = ctx.time_once(lambda: compiled.measure(1.0))
     epochs = {"batched, eager": lambda: eager.measure(1.0),
               "batched, training step compiled (inductor)": lambda: compiled.measure(1.0)}  # fmt: skip
-    _timed_pair(
+    _timed_rows(
         ctx, res, f"{envs} envs, {population}", epochs, f"first epoch with its compile {first_s:.1f} s"
     )
 
@@ -220,20 +220,29 @@ def run_whatif(ctx: Context) -> SuiteResult:
     ``conv_heavy`` in ``b0`` (the epochs after a trained controller's first germination)."""
     return _one_batch_epochs(
         ctx, "x vs without", _whatif_case, ("diverse", INCUBATING),
-        "'with' also measures `whatif_gain` (what `lifecycle.g2_evidence` `what_if` and `either` read).",
+        "'with' also measures `whatif_gain` (what `lifecycle.g2_evidence` `what_if` and `either` read), "
+        "on the host's running batch-norm statistics or on each batch's own (`lifecycle.whatif_statistics`).",
     )  # fmt: skip
 
 
 def _whatif_case(ctx: Context, res: SuiteResult, envs: int, population: str) -> None:
-    without, with_ = twin_banks(envs, population)
-    epochs = {"without the what-if reading (g2_evidence host)": lambda: without.measure(1.0),
-              "with it (g2_evidence what_if, either)": lambda: with_.measure(1.0, whatif=True)}  # fmt: skip
-    _timed_pair(ctx, res, f"{envs} envs, {population}", epochs)
+    without, running = twin_banks(envs, population)
+    batch = twin_banks(envs, population)[0]
+    epochs = {
+        "without the what-if reading (g2_evidence host)": lambda: without.measure(1.0),
+        "with it (g2_evidence what_if, either)": lambda: running.measure(1.0, whatif=True),
+        "with it on batch statistics (whatif_statistics batch)":
+            lambda: batch.measure(1.0, whatif=True, whatif_statistics="batch"),
+    }  # fmt: skip
+    _timed_rows(ctx, res, f"{envs} envs, {population}", epochs)
 
 
-def _timed_pair(ctx: Context, res: SuiteResult, case: str, epochs: dict, note: str = "") -> None:
-    """Time the two ``epochs`` (row label -> one epoch) in interleaved rounds; the first is the ratio's 1."""
+def _timed_rows(ctx: Context, res: SuiteResult, case: str, epochs: dict, note: str = "") -> None:
+    """Time the ``epochs`` (row label -> one epoch) in interleaved rounds; the first is the ratios' 1, and
+    ``note`` goes on the last row."""
     stats = ctx.compare(epochs, rounds=3 if ctx.quick else 5)
-    base, other = epochs
+    base, *others = epochs
     res.rows.append(Row(case, base, stats[base], ratio=1.0))
-    res.rows.append(Row(case, other, stats[other], ratio=round_ratio(stats[base], stats[other]), note=note))
+    for k, other in enumerate(others):
+        res.rows.append(Row(case, other, stats[other], ratio=round_ratio(stats[base], stats[other]),
+                            note=note if k == len(others) - 1 else ""))  # fmt: skip
