@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from esper.core.spec import Stage, Style
+from esper.shell.data.datasets import load_recall
 from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.hosts import TransformerHost
 
@@ -38,17 +39,9 @@ VOCAB, LENGTH, K_RANGE = 32, 48, (6, 16)
 def recall_data(
     n: int, seed: int, vocab: int = VOCAB, length: int = LENGTH, k_range: tuple[int, int] = K_RANGE
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x, y)``, int64 ``[n, length]`` each: sequences that repeat ``k`` distinct tokens (``k`` uniform
-    in ``k_range`` per sequence) and their next tokens."""
-    lo, hi = k_range
-    if not 1 <= lo <= hi <= vocab:
-        raise ValueError(f"recall_data: need 1 <= k_range[0] <= k_range[1] <= vocab, got {k_range}, {vocab}")
-    g = torch.Generator().manual_seed(seed)
-    seq = torch.empty(n, length + 1, dtype=torch.long)
-    for i in range(n):
-        k = int(torch.randint(lo, hi + 1, (1,), generator=g))
-        seq[i] = torch.randperm(vocab, generator=g)[:k][torch.arange(length + 1) % k]
-    return seq[:, :-1], seq[:, 1:]
+    """``(x, y)``, int64 ``[n, length]`` each: :func:`~esper.shell.data.datasets.load_recall`'s sequences
+    (``k`` distinct tokens repeated, ``k`` uniform in ``k_range``) and their next tokens."""
+    return load_recall(splits=(n, 1, 1), seed=seed, vocab=vocab, length=length, k_range=k_range)[0]
 
 
 class EmbedSlotHost(TransformerHost):
@@ -63,13 +56,16 @@ class EmbedSlotHost(TransformerHost):
 
 
 def run(
-    bp: str, seed: int, steps: int, place: str = "after", stage: Stage = Stage.FOSSILIZED
+    bp: str, seed: int, steps: int, place: str = "after", stage: Stage = Stage.FOSSILIZED,
+    tokenwise: bool = False,
 ) -> tuple[float, int]:
     """Next-token test accuracy (%) and parameters added of a one-layer host (d_model 32, 2 heads) with
-    ``bp`` in its slot (``static``: none), trained ``steps`` batches."""
+    ``bp`` in its slot (``static``: none), trained ``steps`` batches. ``tokenwise``: the host's block has
+    no attention and its input adds the previous token's embedding, so one attention step recalls."""
     torch.manual_seed(seed)
     cls = EmbedSlotHost if place == "embed" else TransformerHost
-    host = cls(vocab=VOCAB, d_model=32, n_layers=1, n_heads=2, ctx=LENGTH, slot_every=1)
+    host = cls(vocab=VOCAB, d_model=32, n_layers=1, n_heads=2, ctx=LENGTH, slot_every=1,
+               attention=not tokenwise, prev_token=tokenwise)  # fmt: skip
     if bp != "static":
         host.germinate(0, BLUEPRINTS["transformer"].index(bp), Style.LINEAR_ADD)
         host.set_slot(0, alpha=1.0, stage=stage)
@@ -103,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--stage", choices=("FOSSILIZED", "BLENDING"), default="FOSSILIZED")
     p.add_argument("--seeds", type=int, default=2)
+    p.add_argument(
+        "--tokenwise", action="store_true", help="a host whose positions do not mix, given the previous token"
+    )
     args = p.parse_args(argv)
     chosen = args.blueprints.split(",")
     if unknown := set(chosen) - set(every):
@@ -110,9 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     for bp in chosen:
         t0 = time.time()
-        rs = [run(bp, s, args.steps, args.place, Stage[args.stage]) for s in range(args.seeds)]
+        stage = Stage[args.stage]
+        rs = [run(bp, s, args.steps, args.place, stage, args.tokenwise) for s in range(args.seeds)]
         mean, per_seed = sum(r[0] for r in rs) / len(rs), [round(r[0], 1) for r in rs]
-        where = f"{args.place}, {args.stage}, {args.steps} steps; {time.time() - t0:.0f} s"
+        host = ", tokenwise" if args.tokenwise else ""
+        where = f"{args.place}, {args.stage}, {args.steps} steps{host}; {time.time() - t0:.0f} s"
         print(f"{bp:11s} test {mean:5.1f} per seed {per_seed} params {rs[0][1]:5d} ({where})", flush=True)
     return 0
 

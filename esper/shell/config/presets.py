@@ -349,6 +349,11 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "digits_shallow": _on_default(
         "The digits resized larger, on a shallow 2-D host (two 3x3 blocks).", env={"task": "digits_shallow"}
     ),
+    "recall": _on_default(
+        "In-context recall on a transformer host whose positions do not mix: only an attention seed can "
+        "recall; the largest blueprint (mlp) acts on each position alone.",
+        env={"task": "recall", "batch_size": 32, "host_lr": 0.1, "seed_lr": 0.1},
+    ),
     "digits": _digits,
     "stdlib_text": _stdlib_text,
     "cifar10": _cifar10,

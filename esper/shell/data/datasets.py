@@ -206,6 +206,41 @@ def load_retrieval(
     return (x[:a], y[:a]), (x[a:b], y[a:b]), (x[b:], y[b:])
 
 
+#: In-context recall split sizes: train, validation, test (generated in one call, split in order).
+RECALL_SPLITS = (4096, 1024, 1024)
+#: In-context recall's vocabulary and sequence length.
+RECALL_VOCAB, RECALL_LENGTH = 16, 32
+
+
+def load_recall(
+    splits: tuple[int, int, int] = RECALL_SPLITS, seed: int = 13, vocab: int = RECALL_VOCAB,
+    length: int = RECALL_LENGTH,
+    k_range: tuple[int, int] = (4, 10),
+) -> tuple[Batch, Batch, Batch]:  # fmt: skip
+    """In-context recall: each sequence repeats a prefix of ``k`` distinct tokens (``k`` uniform in
+    ``k_range`` per sequence, the tokens drawn from ``range(vocab)``) to ``length`` positions, and each
+    target is the next token. After the first ``k`` positions every next token is the one that followed
+    the current token's earlier occurrence: a lookup of two attention steps (the previous token written
+    into each position, then the current token matched against it: an induction head), which a
+    one-layer transformer cannot make and a per-position seed cannot add. ``(x, y)`` int64
+    ``[n, length]`` per split."""
+    lo, hi = k_range
+    if not 1 <= lo <= hi <= min(vocab, length):
+        raise ValueError(f"recall: need 1 <= k_range[0] <= k_range[1] <= min(vocab, length), got {k_range}, "
+                         f"vocab {vocab}, length {length}")  # fmt: skip
+    if len(splits) != 3 or min(splits) < 1:
+        raise ValueError(f"recall splits: three sizes >= 1 (train, val, test), got {splits}")
+    g = torch.Generator().manual_seed(seed)
+    n = sum(splits)
+    seq = torch.empty(n, length + 1, dtype=torch.long)
+    for i in range(n):
+        k = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        seq[i] = torch.randperm(vocab, generator=g)[:k][torch.arange(length + 1) % k]
+    x, y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+    a, b = splits[0], splits[0] + splits[1]
+    return (x[:a], y[:a]), (x[a:b], y[a:b]), (x[b:], y[b:])
+
+
 #: Long-range split sizes: train, validation, test (generated in one call, split in order).
 LONGRANGE_SPLITS = (4000, 1000, 1000)
 
@@ -412,6 +447,9 @@ __all__ = [
     "CIFAR_STD",
     "LONGRANGE_SPLITS",
     "MNIST1D_SPLITS",
+    "RECALL_LENGTH",
+    "RECALL_SPLITS",
+    "RECALL_VOCAB",
     "RETRIEVAL_SPLITS",
     "ImageTransform",
     "digits_csv_path",
@@ -419,6 +457,7 @@ __all__ = [
     "load_digits",
     "load_longrange",
     "load_mnist1d",
+    "load_recall",
     "load_retrieval",
     "load_text_file",
     "random_crop_flip",

@@ -22,12 +22,15 @@ from esper.shell.data.batches import TensorBatches, WindowBatches, _Batches
 from esper.shell.data.datasets import (
     LONGRANGE_SPLITS,
     MNIST1D_SPLITS,
+    RECALL_SPLITS,
+    RECALL_VOCAB,
     RETRIEVAL_SPLITS,
     ImageTransform,
     load_cifar10,
     load_digits,
     load_longrange,
     load_mnist1d,
+    load_recall,
     load_retrieval,
     load_text_file,
     split_bytes,
@@ -253,6 +256,40 @@ def retrieval_task(*, splits: tuple[int, int, int] = RETRIEVAL_SPLITS, data_seed
     )  # fmt: skip
 
 
+def recall_task(
+    *,
+    splits: tuple[int, int, int] = RECALL_SPLITS,
+    data_seed: int = 13,
+    batch_size: int = 32,
+    max_batches: int | None = 24,
+    val_max_batches: int | None = None,
+    eval_batch_size: int = 1024,
+    d_model: int = 32,
+    n_layers: int = 2,
+) -> Task:
+    """In-context recall (:func:`load_recall`: 16 tokens, sequences of 32, drawn from ``data_seed``) on a
+    :class:`~esper.shell.host.hosts.TransformerHost` whose positions do not mix: ``n_layers`` blocks
+    without attention, each followed by a slot, and the previous token's embedding added to each
+    position's input. Accuracy is next-token accuracy over every position.
+
+    The task is made so that the best blueprint is not the largest. The host alone can learn only what
+    the current and previous token say about the next, which on these sequences is nothing. Recall takes
+    one attention step over the positions (match the current token against each position's previous
+    token, read that position's token), which only the ``attention`` seed brings; every other transformer
+    blueprint, the largest (``mlp``) included, acts on each position alone. ``grow_all`` grows
+    ``attention``."""
+    (tx, ty), (vx, vy), (sx, sy) = load_recall(splits=splits, seed=data_seed)
+    vocab, length = RECALL_VOCAB, tx.shape[1]
+    data = _PerDevice((tx, ty, vx, vy, sx, sy))
+    return Task(
+        "recall", "transformer", (length,), vocab,
+        partial(TransformerHost, vocab, d_model, n_layers, 2, length, 0.0, 1, False, True),
+        partial(_tensor_loaders, data, batch_size, max_batches, val_max_batches, None, None,
+                eval_batch_size=eval_batch_size),
+        data_seed=data_seed, grow_all_blueprint="attention",
+    )  # fmt: skip
+
+
 def digits_task(
     *,
     image_size: int = 16,
@@ -383,6 +420,7 @@ PRESETS: dict[str, Callable[..., Task]] = {
     "mnist1d_deep": mnist1d_deep_task,
     "longrange": longrange_task,
     "retrieval": retrieval_task,
+    "recall": recall_task,
     "digits": digits_task,
     "digits_shallow": digits_shallow_task,
     "stdlib_text": stdlib_text_task,
@@ -413,6 +451,7 @@ __all__ = [
     "make_task",
     "mnist1d_deep_task",
     "mnist1d_task",
+    "recall_task",
     "retrieval_task",
     "seed_params",
     "stdlib_text_task",

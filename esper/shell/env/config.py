@@ -11,11 +11,11 @@ import torch
 from esper.shell.config.fields import check_fields, doc
 from esper.shell.data.tasks import DEEP_BLOCKS, Task, make_task
 
-TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "digits", "digits_shallow", "stdlib_text",
-         "cifar10", "tinystories")  # fmt: skip
+TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "recall", "digits", "digits_shallow",
+         "stdlib_text", "cifar10", "tinystories")  # fmt: skip
 #: Tasks whose data is generated from a seed (``env.data_seed``: another seed, a fresh draw of every
 #: split). The others are fixed datasets: their test split is the only held-out draw.
-GENERATED_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval")
+GENERATED_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "recall")
 
 
 #: Tasks whose data is read from --env.data_path (nothing is ever downloaded).

@@ -279,12 +279,13 @@ class CNN1dHost(Host):
 
 # -------------------------------------------------------------------------------------- transformer
 class Block(nn.Module):
-    """Pre-LN transformer block: ``x + attn(LN(x))``, then ``x + mlp(LN(x))``."""
+    """Pre-LN transformer block: ``x + attn(LN(x))``, then ``x + mlp(LN(x))``; with ``attention=False``
+    the MLP half alone (a block that acts on each position by itself)."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, attention: bool = True):
         super().__init__()
-        self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads, dropout)
+        self.ln1 = nn.LayerNorm(d_model) if attention else None
+        self.attn = CausalSelfAttention(d_model, n_heads, dropout) if attention else None
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(
             nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model), nn.Dropout(dropout)
@@ -292,7 +293,8 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln1(x)))
+        if self.attn is not None:
+            x = x + self.drop(self.attn(self.ln1(x)))
         return x + self.mlp(self.ln2(x))
 
 
@@ -301,6 +303,12 @@ class TransformerHost(Host):
     LN, output head tied to the token embedding. A seed slot on the residual stream after every
     ``slot_every`` layers (``"s0"``, ``"s1"``, ...; width ``d_model``), so the default 4 layers give
     two slots. Input ``[N, L]`` int64 tokens with ``L <= ctx``; logits ``[N, L, vocab]``.
+
+    Two options make a host whose positions do not mix (the `recall` task's): ``attention=False``
+    drops the blocks' self-attention, so each position is computed from its own input alone, and
+    ``prev_token=True`` adds an embedding of the previous token (a start symbol at position 0) to each
+    position's input. Such a host can learn bigram statistics and nothing that needs another position;
+    a seed that mixes positions (``attention``) is then the only way to more.
     """
 
     family = "transformer"
@@ -314,6 +322,8 @@ class TransformerHost(Host):
         ctx: int = 64,
         dropout: float = 0.0,
         slot_every: int = 2,
+        attention: bool = True,
+        prev_token: bool = False,
     ):
         if not 1 <= slot_every <= n_layers:
             raise ValueError(f"TransformerHost: slot_every must be in [1, {n_layers}], got {slot_every}")
@@ -324,8 +334,10 @@ class TransformerHost(Host):
         self.vocab, self.d_model, self.n_layers, self.ctx = vocab, d_model, n_layers, ctx
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(ctx, d_model)
+        # index ``vocab`` is the start symbol: position 0 has no previous token
+        self.prev = nn.Embedding(vocab + 1, d_model) if prev_token else None
         self.drop = nn.Dropout(dropout)
-        self.layers = nn.ModuleList(Block(d_model, n_heads, dropout) for _ in range(n_layers))
+        self.layers = nn.ModuleList(Block(d_model, n_heads, dropout, attention) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self._init_weights()
 
@@ -345,7 +357,10 @@ class TransformerHost(Host):
         length = idx.shape[1]
         if length > self.ctx:
             raise ValueError(f"TransformerHost: sequence length {length} > ctx {self.ctx}")
-        x = self.drop(self.tok(idx) + self.pos(torch.arange(length, device=idx.device)))
+        x = self.tok(idx) + self.pos(torch.arange(length, device=idx.device))
+        if self.prev is not None:
+            x = x + self.prev(F.pad(idx[:, :-1], (1, 0), value=self.vocab))
+        x = self.drop(x)
         slot_iter = iter(self.slots)
         for i, layer in enumerate(self.layers):
             x = layer(x)

@@ -173,3 +173,42 @@ def test_the_retrieval_task_holds_the_screens_draw():
     task = make_task("retrieval", splits=(100, 1000, 2000), data_seed=5, eval_batch_size=2000)
     x, y = next(iter(task.make_loaders(0).test))
     assert classes == task.n_classes == 2 and torch.equal(x, sx) and torch.equal(y, sy)
+
+
+def test_recall_sequences_repeat_distinct_tokens_and_y_is_the_next_token():
+    from esper.shell.data.datasets import load_recall
+
+    (x, y), (vx, _), (sx, _) = load_recall(splits=(60, 10, 12), seed=3, vocab=16, length=32, k_range=(4, 10))
+    assert x.shape == y.shape == (60, 32) and vx.shape == (10, 32) and sx.shape == (12, 32)
+    assert x.dtype == y.dtype == torch.long and torch.equal(x[:, 1:], y[:, :-1])
+    for row, nxt in zip(x, y):
+        k = next(k for k in range(4, 11) if torch.equal(row[k:], row[:-k]))
+        assert len(set(row[:k].tolist())) == k  # a prefix of distinct tokens, repeated
+        # past the prefix, the next token is the one that followed the current token's earlier occurrence
+        for i in range(k, 32):
+            j = row[:i].tolist().index(int(row[i]))
+            assert int(nxt[i]) == int(row[j + 1])
+    again = load_recall(splits=(60, 1, 1), seed=3, vocab=16, length=32, k_range=(4, 10))[0][0]
+    assert torch.equal(again, x) and not torch.equal(load_recall(splits=(60, 1, 1), seed=4)[0][0], x)
+    with pytest.raises(ValueError, match="k_range"):
+        load_recall(vocab=8, k_range=(4, 9))
+    with pytest.raises(ValueError, match="splits"):
+        load_recall(splits=(5, 0, 1))
+
+
+def test_the_recall_task_is_a_suite_shaped_transformer_task_whose_grow_all_is_attention():
+    """`recall`: a transformer host with two slots whose positions do not mix, next-token accuracy over
+    every position, generated data; grow_all grows `attention` (4,288 parameters at width 32 per slot),
+    not the largest blueprint (`mlp`, 8,416); its preset trains the default's controller."""
+    task = make_task("recall", splits=(40, 8, 8))
+    host = task.make_host()
+    assert (task.family, task.input_shape, task.n_classes, task.grow_all_blueprint) == (
+        "transformer", (32,), 16, "attention")
+    assert host.slot_names == ("s0", "s1") and all(b.attn is None for b in host.layers)
+    x, _ = next(iter(task.make_loaders(0).train))
+    assert x.shape[1:] == (32,) and host(x).shape == (x.shape[0], 32, 16)
+    assert grow_all_params(task, host) == 2 * 4288 and seed_params(task, host, "s0=mlp") == 8416
+    assert "recall" in GENERATED_TASKS and make_task("recall", splits=(4, 2, 2), data_seed=5).data_seed == 5
+    default, cfg = _flat(to_dict(preset("default"))), _flat(to_dict(preset("recall")))
+    differ = sorted(k for k in default if default[k] != cfg[k])
+    assert differ and all(k.startswith(TASK_SIZE_FIELDS) for k in differ), differ

@@ -88,6 +88,42 @@ def test_transformer_host_is_causal_with_seeds():
     torch.testing.assert_close(host(x)[:, :9], host(x2)[:, :9])
 
 
+def test_a_transformer_host_without_attention_reads_only_its_position_and_the_previous_token():
+    """The `recall` task's host: blocks without attention and the previous token's embedding, so an
+    output reads tokens i and i-1 and nothing else, until an ``attention`` seed mixes positions (a
+    per-position seed, the largest ``mlp``, does not)."""
+    torch.manual_seed(0)
+
+    def host_with(bp: str | None) -> TransformerHost:
+        host = TransformerHost(vocab=16, d_model=32, n_layers=2, n_heads=2, ctx=12, slot_every=1,
+                               attention=False, prev_token=True)  # fmt: skip
+        if bp is not None:
+            host.germinate(0, BLUEPRINTS["transformer"].index(bp), Style.LINEAR_ADD)
+            with torch.no_grad():
+                for p in host.seed_parameters(0):
+                    p.add_(torch.randn_like(p) * 0.1)
+            host.set_slot(0, alpha=1.0, stage=Stage.FOSSILIZED)
+        return host.eval()
+
+    x = torch.randint(0, 16, (3, 12))
+    earlier, previous = x.clone(), x.clone()
+    earlier[:, 4] = (earlier[:, 4] + 1) % 16  # two or more positions before 6 onwards
+    previous[:, 5] = (previous[:, 5] + 1) % 16  # the token before position 6
+    for bp in (None, "mlp"):
+        host = host_with(bp)
+        assert all(b.attn is None for b in host.layers)
+        with torch.no_grad():
+            out, out_earlier, out_previous = host(x), host(earlier), host(previous)
+        torch.testing.assert_close(out[:, 6:], out_earlier[:, 6:])  # positions do not mix
+        torch.testing.assert_close(out[:, :4], out_earlier[:, :4])
+        assert not torch.allclose(out[:, 6], out_previous[:, 6])  # the previous token is read
+    with torch.no_grad():
+        mixed = host_with("attention")
+        assert not torch.allclose(mixed(x)[:, 6:], mixed(earlier)[:, 6:])
+    assert sum(p.numel() for p in host_with(None).parameters()) - sum(
+        p.numel() for p in TransformerHost(16, 32, 2, 2, 12, 0.0, 1, False, False).parameters()) == 17 * 32
+
+
 @pytest.mark.parametrize("host_fn", [lambda: CNNHost(1, 8), lambda: TransformerHost(d_model=32, ctx=8)])
 def test_every_blueprint_germinates_into_every_slot(host_fn):
     host = host_fn()
