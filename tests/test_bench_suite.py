@@ -13,7 +13,7 @@ from bench.suite import CAP_SEARCH, CONTROLLERS, FINAL_DATA_SEED, SUITE, final_d
 from bench.suite.cli import main
 from bench.suite.report import color
 from bench.suite.run import EVAL_DIR, FOSSILIZING, IN_CAP, OWN_PLAN, PLAN_MULTIPLES
-from bench.suite.transfer import amortization
+from bench.suite.transfer import amortization, training_tasks
 
 
 def _results(k: int, data_seed: int | None, names, run_dir=None) -> dict:
@@ -162,6 +162,10 @@ def test_transfer_trains_on_the_other_tasks_and_evaluates_on_the_held_out_one(tm
     assert any(p.name.endswith("-transfer-mnist1d-acc-vs-compute.png") for p in out.iterdir())
     with pytest.raises(SystemExit):  # a task outside the suite
         main(["--transfer", "digits", "--runs", str(tmp_path), "--out", str(out)])
+    # recall trains on its own env sizes, which a run of several tasks would not give it: it is neither
+    # trained on (above) nor held out
+    with pytest.raises(ValueError, match="'recall' cannot be held out \\(it needs its own env sizes\\)"):
+        training_tasks("recall")
 
 
 def test_amortization_reads_plan_search_s_curve():

@@ -39,6 +39,7 @@ SUITE: dict[str, str] = {
     "mnist1d_deep": "mnist1d_deep",
     "longrange": "longrange",
     "digits_shallow": "digits_shallow",
+    "recall": "recall",
 }
 #: The learned controller's readouts: sampled as trained, and each head's most likely action.
 LEARNED = ("ppo", "ppo_greedy")

@@ -39,11 +39,20 @@ READOUT = "ppo_greedy"
 EVAL_DIR = "eval-transfer"
 
 
+#: Suite tasks a transfer run neither trains on nor holds out. A run of several tasks trains each on one
+#: env section's settings (the default preset's), and these need their own (``recall``: its batch and
+#: learning rates), so they would be trained or judged at sizes they were never measured at.
+OWN_SIZES = ("recall",)
+
+
 def training_tasks(heldout: str) -> list[str]:
-    """The suite's tasks but ``heldout``, in the suite's order (the first is the run's ``env.task``)."""
-    if heldout not in SUITE:
-        raise ValueError(f"--transfer: unknown suite task {heldout!r}; tasks: {', '.join(SUITE)}")
-    return [t for t in SUITE if t != heldout]
+    """The suite's tasks but ``heldout`` and :data:`OWN_SIZES`, in the suite's order (the first is the
+    run's ``env.task``)."""
+    tasks = [t for t in SUITE if t not in OWN_SIZES]
+    if heldout not in tasks:
+        why = " (it needs its own env sizes)" if heldout in OWN_SIZES else ""
+        raise ValueError(f"--transfer: {heldout!r} cannot be held out{why}; tasks: {', '.join(tasks)}")
+    return [t for t in tasks if t != heldout]
 
 
 def train_args(heldout: str) -> list[str]:

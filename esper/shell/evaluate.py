@@ -54,6 +54,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from esper.shell.env.config import GENERATED_TASKS
 from esper.shell.eval.controllers import CONTROLLERS
 from esper.shell.eval.episodes import compare_controllers
 from esper.shell.runtime.cli import OneLineParser, repeat_line, report
@@ -83,9 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="torch intra-op threads (0, the default: as the run would, the cores over its env "
                         "workers); the numbers repeat at the same --seed and thread count")  # fmt: skip
     p.add_argument("--data-seed", type=int, default=None,
-                   help="evaluate on this draw of generated data (mnist1d, mnist1d_deep, longrange, "
-                        "retrieval; default: the run's own draw); refused for a fixed dataset, whose test "
-                        "split is the only held-out draw")  # fmt: skip
+                   help=f"evaluate on this draw of generated data ({', '.join(GENERATED_TASKS)}; default: "
+                        "the run's own draw); refused for a fixed dataset, whose test split is the only "
+                        "held-out draw")  # fmt: skip
     p.add_argument("--task", default=None,
                    help="evaluate on another task than the run's (zero-shot transfer; its searches select on "
                         "the task's own draw): refused for a flat-policy run whose host shape differs "
