@@ -14,7 +14,9 @@ accuracy over every position of 1,024 held-out sequences. ``--stage`` sets the s
 ``FOSSILIZED`` trains through the seed into the host below it; ``BLENDING`` detaches the seed's input,
 as the lifecycle does until a seed is fossilized. ``--place embed`` puts the slot between the embedding
 and layer 0 (the host has no such slot; the screen builds one), so the host's layer can learn to use
-the seed's output. It screens designs only.
+the seed's output. ``--tokenwise`` screens the ``recall`` task's host instead: a block without
+attention and the previous token's embedding in each input, so one attention step recalls by itself and
+nothing below the seed has to adapt. It screens designs only.
 
     python -m bench.suite.induction_screen 1500 --blueprints static,attention,mlp --stage BLENDING
 """

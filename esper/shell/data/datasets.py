@@ -220,10 +220,10 @@ def load_recall(
     """In-context recall: each sequence repeats a prefix of ``k`` distinct tokens (``k`` uniform in
     ``k_range`` per sequence, the tokens drawn from ``range(vocab)``) to ``length`` positions, and each
     target is the next token. After the first ``k`` positions every next token is the one that followed
-    the current token's earlier occurrence: a lookup of two attention steps (the previous token written
-    into each position, then the current token matched against it: an induction head), which a
-    one-layer transformer cannot make and a per-position seed cannot add. ``(x, y)`` int64
-    ``[n, length]`` per split."""
+    the current token's earlier occurrence: an induction head's lookup (the previous token written into
+    each position, then the current token matched against it), which only a step that mixes positions
+    can make; given the previous token in its input (the ``recall`` task's host), one attention step
+    does. ``(x, y)`` int64 ``[n, length]`` per split."""
     lo, hi = k_range
     if not 1 <= lo <= hi <= min(vocab, length):
         raise ValueError(f"recall: need 1 <= k_range[0] <= k_range[1] <= min(vocab, length), got {k_range}, "

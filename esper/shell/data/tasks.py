@@ -283,7 +283,8 @@ def recall_task(
     data = _PerDevice((tx, ty, vx, vy, sx, sy))
     return Task(
         "recall", "transformer", (length,), vocab,
-        partial(TransformerHost, vocab, d_model, n_layers, 2, length, 0.0, 1, False, True),
+        partial(TransformerHost, vocab=vocab, d_model=d_model, n_layers=n_layers, n_heads=2, ctx=length,
+                slot_every=1, attention=False, prev_token=True),
         partial(_tensor_loaders, data, batch_size, max_batches, val_max_batches, None, None,
                 eval_batch_size=eval_batch_size),
         data_seed=data_seed, grow_all_blueprint="attention",

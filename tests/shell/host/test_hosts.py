@@ -120,8 +120,9 @@ def test_a_transformer_host_without_attention_reads_only_its_position_and_the_pr
     with torch.no_grad():
         mixed = host_with("attention")
         assert not torch.allclose(mixed(x)[:, 6:], mixed(earlier)[:, 6:])
-    assert sum(p.numel() for p in host_with(None).parameters()) - sum(
-        p.numel() for p in TransformerHost(16, 32, 2, 2, 12, 0.0, 1, False, False).parameters()) == 17 * 32
+    without_prev = TransformerHost(16, 32, 2, 2, 12, slot_every=1, attention=False)
+    n_params = lambda m: sum(p.numel() for p in m.parameters())
+    assert n_params(host_with(None)) - n_params(without_prev) == 17 * 32  # the previous-token embedding
 
 
 @pytest.mark.parametrize("host_fn", [lambda: CNNHost(1, 8), lambda: TransformerHost(d_model=32, ctx=8)])
