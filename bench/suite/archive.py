@@ -111,12 +111,13 @@ def trained(run_dir: Path) -> bool:
 def carry(archive: Path, task: str, k: int, run_dir: Path, evaluations: tuple[str, ...]) -> Path | None:
     """Keep seed ``k``'s state in progress in ``archive`` (the folder; None where the seed is kept whole
     already, or its run directory has nothing to carry: a run not trained, baselines not started): the
-    run's :data:`RUN_FILES`, every cached search (``search*/``) and the ``results.json`` of each of
-    ``evaluations`` (folder names) that is written; for a trained run also its ``run_end`` event and the
-    checkpoint without :data:`TRAINING_ONLY` (:func:`baselines_only` runs have neither)."""
+    run's :data:`RUN_FILES`, every cached search and the searches' episodes (``search*/``), the
+    ``results.json`` of each of ``evaluations`` (folder names) that is written; for a trained run also its
+    ``run_end`` event and the checkpoint without :data:`TRAINING_ONLY` (:func:`baselines_only` runs have
+    neither)."""
     if seed_path(archive, task, k).exists():
         return None
-    caches = sorted(run_dir.glob("search*/*.json"))
+    caches = sorted([*run_dir.glob("search*/*.json"), *run_dir.glob("search*/*.jsonl")])
     written = [name for name in evaluations if (run_dir / name / "results.json").exists()]
     is_trained = trained(run_dir)
     if not is_trained and not (baselines_only(run_dir) and (caches or written)):

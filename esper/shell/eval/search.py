@@ -22,6 +22,13 @@ draw (``python -m esper.shell.evaluate --data-seed``) are never read. Ties go to
 What they chose, every candidate's score, the hosts and the data draw, and the host epochs spent
 (``compute_host_epochs``: episodes run × ``max_epochs``) are returned, and cached in a run directory's
 ``search/NAME.json`` so that another evaluation of the run reuses the choice.
+
+**Episodes shared between searches.** With a cache directory, the plan searches of a run keep each
+episode they run, one (plan, training host) pair, in ``search/episodes.jsonl`` (:class:`PlanEpisodes`),
+and a later search reads a pair from there instead of running it again: the searches at several budgets
+and the one within the cap try many of the same plans on the same first hosts (about half of their
+episodes on the suite's tasks). A search still counts every episode it scores, read or run, in
+``episodes`` and ``compute_host_epochs``: its budget is its own; the saving is the benchmark's.
 """
 
 from __future__ import annotations
@@ -148,10 +155,10 @@ def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path |
     t0 = time.perf_counter()
     if name == HEURISTIC_TUNED:
         result = tune_heuristic(cfg, task)
-    elif _plan_kind(name) == PLAN_SEARCH_CAP:
-        result = search_plans(cfg, task, plan_budget(name, cfg), cap=learner_cap(cfg, task))
-    elif _plan_kind(name) == PLAN_SEARCH:
-        result = search_plans(cfg, task, plan_budget(name, cfg))
+    elif _plan_kind(name) is not None:
+        store = PlanEpisodes(cache / EPISODES_FILE, cfg, task) if cache is not None else None
+        cap = learner_cap(cfg, task) if _plan_kind(name) == PLAN_SEARCH_CAP else None
+        result = search_plans(cfg, task, plan_budget(name, cfg), cap=cap, store=store)
     else:
         raise ValueError(
             f"{name}: not a searched controller ({HEURISTIC_TUNED}, {PLAN_SEARCH}[@BUDGET], "
@@ -167,12 +174,17 @@ def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path |
 def _key(name: str, cfg: RunConfig) -> dict[str, Any]:
     """What a cached search depends on: the controller (and its budget), the rule's version, the run seed
     and every config field but the ones that cannot change the hosts it runs."""
+    budget = plan_budget(name, cfg) if name != HEURISTIC_TUNED else None
+    return {"name": name, "version": SEARCH_VERSION, "budget": budget, "config": _config_digest(cfg)}
+
+
+def _config_digest(cfg: RunConfig) -> str:
+    """Every config field (the run seed among them) but the ones that cannot change the hosts a search
+    runs, hashed."""
     d = to_dict(cfg)
     for k in ("progress", "report", "run_dir", "name", "threads", "checkpoint_every", "eval_episodes"):
         d.pop(k, None)
-    digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-    budget = plan_budget(name, cfg) if name != HEURISTIC_TUNED else None
-    return {"name": name, "version": SEARCH_VERSION, "budget": budget, "config": digest}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _score(records: list[dict]) -> float:
@@ -258,10 +270,13 @@ def halving_schedule(budget_episodes: int, n_space: int) -> list[tuple[int, int]
     return out
 
 
-def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = None) -> dict[str, Any]:
+def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = None,
+                 store: PlanEpisodes | None = None) -> dict[str, Any]:  # fmt: skip
     """The best fixed plan within ``budget`` host epochs (:func:`halving_schedule` over
     :func:`plan_space`), candidates side by side on the same training hosts in each round. With ``cap``
-    (seed parameters), only the plans that add at most ``cap`` are candidates, in the same order."""
+    (seed parameters), only the plans that add at most ``cap`` are candidates, in the same order. With
+    ``store``, a (plan, host) episode kept there is read, not run, and each episode run is kept there
+    (``episodes_reused`` counts the ones read; ``episodes`` counts every one scored)."""
     T = cfg.lifecycle.max_epochs
     probe = task.make_host()
     slot_names = tuple(probe.slot_names)
@@ -274,18 +289,16 @@ def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = No
     schedule = halving_schedule(budget // T, len(space))
     alive = list(range(schedule[0][0])) if schedule else [0]
     scores: dict[int, list[float]] = {c: [] for c in alive}
-    rounds, used, offset = [], 0, 0
+    rounds, used, offset, reused = [], 0, 0, 0
     for _, k in schedule:
         host_seeds = selection_host_seeds(cfg, offset + k)[offset:]  # each round on new hosts
         offset += k
         pairs = [(c, h) for c in alive for h in host_seeds]
-
-        def make(env, start: int, pairs=pairs):
-            plans = [space[c] for c, _ in pairs[start : start + env.n]]
-            return GrowAllController([_plan_indices(p, slot_names, env.blueprint_names) for p in plans],
-                                     cfg.lifecycle)  # fmt: skip
-
-        records = run_hosts(cfg, task, make, [h for _, h in pairs])
+        if store is None:
+            records = run_plans(cfg, task, [(space[c], h) for c, h in pairs], slot_names)
+        else:
+            records, read = store.episodes(cfg, task, [(space[c], h) for c, h in pairs], slot_names)
+            reused += read
         for (c, _), r in zip(pairs, records):
             scores[c].append(r["final_val_acc"])
         used += len(pairs)
@@ -302,6 +315,7 @@ def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = No
         **({"cap_params": cap} if cap is not None else {}),
         "budget_host_epochs": budget,
         "episodes": used,
+        **({"episodes_reused": reused} if store is not None else {}),
         "compute_host_epochs": used * T,
         "space": len(space),
         "rounds": rounds,
@@ -330,12 +344,80 @@ def plans_within(plans: Sequence[str], task: Task, host: Host, cap: float) -> li
     return [p for p in plans if params(p) <= cap]
 
 
+def run_plans(cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]],
+              slot_names: Sequence[str]) -> list[dict]:  # fmt: skip
+    """One episode of each ``(plan, host seed)`` pair (plans written on ``slot_names``), ``cfg.env.n_envs``
+    side by side in their order: :func:`~esper.shell.eval.runner.run_hosts`'s records."""
+
+    def make(env, start: int):
+        plans = [p for p, _ in pairs[start : start + env.n]]
+        return GrowAllController([_plan_indices(p, slot_names, env.blueprint_names) for p in plans],
+                                 cfg.lifecycle)  # fmt: skip
+
+    return run_hosts(cfg, task, make, [h for _, h in pairs])
+
+
+#: The file of a search cache directory that keeps its plan searches' episodes (:class:`PlanEpisodes`).
+EPISODES_FILE = "episodes.jsonl"
+
+
+class PlanEpisodes:
+    """The fixed-plan episodes the plan searches of one run have run, kept in a JSON-lines file: for each
+    (plan, training host) pair its final validation accuracy and the parameters it added (all a search
+    reads of an episode), under a key of everything else the episode depends on (the run's settings, the
+    run seed among them, the task and its data draw). A line of another key is ignored, and so is a last
+    line cut short by a crash.
+
+    :meth:`episodes` runs only the pairs not kept yet, a batch of ``n_envs`` at a time, and appends each
+    batch as it ends, so a search stopped part-way resumes from its last batch. A search that finds none of
+    its pairs kept runs exactly the batches it runs without a store. An episode's numbers depend, at the
+    level of floating-point rounding, on which other episodes share its batch, so a pair read here can
+    differ in its last digits, and after a few epochs of training by a few tenths of a point, from the
+    same pair run in another batch; the search rule does not change."""
+
+    def __init__(self, path: Path, cfg: RunConfig, task: Task) -> None:
+        self.path = path
+        self.key = f"{_config_digest(cfg)}:{task.name}:{task.data_seed}"
+        self.kept: dict[tuple[str, int], dict[str, float]] = {}
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short
+                if isinstance(rec, dict) and rec.get("key") == self.key:
+                    self.kept[(rec["plan"], int(rec["host"]))] = {
+                        k: float(rec[k]) for k in ("final_val_acc", "params_added")
+                    }
+
+    def episodes(self, cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]],
+                 slot_names: Sequence[str]) -> tuple[list[dict], int]:  # fmt: skip
+        """Each pair's record (``final_val_acc``, ``params_added``), in order, and how many were read
+        rather than run."""
+        todo = list(dict.fromkeys(p for p in pairs if p not in self.kept))
+        width = cfg.env.n_envs
+        for start in range(0, len(todo), width):
+            chunk = todo[start : start + width]
+            records = run_plans(cfg, task, chunk, slot_names)
+            lines = []
+            for (plan, host), r in zip(chunk, records, strict=True):
+                kept = {"final_val_acc": float(r["final_val_acc"]), "params_added": float(r["params_added"])}
+                self.kept[(plan, host)] = kept
+                lines.append(json.dumps({"key": self.key, "plan": plan, "host": host, **kept}) + "\n")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a+b") as f:
+                cut = f.tell() > 0 and (f.seek(-1, 2), f.read(1))[1] != b"\n"  # a last line cut short
+                f.write(("\n" if cut else "").encode() + "".join(lines).encode())
+        return [dict(self.kept[p]) for p in pairs], len(pairs) - len(todo)
+
+
 def _plan_indices(plan: str, slot_names: Sequence[str], blueprint_names: Sequence[str]) -> dict[int, int]:
     return {s: blueprint_names.index(b) for s, b in written_plan(plan, slot_names).items()}
 
 
 __all__ = [
-    "HEURISTIC_TUNED", "PLAN_SEARCH", "PLAN_SEARCH_CAP", "TUNE_GRID", "TUNE_HOSTS", "halving_schedule",
-    "is_searched", "learned_compute", "learner_cap", "plan_budget", "plan_space", "plans_within", "search",
-    "search_plans", "selection_host_seeds", "tune_heuristic",
+    "EPISODES_FILE", "HEURISTIC_TUNED", "PLAN_SEARCH", "PLAN_SEARCH_CAP", "TUNE_GRID", "TUNE_HOSTS",
+    "PlanEpisodes", "halving_schedule", "is_searched", "learned_compute", "learner_cap", "plan_budget",
+    "plan_space", "plans_within", "run_plans", "search", "search_plans", "selection_host_seeds",
+    "tune_heuristic",
 ]  # fmt: skip

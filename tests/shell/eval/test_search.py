@@ -5,9 +5,12 @@ refused for a fixed dataset; every controller reports ``compute_host_epochs``.""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,6 +24,7 @@ from esper.shell.env.seeding import eval_host_seeds, train_host_seeds
 from esper.shell.eval import search as S
 from esper.shell.eval.episodes import compare_on_config
 from esper.shell.evaluate import main
+from esper.shell.host.blueprints import BLUEPRINTS
 
 #: A few seconds an episode: 4 epochs of one training batch.
 TINY = {"lifecycle.max_epochs": 4, "env.train_batches": 1, "env.val_batches": 1, "updates": 2,
@@ -195,6 +199,106 @@ def test_every_controller_reports_its_compute_and_searches_are_cached(cfg, task,
                               search_cache=tmp_path)  # fmt: skip
     assert seen == []
     assert again["controllers"]["heuristic_tuned"]["search"] == ctl["heuristic_tuned"]["search"]
+
+
+def _fake_episodes(monkeypatch, fail_on_call: int | None = None) -> list[list[tuple[str, int]]]:
+    """Replace the search's episodes by a fixed function of (plan, host), so that no host trains. Returns
+    the (plan, host) pairs of each call of ``run_hosts``, as called; call ``fail_on_call`` (0-based) dies."""
+    calls: list[list[tuple[str, int]]] = []
+
+    def run_hosts(cfg, task, make, host_seeds, **kw):
+        if len(calls) == fail_on_call:
+            raise RuntimeError("killed")
+        names, blueprints = task.make_host().slot_names, list(BLUEPRINTS[task.family])
+        env = SimpleNamespace(n=len(host_seeds), blueprint_names=blueprints)
+        plans = ["+".join(f"{names[s]}={blueprints[b]}" for s, b in sorted(p.items()))
+                 for p in make(env, 0).plans]  # fmt: skip
+        calls.append(list(zip(plans, host_seeds, strict=True)))
+        return [{"final_val_acc": _fake_acc(p, h), "params_added": float(len(p))} for p, h in calls[-1]]
+
+    monkeypatch.setattr(S, "run_hosts", run_hosts)
+    return calls
+
+
+def _fake_acc(plan: str, host: int) -> float:
+    return int(hashlib.sha256(f"{plan}/{host}".encode()).hexdigest()[:6], 16) / 2**24 * 100
+
+
+#: The searches of one suite seed, in the order an evaluation runs them.
+SEARCHES = ("plan_search@0.25x", "plan_search@0.5x", "plan_search@1x", "plan_search@2x", "plan_search_cap@1x")
+
+
+def test_plan_searches_share_their_episodes_and_choose_as_they_would_alone(task, tmp_path, monkeypatch):
+    """With a cache directory, the searches of a run keep their (plan, host) episodes in
+    ``search/episodes.jsonl``, and each later search runs only the pairs not kept yet. With episodes
+    that depend on (plan, host) alone, every search then chooses, scores and counts exactly what it does
+    without the store: the store changes what runs, never the rule or the compute a search reports."""
+    cfg = preset("smoke", {**TINY, "updates": 40, "ppo.param_cap_share": 0.6})
+    calls = _fake_episodes(monkeypatch)
+    alone, first_alone = {}, []
+    for n in SEARCHES:  # no cache: no store
+        alone[n] = S.search(n, cfg, task)
+        first_alone = first_alone or [p for c in calls for p in c]
+    assert all("episodes_reused" not in r for r in alone.values())
+    run_alone = sum(len(c) for c in calls)
+    assert run_alone == sum(r["episodes"] for r in alone.values())
+    calls.clear()
+    shared, first_shared = {}, []
+    for n in SEARCHES:
+        shared[n] = S.search(n, cfg, task, cache=tmp_path)
+        first_shared = first_shared or list(calls)
+    pairs = [p for c in calls for p in c]
+    assert len(pairs) == len(set(pairs))  # no episode runs twice
+    for n in SEARCHES:
+        got = {k: v for k, v in shared[n].items() if k not in ("episodes_reused", "seconds")}
+        assert got == {k: v for k, v in alone[n].items() if k != "seconds"}, n
+    reused = sum(r["episodes_reused"] for r in shared.values())
+    assert shared[SEARCHES[0]]["episodes_reused"] == 0 and reused > 0
+    assert len(pairs) + reused == run_alone  # what ran plus what was read: every episode scored
+    assert len(pairs) < 0.75 * run_alone  # the budgets overlap: a quarter or more is read, not run
+    kept = [json.loads(line) for line in (tmp_path / S.EPISODES_FILE).read_text().splitlines()]
+    assert [(r["plan"], r["host"]) for r in kept] == pairs
+    assert all(r["final_val_acc"] == _fake_acc(r["plan"], r["host"]) for r in kept)
+    # the first search, with nothing kept, runs its episodes in the same order and batches of n_envs
+    assert [p for c in first_shared for p in c] == first_alone
+    assert all(len(c) <= cfg.env.n_envs for c in first_shared)
+
+
+def test_a_search_stopped_part_way_resumes_from_its_last_batch(cfg, task, tmp_path, monkeypatch):
+    """Each batch of ``n_envs`` episodes is kept as it ends: a search killed in its third batch keeps the
+    first two, and run again it runs only the rest. A last line cut short and lines of another run's
+    settings are ignored."""
+    name, T = f"plan_search@{18 * cfg.lifecycle.max_epochs}", cfg.lifecycle.max_epochs  # 6 + 3x2 + 2x3
+    calls = _fake_episodes(monkeypatch, fail_on_call=2)  # round 1 is batches 0 and 1 (4 + 2 episodes)
+    with pytest.raises(RuntimeError, match="killed"):
+        S.search(name, cfg, task, cache=tmp_path)
+    path = tmp_path / S.EPISODES_FILE
+    done = [p for c in calls for p in c]
+    assert [len(c) for c in calls] == [4, 2] and len(path.read_text().splitlines()) == 6
+    assert S.PlanEpisodes(path, dataclasses.replace(cfg, seed=cfg.seed + 1), task).kept == {}  # another key
+    with path.open("a") as f:
+        f.write('{"key": "cut sho')
+    again = _fake_episodes(monkeypatch)
+    res = S.search(name, cfg, task, cache=tmp_path)
+    rerun = [p for c in again for p in c]
+    assert not set(rerun) & set(done) and res["episodes_reused"] == len(done) == 6
+    assert res["episodes"] == len(done) + len(rerun) == 18 and res["compute_host_epochs"] == 18 * T
+    assert len(S.PlanEpisodes(path, cfg, task).kept) == 18  # the line after the cut one is whole
+
+
+def test_kept_episodes_are_the_real_episodes_numbers(cfg, task, tmp_path, monkeypatch):
+    """On real episodes: a search with a store keeps each episode's final validation accuracy as the
+    search scored it, and a second search on the same hosts reads them instead of training again."""
+    seen = _recording(monkeypatch)
+    T = cfg.lifecycle.max_epochs
+    first = S.search(f"plan_search@{2 * T}", cfg, task, cache=tmp_path)  # 2 candidates on 1 host
+    kept = [json.loads(line) for line in (tmp_path / S.EPISODES_FILE).read_text().splitlines()]
+    assert len(kept) == len(seen) == 2
+    scored = {c["plan"]: c["val_acc_mean"] for c in first["candidates"]}
+    assert {r["plan"]: r["final_val_acc"] for r in kept} == scored
+    seen.clear()
+    second = S.search(f"plan_search@{9 * T}", cfg, task, cache=tmp_path)  # 4 on that host (2 kept), 2 x 2
+    assert second["episodes_reused"] == 2 and len(seen) == second["episodes"] - 2 == 6
 
 
 def _run_dir(tmp_path, **over):
