@@ -106,6 +106,18 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
     )
 
 
+def fixed_plan(name: str, searched: dict | None = None) -> frozenset[str] | None:
+    """The fixed plan controller ``name`` grows with the default blend, as its set of ``SLOT=BLUEPRINT``
+    parts (``grow:PLAN``, or a plan search's choice from ``searched``); None for any other controller,
+    and for a placement with blend settings. Two controllers with the same fixed plan are the same
+    controller: on the same hosts and draw their episodes are the same, number for number."""
+    if is_searched(name) and name != HEURISTIC_TUNED:
+        return frozenset(searched["chosen"].split("+")) if searched else None
+    if name.startswith(PLAN_PREFIX) and STYLE_SEP not in name:
+        return frozenset(p for p in name.removeprefix(PLAN_PREFIX).split("+") if p)
+    return None
+
+
 def _blueprint_index(name: str, blueprint: str, env: VecEnv) -> int:
     names = env.blueprint_names
     if blueprint not in names or blueprint == "noop":
@@ -164,4 +176,3 @@ def parse_plan(name: str, env: VecEnv) -> dict[int, int]:
     if not plan:
         raise ValueError(f"{name}: an empty plan; write e.g. {PLAN_PREFIX}b0=conv_heavy+b2=depthwise")
     return plan
-

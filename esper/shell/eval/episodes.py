@@ -5,11 +5,14 @@
 ``results.json`` entries; :func:`compare_on_config` runs and summarizes several controllers on the
 task a config describes (the end-of-run held-out check, the growth bench); :func:`compare_controllers`
 does it for a run directory's trained controller and writes ``RUN_DIR/eval/``
-(``python -m esper.shell.evaluate``).
+(``python -m esper.shell.evaluate``). Controllers that grow the same fixed plan (plan searches that chose
+it, a ``grow:`` placement of it: :func:`~esper.shell.eval.controllers.fixed_plan`) are one controller:
+its episodes run once, and each later one's summary names the first in ``same_episodes_as``.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -36,6 +39,7 @@ from esper.shell.eval.controllers import (
     PPO_CONTROLLERS,
     PPO_READOUTS,
     STYLE_SEP,
+    fixed_plan,
     make_controller,
 )
 from esper.shell.eval.output import write_eval
@@ -225,9 +229,19 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
                 for name in controllers if is_searched(name)}  # fmt: skip
     records: dict[str, list[dict]] = {}
     T = cfg.lifecycle.max_epochs
+    first_of: dict[frozenset[str], str] = {}  # each fixed plan's first controller
+    same_as: dict[str, str] = {}
     with progress(len(controllers) * episodes * T, desc="evaluate", enabled=show_progress) as bar:
         for name in controllers:
             bar.set_postfix(controller=name)
+            plan = fixed_plan(name, searched.get(name))
+            if plan is not None and plan in first_of:  # the same controller: its episodes, not run again
+                same_as[name] = first_of[plan]
+                records[name] = copy.deepcopy(records[same_as[name]])
+                bar.update(episodes * T)
+                continue
+            if plan is not None:
+                first_of[plan] = name
             on_epoch = lambda ev: bar.update(ev["envs"])
             records[name] = run_episodes(cfg, task, name, range(episodes), eval_seed=seed,
                                          checkpoint=checkpoint, on_epoch=on_epoch,
@@ -241,6 +255,8 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
         summaries[name]["compute_host_epochs"] = spent
         if name in searched:
             summaries[name]["search"] = searched[name]
+        if name in same_as:
+            summaries[name]["same_episodes_as"] = same_as[name]
     return {
         "controllers": summaries,
         "correlations": correlations([r for recs in records.values() for r in recs]),

@@ -301,6 +301,39 @@ def test_kept_episodes_are_the_real_episodes_numbers(cfg, task, tmp_path, monkey
     assert second["episodes_reused"] == 2 and len(seen) == second["episodes"] - 2 == 6
 
 
+def test_controllers_that_grow_the_same_fixed_plan_run_their_episodes_once(cfg, task, monkeypatch):
+    """Plan searches that chose one plan and a ``grow:`` placement of it are one controller: its episodes
+    run once, and each later row is a copy naming the first in ``same_episodes_as``. A placement with
+    blend settings, or of another plan, runs its own. The copy is what running it again gives: the
+    same plan on the same hosts and draw repeats number for number, whatever ran before it."""
+    import esper.shell.eval.episodes as E
+
+    monkeypatch.setattr(E, "search", lambda name, *a, **kw: {"chosen": "b1=norm+b0=conv_heavy",
+                                                             "compute_host_epochs": 8})  # fmt: skip
+    ran = []
+    real = E.run_episodes
+
+    def run_episodes(cfg, task, name, *a, **kw):
+        ran.append(name)
+        return real(cfg, task, name, *a, **kw)
+
+    monkeypatch.setattr(E, "run_episodes", run_episodes)
+    names = ["plan_search@0.5x", "static", "plan_search@1x", "grow:b0=conv_heavy+b1=norm",
+             "grow:b0=conv_heavy+b1=norm@STANDARD", "grow:b0=conv_heavy"]  # fmt: skip
+    res = compare_on_config(cfg, names, episodes=2, seed=5, show_progress=False, task=task)
+    ctl = res["controllers"]
+    assert ran == ["plan_search@0.5x", "static", "grow:b0=conv_heavy+b1=norm@STANDARD", "grow:b0=conv_heavy"]
+    for copy in ("plan_search@1x", "grow:b0=conv_heavy+b1=norm"):
+        assert ctl[copy]["same_episodes_as"] == "plan_search@0.5x"
+        assert ctl[copy]["per_episode"] == ctl["plan_search@0.5x"]["per_episode"]
+    assert ctl["plan_search@1x"]["compute_host_epochs"] == 8 and "search" in ctl["plan_search@1x"]
+    assert ctl["grow:b0=conv_heavy+b1=norm"]["compute_host_epochs"] == 0
+    assert all("same_episodes_as" not in ctl[n] for n in (*ran,))
+    alone = compare_on_config(cfg, ["grow:b0=conv_heavy+b1=norm"], episodes=2, seed=5, show_progress=False,
+                              task=task)["controllers"]["grow:b0=conv_heavy+b1=norm"]  # fmt: skip
+    assert alone["per_episode"] == ctl["plan_search@0.5x"]["per_episode"]
+
+
 def _run_dir(tmp_path, **over):
     """A run directory holding only a config (enough to evaluate the baselines)."""
     run = tmp_path / "run"
