@@ -157,6 +157,57 @@ class Host(nn.Module, ABC):
     def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
         """``(mean cross-entropy [with grad], n_correct [0-d int64 tensor], n_items)``; no host sync."""
 
+    # ------------------------------------------------------------------- a pass resumed at a slot
+    #: Whether the host's forward is a stem, then for each slot ``i`` its stage and the slot, then a tail
+    #: (:meth:`_stem`, :meth:`_stage`, :meth:`_tail`), so that a pass can keep every slot's input and a
+    #: later pass resume at a slot from it (:meth:`loss_and_correct_inputs`, :meth:`loss_and_correct_from`).
+    #: The built-in hosts are; a host that is not runs every pass whole.
+    staged: bool = False
+
+    def _stem(self, inp: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """What runs between slot ``i - 1`` (or the stem) and slot ``i``."""
+        raise NotImplementedError
+
+    def _tail(self, x: torch.Tensor) -> torch.Tensor:
+        """From the last slot's output to the logits."""
+        raise NotImplementedError
+
+    def _logits_loss(self, logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return _loss_and_correct(logits, y)
+
+    def _staged(self, inp: torch.Tensor | None = None, *, start: int = 0, x: torch.Tensor | None = None,
+                inputs: list[torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+        """The forward: from ``inp`` (stem, then every stage and slot), or from slot ``start``'s input ``x``
+        (that slot and the rest); with ``inputs``, each slot's input is appended to it."""
+        if x is None:
+            x = self._stem(inp)
+        for i in range(start, self.n_slots):
+            if inp is not None or i > start:
+                x = self._stage(i, x)
+            if inputs is not None:
+                inputs.append(x)
+            x = self.slots[i](x)
+        return self._tail(x)
+
+    def loss_and_correct_inputs(
+        self, batch: Batch
+    ) -> tuple[torch.Tensor, torch.Tensor, int, list[torch.Tensor]]:
+        """:meth:`loss_and_correct`, and the input of every slot in that pass (for
+        :meth:`loss_and_correct_from`; a :attr:`staged` host only)."""
+        inputs: list[torch.Tensor] = []
+        return (*self._logits_loss(self._staged(batch[0], inputs=inputs), batch[1]), inputs)
+
+    def loss_and_correct_from(
+        self, slot_index: int, x: torch.Tensor, batch: Batch
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """:meth:`loss_and_correct` of ``batch`` resumed at slot ``slot_index`` from its input ``x`` (kept by
+        :meth:`loss_and_correct_inputs`): number for number the whole pass, when nothing before the slot
+        has changed since ``x`` was kept (the counterfactual and what-if passes change only the slot)."""
+        return self._logits_loss(self._staged(start=slot_index, x=x), batch[1])
+
 
 def _loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     # logits: [M, K], y: [M]
@@ -205,10 +256,19 @@ class CNNHost(Host):
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(c_in, n_classes)
 
+    staged = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [N, C_in, S, S] -> logits [N, n_classes]
-        for block, slot in zip(self.blocks, self.slots):
-            x = slot(block(x))
+        return self._staged(x)
+
+    def _stem(self, inp: torch.Tensor) -> torch.Tensor:
+        return inp
+
+    def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[i](x)
+
+    def _tail(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(x.mean(dim=(2, 3)))
 
     def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -266,10 +326,19 @@ class CNN1dHost(Host):
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(c_in, n_classes)
 
+    staged = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [N, C_in, L] -> logits [N, n_classes]
-        for block, slot in zip(self.blocks, self.slots):
-            x = slot(block(x))
+        return self._staged(x)
+
+    def _stem(self, inp: torch.Tensor) -> torch.Tensor:
+        return inp
+
+    def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[i](x)
+
+    def _tail(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(x.mean(dim=-1))
 
     def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -352,26 +421,38 @@ class TransformerHost(Host):
                 residual = name.endswith(("proj.weight", "mlp.2.weight"))
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.n_layers) if residual else 0.02)
 
+    staged = True
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         # idx: [N, L] int64 -> logits [N, L, vocab]
+        return self._staged(idx)
+
+    def _stem(self, idx: torch.Tensor) -> torch.Tensor:
         length = idx.shape[1]
         if length > self.ctx:
             raise ValueError(f"TransformerHost: sequence length {length} > ctx {self.ctx}")
         x = self.tok(idx) + self.pos(torch.arange(length, device=idx.device))
         if self.prev is not None:
             x = x + self.prev(F.pad(idx[:, :-1], (1, 0), value=self.vocab))
-        x = self.drop(x)
-        slot_iter = iter(self.slots)
-        for i, layer in enumerate(self.layers):
+        return self.drop(x)
+
+    def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        # the layers after slot i - 1's layer, up to and with slot i's
+        for layer in self.layers[self.slot_after[i - 1] + 1 if i else 0 : self.slot_after[i] + 1]:
             x = layer(x)
-            if i in self.slot_after:
-                x = next(slot_iter)(x)
+        return x
+
+    def _tail(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[self.slot_after[-1] + 1 :]:
+            x = layer(x)
         return F.linear(self.ln_f(x), self.tok.weight)  # tied head
+
+    def _logits_loss(self, logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return _loss_and_correct(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
     def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
         x, y = batch  # [N, L] inputs, [N, L] next bytes
-        logits = self(x)
-        return _loss_and_correct(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        return self._logits_loss(self(x), y)
 
 
 __all__ = ["Batch", "Block", "CNN1dHost", "CNNHost", "Host", "TransformerHost"]

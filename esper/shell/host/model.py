@@ -266,19 +266,28 @@ class EnvModel:
         try:
             with torch.inference_mode():
                 for batch in batches:
-                    loss, n_correct, n = host.loss_and_correct(batch)
+                    # a staged host keeps each slot's input, and a pass that changes only slot i resumes there
+                    keep = host.staged and bool(measured or (incubating and not by_batch))
+                    if keep:
+                        loss, n_correct, n, inputs = host.loss_and_correct_inputs(batch)
+                    else:
+                        loss, n_correct, n = host.loss_and_correct(batch)
                     loss_sum += loss * n
                     correct += n_correct
                     n_items += n
                     for k, i in enumerate(measured):
                         with host.counterfactual(i):
-                            cf_correct[k] += host.loss_and_correct(batch)[1]
+                            cf_correct[k] += self._pass(batch, i, inputs if keep else None)
                     with host.batch_statistics() if by_batch else nullcontext():
-                        if by_batch:
+                        if by_batch and host.staged:
+                            _, n_base, _, inputs = host.loss_and_correct_inputs(batch)
+                            wi_base += n_base
+                            keep = True
+                        elif by_batch:
                             wi_base += host.loss_and_correct(batch)[1]
                         for k, i in enumerate(incubating):
                             with host.slot(i).force_alpha(1.0):
-                                wi_correct[k] += host.loss_and_correct(batch)[1]
+                                wi_correct[k] += self._pass(batch, i, inputs if keep else None)
         finally:
             host.train(was_training)
         if n_items == 0:
@@ -295,6 +304,13 @@ class EnvModel:
             whatif_gain[torch.tensor(incubating, device=self.device)] = wi_acc - base
         return {"val_loss": loss_sum / n_items, "val_acc": acc, "contribution": contribution,
                 "whatif_gain": whatif_gain}  # fmt: skip
+
+    def _pass(self, batch: Batch, slot_index: int, inputs: list[torch.Tensor] | None) -> torch.Tensor:
+        """The correct count of a validation pass that differs from the kept one only at slot
+        ``slot_index``: resumed there from its kept input where ``inputs`` holds them, else whole."""
+        if inputs is None:
+            return self.host.loss_and_correct(batch)[1]
+        return self.host.loss_and_correct_from(slot_index, inputs[slot_index], batch)[1]
 
     def validate(self, batches: Iterable[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loss, acc %)`` with the real alphas (no counterfactual passes)."""

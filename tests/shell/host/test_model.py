@@ -4,10 +4,11 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from esper.core.spec import Stage, Style
 from esper.shell.host.blueprints import BLUEPRINTS
-from esper.shell.host.hosts import CNNHost
+from esper.shell.host.hosts import CNN1dHost, CNNHost, TransformerHost
 from esper.shell.host.model import (
     GRAD_RATIO_CAP,
     SEED_EXPLODE_NORM,
@@ -332,3 +333,102 @@ def test_incubation_trains_the_seed_on_its_own_effect():
     with torch.no_grad():
         delta = grown.host.slot(0).seed(torch.randn(32, 4, 16, generator=g))
     assert float(delta.abs().max()) < 100.0  # bounded: trained with feedback
+
+
+# ------------------------------------------------------------------ validation passes resumed at a slot
+def _whole_forward(host, inp: torch.Tensor) -> torch.Tensor:
+    """The hosts' forward as written before they were staged: every block and slot in one loop."""
+    if isinstance(host, TransformerHost):
+        x = host._stem(inp)
+        slots = iter(host.slots)
+        for i, layer in enumerate(host.layers):
+            x = layer(x)
+            if i in host.slot_after:
+                x = next(slots)(x)
+        return F.linear(host.ln_f(x), host.tok.weight)
+    x = inp
+    for block, slot in zip(host.blocks, host.slots):
+        x = slot(block(x))
+    return host.head(x.mean(dim=tuple(range(2, x.dim()))))
+
+
+def _staged_models():
+    """Each built-in host with a seed in every slot (perturbed, at several stages and alphas), and its
+    batches: a 2-D CNN, a 1-D CNN, a transformer with a layer after its last slot, and `recall`'s host
+    (no attention, previous-token embedding, a slot after each of its two blocks)."""
+    torch.manual_seed(3)
+    g = torch.Generator().manual_seed(4)
+    tokens = [(torch.randint(0, 16, (4, 8), generator=g),) * 2 for _ in range(2)]
+    signals = [
+        (torch.randn(8, 1, 16, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(2)
+    ]
+    lm = {"vocab": 16, "d_model": 16, "n_heads": 2, "ctx": 8}
+    cases = [
+        (CNNHost(1, 8), _batches(2)),
+        (CNN1dHost(length=16, channels=(4, 4, 4)), signals),
+        (TransformerHost(n_layers=4, slot_every=3, **lm), tokens),
+        (TransformerHost(n_layers=2, slot_every=1, attention=False, prev_token=True, **lm), tokens),
+    ]
+    plan = [("attention", Stage.BLENDING, 0.6), ("norm", Stage.TRAINING, 0.0), ("lora", Stage.HOLDING, 1.0)]
+    out = []
+    for host, data in cases:
+        m = EnvModel(host)
+        names = host.blueprint_names
+        for i in range(host.n_slots):
+            blueprint, stage, alpha = plan[i % len(plan)]
+            m.germinate(i, names.index(blueprint if blueprint in names else "norm"), Style.LINEAR_ADD)
+            _perturb(host.seed_parameters(i))
+            host.set_slot(i, alpha=alpha, stage=stage)
+        out.append((m, data))
+    return out
+
+
+def test_a_pass_resumed_at_a_slot_is_the_whole_pass_number_for_number():
+    """Every built-in host's forward is the loop it was, and a pass that changes only slot i (its
+    counterfactual at alpha 0, its what-if at alpha 1) resumed at slot i from the input the real pass
+    kept gives the whole pass's loss and correct count exactly."""
+    for m, data in _staged_models():
+        host = m.host
+        host.eval()
+        with torch.inference_mode():
+            for batch in data:
+                assert torch.equal(host(batch[0]), _whole_forward(host, batch[0]))
+                loss, correct, n, inputs = host.loss_and_correct_inputs(batch)
+                assert (loss, correct, n) == host.loss_and_correct(batch) and len(inputs) == host.n_slots
+                for i in range(host.n_slots):
+                    for change in (host.counterfactual(i), host.slot(i).force_alpha(1.0)):
+                        with change:
+                            whole = host.loss_and_correct(batch)
+                            resumed = host.loss_and_correct_from(i, inputs[i], batch)
+                        assert torch.equal(whole[0], resumed[0]) and torch.equal(whole[1], resumed[1])
+
+
+def test_validation_resumes_its_counterfactual_and_whatif_passes_and_reads_the_same(monkeypatch):
+    """``measure_validation`` on a staged host resumes each counterfactual and what-if pass at its slot:
+    the readings are the ones of whole passes (a host that is not staged), exactly, under both what-if
+    statistics, and the stages before each slot run once per batch instead of once per pass."""
+    calls = []
+
+    def counting(host):
+        real = host._stage
+
+        def stage(i, x):
+            calls.append(i)
+            return real(i, x)
+
+        return stage
+
+    for m, data in _staged_models():
+        host = m.host
+        monkeypatch.setattr(host, "_stage", counting(host))
+        for statistics in ("running", "batch"):
+            calls.clear()
+            resumed = m.measure_validation(data, whatif=True, whatif_statistics=statistics)
+            n_resumed = len(calls)
+            monkeypatch.setattr(host, "staged", False)
+            calls.clear()
+            whole = m.measure_validation(data, whatif=True, whatif_statistics=statistics)
+            monkeypatch.setattr(host, "staged", True)
+            for k in ("val_loss", "val_acc", "contribution", "whatif_gain"):
+                assert torch.equal(resumed[k], whole[k]), (type(host).__name__, statistics, k)
+            assert n_resumed < len(calls), (type(host).__name__, statistics)
