@@ -319,6 +319,39 @@ def test_the_search_within_the_cap_is_reported_beside_the_goal_not_for_it():
     assert "minus_plan_search_cap_equal_compute" not in without
 
 
+def test_the_suite_verdict_reads_each_tasks_goals_first_on_every_task_second_on_half():
+    """The goals over the suite: the first met only where every task meets it, the second where at least
+    half of the tasks do (3 of 5), against ``plan_search@1x``, and the same read against the search within
+    the cap beside it; the tasks that meet each are named, in words too."""
+    from bench.suite.report import suite_verdict, verdict_lines
+
+    def row(mean, half=1.0):
+        return {"test_acc_mean": mean, "test_acc_ci95": [mean - half, mean + half], "params_added_mean": 0.0}
+
+    def task(ppo, search, cap, heuristic=70.0):
+        base = {b: row(heuristic) for b in ("static", "random", "heuristic", "heuristic_tuned")}
+        rows = {"ppo_greedy": row(ppo), plan_name(1.0): row(search), CAP_SEARCH: row(cap)}
+        return {"controllers": {**base, **rows}}
+
+    tasks = {"a": task(80, 80.5, 81), "b": task(80, 83, 80.5), "c": task(80, 81, 79),
+             "d": task(80, 85, 84), "e": task(80, 79, 83, heuristic=79.5)}  # fmt: skip
+    v = suite_verdict(tasks)
+    assert v["tasks"] == list("abcde") and v["second_goal"]["needs"] == 3
+    assert v["first_goal"] == {"tasks_met": list("abcd"), "met": False}  # e: the intervals overlap
+    assert v["second_goal"] == {"needs": 3, "tasks_met": ["a", "c", "e"], "met": True}
+    assert v["second_goal_within_cap"] == {"needs": 3, "tasks_met": ["a", "b", "c"], "met": True}
+    four = suite_verdict({t: tasks[t] for t in "abcd"})
+    assert four["first_goal"]["met"]
+    assert four["second_goal"] == {"needs": 2, "tasks_met": ["a", "c"], "met": True}
+    line = verdict_lines(v)[0]
+    assert "**not met**: 4 of 5, every task needed (`a`, `b`, `c`, `d`)" in line
+    assert "**met**: 3 of 5, 3 needed (`a`, `c`, `e`)" in line and CAP_SEARCH in line
+    uncapped = {t: {"controllers": {k: r for k, r in x["controllers"].items() if k != CAP_SEARCH}}
+                for t, x in tasks.items()}  # fmt: skip
+    assert suite_verdict(uncapped)["second_goal_within_cap"] is None
+    assert suite_verdict({"a": {"controllers": {"static": row(1.0)}}}) is None and verdict_lines(None) == []
+
+
 def test_a_suite_of_several_tasks_gets_one_overview_plot(tmp_path):
     """Several tasks: one more plot, every task's baselines, judged controller and searches side by side
     (a controller a task lacks is left out); one task: none."""

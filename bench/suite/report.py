@@ -5,6 +5,7 @@ controller on the same axes)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,52 @@ def goals(controllers: dict[str, dict]) -> dict[str, Any]:
     return out
 
 
+def suite_verdict(tasks: dict[str, dict], readout: str = "ppo_greedy") -> dict[str, Any] | None:
+    """The issue's two goals over the suite's tasks, read off each task's :func:`goals` for ``readout``:
+    the first met where it is met on every task; the second where it is met on at least half of them
+    (``ceil(n / 2)``), against ``plan_search@1x`` and, beside it, against ``plan_search_cap@1x``. The tasks
+    that meet each are listed. None where no task has the readout."""
+    per = {t: goals(v["controllers"]).get(readout) for t, v in tasks.items()}
+    per = {t: g for t, g in per.items() if g is not None}
+    if not per:
+        return None
+    need = math.ceil(len(per) / 2)
+    first = [t for t, g in per.items() if g["all_disjoint_above"]]
+    second = [t for t, g in per.items() if g["within_1_of_plan_search"]]
+    capped = [t for t, g in per.items() if "within_1_of_plan_search_cap" in g]
+    second_cap = [t for t in capped if per[t]["within_1_of_plan_search_cap"]]
+    return {
+        "readout": readout, "tasks": list(per),
+        "first_goal": {"tasks_met": first, "met": len(first) == len(per)},
+        "second_goal": {"needs": need, "tasks_met": second, "met": len(second) >= need},
+        "second_goal_within_cap": ({"needs": need, "tasks_met": second_cap, "met": len(second_cap) >= need}
+                                   if len(capped) == len(per) else None),
+    }  # fmt: skip
+
+
+def verdict_lines(v: dict[str, Any] | None) -> list[str]:
+    """:func:`suite_verdict` in words (nothing where there is none)."""
+    if v is None:
+        return []
+    n, r = len(v["tasks"]), v["readout"]
+
+    def said(goal: dict[str, Any], of: str) -> str:
+        met = goal["tasks_met"]
+        where = ", ".join(f"`{t}`" for t in met) if met else "none"
+        return f"**{'met' if goal['met'] else 'not met'}**: {len(met)} of {n}{of} ({where})"
+
+    first = said(v["first_goal"], ", every task needed")
+    second = said(v["second_goal"], ", {} needed".format(v["second_goal"]["needs"]))
+    line = (f"**The issue's goals over the {n} tasks, for `{r}`.** First (above `static`, `random`, "
+            f"`heuristic` and `heuristic_tuned` with disjoint 95 % intervals on every task): {first}. Second "
+            f"(within {WITHIN:g} point of `plan_search@1x` or above it on at least half of the tasks): "
+            f"{second}.")  # fmt: skip
+    if (cap := v.get("second_goal_within_cap")) is not None:
+        line += (f" The same against `{CAP_SEARCH}`, the search within the controller's cap (reported "
+                 f"beside the issue's goal): {said(cap, ', {} needed'.format(cap['needs']))}.")  # fmt: skip
+    return [line, ""]
+
+
 def _gain_share(controllers: dict[str, dict], name: str) -> float | None:
     """``name``'s gain over ``static`` as a share of ``grow_all``'s (:func:`bench.growth.pooling.shares`);
     None without both rows or without headroom to share."""
@@ -102,6 +149,8 @@ def markdown(info: dict, suite: dict[str, Any], command: str, plot_files: dict[s
         "search; an episode is `max_epochs` host epochs per env).",
         "",
     ]
+    if len(suite["tasks"]) > 1:
+        lines += verdict_lines(suite_verdict(suite["tasks"]))
     for task, t in suite["tasks"].items():
         src = [f"Pooled earlier, as in `{t['merged_from']}` (`--merge`).", ""] if t.get("merged_from") else []
         lines += _section(f"## {task} (preset `{t['preset']}`)", t, src, plot_files.get(task, []))
@@ -362,5 +411,5 @@ def overview(path: Path, tasks: dict[str, dict]) -> Path:
 
 __all__ = [
     "MUST_BEAT", "OVERVIEW", "SUITE", "TRANSFER_GAIN_SHARE", "WITHIN", "goals", "markdown", "overview",
-    "plots", "transfer_verdict",
+    "plots", "suite_verdict", "transfer_verdict", "verdict_lines",
 ]  # fmt: skip
