@@ -217,7 +217,32 @@ def _loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tens
 
 
 # ---------------------------------------------------------------------------------------------- CNN
-class CNNHost(Host):
+class _ConvHost(Host):
+    """A CNN classifier: ``self.blocks[i]`` then slot ``i`` for each slot, then the mean over the spatial
+    dims and ``self.head``. Input ``[N, C_in, *spatial]``, logits ``[N, n_classes]``."""
+
+    staged = True
+    blocks: nn.ModuleList
+    head: nn.Linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._staged(x)
+
+    def _stem(self, inp: torch.Tensor) -> torch.Tensor:
+        return inp
+
+    def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[i](x)
+
+    def _tail(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.mean(dim=tuple(range(2, x.dim()))))
+
+    def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x, y = batch
+        return _loss_and_correct(self(x), y)
+
+
+class CNNHost(_ConvHost):
     """``len(channels)`` blocks of conv3×3 (no bias) → BN → ReLU → maxpool2, a seed slot after each
     block (``"b0"``, ``"b1"``, ...; widths = ``channels``), global average pool, linear classifier.
 
@@ -256,27 +281,9 @@ class CNNHost(Host):
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(c_in, n_classes)
 
-    staged = True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [N, C_in, S, S] -> logits [N, n_classes]
-        return self._staged(x)
-
-    def _stem(self, inp: torch.Tensor) -> torch.Tensor:
-        return inp
-
-    def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return self.blocks[i](x)
-
-    def _tail(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(x.mean(dim=(2, 3)))
-
-    def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
-        x, y = batch
-        return _loss_and_correct(self(x), y)
 
 
-class CNN1dHost(Host):
+class CNN1dHost(_ConvHost):
     """A 1-D CNN for signals ``[N, in_channels, length]``: ``len(channels)`` blocks of
     conv (kernel ``kernels[i]``, no bias) → BN → ReLU → maxpool ``pools[i]`` (none when 1), a seed slot
     after each block (``"b0"``, ``"b1"``, ...; widths = ``channels``), global average pool over the
@@ -326,24 +333,6 @@ class CNN1dHost(Host):
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(c_in, n_classes)
 
-    staged = True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [N, C_in, L] -> logits [N, n_classes]
-        return self._staged(x)
-
-    def _stem(self, inp: torch.Tensor) -> torch.Tensor:
-        return inp
-
-    def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return self.blocks[i](x)
-
-    def _tail(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(x.mean(dim=-1))
-
-    def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
-        x, y = batch
-        return _loss_and_correct(self(x), y)
 
 
 # -------------------------------------------------------------------------------------- transformer
