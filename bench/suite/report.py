@@ -111,14 +111,15 @@ def verdict_lines(v: dict[str, Any] | None) -> list[str]:
         return f"**{'met' if goal['met'] else 'not met'}**: {len(met)} of {n}{of} ({where})"
 
     first = said(v["first_goal"], ", every task needed")
-    second = said(v["second_goal"], ", {} needed".format(v["second_goal"]["needs"]))
+    second = said(v["second_goal"], f", {v['second_goal']['needs']} needed")
     line = (f"**The issue's goals over the {n} tasks, for `{r}`.** First (above `static`, `random`, "
             f"`heuristic` and `heuristic_tuned` with disjoint 95 % intervals on every task): {first}. Second "
             f"(within {WITHIN:g} point of `plan_search@1x` or above it on at least half of the tasks): "
             f"{second}.")  # fmt: skip
     if (cap := v.get("second_goal_within_cap")) is not None:
+        capped = said(cap, f", {cap['needs']} needed")
         line += (f" The same against `{CAP_SEARCH}`, the search within the controller's cap (reported "
-                 f"beside the issue's goal): {said(cap, ', {} needed'.format(cap['needs']))}.")  # fmt: skip
+                 f"beside the issue's goal): {capped}.")  # fmt: skip
     return [line, ""]
 
 

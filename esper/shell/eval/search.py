@@ -294,10 +294,11 @@ def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = No
         host_seeds = selection_host_seeds(cfg, offset + k)[offset:]  # each round on new hosts
         offset += k
         pairs = [(c, h) for c in alive for h in host_seeds]
+        written = [(space[c], h) for c, h in pairs]
         if store is None:
-            records = run_plans(cfg, task, [(space[c], h) for c, h in pairs], slot_names)
+            records = run_plans(cfg, task, written, slot_names)
         else:
-            records, read = store.episodes(cfg, task, [(space[c], h) for c, h in pairs], slot_names)
+            records, read = store.episodes(written, slot_names)
             reused += read
         for (c, _), r in zip(pairs, records):
             scores[c].append(r["final_val_acc"])
@@ -375,8 +376,11 @@ class PlanEpisodes:
     differ in its last digits, and after a few epochs of training by a few tenths of a point, from the
     same pair run in another batch; the search rule does not change."""
 
+    #: What is kept of an episode: all a search reads of it.
+    FIELDS = ("final_val_acc", "params_added")
+
     def __init__(self, path: Path, cfg: RunConfig, task: Task) -> None:
-        self.path = path
+        self.path, self.cfg, self.task = path, cfg, task
         self.key = f"{_config_digest(cfg)}:{task.name}:{task.data_seed}"
         self.kept: dict[tuple[str, int], dict[str, float]] = {}
         if path.is_file():
@@ -386,22 +390,20 @@ class PlanEpisodes:
                 except json.JSONDecodeError:
                     continue  # a line cut short
                 if isinstance(rec, dict) and rec.get("key") == self.key:
-                    self.kept[(rec["plan"], int(rec["host"]))] = {
-                        k: float(rec[k]) for k in ("final_val_acc", "params_added")
-                    }
+                    self.kept[(rec["plan"], int(rec["host"]))] = {k: float(rec[k]) for k in self.FIELDS}
 
-    def episodes(self, cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]],
+    def episodes(self, pairs: Sequence[tuple[str, int]],
                  slot_names: Sequence[str]) -> tuple[list[dict], int]:  # fmt: skip
-        """Each pair's record (``final_val_acc``, ``params_added``), in order, and how many were read
-        rather than run."""
+        """Each ``(plan, host seed)`` pair's record (:attr:`FIELDS`), in order, run on the store's config and
+        task where it is not kept, and how many were read rather than run."""
         todo = list(dict.fromkeys(p for p in pairs if p not in self.kept))
-        width = cfg.env.n_envs
+        width = self.cfg.env.n_envs
         for start in range(0, len(todo), width):
             chunk = todo[start : start + width]
-            records = run_plans(cfg, task, chunk, slot_names)
+            records = run_plans(self.cfg, self.task, chunk, slot_names)
             lines = []
             for (plan, host), r in zip(chunk, records, strict=True):
-                kept = {"final_val_acc": float(r["final_val_acc"]), "params_added": float(r["params_added"])}
+                kept = {k: float(r[k]) for k in self.FIELDS}
                 self.kept[(plan, host)] = kept
                 lines.append(json.dumps({"key": self.key, "plan": plan, "host": host, **kept}) + "\n")
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -239,7 +239,7 @@ class _ConvHost(Host):
 
     def loss_and_correct(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
         x, y = batch
-        return _loss_and_correct(self(x), y)
+        return self._logits_loss(self(x), y)
 
 
 class CNNHost(_ConvHost):
@@ -280,7 +280,6 @@ class CNNHost(_ConvHost):
             c_in = c
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(c_in, n_classes)
-
 
 
 class CNN1dHost(_ConvHost):
@@ -332,7 +331,6 @@ class CNN1dHost(_ConvHost):
             c_in = c
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(c_in, n_classes)
-
 
 
 # -------------------------------------------------------------------------------------- transformer

@@ -266,9 +266,10 @@ class EnvModel:
         try:
             with torch.inference_mode():
                 for batch in batches:
-                    # a staged host keeps each slot's input, and a pass that changes only slot i resumes there
-                    keep = host.staged and bool(measured or (incubating and not by_batch))
-                    if keep:
+                    # a staged host keeps each slot's input (``inputs``) and a pass that changes only slot i
+                    # resumes there; what-if passes on batch statistics resume from the host's pass on them
+                    inputs = None
+                    if host.staged and (measured or (incubating and not by_batch)):
                         loss, n_correct, n, inputs = host.loss_and_correct_inputs(batch)
                     else:
                         loss, n_correct, n = host.loss_and_correct(batch)
@@ -277,17 +278,16 @@ class EnvModel:
                     n_items += n
                     for k, i in enumerate(measured):
                         with host.counterfactual(i):
-                            cf_correct[k] += self._pass(batch, i, inputs if keep else None)
+                            cf_correct[k] += self._pass(batch, i, inputs)
                     with host.batch_statistics() if by_batch else nullcontext():
                         if by_batch and host.staged:
                             _, n_base, _, inputs = host.loss_and_correct_inputs(batch)
                             wi_base += n_base
-                            keep = True
                         elif by_batch:
                             wi_base += host.loss_and_correct(batch)[1]
                         for k, i in enumerate(incubating):
                             with host.slot(i).force_alpha(1.0):
-                                wi_correct[k] += self._pass(batch, i, inputs if keep else None)
+                                wi_correct[k] += self._pass(batch, i, inputs)
         finally:
             host.train(was_training)
         if n_items == 0:
