@@ -5,6 +5,7 @@ and evaluated on its final draw."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from bench.suite.cli import main
 from bench.suite.report import color
 from bench.suite.run import EVAL_DIR, FOSSILIZING, IN_CAP, OWN_PLAN, PLAN_MULTIPLES
 from bench.suite.transfer import amortization, training_tasks
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _results(k: int, data_seed: int | None, names, run_dir=None) -> dict:
@@ -350,6 +353,54 @@ def test_the_suite_verdict_reads_each_tasks_goals_first_on_every_task_second_on_
                 for t, x in tasks.items()}  # fmt: skip
     assert suite_verdict(uncapped)["second_goal_within_cap"] is None
     assert suite_verdict({"a": {"controllers": {"static": row(1.0)}}}) is None and verdict_lines(None) == []
+
+
+def test_an_arm_kept_beside_the_judged_one_gets_its_own_verdict_in_the_table_and_the_json(tmp_path):
+    """The second run's rule: where the arm kept beside the judged one (``ppo_greedy[default]``) would meet
+    a goal differently, the table says so. Its goals are read as the judged arm's, stated as beside it, and
+    the judged verdict does not move."""
+    from bench.suite.report import (
+        beside_verdicts,
+        goals,
+        learned_rows,
+        markdown,
+        suite_verdict,
+        verdict_lines,
+    )
+
+    def row(mean, half=1.0):
+        return {"test_acc_mean": mean, "test_acc_ci95": [mean - half, mean + half], "params_added_mean": 0.0}
+
+    def task(judged, beside):
+        base = {b: row(70.0) for b in ("static", "random", "heuristic", "heuristic_tuned")}
+        rows = {"ppo_greedy": row(judged), "ppo_greedy[default]": row(beside), "ppo[default]": row(beside),
+                plan_name(1.0): row(84.0), CAP_SEARCH: row(82.0)}  # fmt: skip
+        return {"controllers": {**base, **rows}}
+
+    tasks = {"a": task(81.6, 80.5), "b": task(83.0, 71.5)}
+    assert learned_rows(tasks["a"]["controllers"]) == ["ppo_greedy", "ppo_greedy[default]", "ppo[default]"]
+    assert set(goals(tasks["a"]["controllers"])) == {"ppo_greedy", "ppo_greedy[default]", "ppo[default]"}
+    judged = suite_verdict(tasks)
+    assert judged["first_goal"]["met"] and judged["second_goal_within_cap"]["tasks_met"] == ["a", "b"]
+    beside = beside_verdicts(tasks)
+    assert list(beside) == ["ppo_greedy[default]"]  # the greedy readout only
+    assert beside["ppo_greedy[default]"]["first_goal"] == {"tasks_met": ["a"], "met": False}
+    capped = beside["ppo_greedy[default]"]["second_goal_within_cap"]
+    assert capped == {"needs": 1, "tasks_met": [], "met": False}
+    assert "the arm kept beside the judged one" in verdict_lines(beside["ppo_greedy[default]"])[0]
+    assert "beside" not in verdict_lines(judged)[0].split(".**")[0]
+    only_a = {"a": tasks["a"], "b": {"controllers": {k: r for k, r in tasks["b"]["controllers"].items()
+                                                      if "[" not in k}}}  # fmt: skip
+    assert beside_verdicts(only_a) == {}  # an arm missing from a task has no suite verdict
+    # the second run's kept table: the default arm, beside fb4, meets the first goal on the same 3 of 4 and
+    # the capped reading of the second on none, where fb4 meets it on 3 (the log's reading, by hand)
+    second = json.loads((REPO / "bench/results/suite/2026-12-02-vm.json").read_text())
+    text = markdown(second["machine"], {"tasks": second["tasks"]}, "python -m bench.suite", {})
+    assert text.count("**The issue's goals over the 4 tasks") == 2
+    line = next(x for x in text.splitlines() if "for `ppo_greedy[default]`, the arm kept beside" in x)
+    assert "**not met**: 3 of 4, every task needed (`mnist1d`, `mnist1d_deep`, `digits_shallow`)" in line
+    assert line.endswith(f"`{CAP_SEARCH}`, the search within the controller's cap (reported beside the "
+                         "issue's goal): **not met**: 0 of 4, 2 needed (none).")
 
 
 def test_a_suite_of_several_tasks_gets_one_overview_plot(tmp_path):

@@ -16,7 +16,7 @@ import bench.suite
 from bench.harness import machine_info
 from bench.suite import finetune
 from bench.suite.finetune import run_finetune
-from bench.suite.report import goals, markdown, plots, suite_verdict
+from bench.suite.report import beside_verdicts, goals, markdown, plots, suite_verdict
 from bench.suite.run import EVAL_EPISODES, SUITE, carry_suite, restore_suite, run_suite, status, status_lines
 from bench.suite.transfer import run_transfer
 
@@ -122,6 +122,8 @@ def _write(args: argparse.Namespace, suite: dict[str, Any], info: dict[str, Any]
             t["goals"] = goals(t["controllers"])
         if len(suite["tasks"]) > 1:
             suite["verdict"] = suite_verdict(suite["tasks"])
+            if beside := beside_verdicts(suite["tasks"]):
+                suite["verdict_beside"] = beside
         if args.transfer is not None:
             stem += f"-transfer-{args.transfer}"
         text = markdown(info, suite, command, plots(args.out, stem, suite))

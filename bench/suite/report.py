@@ -37,15 +37,20 @@ def _f(x: float | None, nd: int = 1) -> str:
     return "n/a" if x is None else f"{x:,.{nd}f}"
 
 
+def learned_rows(controllers: dict[str, dict]) -> list[str]:
+    """The learned readouts among ``controllers``: the judged arm's (:data:`LEARNED`), then any arm's kept
+    beside it (``ppo_greedy[default]``: :func:`bench.suite.run.beside_name`)."""
+    beside = [n for n in controllers if n.partition("[")[0] in LEARNED and n.endswith("]")]
+    return [n for n in LEARNED if n in controllers] + beside
+
+
 def goals(controllers: dict[str, dict]) -> dict[str, Any]:
-    """Per learned readout: whom it is above with disjoint 95 % intervals, and its distance to
-    ``plan_search`` at equal compute (``plan_search@1x``)."""
+    """Per learned readout (:func:`learned_rows`): whom it is above with disjoint 95 % intervals, and its
+    distance to ``plan_search`` at equal compute (``plan_search@1x``)."""
     out: dict[str, Any] = {}
     equal = controllers.get(plan_name(1.0))
-    for name in LEARNED:
-        c = controllers.get(name)
-        if c is None:
-            continue
+    for name in learned_rows(controllers):
+        c = controllers[name]
         above = {b: c["test_acc_ci95"][0] > controllers[b]["test_acc_ci95"][1]
                  for b in MUST_BEAT if b in controllers}  # fmt: skip
         gap = c["test_acc_mean"] - equal["test_acc_mean"] if equal else None
@@ -99,6 +104,14 @@ def suite_verdict(tasks: dict[str, dict], readout: str = "ppo_greedy") -> dict[s
     }  # fmt: skip
 
 
+def beside_verdicts(tasks: dict[str, dict]) -> dict[str, dict[str, Any]]:
+    """:func:`suite_verdict` for each greedy readout of an arm kept beside the judged one and present on
+    every task (``ppo_greedy[default]``): where the two arms would meet a goal differently, it shows."""
+    rows = [learned_rows(t["controllers"]) for t in tasks.values()]
+    names = [n for n in rows[0] if n.startswith("ppo_greedy[")] if rows else []
+    return {n: suite_verdict(tasks, readout=n) for n in names if all(n in r for r in rows)}
+
+
 def verdict_lines(v: dict[str, Any] | None) -> list[str]:
     """:func:`suite_verdict` in words (nothing where there is none)."""
     if v is None:
@@ -112,7 +125,8 @@ def verdict_lines(v: dict[str, Any] | None) -> list[str]:
 
     first = said(v["first_goal"], ", every task needed")
     second = said(v["second_goal"], f", {v['second_goal']['needs']} needed")
-    line = (f"**The issue's goals over the {n} tasks, for `{r}`.** First (above `static`, `random`, "
+    whose = f"`{r}`" if "[" not in r else f"`{r}`, the arm kept beside the judged one (it judges nothing)"
+    line = (f"**The issue's goals over the {n} tasks, for {whose}.** First (above `static`, `random`, "
             f"`heuristic` and `heuristic_tuned` with disjoint 95 % intervals on every task): {first}. Second "
             f"(within {WITHIN:g} point of `plan_search@1x` or above it on at least half of the tasks): "
             f"{second}.")  # fmt: skip
@@ -152,6 +166,8 @@ def markdown(info: dict, suite: dict[str, Any], command: str, plot_files: dict[s
     ]
     if len(suite["tasks"]) > 1:
         lines += verdict_lines(suite_verdict(suite["tasks"]))
+        for v in beside_verdicts(suite["tasks"]).values():
+            lines += verdict_lines(v)
     for task, t in suite["tasks"].items():
         src = [f"Pooled earlier, as in `{t['merged_from']}` (`--merge`).", ""] if t.get("merged_from") else []
         lines += _section(f"## {task} (preset `{t['preset']}`)", t, src, plot_files.get(task, []))
@@ -411,6 +427,6 @@ def overview(path: Path, tasks: dict[str, dict]) -> Path:
 
 
 __all__ = [
-    "MUST_BEAT", "OVERVIEW", "SUITE", "TRANSFER_GAIN_SHARE", "WITHIN", "goals", "markdown", "overview",
-    "plots", "suite_verdict", "transfer_verdict", "verdict_lines",
+    "MUST_BEAT", "OVERVIEW", "SUITE", "TRANSFER_GAIN_SHARE", "WITHIN", "beside_verdicts", "goals",
+    "learned_rows", "markdown", "overview", "plots", "suite_verdict", "transfer_verdict", "verdict_lines",
 ]  # fmt: skip
