@@ -355,7 +355,7 @@ def test_the_suite_verdict_reads_each_tasks_goals_first_on_every_task_second_on_
     assert suite_verdict({"a": {"controllers": {"static": row(1.0)}}}) is None and verdict_lines(None) == []
 
 
-def test_an_arm_kept_beside_the_judged_one_gets_its_own_verdict_in_the_table_and_the_json(tmp_path):
+def test_an_arm_kept_beside_the_judged_one_gets_its_own_verdict_in_the_table_and_the_json():
     """The second run's rule: where the arm kept beside the judged one (``ppo_greedy[default]``) would meet
     a goal differently, the table says so. Its goals are read as the judged arm's, stated as beside it, and
     the judged verdict does not move."""

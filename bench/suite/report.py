@@ -18,6 +18,7 @@ from bench.suite.run import (
     OWN_PLAN,
     PLAN_MULTIPLES,
     SUITE,
+    beside_readout,
     plan_name,
 )
 from bench.suite.transfer import READOUT
@@ -40,8 +41,7 @@ def _f(x: float | None, nd: int = 1) -> str:
 def learned_rows(controllers: dict[str, dict]) -> list[str]:
     """The learned readouts among ``controllers``: the judged arm's (:data:`LEARNED`), then any arm's kept
     beside it (``ppo_greedy[default]``: :func:`bench.suite.run.beside_name`)."""
-    beside = [n for n in controllers if n.partition("[")[0] in LEARNED and n.endswith("]")]
-    return [n for n in LEARNED if n in controllers] + beside
+    return [n for n in LEARNED if n in controllers] + [n for n in controllers if beside_readout(n)]
 
 
 def goals(controllers: dict[str, dict]) -> dict[str, Any]:
@@ -108,7 +108,7 @@ def beside_verdicts(tasks: dict[str, dict]) -> dict[str, dict[str, Any]]:
     """:func:`suite_verdict` for each greedy readout of an arm kept beside the judged one and present on
     every task (``ppo_greedy[default]``): where the two arms would meet a goal differently, it shows."""
     rows = [learned_rows(t["controllers"]) for t in tasks.values()]
-    names = [n for n in rows[0] if n.startswith("ppo_greedy[")] if rows else []
+    names = [n for n in rows[0] if beside_readout(n) == "ppo_greedy"] if rows else []
     return {n: suite_verdict(tasks, readout=n) for n in names if all(n in r for r in rows)}
 
 
@@ -125,7 +125,8 @@ def verdict_lines(v: dict[str, Any] | None) -> list[str]:
 
     first = said(v["first_goal"], ", every task needed")
     second = said(v["second_goal"], f", {v['second_goal']['needs']} needed")
-    whose = f"`{r}`" if "[" not in r else f"`{r}`, the arm kept beside the judged one (it judges nothing)"
+    beside = ", the arm kept beside the judged one (it judges nothing)" if beside_readout(r) else ""
+    whose = f"`{r}`{beside}"
     line = (f"**The issue's goals over the {n} tasks, for {whose}.** First (above `static`, `random`, "
             f"`heuristic` and `heuristic_tuned` with disjoint 95 % intervals on every task): {first}. Second "
             f"(within {WITHIN:g} point of `plan_search@1x` or above it on at least half of the tasks): "

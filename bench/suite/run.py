@@ -170,6 +170,13 @@ def beside_name(name: str, arm_dir: Path) -> str:
     return f"{name}[{arm_dir.name}]"
 
 
+def beside_readout(row: str) -> str | None:
+    """The learned readout a :func:`beside_name` row stands for (``ppo_greedy[default]`` → ``ppo_greedy``);
+    None for any other row."""
+    base, bracket, rest = row.partition("[")
+    return base if bracket and rest.endswith("]") and base in LEARNED else None
+
+
 def joined_correlations(episodes: list[dict]) -> dict[str, Any]:
     """Spearman's rho of return against test accuracy and test objective over the episodes of two
     evaluations joined (the one against accuracy per parameter needs the host's size, which the
@@ -468,8 +475,9 @@ def planned_compute(task: str) -> int:
 
 __all__ = [
     "BASELINES", "CAP_SEARCH", "CONTROLLERS", "EVALUATIONS", "EVAL_EPISODES", "FINAL_DATA_SEED",
-    "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "beside_name", "carry_suite",
-    "controllers_for", "final_data_seed", "joined_correlations", "most_grown", "plan_name", "planned_compute",
-    "pool_task", "restore_suite", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates",
-    "status", "status_lines", "with_diagnostics", "with_kept_controller", "with_plan_in_cap",
+    "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "beside_name",
+    "beside_readout", "carry_suite", "controllers_for", "final_data_seed", "joined_correlations",
+    "most_grown", "plan_name", "planned_compute", "pool_task", "restore_suite", "revisions", "run_suite",
+    "scored_plans", "search_view", "seed_fates", "status", "status_lines", "with_diagnostics",
+    "with_kept_controller", "with_plan_in_cap",
 ]  # fmt: skip
