@@ -13,7 +13,7 @@ import bench.growth.training as bg
 from bench.suite import CAP_SEARCH, CONTROLLERS, FINAL_DATA_SEED, SUITE, final_data_seed, plan_name
 from bench.suite.cli import main
 from bench.suite.report import color
-from bench.suite.run import EVAL_DIR, FOSSILIZING, IN_CAP, OWN_PLAN, PLAN_MULTIPLES
+from bench.suite.run import EVAL_DIR, FOSSILIZING, IN_CAP, OWN_PLAN, PLAN_MULTIPLES, beside_readout
 from bench.suite.transfer import amortization, training_tasks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -390,7 +390,7 @@ def test_an_arm_kept_beside_the_judged_one_gets_its_own_verdict_in_the_table_and
     assert "the arm kept beside the judged one" in verdict_lines(beside["ppo_greedy[default]"])[0]
     assert "beside" not in verdict_lines(judged)[0].split(".**")[0]
     only_a = {"a": tasks["a"], "b": {"controllers": {k: r for k, r in tasks["b"]["controllers"].items()
-                                                      if "[" not in k}}}  # fmt: skip
+                                                      if beside_readout(k) is None}}}  # fmt: skip
     assert beside_verdicts(only_a) == {}  # an arm missing from a task has no suite verdict
     # the second run's kept table: the default arm, beside fb4, meets the first goal on the same 3 of 4 and
     # the capped reading of the second on none, where fb4 meets it on 3 (the log's reading, by hand)
