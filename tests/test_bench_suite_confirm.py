@@ -197,3 +197,20 @@ def test_status_says_where_each_run_stands_and_runs_nothing(tmp_path, fake_runs,
     printed = capsys.readouterr().out
     assert "| `mnist1d` | 300 | 1/22 updates | kept |" in printed and "1 of 2 runs kept." in printed
     assert len(fake_runs["train"]) == n
+
+
+def test_nocap_arm_trains_without_cap_or_budget():
+    """The ``nocap`` arm's flags, read by the task's preset as its training reads them, leave the learned
+    controller no parameter cap and the reward no budget, where the default has both on every task."""
+    from esper.shell.config.presets import preset
+
+    for task in ("mnist1d", "recall"):
+        args = confirm.train_args(task, "nocap")
+        flags = dict(zip(args[::2], args[1::2], strict=True))
+        name = flags.pop("--preset")
+        flags.pop("--threads")
+        overrides = {k.removeprefix("--"): float(v) for k, v in flags.items()}
+        cfg, base = preset(name, overrides), preset(name)
+        assert base.ppo.has_param_cap and base.reward.param_budget_share > 0
+        assert not cfg.ppo.has_param_cap
+        assert cfg.reward.param_budget == 0 and cfg.reward.param_budget_share == 0

@@ -36,7 +36,13 @@ from esper.shell.config.presets import preset
 from esper.shell.telemetry.events import read_events
 
 #: The arms, by name: the flags added to the default's training command.
-ARMS: dict[str, tuple[str, ...]] = {"default": (), "fb4": ("--ppo.fossilize_bias", "4")}
+ARMS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "fb4": ("--ppo.fossilize_bias", "4"),
+    # the learned controller with no parameter cap and the reward with no budget (docs/suite.md, open for
+    # the lead: the second way), for the screen on the third run's seeds (docs/experiment-log.md)
+    "nocap": ("--ppo.param_cap_share", "0", "--reward.param_budget_share", "0"),
+}
 #: The readouts each seed is evaluated with.
 CONTROLLERS = ("ppo", "ppo_greedy")
 #: Where each seed's evaluation goes inside its run directory.
