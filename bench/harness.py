@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from esper.shell.runtime.revision import cpu_model
+
 
 # ---------------------------------------------------------------------------------------------- data
 @dataclass(slots=True)
@@ -183,7 +185,7 @@ def machine_info(device: torch.device) -> dict[str, object]:
     info: dict[str, object] = {
         "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
         "host": socket.gethostname(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
@@ -199,16 +201,6 @@ def machine_info(device: torch.device) -> dict[str, object]:
             info[lib] = "absent"
     info["git"] = _git_revision()
     return info
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _git_revision() -> str:

@@ -60,7 +60,8 @@ def _mock_runs(monkeypatch) -> tuple[list, list]:
     def train(k, root, extra):
         trained.append((k, root.name, list(extra)))
         (root / f"seed{k}").mkdir(parents=True, exist_ok=True)
-        (root / f"seed{k}" / "provenance.json").write_text(json.dumps({"git_rev": f"{k}" * 40}))
+        machine = {"machine": "Test CPU, 2 cores"} if k == 3 else {}  # seed 4: trained before it was recorded
+        (root / f"seed{k}" / "provenance.json").write_text(json.dumps({"git_rev": f"{k}" * 40, **machine}))
         return root / f"seed{k}", 60.0
 
     def evaluate(run_dir, k, episodes, names, out, data_seed=None, extra=()):
@@ -110,8 +111,10 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     # episode 0: one of its two seeds in the host unfossilized; episode 1: its one seed lost
     assert entry["ppo_greedy"]["seed_fates"] == {"germinated": 1.5, "unfossilized": 0.5, "lost": 0.5,
                                                  "kept_nothing_share": 0.5}  # fmt: skip
-    assert saved["tasks"]["longrange"]["revisions"] == {"3": {"train": "3333333", "evaluate": "eeeeeee"},
-                                                         "4": {"train": "4444444", "evaluate": "eeeeeee"}}
+    unrecorded = {"evaluate_machine": None}
+    assert saved["tasks"]["longrange"]["revisions"] == {
+        "3": {"train": "3333333", "evaluate": "eeeeeee", "train_machine": "Test CPU, 2 cores", **unrecorded},
+        "4": {"train": "4444444", "evaluate": "eeeeeee", "train_machine": None, **unrecorded}}
     # the largest plan search's scores beside the controller's plan: the ground for a diagnosis
     view = saved["tasks"]["longrange"]["search_view"]
     assert view["3"]["search"] == plan_name(2) and view["3"]["plans_scored"] == 3
@@ -125,7 +128,8 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     assert "best within the controller's cap of 720: `b0=conv_heavy` 78.0 % (400 params, 4 episodes)" in md
     assert "`b0=conv_heavy` 75%; `none` 25%" in md
     assert "`ppo_greedy` 0.50 / 0.50 / 50%" in md
-    assert "Trained at `3333333` (seeds 3), `4444444` (seeds 4); evaluated at `eeeeeee` (seeds 3, 4)." in md
+    assert ("Trained at `3333333` (seeds 3), `4444444` (seeds 4); evaluated at `eeeeeee` (seeds 3, 4); "
+            "trained on Test CPU, 2 cores (seeds 3), unrecorded (seeds 4).") in md  # no evaluation has one
     assert "## longrange (preset `longrange`)" in md and "| plan_search@1x |" in md
     assert "selection draw: data seed 42" in md and "`min_epoch 1`" in md
     assert any(f.endswith("-longrange-acc-vs-params.png") for f in files)
@@ -483,8 +487,8 @@ def test_status_reads_where_each_seed_stands_and_runs_nothing(tmp_path, monkeypa
 def test_an_evaluated_seed_is_kept_and_read_back_instead_of_run(tmp_path, monkeypatch, capsys):
     """bench.suite.archive: each evaluated (task, seed) is kept in ``--archive`` (a small file to commit);
     a later suite run on another machine, its run directories gone, reads it and runs nothing, and pools
-    the same entry (the training revision included, though its provenance.json is gone). A seed kept for
-    another evaluation (other episodes) is run again."""
+    the same entry (the training revision and machine included, though its provenance.json is gone). A
+    seed kept for another evaluation (other episodes) is run again."""
     trained, evaluated = _mock_runs(monkeypatch)
     archive, out = tmp_path / "kept", tmp_path / "results"
     argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
@@ -497,6 +501,7 @@ def test_an_evaluated_seed_is_kept_and_read_back_instead_of_run(tmp_path, monkey
     assert (len(trained), len(evaluated)) == (n_train, n_eval)  # nothing ran
     again = json.loads(next((out / "b").glob("*.json")).read_text())["tasks"]["longrange"]
     assert again == first and again["revisions"]["3"]["train"] == "3333333"
+    assert again["revisions"]["3"]["train_machine"] == "Test CPU, 2 cores"  # kept with the seed, too
     assert main(["--status", *argv, "--runs", str(tmp_path / "gone")]) == 0
     assert "| longrange | 3 |  |  |  |  |  | done |" in capsys.readouterr().out
     # another evaluation (3 episodes a seed) is not the kept one: both seeds run again
@@ -640,7 +645,8 @@ def test_a_kept_controller_is_joined_to_baselines_evaluated_on_its_hosts(tmp_pat
     assert list(entry)[:4] == ["ppo", "ppo_greedy", OWN_PLAN, FOSSILIZING]
     assert set(entry) == {*CONTROLLERS, OWN_PLAN, FOSSILIZING, IN_CAP}
     assert list(entry)[list(entry).index(plan_name(1)) + 1] == IN_CAP
-    assert saved["revisions"]["3"] == {"train": "ccccccc", "evaluate": "eeeeeee"}
+    assert saved["revisions"]["3"] == {"train": "ccccccc", "evaluate": "eeeeeee", "train_machine": None,
+                                       "evaluate_machine": None}  # fmt: skip
     assert "all_disjoint_above" in saved["goals"]["ppo_greedy"]
     # kept in the suite's archive like any seed, then read back
     assert (out / "seeds" / "longrange" / "seed4.json.gz").is_file()

@@ -39,10 +39,13 @@ def seed_path(archive: Path, task: str, k: int) -> Path:
 def save_seed(archive: Path, task: str, k: int, results: dict[str, Any], train_seconds: float) -> Path:
     """Keep seed ``k``'s merged evaluation ``results`` (``meta.run_dir`` as evaluate wrote it). The
     training revision is read from the run directory's ``provenance.json`` now, while it exists, into
-    ``meta.train_git_rev``; ``meta.train_seconds`` is the training's wall time."""
+    ``meta.train_git_rev``, with the machine it trained on into ``meta.train_machine``; ``meta.train_seconds``
+    is the training's wall time."""
     meta = dict(results["meta"])
     if (rev := train_revision(meta)) is not None:
         meta["train_git_rev"] = rev
+    if (where := train_machine(meta)) is not None:
+        meta["train_machine"] = where
     meta["train_seconds"] = float(train_seconds)
     path = seed_path(archive, task, k)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,13 +58,23 @@ def save_seed(archive: Path, task: str, k: int, results: dict[str, Any], train_s
     return path
 
 
+def _provenance(meta: dict[str, Any]) -> dict[str, Any]:
+    """The run directory's ``provenance.json`` named by an evaluation's ``meta`` (empty where it is gone)."""
+    prov = Path(meta["run_dir"]) / "provenance.json" if meta.get("run_dir") else None
+    return json.loads(prov.read_text()) if prov is not None and prov.exists() else {}
+
+
+def train_machine(meta: dict[str, Any]) -> str | None:
+    """The machine that trained a seed (:func:`esper.shell.runtime.revision.machine`), from its evaluation's
+    ``meta``: the kept ``train_machine``, else the run directory's ``provenance.json`` (None where neither
+    has it: runs before 2026-12-03 did not record it)."""
+    return meta.get("train_machine") or _provenance(meta).get("machine")
+
+
 def train_revision(meta: dict[str, Any]) -> str | None:
     """The git revision that trained a seed, from its evaluation's ``meta``: the kept ``train_git_rev``
     (an archived seed's), else the run directory's ``provenance.json`` (None where neither has it)."""
-    if meta.get("train_git_rev"):
-        return meta["train_git_rev"]
-    prov = Path(meta["run_dir"]) / "provenance.json" if meta.get("run_dir") else None
-    return json.loads(prov.read_text()).get("git_rev") if prov is not None and prov.exists() else None
+    return meta.get("train_git_rev") or _provenance(meta).get("git_rev")
 
 
 def load_seed(archive: Path, task: str, k: int, episodes: int,
@@ -169,4 +182,5 @@ def restore(archive: Path, task: str, k: int, run_dir: Path) -> bool:
 
 
 __all__ = ["RUN_FILES", "TRAINING_ONLY", "baselines_only", "carry", "load_seed", "partial_path", "restore",
-           "run_end", "same_evaluation", "save_seed", "seed_path", "train_revision", "trained"]  # fmt: skip
+           "run_end", "same_evaluation", "save_seed", "seed_path", "train_machine", "train_revision",
+           "trained"]  # fmt: skip

@@ -244,16 +244,19 @@ def _grown(grown: dict[str, int], top: int = 2) -> str:
 
 
 def _revision_line(revs: dict[str, dict]) -> str:
-    """" Trained at `abc1234` (seeds ...), evaluated at ..." from the per-seed revisions."""
+    """" Trained at `abc1234` (seeds ...), evaluated at ...; trained on MACHINE (seeds ...), evaluated on
+    ..." from the per-seed revisions and machines (the machines only where some seed recorded one)."""
     parts = []
-    for what in ("train", "evaluate"):
+    for what, verb in (("train", "Trained at"), ("evaluate", "evaluated at"),
+                       ("train_machine", "trained on"), ("evaluate_machine", "evaluated on")):  # fmt: skip
         by: dict[str, list[str]] = {}
         for k, r in revs.items():
             by.setdefault(r.get(what) or "unrecorded", []).append(k)
-        if by:
-            verb = "Trained" if what == "train" else "evaluated"
-            at = ", ".join(f"`{rev}` (seeds {', '.join(ks)})" for rev, ks in by.items())
-            parts.append(f"{verb} at {at}")
+        if not by or (what.endswith("machine") and set(by) == {"unrecorded"}):
+            continue
+        fmt = "`{}`" if not what.endswith("machine") else "{}"
+        seeds = (f"{fmt.format(x)} (seeds {', '.join(ks)})" for x, ks in by.items())
+        parts.append(f"{verb} {', '.join(seeds)}")
     return f" {'; '.join(parts)}." if parts else ""
 
 

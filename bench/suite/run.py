@@ -23,6 +23,7 @@ from bench.suite.archive import (
     restore,
     run_end,
     save_seed,
+    train_machine,
     train_revision,
 )
 from esper.shell.config.presets import RunConfig, preset
@@ -158,6 +159,7 @@ def with_kept_controller(task: str, k: int, episodes: int, run_dir: Path, jobs: 
     meta = {
         **base["meta"],
         "train_git_rev": train_revision(kept["meta"]),
+        "train_machine": train_machine(kept["meta"]),
         "controller_from": str(controller_from),
         "controller_git_rev": kept["meta"].get("git_rev"),
     }
@@ -411,12 +413,14 @@ def _best(scored: list[dict]) -> dict | None:
 def revisions(meta: dict) -> dict[str, str | None]:
     """The git revisions (short) of one seed: ``train`` from the archive's ``train_git_rev`` or the run
     directory's ``provenance.json``, ``evaluate`` from the evaluation's meta (None where neither
-    recorded one)."""
+    recorded one); and the machines, ``train_machine`` and ``evaluate_machine``, the same way (None
+    before they were recorded, 2026-12-03)."""
 
     def short(rev: str | None) -> str | None:
         return rev[:7] if rev else None
 
-    return {"train": short(train_revision(meta)), "evaluate": short(meta.get("git_rev"))}
+    return {"train": short(train_revision(meta)), "evaluate": short(meta.get("git_rev")),
+            "train_machine": train_machine(meta), "evaluate_machine": meta.get("machine")}  # fmt: skip
 
 
 def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archive: Path | None = None,

@@ -47,7 +47,7 @@ from esper.shell.eval.runner import run_hosts
 from esper.shell.eval.search import is_searched, learned_compute, plan_budget, search
 from esper.shell.eval.stats import mean_ci95, spearman
 from esper.shell.runtime.checkpoint import load_checkpoint
-from esper.shell.runtime.revision import git_revision
+from esper.shell.runtime.revision import git_revision, machine
 from esper.shell.telemetry.console import progress
 
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
@@ -188,6 +188,7 @@ def compare_controllers(
     results["meta"]["run_dir"] = str(run_dir)
     results["meta"]["trained_on"] = list(run_cfg.training_tasks)
     results["meta"]["git_rev"] = git_revision()
+    results["meta"]["machine"] = machine()
     write_eval(Path(out) if out is not None else run_dir / f"eval{suffix}", results)
     return results
 

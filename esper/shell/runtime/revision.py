@@ -1,8 +1,10 @@
-"""The code's git revision, as training runs (``provenance.json``) and evaluations (``results.json``'s
-meta) record it."""
+"""The code's git revision and the machine that ran it, as training runs (``provenance.json``) and
+evaluations (``results.json``'s meta) record them."""
 
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
 from pathlib import Path
 
@@ -19,4 +21,20 @@ def git_revision() -> str | None:
     return rev or None
 
 
-__all__ = ["git_revision"]
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; elsewhere what the platform says, or "unknown")."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> str:
+    """One line naming the machine: its CPU model and core count (``AMD EPYC 7B13, 2 cores``)."""
+    return f"{cpu_model()}, {os.cpu_count()} cores"
+
+
+__all__ = ["cpu_model", "git_revision", "machine"]

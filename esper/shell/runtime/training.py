@@ -35,7 +35,7 @@ from esper.shell.eval.heldout import heldout_check
 from esper.shell.runtime.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from esper.shell.runtime.cli import STOPPED, describe, repeat_line
 from esper.shell.runtime.distributed import SINGLE, Dist, PeerLost, rank_device
-from esper.shell.runtime.revision import git_revision
+from esper.shell.runtime.revision import git_revision, machine
 from esper.shell.runtime.rundir import StopSignals, Terminated
 from esper.shell.telemetry.anomaly import AnomalyDetector
 from esper.shell.telemetry.console import progress, summary_table
@@ -56,6 +56,7 @@ def provenance(cfg: RunConfig, dist: Dist = SINGLE) -> dict:
 
     return {
         "git_rev": git_revision(),
+        "machine": machine(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "tensordict": tensordict.__version__,

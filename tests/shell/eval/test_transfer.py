@@ -49,7 +49,10 @@ def test_a_set_policy_run_is_evaluated_zero_shot_on_a_host_with_five_slots(runs,
     results = json.loads((run_dir / "eval-mnist1d_deep" / "results.json").read_text())
     assert results["meta"]["task"] == "mnist1d_deep" and results["meta"]["trained_on"] == ["mnist1d"]
     # the evaluation's own revision, beside the run's (the suite's table names both per seed)
-    assert results["meta"]["git_rev"] == json.loads((run_dir / "provenance.json").read_text())["git_rev"]
+    provenance = json.loads((run_dir / "provenance.json").read_text())
+    assert results["meta"]["git_rev"] == provenance["git_rev"]
+    # and the machines that trained and evaluated it, one line each (cores counted)
+    assert results["meta"]["machine"] == provenance["machine"] and " cores" in provenance["machine"]
     assert not (run_dir / "eval").exists()  # the run's own evaluation is left alone
     germinations = [g for e in results["controllers"]["ppo"]["per_episode"] for g in e["germinations"]]
     assert germinations, "the controller acted on the new host"
