@@ -695,6 +695,33 @@ def test_baselines_in_progress_are_carried_to_another_machine_and_go_on_there(tm
     assert len(evaluated) == 4
 
 
+def test_a_kept_controller_trained_without_a_cap_gets_no_search_within_one(tmp_path, monkeypatch):
+    """--controller-from a run with no parameter cap (the nocap arm): the baselines are chosen by the kept
+    run's settings, not the preset's, so plan_search_cap@1x, which a run without a cap refuses, is not
+    asked for."""
+    from bench.suite.archive import load_seed, save_seed
+
+    _, evaluated = _mock_runs(monkeypatch)
+    kept = _kept_controller(tmp_path, seeds=(3,))
+    r = load_seed(kept, "longrange", 3, 2, FINAL_DATA_SEED + 3)
+    r["run_config"] = {"seed": 3, "ppo": {"param_cap": 0.0, "param_cap_share": 0.0}}
+    save_seed(kept, "longrange", 3, r, 77.0)
+    argv = ["--tasks", "longrange", "--seeds", "1", "--first-seed", "3", "--episodes", "2", "--runs",
+            str(tmp_path / "runs"), "--out", str(tmp_path / "o"), "--controller-from", str(kept)]  # fmt: skip
+    assert main(argv) == 0
+    asked = evaluated[0][3]
+    assert CAP_SEARCH not in asked and plan_name(1) in asked and "heuristic_tuned" in asked
+
+
+def test_a_kept_runs_cap_is_read_from_its_settings_then_its_preset():
+    from bench.suite.run import kept_has_cap
+
+    assert not kept_has_cap("longrange", {"ppo": {"param_cap": 0.0, "param_cap_share": 0.0}})
+    assert kept_has_cap("longrange", {"ppo": {"param_cap": 0.0, "param_cap_share": 0.6}})
+    assert kept_has_cap("longrange", {"ppo": {"param_cap": 500.0, "param_cap_share": 0.0}})
+    assert kept_has_cap("longrange", {"seed": 3}) and kept_has_cap("longrange", None)  # the preset's cap
+
+
 def test_a_kept_controller_is_not_joined_where_it_is_missing_or_met_other_hosts(tmp_path, monkeypatch):
     _mock_runs(monkeypatch)
     argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",

@@ -85,6 +85,15 @@ def controllers_for(cfg: RunConfig) -> tuple[str, ...]:
     return CONTROLLERS if cfg.ppo.has_param_cap else tuple(n for n in CONTROLLERS if n != CAP_SEARCH)
 
 
+def kept_has_cap(task: str, run_config: dict[str, Any] | None) -> bool:
+    """Whether the controller of a kept run of ``task`` (its settings as ``config.json`` holds them) had a
+    parameter cap: its ``ppo.param_cap`` or ``ppo.param_cap_share``, each the task's preset's where the
+    settings do not give it."""
+    base = preset(SUITE[task]).ppo
+    ppo = (run_config or {}).get("ppo", {})
+    return ppo.get("param_cap", base.param_cap) > 0 or ppo.get("param_cap_share", base.param_cap_share) > 0
+
+
 def final_data_seed(task: str, k: int) -> int | None:
     """The final draw's data seed of training seed ``k`` (None for a fixed dataset: its test split)."""
     return FINAL_DATA_SEED + k if preset(SUITE[task]).env.task in GENERATED_TASKS else None
@@ -141,7 +150,9 @@ def with_kept_controller(task: str, k: int, episodes: int, run_dir: Path, jobs: 
             raise ValueError(f"--controller-from {controller_from}: {task} seed {k} keeps no run settings")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(kept["run_config"], indent=1))
-    names = [n for n in controllers_for(preset(SUITE[task])) if n not in LEARNED]
+    # the kept run's cap, not the preset's: a controller trained without one has no cap to search within
+    capped = kept_has_cap(task, kept.get("run_config"))
+    names = [n for n in CONTROLLERS if n not in LEARNED and (capped or n != CAP_SEARCH)]
     extra = ["--threads", "1"] if jobs > 1 else []
     base = training._evaluate(run_dir, k, episodes, names, out=EVAL_DIR, data_seed=data_seed, extra=extra)
     with_plan_in_cap(base, task, run_dir, k, episodes, EVAL_DIR, data_seed, extra)
@@ -481,7 +492,7 @@ __all__ = [
     "BASELINES", "CAP_SEARCH", "CONTROLLERS", "EVALUATIONS", "EVAL_EPISODES", "FINAL_DATA_SEED",
     "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "beside_name",
     "beside_readout", "carry_suite", "controllers_for", "final_data_seed", "joined_correlations",
-    "most_grown", "plan_name", "planned_compute", "pool_task", "restore_suite", "revisions", "run_suite",
-    "scored_plans", "search_view", "seed_fates", "status", "status_lines", "with_diagnostics",
+    "kept_has_cap", "most_grown", "plan_name", "planned_compute", "pool_task", "restore_suite", "revisions",
+    "run_suite", "scored_plans", "search_view", "seed_fates", "status", "status_lines", "with_diagnostics",
     "with_kept_controller", "with_plan_in_cap",
 ]  # fmt: skip
