@@ -713,6 +713,23 @@ def test_a_kept_controller_trained_without_a_cap_gets_no_search_within_one(tmp_p
     assert CAP_SEARCH not in asked and plan_name(1) in asked and "heuristic_tuned" in asked
 
 
+def test_a_controller_without_a_cap_has_no_best_plan_within_one_in_the_search_view():
+    """A run with no parameter cap records a cap of 0: the diagnosis reads it as no cap, not as a cap of
+    0 within which no plan fits (it said "best within the controller's cap of 0: none")."""
+    from bench.suite.report import _search_view_lines
+    from bench.suite.run import search_view
+
+    capped, free = (_results(k, FINAL_DATA_SEED + k, CONTROLLERS) for k in (3, 4))
+    free["meta"]["ppo_param_cap"] = 0.0
+    view = search_view("longrange", {3: capped, 4: free})
+    assert view["3"]["cap"] == 720 and view["3"]["best_within_cap"]["plan"] == "b0=conv_heavy"
+    assert view["4"]["cap"] is None and view["4"]["best_within_cap"] is None
+    assert view["4"]["best"]["plan"] == "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy"
+    three, four = (ln for ln in _search_view_lines(view) if ln.startswith("- seed"))
+    assert "within the controller's cap of 720" in three
+    assert "cap" not in four and "the controller's: `b0=conv_heavy` 78.0 %" in four
+
+
 def test_a_kept_runs_cap_is_read_from_its_settings_then_its_preset():
     from bench.suite.run import kept_has_cap
 

@@ -287,8 +287,9 @@ def _search_view_lines(view: dict[str, dict]) -> list[str]:
     for k, v in view.items():
         mine = v["controller_plan_scored"]
         unscored = f"`{v['controller_plan']}`, not among the {v['plans_scored']} scored"
-        out.append(f"- seed {k} (`{v['search']}`): best {plan(v['best'])}; best within the controller's "
-                   f"cap of {v['cap']:g}: {plan(v['best_within_cap'])}; the controller's: "
+        in_cap = "" if v["cap"] is None else (
+            f"best within the controller's cap of {v['cap']:g}: {plan(v['best_within_cap'])}; ")
+        out.append(f"- seed {k} (`{v['search']}`): best {plan(v['best'])}; {in_cap}the controller's: "
                    f"{plan(mine) if mine else unscored}.")  # fmt: skip
     return out
 

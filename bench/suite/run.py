@@ -391,7 +391,8 @@ def seed_fates(runs: list[dict[str, list[dict]]], name: str) -> dict[str, float]
 def search_view(task: str, per_seed: dict[int, dict], readout: str = "ppo_greedy") -> dict[str, Any]:
     """The plans the largest ``plan_search`` scored on each seed's training hosts (validation accuracy,
     the mean over the episodes each plan ran), read for a diagnosis of where the learned controller
-    trails: per seed the best plan, the best within the learned controller's parameter cap, and
+    trails: per seed the best plan, the best within the learned controller's parameter cap (None, as the
+    cap, where it had none), and
     ``readout``'s most grown plan with its score where the search scored it. Scores of plans that ran
     few episodes are noisy, and the best of many is biased up: read them with their episodes."""
     out: dict[str, Any] = {}
@@ -404,12 +405,12 @@ def search_view(task: str, per_seed: dict[int, dict], readout: str = "ppo_greedy
         if built is None:
             made = preset(SUITE[task]).env.build_task()
             built = (made, made.make_host())
-        cap = res["meta"].get("ppo_param_cap")
+        cap = res["meta"].get("ppo_param_cap") or None  # 0: the controller had no cap
         scored = scored_plans(*built, ctl[names[0]]["search"]["candidates"])
         grown = most_grown(ctl[readout]) or None
         out[str(k)] = {
             "search": names[0], "plans_scored": len(scored), "cap": cap, "best": _best(scored),
-            "best_within_cap": _best([c for c in scored if cap is None or c["params"] <= cap]),
+            "best_within_cap": None if cap is None else _best([c for c in scored if c["params"] <= cap]),
             "controller_plan": grown,
             "controller_plan_scored": next((c for c in scored if c["plan"] == grown), None),
         }  # fmt: skip
