@@ -1,7 +1,7 @@
 """The README's promises: its core-API snippet runs as written on a TorchRL-shaped batch (and is the one
 docs/core-api.md shows), its two quick-start commands are there, its test command is the one CI runs, and
 its preset list is the real one. The core-API page's list of ``ppo_loss`` outputs and its TorchRL-parity
-lines name real outputs and real arguments."""
+lines name real outputs and real arguments. Its suite table quotes the committed results file it links."""
 
 from __future__ import annotations
 
@@ -161,3 +161,41 @@ def test_readme_lists_the_real_presets():
     match = re.search(r"# presets: ([\w, ]+)", README)
     assert match, "the CLI section lists the presets"
     assert [p.strip() for p in match.group(1).split(",")] == list(PRESETS)
+
+
+def suite_table() -> tuple[Path, list[str], list[list[str]]]:
+    """The README's suite table: the results file its paragraph links, its header and its rows."""
+    start = README.index("**The task suite's latest run**")
+    link = re.search(r"\]\((bench/results/suite/[\w.-]+)\.md\)", README[start:])
+    assert link, "the suite paragraph links the table it quotes"
+    lines = README[start:].splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("| task |"))
+    end = next((i for i in range(first, len(lines)) if not lines[i].startswith("|")), len(lines))
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[first:end]]
+    return ROOT / f"{link.group(1)}.json", cells[0], cells[2:]
+
+
+def test_readme_suite_table_quotes_the_committed_results_it_links():
+    """Every number in the README's suite table is the committed results file's, rounded as shown: the
+    front door cannot drift from the run it cites."""
+    import json
+
+    path, header, rows = suite_table()
+    assert path.exists(), path
+    tasks = json.loads(path.read_text())["tasks"]
+    names = [re.sub(r"\s*\(.*\)$", "", h.replace("`", "")).strip() for h in header]
+    checked = 0
+    for row in rows:
+        task = row[0].replace("`", "")
+        assert task in tasks, (task, sorted(tasks))
+        for name, cell in zip(names[1:], row[1:]):
+            numbers = [float(x) for x in re.findall(r"-?\d+\.\d", cell.replace("*", ""))]
+            if name not in tasks[task]["controllers"] or not numbers:
+                continue
+            c = tasks[task]["controllers"][name]
+            want = [c["test_acc_mean"]] + (list(c["test_acc_ci95"]) if len(numbers) == 3 else [])
+            assert len(numbers) == len(want), (task, name, cell)
+            for got, w in zip(numbers, want):
+                assert got == pytest.approx(w, abs=0.051), (task, name, cell, want)
+            checked += 1
+    assert rows and checked >= 2 * len(rows), "the table quotes at least two controllers per task"
