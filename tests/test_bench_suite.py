@@ -763,3 +763,36 @@ def test_another_arm_stands_beside_the_judged_one_on_the_same_baselines(tmp_path
     assert entry["ppo_greedy[default]"]["test_acc_mean"] == entry["ppo_greedy"]["test_acc_mean"]
     with pytest.raises(SystemExit):  # beside what? --beside needs the judged arm
         main(["--tasks", "longrange", "--beside", str(other), "--runs", str(tmp_path / "r2")])
+
+
+def test_the_table_names_the_flags_its_controllers_trained_with_and_flags_tasks_that_differ():
+    """The 2026-12-06 table said "every task trains the default's controller" of a run whose controllers
+    were trained with the cap and the budget off: the sentence now comes from the settings each seed
+    recorded, so it names the flags, and tasks trained differently are called out as not one
+    configuration."""
+    from bench.suite.report import configuration_sentence
+    from bench.suite.run import controller_settings
+    from esper.shell.config.presets import preset
+
+    cfg = preset(SUITE["mnist1d"])
+    as_preset = {"param_weight": cfg.reward.param_weight, "param_budget_share": cfg.reward.param_budget_share,
+                 "param_over_weight": cfg.reward.param_over_weight, "reward_mode": cfg.reward.mode.name,
+                 "ppo_param_cap_share": cfg.ppo.param_cap_share}  # fmt: skip
+    assert cfg.ppo.param_cap_share > 0 and cfg.reward.param_budget_share > 0  # the default has both
+    uncapped = {**as_preset, "ppo_param_cap_share": 0.0, "param_budget_share": 0.0}
+    assert controller_settings("mnist1d", [as_preset] * 3) == {}
+    off = {"reward.param_budget_share": 0.0, "ppo.param_cap_share": 0.0}
+    assert controller_settings("mnist1d", [uncapped] * 2) == off
+    assert controller_settings("mnist1d", [as_preset, uncapped]) == {
+        "reward.param_budget_share": [cfg.reward.param_budget_share, 0.0],
+        "ppo.param_cap_share": [cfg.ppo.param_cap_share, 0.0],
+    }
+    assert controller_settings("mnist1d", [{}]) == {}  # nothing recorded, nothing claimed
+
+    same = configuration_sentence({"a": {"controller_settings": off}, "b": {"controller_settings": off}})
+    assert same.startswith("One controller configuration")
+    assert "with `--reward.param_budget_share 0 --ppo.param_cap_share 0` on every task" in same
+    default = configuration_sentence({"a": {"controller_settings": {}}, "b": {}})
+    assert default.startswith("One controller configuration") and "--" not in default
+    differ = configuration_sentence({"a": {"controller_settings": off}, "b": {"controller_settings": {}}})
+    assert differ.startswith("**Not one controller configuration**") and "`b` none" in differ

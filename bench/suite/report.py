@@ -148,15 +148,34 @@ def _gain_share(controllers: dict[str, dict], name: str) -> float | None:
                   grow_all["test_acc_mean"], grow_all["params_added_mean"])[0]  # fmt: skip
 
 
+def _flags(settings: dict[str, Any]) -> str:
+    return " ".join(f"--{k} {v:g}" if isinstance(v, float) else f"--{k} {v}" for k, v in settings.items())
+
+
+def configuration_sentence(tasks: dict[str, dict]) -> str:
+    """What the tasks' controllers were trained with, from each task's ``controller_settings`` (the
+    recorded settings that depart from its preset; tasks pooled before they were recorded say nothing):
+    the default's on every task, the default's with the same flags on every task, or, where the tasks
+    differ, each task's flags -- which is not one configuration."""
+    known = {task: t["controller_settings"] for task, t in tasks.items() if "controller_settings" in t}
+    distinct = {_flags(s) for s in known.values()}
+    if len(distinct) > 1:
+        each = "; ".join(f"`{task}` {f'`{_flags(s)}`' if s else 'none'}" for task, s in known.items())
+        return (f"**Not one controller configuration**: the tasks' controllers depart from their presets "
+                f"differently ({each}).")  # fmt: skip
+    flags = f" with `{distinct.pop()}` on every task" if distinct and any(known.values()) else ""
+    return (f"One controller configuration: every task trains the default's controller, reward and lifecycle"
+            f"{flags} (its preset sets only the task and its sizes).")  # fmt: skip
+
+
 def markdown(info: dict, suite: dict[str, Any], command: str, plot_files: dict[str, list[Path]]) -> str:
     lines = [
         f"# The task suite ({info.get('date')}, {info.get('host')}, revision {info.get('git')})",
         "",
         f"`{command}`",
         "",
-        f"{info.get('cpu')}, {info.get('cpu_count')} cores, torch {info.get('torch')}. One controller "
-        "configuration: every task trains the default's controller, reward and lifecycle (its preset sets "
-        "only the task and its sizes). Each training seed k is evaluated on its own fresh hosts "
+        f"{info.get('cpu')}, {info.get('cpu_count')} cores, torch {info.get('torch')}. "
+        f"{configuration_sentence(suite['tasks'])} Each training seed k is evaluated on its own fresh hosts "
         "(evaluation seed 1000 + k) and, for generated data, a fresh draw (data seed 100000 + k; a fixed "
         "dataset is read on its test split); 95 % intervals are over training seeds (Student-t of the "
         "per-seed means). Everything chosen (the controller's weights, `heuristic_tuned`'s thresholds, "

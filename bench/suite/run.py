@@ -85,6 +85,38 @@ def controllers_for(cfg: RunConfig) -> tuple[str, ...]:
     return CONTROLLERS if cfg.ppo.has_param_cap else tuple(n for n in CONTROLLERS if n != CAP_SEARCH)
 
 
+#: The controller settings every evaluation records in its meta (``esper.shell.eval.episodes``), by meta key:
+#: the setting's name. Read back to state which of them the suite's controller took from elsewhere than
+#: its task's preset (:func:`controller_settings`).
+RECORDED_SETTINGS = {
+    "param_weight": "reward.param_weight",
+    "param_budget_share": "reward.param_budget_share",
+    "param_over_weight": "reward.param_over_weight",
+    "reward_mode": "reward.mode",
+    "ppo_param_cap_share": "ppo.param_cap_share",
+}
+
+
+def controller_settings(task: str, metas: Sequence[dict]) -> dict[str, Any]:
+    """The recorded controller settings (:data:`RECORDED_SETTINGS`) that the seeds of ``task`` were
+    trained and evaluated with where they depart from the task's preset, by setting name: the value all
+    seeds share, or every seed's value, in order, where they disagree. Empty: the preset's controller."""
+    base = preset(SUITE[task])
+    out: dict[str, Any] = {}
+    for key, name in RECORDED_SETTINGS.items():
+        values = [m[key] for m in metas if key in m]
+        if not values:
+            continue
+        section, field = name.split(".")
+        default = getattr(getattr(base, section), field)
+        default = getattr(default, "name", default)  # an enum is recorded by its name
+        if len(set(values)) > 1:
+            out[name] = values
+        elif values[0] != default:
+            out[name] = values[0]
+    return out
+
+
 def kept_has_cap(task: str, run_config: dict[str, Any] | None) -> bool:
     """Whether the controller of a kept run of ``task`` (its settings as ``config.json`` holds them) had a
     parameter cap: its ``ppo.param_cap`` or ``ppo.param_cap_share``, each the task's preset's where the
@@ -323,7 +355,8 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
     per controller the mean over seeds with a 95 % interval over seeds, the parameters added, the host
     epochs spent (their mean over seeds), what the searches chose, and what it grew (``grown``: each
     plan's count of evaluation episodes over all seeds, most grown first); per seed, the revisions that
-    trained and evaluated it (``revisions``)."""
+    trained and evaluated it (``revisions``); and the controller's settings that depart from the task's preset
+    (``controller_settings``, :func:`controller_settings`)."""
     seeds = sorted(per_seed)
     names = [n for n in per_seed[seeds[0]]["controllers"]
              if all(n in per_seed[k]["controllers"] for k in seeds)]  # fmt: skip
@@ -365,6 +398,7 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
         },
         "learned_compute_host_epochs": meta[0].get("learned_compute_host_epochs"),
         "revisions": {str(k): revisions(m) for k, m in zip(seeds, meta)},
+        "controller_settings": controller_settings(task, meta),
         "search_view": search_view(task, per_seed),
     }
 
@@ -491,9 +525,9 @@ def planned_compute(task: str) -> int:
 
 __all__ = [
     "BASELINES", "CAP_SEARCH", "CONTROLLERS", "EVALUATIONS", "EVAL_EPISODES", "FINAL_DATA_SEED",
-    "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "beside_name",
-    "beside_readout", "carry_suite", "controllers_for", "final_data_seed", "joined_correlations",
-    "kept_has_cap", "most_grown", "plan_name", "planned_compute", "pool_task", "restore_suite", "revisions",
-    "run_suite", "scored_plans", "search_view", "seed_fates", "status", "status_lines", "with_diagnostics",
-    "with_kept_controller", "with_plan_in_cap",
+    "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "RECORDED_SETTINGS", "SUITE",
+    "beside_name", "beside_readout", "carry_suite", "controller_settings", "controllers_for",
+    "final_data_seed", "joined_correlations", "kept_has_cap", "most_grown", "plan_name", "planned_compute",
+    "pool_task", "restore_suite", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates",
+    "status", "status_lines", "with_diagnostics", "with_kept_controller", "with_plan_in_cap",
 ]  # fmt: skip
