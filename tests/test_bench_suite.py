@@ -796,3 +796,36 @@ def test_the_table_names_the_flags_its_controllers_trained_with_and_flags_tasks_
     assert default.startswith("One controller configuration") and "--" not in default
     differ = configuration_sentence({"a": {"controller_settings": off}, "b": {"controller_settings": {}}})
     assert differ.startswith("**Not one controller configuration**") and "`b` none" in differ
+
+
+def test_a_seed_kept_for_another_controller_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """A joined seed in the archive was read back by (task, seed, hosts, draw) alone: pooling seeds
+    500-504 without --controller-from, or with another arm's folder, would have shown the uncapped run's
+    rows as the default's (or one arm's as another's). Now such a seed is refused, with its path, before
+    anything runs, and nothing is overwritten; with the folder it was made with it is read back."""
+    trained, evaluated = _mock_runs(monkeypatch)
+    arm, out, archive = _kept_controller(tmp_path), tmp_path / "results", tmp_path / "archive"
+    argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
+            "--archive", str(archive), "--out", str(out)]  # fmt: skip
+    assert main([*argv, "--runs", str(tmp_path / "runs"), "--controller-from", str(arm)]) == 0
+    kept = archive / "longrange" / "seed3.json.gz"
+    before, n_eval = kept.read_bytes(), len(evaluated)
+
+    other = _kept_controller(tmp_path, arm="other")  # the same seeds, another controller's episodes
+    from bench.suite.archive import load_seed, save_seed
+
+    for k in (3, 4):
+        r = load_seed(other, "longrange", k, 2, FINAL_DATA_SEED + k)
+        for e in r["controllers"]["ppo_greedy"]["per_episode"]:
+            e["final_test_acc"] += 1.0
+        save_seed(other, "longrange", k, r, 77.0)
+    for extra in ([], ["--controller-from", str(other)]):
+        with pytest.raises(SystemExit):
+            main([*argv, "--runs", str(tmp_path / "elsewhere"), *extra])
+        err = capsys.readouterr().err
+        assert f"{kept}" in err and "nothing was read, run or overwritten" in err
+        assert ("joined from" if not extra else "not the one kept in") in err
+    assert trained == [] and len(evaluated) == n_eval and kept.read_bytes() == before
+    # the folder it was made with: read back, nothing runs
+    assert main([*argv, "--runs", str(tmp_path / "elsewhere"), "--controller-from", str(arm)]) == 0
+    assert trained == [] and len(evaluated) == n_eval

@@ -23,6 +23,7 @@ from bench.suite.archive import (
     restore,
     run_end,
     save_seed,
+    seed_path,
     train_machine,
     train_revision,
 )
@@ -160,6 +161,25 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int, archive: Path 
     if archive is not None:
         save_seed(archive, task, k, results, train_s)
     return task, k, results, train_s
+
+
+def kept_elsewhere(kept: dict, task: str, k: int, episodes: int, controller_from: Path | None) -> str | None:
+    """Why a seed kept in the archive is not the one this run asks for (None: it is). Without
+    ``controller_from`` the run trains the task's preset, so a seed whose controller was joined from a kept
+    run (``meta.controller_from``, whatever its flags) is not it; with one, the kept seed's learned rows
+    must be that folder's own for the seed (the same ``ppo_greedy`` episodes), not another arm's or a
+    controller trained here."""
+    joined = kept.get("meta", {}).get("controller_from")
+    if controller_from is None:
+        return None if joined is None else f"its controller was joined from {joined}, not trained here"
+    ctl = load_seed(controller_from, task, k, episodes, final_data_seed(task, k))
+    if ctl is None:
+        return f"--controller-from {controller_from} keeps no {task} seed {k} to check it against"
+    mine = kept["controllers"].get("ppo_greedy", {}).get("per_episode")
+    if mine is None or mine != ctl["controllers"].get("ppo_greedy", {}).get("per_episode"):
+        source = f"joined from {joined}" if joined else "trained here"
+        return f"its controller is not the one kept in {controller_from} ({source})"
+    return None
 
 
 def with_kept_controller(task: str, k: int, episodes: int, run_dir: Path, jobs: int, controller_from: Path,
@@ -314,6 +334,14 @@ def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, 
         raise ValueError("--seeds and --jobs must be >= 1, --first-seed >= 0, --episodes >= 2")
     t0 = time.perf_counter()
     pairs = [(t, k) for t in tasks for k in range(first_seed, first_seed + seeds)]
+    if archive is not None:  # first: a seed kept for another controller is neither read nor overwritten
+        kept = {(t, k): load_seed(archive, t, k, episodes, final_data_seed(t, k)) for t, k in pairs}
+        wrong = [f"{seed_path(archive, t, k)}: {why}" for (t, k), r in kept.items() if r is not None
+                 and (why := kept_elsewhere(r, t, k, episodes, controller_from)) is not None]  # fmt: skip
+        if wrong:
+            raise ValueError("kept seeds of another controller; nothing was read, run or overwritten (pass "
+                             "the --controller-from they were made with, or another --archive):\n"
+                             + "\n".join(wrong))  # fmt: skip
 
     def one(pair: tuple[str, int]) -> tuple[str, int, dict, float]:
         out = _one(*pair, episodes, runs, jobs, archive, controller_from, beside)
@@ -527,7 +555,7 @@ __all__ = [
     "BASELINES", "CAP_SEARCH", "CONTROLLERS", "EVALUATIONS", "EVAL_EPISODES", "FINAL_DATA_SEED",
     "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "RECORDED_SETTINGS", "SUITE",
     "beside_name", "beside_readout", "carry_suite", "controller_settings", "controllers_for",
-    "final_data_seed", "joined_correlations", "kept_has_cap", "most_grown", "plan_name", "planned_compute",
-    "pool_task", "restore_suite", "revisions", "run_suite", "scored_plans", "search_view", "seed_fates",
-    "status", "status_lines", "with_diagnostics", "with_kept_controller", "with_plan_in_cap",
+    "final_data_seed", "joined_correlations", "kept_elsewhere", "kept_has_cap", "most_grown", "plan_name",
+    "planned_compute", "pool_task", "restore_suite", "revisions", "run_suite", "scored_plans", "search_view",
+    "seed_fates", "status", "status_lines", "with_diagnostics", "with_kept_controller", "with_plan_in_cap",
 ]  # fmt: skip
