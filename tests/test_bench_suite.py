@@ -796,6 +796,8 @@ def test_the_table_names_the_flags_its_controllers_trained_with_and_flags_tasks_
     assert default.startswith("One controller configuration") and "--" not in default
     differ = configuration_sentence({"a": {"controller_settings": off}, "b": {"controller_settings": {}}})
     assert differ.startswith("**Not one controller configuration**") and "`b` none" in differ
+    mixed = {"ppo.param_cap_share": [0.6, 0.0]}  # the seeds of each task disagree
+    assert configuration_sentence({"a": {"controller_settings": mixed}}).startswith("**Not one controller")
 
 
 def test_a_seed_kept_for_another_controller_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):

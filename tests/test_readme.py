@@ -5,6 +5,7 @@ lines name real outputs and real arguments. Its suite table quotes the committed
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -178,8 +179,6 @@ def suite_table() -> tuple[Path, list[str], list[list[str]]]:
 def test_readme_suite_table_quotes_the_committed_results_it_links():
     """Every number in the README's suite table is the committed results file's, rounded as shown: the
     front door cannot drift from the run it cites."""
-    import json
-
     path, header, rows = suite_table()
     assert path.exists(), path
     tasks = json.loads(path.read_text())["tasks"]

@@ -156,10 +156,11 @@ def configuration_sentence(tasks: dict[str, dict]) -> str:
     """What the tasks' controllers were trained with, from each task's ``controller_settings`` (the
     recorded settings that depart from its preset; tasks pooled before they were recorded say nothing):
     the default's on every task, the default's with the same flags on every task, or, where the tasks
-    differ, each task's flags -- which is not one configuration."""
+    differ or a task's seeds do (a setting recorded as a list of per-seed values), each task's flags --
+    which is not one configuration."""
     known = {task: t["controller_settings"] for task, t in tasks.items() if "controller_settings" in t}
     distinct = {_flags(s) for s in known.values()}
-    if len(distinct) > 1:
+    if len(distinct) > 1 or any(isinstance(v, list) for s in known.values() for v in s.values()):
         each = "; ".join(f"`{task}` {f'`{_flags(s)}`' if s else 'none'}" for task, s in known.items())
         return (f"**Not one controller configuration**: the tasks' controllers depart from their presets "
                 f"differently ({each}).")  # fmt: skip

@@ -135,12 +135,10 @@ def final_data_seed(task: str, k: int) -> int | None:
 def _one(task: str, k: int, episodes: int, runs: Path, jobs: int, archive: Path | None = None,
          controller_from: Path | None = None,
          beside: Path | None = None) -> tuple[str, int, dict, float]:  # fmt: skip
-    """Train (or keep) and evaluate (or keep) training seed ``k`` of ``task``; with an ``archive``, a seed
-    kept there is read from it (nothing runs), and a seed evaluated here is kept there. With
+    """Train and evaluate training seed ``k`` of ``task`` (one the ``archive`` does not keep:
+    :func:`run_suite` reads those); with an ``archive``, the seed evaluated here is kept there. With
     ``controller_from`` no controller is trained: the one kept there (:mod:`bench.suite.confirm`) is joined
     to the baselines evaluated here (:func:`with_kept_controller`)."""
-    if archive is not None and (kept := load_seed(archive, task, k, episodes, final_data_seed(task, k))):
-        return task, k, kept, kept["meta"].get("train_seconds", 0.0)
     root = runs / task
     if archive is not None:
         restore(archive, task, k, root / f"seed{k}")  # a state in progress kept from another machine
@@ -334,6 +332,7 @@ def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, 
         raise ValueError("--seeds and --jobs must be >= 1, --first-seed >= 0, --episodes >= 2")
     t0 = time.perf_counter()
     pairs = [(t, k) for t in tasks for k in range(first_seed, first_seed + seeds)]
+    kept: dict[tuple[str, int], dict | None] = {}  # what the archive keeps: read, not run
     if archive is not None:  # first: a seed kept for another controller is neither read nor overwritten
         kept = {(t, k): load_seed(archive, t, k, episodes, final_data_seed(t, k)) for t, k in pairs}
         wrong = [f"{seed_path(archive, t, k)}: {why}" for (t, k), r in kept.items() if r is not None
@@ -344,6 +343,8 @@ def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, 
                              + "\n".join(wrong))  # fmt: skip
 
     def one(pair: tuple[str, int]) -> tuple[str, int, dict, float]:
+        if (r := kept.get(pair)) is not None:
+            return *pair, r, r["meta"].get("train_seconds", 0.0)
         out = _one(*pair, episodes, runs, jobs, archive, controller_from, beside)
         log(f"{pair[0]} seed {pair[1]}: done")
         return out
