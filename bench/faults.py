@@ -51,7 +51,7 @@ PROG = "python -m esper.shell.run"
 #: A process that runs the CLI but dies (SIGKILL) half-way through writing its second checkpoint.
 DIE_MID_SAVE = """
 import os, signal, sys
-import esper.shell.runtime.checkpoint as checkpoint
+import esper.shell.common.checkpoint as checkpoint
 from esper.shell.run import main
 real, calls = checkpoint._write_all, []
 def write(f, data):  # each checkpoint is two writes: header, body
@@ -130,7 +130,7 @@ def reference(root: Path) -> Reference:
     status, err = _finish(proc)
     if status != 0:
         raise RuntimeError(f"the reference run failed ({status}): {err[-2000:]}")
-    from esper.shell.runtime.checkpoint import load_checkpoint
+    from esper.shell.common.checkpoint import load_checkpoint
 
     policy = load_checkpoint(run_dir / "checkpoint.pt")["trainer"]["policy"]
     return Reference(run_dir, policy, time.monotonic() - t0, startup)
@@ -139,7 +139,7 @@ def reference(root: Path) -> Reference:
 def audit(run_dir: Path, ref: Reference | None) -> list[str]:
     """What was lost or damaged in a finished run directory (empty: nothing); ``ref`` None skips the
     policy comparison (a run whose hyperparameters differ from the reference's)."""
-    from esper.shell.runtime.checkpoint import load_checkpoint
+    from esper.shell.common.checkpoint import load_checkpoint
     from esper.shell.telemetry.events import scan_events
     from esper.shell.telemetry.report import write_report
 
@@ -206,7 +206,7 @@ def kill9_mid_save(root: Path, ref: Reference) -> Outcome:
     t0 = time.monotonic()
     status, _ = _run([*CONFIG, "--run_dir", root, "--name", "s"], driver=DIE_MID_SAVE)
     half = [p.stat().st_size for p in (root / "s").glob(".checkpoint.pt.*.tmp")]
-    from esper.shell.runtime.checkpoint import load_checkpoint
+    from esper.shell.common.checkpoint import load_checkpoint
 
     before = load_checkpoint(root / "s" / "checkpoint.pt")["progress"]["update"]
     resumed, _ = _run(["--resume", root / "s"])
@@ -299,7 +299,7 @@ def concurrent_runs(root: Path, ref: Reference) -> Outcome:
     loser = next((err for s, err in results if s != 0), "")
     refused = any(m in loser for m in ("in use by another esper process", "already holds a run"))
     ok = statuses == [0, 2] and _one_line(loser) and refused
-    from esper.shell.runtime.checkpoint import load_checkpoint
+    from esper.shell.common.checkpoint import load_checkpoint
     from esper.shell.telemetry.events import read_events
 
     lost = audit(root / "c", ref)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from esper.shell.runtime.revision import cpu_model
+from esper.shell.common.revision import cpu_model
 
 
 # ---------------------------------------------------------------------------------------------- data

@@ -64,7 +64,7 @@ def child_env(threads: int) -> dict[str, str]:
 def measured_throughput(run_dir: Path) -> dict:
     """A finished run's measured throughput, from its checkpoint's per-update rows (the first dropped
     as warm-up where there are several: allocations, caches)."""
-    from esper.shell.runtime.checkpoint import load_checkpoint
+    from esper.shell.common.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(run_dir / "checkpoint.pt")
     rows = ckpt["progress"]["rows"]

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from bench.suites.hosts import INCUBATING, POPULATIONS, compile_step, populate, sgemm_rate, step_flops
-from esper.shell.env.bank import PerEnvHosts
-from esper.shell.env.batched import BatchedHosts
 from esper.shell.env.config import EnvConfig
+from esper.shell.host.bank import PerEnvHosts
+from esper.shell.host.batched import BatchedHosts
 
 
 def _banks(envs: int = 8):

@@ -444,7 +444,7 @@ def test_the_default_s_size_prior_reads_each_seed_s_cost_on_every_suite_task(tas
 
     from esper.shell.agent.agent import build_agent
     from esper.shell.config.presets import preset
-    from esper.shell.data.tasks import grow_all_params
+    from esper.shell.env.tasks import grow_all_params
     from esper.shell.host.descriptors import describe_host
     from tests.shell.agent.test_setpolicy import _spec, assert_size_prior
 
@@ -548,7 +548,7 @@ def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_
     state goes."""
     import torch
 
-    from esper.shell.runtime.checkpoint import load_checkpoint, save_checkpoint
+    from esper.shell.common.checkpoint import load_checkpoint, save_checkpoint
 
     trained, _ = _mock_runs(monkeypatch)
     runs, archive = tmp_path / "runs", tmp_path / "kept"

@@ -9,7 +9,7 @@ from bench.suite import holding
 from esper.core.lifecycle import LifecycleConfig, gate_readiness, init_slots
 from esper.core.masks import legal_masks
 from esper.core.spec import ActionSpec, Stage
-from esper.shell.config.fields import to_dict
+from esper.shell.common.fields import to_dict
 from esper.shell.config.presets import preset
 
 

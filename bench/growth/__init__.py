@@ -15,7 +15,7 @@ Three stages, each on the embedded default (``python -m esper.shell.run``'s pres
    ``--sweep-episodes`` fresh hosts (evaluation seeds; the same hosts for every controller). Shows the
    default task's headroom (the bar: the best fixed schedule beats the static host by >= 15 points of
    test accuracy) and which blueprint ``grow_all`` should grow (it must be the one
-   :data:`esper.shell.data.tasks.GROW_ALL_BLUEPRINT` names).
+   :data:`esper.shell.env.tasks.GROW_ALL_BLUEPRINT` names).
 2. **placement** — fixed placements (``grow:b0=conv_heavy+b2=depthwise``: only those slots, each with
    its blueprint) on the same hosts as the sweep: where growth pays, and the best accuracy a schedule
    reaches for a given number of added parameters (what a controller that beats ``grow_all`` on

@@ -13,7 +13,7 @@ import torch
 
 from bench.growth.pooling import BASELINES, _arm, _paired, shares
 from esper.shell.config.presets import preset
-from esper.shell.data.tasks import GROW_ALL_BLUEPRINT
+from esper.shell.env.tasks import GROW_ALL_BLUEPRINT
 from esper.shell.eval.stats import mean_ci95
 from esper.shell.host.blueprints import BLUEPRINTS
 

@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from esper.shell.runtime.checkpoint import load_checkpoint, save_checkpoint
+from esper.shell.common.checkpoint import load_checkpoint, save_checkpoint
 from esper.shell.telemetry.events import read_events
 
 
@@ -65,7 +65,7 @@ def _provenance(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def train_machine(meta: dict[str, Any]) -> str | None:
-    """The machine that trained a seed (:func:`esper.shell.runtime.revision.machine`), from its evaluation's
+    """The machine that trained a seed (:func:`esper.shell.common.revision.machine`), from its evaluation's
     ``meta``: the kept ``train_machine``, else the run directory's ``provenance.json`` (None where neither
     has it: runs before 2026-12-03 did not record it)."""
     return meta.get("train_machine") or _provenance(meta).get("machine")

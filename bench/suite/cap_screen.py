@@ -43,7 +43,7 @@ WITHIN, NEEDED = -1.0, 3
 def largest_blueprint(task: str) -> str:
     """The blueprint that adds the most parameters in one slot of ``task``'s host (its preset's)."""
     from esper.shell.config.presets import preset
-    from esper.shell.data.tasks import seed_params
+    from esper.shell.env.tasks import seed_params
 
     made = preset(SUITE[task]).env.build_task()
     host = made.make_host()

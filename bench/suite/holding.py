@@ -44,12 +44,12 @@ from pathlib import Path
 import torch
 
 from esper.core.spec import Op, Stage
-from esper.shell.config.fields import from_dict
+from esper.shell.common.checkpoint import load_checkpoint
+from esper.shell.common.fields import from_dict
+from esper.shell.common.seeding import eval_host_seeds
 from esper.shell.config.presets import RunConfig
-from esper.shell.env.seeding import eval_host_seeds
 from esper.shell.eval.controllers import make_controller
 from esper.shell.eval.runner import run_hosts
-from esper.shell.runtime.checkpoint import load_checkpoint
 
 #: The categories of a blending or holding seed before a step, in the order the table prints them.
 CATEGORIES = (

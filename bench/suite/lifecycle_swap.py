@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-from esper.shell.config.fields import from_dict
+from esper.shell.common.checkpoint import load_checkpoint
+from esper.shell.common.fields import from_dict
 from esper.shell.config.presets import RunConfig
 from esper.shell.env.config import GENERATED_TASKS
 from esper.shell.eval.episodes import compare_on_config
 from esper.shell.eval.stats import mean_ci95
-from esper.shell.runtime.checkpoint import load_checkpoint
 
 #: The suite's selection hosts and draw (docs/suite.md): screens read these, suite tables never do.
 EVAL_SEED, DATA_SEED = 500, 100000

@@ -28,8 +28,8 @@ from bench.suite.archive import (
     train_revision,
 )
 from esper.shell.config.presets import RunConfig, preset
-from esper.shell.data.tasks import Task, seed_params
 from esper.shell.env.config import GENERATED_TASKS
+from esper.shell.env.tasks import Task, seed_params
 from esper.shell.eval.search import HEURISTIC_TUNED, PLAN_SEARCH_CAP, learned_compute
 from esper.shell.eval.stats import spearman
 from esper.shell.host.hosts import Host

@@ -4,7 +4,7 @@ On a GPU the batched host step is bound by kernel launches and the Python betwee
 step on an H200 at 8-128 envs, 2026-11-30), not by arithmetic. A CUDA graph replays a recorded step's
 kernels with one launch. Within an epoch the seed groups, learning rates and batch shapes are fixed, so
 one capture per epoch can serve the epoch's other batches. This probe measures that before the library
-grows a path for it: one epoch of the batched hosts (:class:`~esper.shell.env.batched.BatchedHosts`,
+grows a path for it: one epoch of the batched hosts (:class:`~esper.shell.host.batched.BatchedHosts`,
 the ``hosts`` suite's populations), eager against the same epoch with its training step captured and
 replayed (:class:`StepGraph`), interleaved, capture included. First, one epoch of each from the same
 hosts: their host parameters and measurements must agree, or the timing compares different work.
@@ -20,7 +20,7 @@ import torch
 
 from bench.harness import Context, Row, SuiteResult, round_ratio, suite
 from bench.suites.hosts import twin_banks
-from esper.shell.env.batched import BatchedHosts
+from esper.shell.host.batched import BatchedHosts
 
 
 class StepGraph:

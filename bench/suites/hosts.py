@@ -1,7 +1,7 @@
 """Host training: one epoch of every env's host, env by env (the per-env reference path,
-:class:`~esper.shell.env.bank.PerEnvHosts`) against all envs as one batch
-(:class:`~esper.shell.env.batched.BatchedHosts`) and as two batches on two threads
-(:class:`~esper.shell.env.batched.ShardedHosts`, the default's ``env.workers 2``), at the embedded
+:class:`~esper.shell.host.bank.PerEnvHosts`) against all envs as one batch
+(:class:`~esper.shell.host.batched.BatchedHosts`) and as two batches on two threads
+(:class:`~esper.shell.host.batched.ShardedHosts`, the default's ``env.workers 2``), at the embedded
 default's shape (MNIST-1D, batch 128, 31 batches an epoch, validation with counterfactuals), interleaved
 in rounds.
 
@@ -29,11 +29,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bench.harness import Context, Row, SuiteResult, Target, round_ratio, suite
 from esper.core.spec import Stage, Style
-from esper.shell.env.bank import PerEnvHosts
-from esper.shell.env.batched import BatchedHosts, ShardedHosts
+from esper.shell.common.memory import tune_allocator
 from esper.shell.env.config import EnvConfig
-from esper.shell.host.batched import plan, stack_inputs
-from esper.shell.runtime.memory import tune_allocator
+from esper.shell.host.bank import PerEnvHosts
+from esper.shell.host.batched import BatchedHosts, ShardedHosts
+from esper.shell.host.stacked import plan, stack_inputs
 
 POPULATIONS = ("host only", "converged", "diverse")
 #: a fourth, for ``hosts_whatif``: every env incubates a ``conv_heavy`` in ``b0``

@@ -206,7 +206,7 @@ class RewardConfig:
 def with_param_budget(cfg: RewardConfig, grow_all_params: float) -> RewardConfig:
     """``cfg`` with its budget in parameters: ``param_budget_share x grow_all_params`` where a share is
     set (the share then 0), else ``cfg`` itself. ``grow_all_params``: the seed parameters the task's
-    ``grow_all`` adds to its host (:func:`esper.shell.data.tasks.grow_all_params`)."""
+    ``grow_all`` adds to its host (:func:`esper.shell.env.tasks.grow_all_params`)."""
     if cfg.param_budget_share <= 0:
         return cfg
     if not grow_all_params > 0:

@@ -12,7 +12,7 @@ slot, the most likely blueprint and blend). They and the baselines of
 :mod:`esper.shell.baselines.simple` — ``static`` (always WAIT), ``random`` (uniform over legal actions),
 ``heuristic`` (the reference's rules), ``grow_all`` (germinate the task's best blueprint everywhere,
 blend and fossilize as fast as the gates allow) — each run the **same** episodes: host seeds derived
-from ``--seed`` under a purpose of their own (:func:`esper.shell.env.seeding.eval_host_seeds`), so no
+from ``--seed`` under a purpose of their own (:func:`esper.shell.common.seeding.eval_host_seeds`), so no
 evaluation host is a training host, and every controller meets the same hosts and data orders.
 
 ``heuristic_tuned`` (the heuristic's thresholds chosen by a grid) and ``plan_search`` (the best fixed
@@ -54,11 +54,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from esper.shell.common.cli import OneLineParser, repeat_line, report
+from esper.shell.common.memory import tune_allocator
 from esper.shell.env.config import GENERATED_TASKS
 from esper.shell.eval.controllers import CONTROLLERS
 from esper.shell.eval.episodes import compare_controllers
-from esper.shell.runtime.cli import OneLineParser, repeat_line, report
-from esper.shell.runtime.memory import tune_allocator
 
 PROG = "python -m esper.shell.evaluate"
 

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from esper.shell.runtime.cli import OneLineParser, describe
+from esper.shell.common.cli import OneLineParser, describe
 from esper.shell.telemetry.report import write_report
 
 

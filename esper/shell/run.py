@@ -8,7 +8,7 @@
     python -m esper.shell.run --resume runs/default-20261122-101500 --updates 12
 
 Every config field is an option (``--section.field VALUE``; see ``--help``); unknown options and bad
-values are refused with one line (:mod:`esper.shell.runtime.cli`). The run directory holds ``config.json``,
+values are refused with one line (:mod:`esper.shell.common.cli`). The run directory holds ``config.json``,
 ``provenance.json`` (versions, git revision, machine), ``events.jsonl`` (every epoch, episode, lifecycle
 event, PPO update and anomaly), ``checkpoint.pt`` (policy, optimizer, normalizer statistics, RNG
 states, config, progress; written atomically with a content hash, loaded with ``weights_only=True``),
@@ -21,7 +21,7 @@ What holds whatever happens:
   parsed; the device must exist; a ``--resume`` loads and verifies the checkpoint, checks it against
   the config (only the fields in :data:`RESUMABLE` may change) and refuses fewer ``--updates`` than
   done, all before a file of the run directory is written.
-* **One process per run directory** (:class:`~esper.shell.runtime.rundir.RunDirLock`): a second run of the
+* **One process per run directory** (:class:`~esper.shell.common.rundir.RunDirLock`): a second run of the
   same ``--name``, or a ``--resume`` of a running run, is refused; a crashed run leaves no stale lock.
 * **A checkpoint is always the state at an update boundary.** The state after each update (RNG states
   included) is kept in memory; the checkpoint is written from it every ``checkpoint_every`` updates,
@@ -31,7 +31,7 @@ What holds whatever happens:
   refuses NaN/Inf, and a run that cannot continue (``ppo.max_bad_updates`` rolled-back updates in a
   row, or a non-finite rollout) stops with one line, its last checkpoint intact and resumable with
   saner options.
-* **Many processes, one run** (``torchrun ... -m esper.shell.run``, :mod:`esper.shell.runtime.distributed`):
+* **Many processes, one run** (``torchrun ... -m esper.shell.run``, :mod:`esper.shell.common.distributed`):
   each process runs its slice of the envs; every step of the start-up is agreed (a request refused on
   one process is refused on all, rank 0 saying why), rank 0 alone locks and writes the run directory
   and reads a resumed run's checkpoint for all, and a process that loses another stops with one line
@@ -52,14 +52,14 @@ from pathlib import Path
 
 import torch
 
-from esper.shell.config.fields import fields_flat, from_dict, to_dict, with_overrides
+from esper.shell.common.checkpoint import load_checkpoint, remove_stale_temporaries
+from esper.shell.common.cli import STOPPED, CliError, OneLineParser, describe, report
+from esper.shell.common.distributed import DEFAULT_TIMEOUT, SINGLE, Dist, PeerLost, init
+from esper.shell.common.fields import fields_flat, from_dict, to_dict, with_overrides
+from esper.shell.common.memory import tune_allocator
+from esper.shell.common.rundir import RunDirBusy, RunDirLock, StopSignals, Terminated
 from esper.shell.config.presets import PRESETS, RunConfig, preset
 from esper.shell.env.config import check_devices
-from esper.shell.runtime.checkpoint import load_checkpoint, remove_stale_temporaries
-from esper.shell.runtime.cli import STOPPED, CliError, OneLineParser, describe, report
-from esper.shell.runtime.distributed import DEFAULT_TIMEOUT, SINGLE, Dist, PeerLost, init
-from esper.shell.runtime.memory import tune_allocator
-from esper.shell.runtime.rundir import RunDirBusy, RunDirLock, StopSignals, Terminated
 from esper.shell.runtime.training import CHECKPOINT, PROG, TrainingRun, provenance
 
 #: Config fields a ``--resume`` may change (a dotted prefix ending in "." covers a section): how long
@@ -156,7 +156,7 @@ def check_resume(saved: dict, cfg: RunConfig, done: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI; returns the exit status (usage errors exit through ``SystemExit(2)``). Under torchrun
-    every process runs it (see :mod:`esper.shell.runtime.distributed`)."""
+    every process runs it (see :mod:`esper.shell.common.distributed`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     tune_allocator()

@@ -36,7 +36,7 @@ from esper.core.spec import ActionSpec, Op
 from esper.shell.agent.config import PPOConfig, param_cap_on
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
 from esper.shell.agent.setpolicy import SetRecurrentActorCritic
-from esper.shell.env.vecenv import StepInput
+from esper.shell.env.step import StepInput
 from esper.shell.host.descriptors import DESCRIPTOR_FEATURES, SLOT_FEATURES
 
 Policy = FactoredRecurrentActorCritic | SetRecurrentActorCritic

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from esper.core.normalize import batch_stats, merge_running_stats, update_running_stats
-from esper.shell.runtime.distributed import Dist
+from esper.shell.common.distributed import Dist
 
 
 def check_finite(td: TensorDictBase) -> None:

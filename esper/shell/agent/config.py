@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from esper.core.spec import HEADS
-from esper.shell.config.fields import check_fields, doc
+from esper.shell.common.fields import check_fields, doc
 
 #: The networks ``ppo.policy`` chooses between (:mod:`esper.shell.agent.policy`,
 #: :mod:`esper.shell.agent.setpolicy`).
@@ -110,7 +110,7 @@ class PPOConfig:
         0.0,
         "param_cap as a share of the seed parameters the host's grow_all adds (0.6: 60 % of growing "
         "everything), resolved on each step's host, so one setting reads the same on every task "
-        "(esper.shell.data.tasks.grow_all_params). 0: param_cap as given; set, param_cap must be 0",
+        "(esper.shell.env.tasks.grow_all_params). 0: param_cap as given; set, param_cap must be 0",
         ge=0,
     )
     replay: int = doc(

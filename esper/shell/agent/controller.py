@@ -17,8 +17,8 @@ from tensordict import TensorDict
 from esper.core.masks import slot_mask
 from esper.core.spec import Op
 from esper.shell.agent.agent import Agent
-from esper.shell.env.seeding import derive_seed
-from esper.shell.env.vecenv import StepInput
+from esper.shell.common.seeding import derive_seed
+from esper.shell.env.step import StepInput
 
 
 class PPOController:

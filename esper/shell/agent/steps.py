@@ -26,7 +26,7 @@ from esper.core.loss import loss_counts
 from esper.core.spec import HEADS, KEYS
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
 from esper.shell.agent.wholestep import adam_step, compile_step, init_adam_state
-from esper.shell.runtime.distributed import Dist
+from esper.shell.common.distributed import Dist
 
 #: Parameter groups whose gradient norms are reported separately.
 GRAD_GROUPS = ("trunk", *HEADS, "value")

@@ -88,7 +88,7 @@ from esper.shell.agent.collective import (
 )
 from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.steps import GRAD_GROUPS, Learner, make_step
-from esper.shell.runtime.distributed import SINGLE, Dist
+from esper.shell.common.distributed import SINGLE, Dist
 from esper.shell.telemetry.readout import read_scalars
 
 #: Parameter groups whose gradient norms are reported separately.

@@ -33,7 +33,7 @@ from tensordict import TensorDict
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.spec import ALPHA_TARGETS, HEADS, AlphaCurve, AlphaSpeed, Op, Stage, Style, Tempo
 from esper.shell.baselines.simple import FixedController
-from esper.shell.env.vecenv import StepInput
+from esper.shell.env.step import StepInput
 
 #: Preferred germination order; names a host family does not have are skipped.
 ROTATION = ("conv_light", "conv_heavy", "attention", "norm", "depthwise", "bottleneck", "conv_small",

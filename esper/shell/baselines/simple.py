@@ -4,7 +4,7 @@
 - :class:`RandomController` (``random``): uniform over legal actions: the op uniformly among the
   legal ops, the slot uniformly among the slots legal for that op, every other head uniformly.
 - :class:`GrowAllController` (``grow_all``): a fixed schedule: germinate one blueprint (the task's
-  best, :attr:`esper.shell.data.tasks.Task.grow_all`) in every empty enabled slot, blend each seed in
+  best, :attr:`esper.shell.env.tasks.Task.grow_all`) in every empty enabled slot, blend each seed in
   as soon as its gate allows, fossilize it as soon as G5 allows. Each step it does the first that applies,
   on the first slot where it applies: FOSSILIZE a ready HOLDING seed, ADVANCE a seed whose gate
   (G2 or G3) would pass, GERMINATE into an empty slot; else WAIT. Given a *plan* (slot -> blueprint,
@@ -12,7 +12,7 @@
   slots, each with its own blueprint: the fixed placements a learned controller can be held against.
 - ``heuristic``: the reference's rules, :class:`esper.shell.baselines.heuristic.HeuristicController`.
 
-All act from the same :class:`~esper.shell.env.vecenv.StepInput` as the policy, legal actions only, and
+All act from the same :class:`~esper.shell.env.step.StepInput` as the policy, legal actions only, and
 are vectorized over envs (no per-env Python loop).
 """
 
@@ -27,7 +27,7 @@ from esper.core import distributions as dist
 from esper.core.lifecycle import LifecycleConfig, gate_readiness
 from esper.core.masks import action_masks, slot_mask
 from esper.core.spec import ALPHA_TARGETS, DEFAULT_BLEND, HEADS, Op, Style, Tempo
-from esper.shell.env.vecenv import StepInput
+from esper.shell.env.step import StepInput
 
 
 def _actions(ops: dict[str, torch.Tensor], n: int, device: torch.device) -> TensorDict:

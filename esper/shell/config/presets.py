@@ -19,7 +19,7 @@ from typing import Any
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig
 from esper.shell.agent.config import PPOConfig
-from esper.shell.config.fields import check_fields, doc, with_overrides
+from esper.shell.common.fields import check_fields, doc, with_overrides
 from esper.shell.env.config import TASKS, EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.telemetry.anomaly import AnomalyConfig

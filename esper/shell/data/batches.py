@@ -4,10 +4,12 @@ order (validation and test), ``batch_size`` items a batch, at most ``max_batches
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 
-from esper.shell.host.hosts import Batch
+#: One batch: inputs and targets.
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 # ------------------------------------------------------------------------------------- batch iterators
@@ -120,3 +122,11 @@ class WindowBatches(_Batches):
 
 
 __all__ = ["TensorBatches", "WindowBatches"]
+
+
+class Loaders(NamedTuple):
+    """One env's iterators over the three splits."""
+
+    train: _Batches  # shuffled by the env's own generator, ``max_batches`` per epoch
+    val: _Batches  # fixed order, the same batches every epoch (what the controller sees)
+    test: _Batches  # fixed order, only for reporting (never seen by host training or the controller)

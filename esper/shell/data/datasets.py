@@ -45,8 +45,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from esper.shell.data.batches import Batch
 from esper.shell.data.cache import cached_tensors
-from esper.shell.host.hosts import Batch
 
 CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
 

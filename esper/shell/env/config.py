@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from esper.shell.config.fields import check_fields, doc
-from esper.shell.data.tasks import DEEP_BLOCKS, Task, make_task
+from esper.shell.common.fields import check_fields, doc
+from esper.shell.env.tasks import DEEP_BLOCKS, Task, make_task
 
 TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "recall", "digits", "digits_shallow",
          "stdlib_text", "cifar10", "tinystories")  # fmt: skip
@@ -137,7 +137,7 @@ class EnvConfig:
 
     @property
     def batched(self) -> bool:
-        """Whether the hosts train as one batch (:class:`~esper.shell.env.batched.BatchedHosts`)."""
+        """Whether the hosts train as one batch (:class:`~esper.shell.host.batched.BatchedHosts`)."""
         return self.host_step != "per_env" and self._not_batched() is None
 
     def build_task(self) -> Task:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from esper.shell.config.fields import check_fields, doc
+from esper.shell.common.fields import check_fields, doc
 
 #: Reasons :meth:`Governor.check` may return.
 PANIC_REASONS = ("nonfinite", "lobotomy", "spike")

@@ -39,7 +39,8 @@ from tensordict import TensorDict
 from esper.core.lifecycle import is_live
 from esper.core.rewards import FLAGS, RewardConfig, RewardMode, objective, objective_delta
 from esper.core.spec import HEADS, Op, Stage
-from esper.shell.env.vecenv import BLEND_SETTINGS, StepInput, VecEnv
+from esper.shell.env.step import BLEND_SETTINGS, StepInput
+from esper.shell.env.vecenv import VecEnv
 
 
 class Controller(Protocol):

@@ -2,9 +2,9 @@
 
 :class:`VecEnv` owns the tensorized slot state that :mod:`esper.core.lifecycle` evolves, the signal
 history, the governor, and a bank of hosts that trains and measures them: all envs as one batch
-(:class:`~esper.shell.env.batched.BatchedHosts`; on the CPU with ``env.workers > 1``, that many batches
-on as many threads, :class:`~esper.shell.env.batched.ShardedHosts`) or env by env
-(:class:`~esper.shell.env.bank.PerEnvHosts`, the reference), by ``env.host_step``. Its interface is a
+(:class:`~esper.shell.host.batched.BatchedHosts`; on the CPU with ``env.workers > 1``, that many batches
+on as many threads, :class:`~esper.shell.host.batched.ShardedHosts`) or env by env
+(:class:`~esper.shell.host.bank.PerEnvHosts`, the reference), by ``env.host_step``. Its interface is a
 named step:
 
 - :meth:`VecEnv.reset` builds fresh hosts, trains their first epoch and returns the first
@@ -25,7 +25,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 from tensordict import TensorDict
@@ -44,65 +43,14 @@ from esper.core.observation import init_history, obs_dim, observe, update_histor
 from esper.core.reward_config import with_param_budget
 from esper.core.rewards import RewardConfig, compute_reward
 from esper.core.spec import ActionSpec, Stage, Style, Tempo
-from esper.shell.data.tasks import Task, grow_all_params
-from esper.shell.env.batched import make_bank
+from esper.shell.common.seeding import train_host_seeds
 from esper.shell.env.config import EnvConfig, check_devices, lr_scale
 from esper.shell.env.governor import Governor, GovernorConfig
-from esper.shell.env.seeding import train_host_seeds
-from esper.shell.host.descriptors import HostLayout, describe_host
+from esper.shell.env.step import BLEND_SETTING_EVENTS, BLEND_SETTINGS, StepInput, TimeStep, Transition
+from esper.shell.env.tasks import Task, grow_all_params
+from esper.shell.host.batched import make_bank
+from esper.shell.host.descriptors import describe_host
 from esper.shell.host.model import SEED_GRAD_KEYS
-
-#: Lifecycle events that record how the seed will be blended: its style and tempo (chosen at germination,
-#: kept after) and the alpha target the action chose.
-BLEND_SETTING_EVENTS = frozenset({"germinated", "alpha_set"})
-#: The blend settings a germination records (and episode summaries and evaluations count).
-BLEND_SETTINGS = ("style", "tempo", "alpha_target")
-
-
-@dataclass
-class StepInput:
-    """What a controller may look at when it acts."""
-
-    raw_obs: torch.Tensor  # [E, obs_dim]
-    legal: TensorDict  # legal_masks(...) [E]
-    slots: TensorDict  # [E, S]
-    signals: TensorDict  # [E]
-    history: TensorDict  # [E]
-    #: The host's shape-free description (slots, blueprint descriptors, germination costs): what the
-    #: host-agnostic policy reads besides the observation (None: a controller that needs none).
-    host: HostLayout | None = None
-
-
-@dataclass
-class TimeStep:
-    """One measurement and the observation built from it.
-
-    ``measurement``: the epoch's signals ``[E]`` after the governor (a rolled-back env re-validated),
-    or, after the last action, the final hosts' (:meth:`VecEnv.step`: ``val_*``, ``test_*``,
-    ``host_params`` and the seeds' ``seed_params``/``alpha``). ``obs``: what the controller acts on
-    next; after the last action the post-action observation a learner bootstraps from (finding H4).
-    ``panics``: the governor's reason per env, None where healthy."""
-
-    obs: StepInput
-    measurement: TensorDict
-    panics: list[str | None]
-    last: bool = False
-    #: Seconds of the measurement's phases (``host_training``, ``validation``).
-    timings: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Transition:
-    """What :meth:`VecEnv.step` returns: the step's own reward terms ``[E]``
-    (:func:`esper.core.rewards.compute_reward`: components, ``total`` and the telemetry flags; in
-    OBJECTIVE mode the objective is paid from the measurements, :func:`esper.shell.env.rollout.
-    episode_rewards`), the slot state right after the action ``[E, S]``, per env the lifecycle events
-    that happened, and the next time step (``last`` after the episode's final epoch)."""
-
-    reward: TensorDict
-    slots: TensorDict
-    lifecycle: list[list[dict]]
-    next: TimeStep
 
 
 class VecEnv:

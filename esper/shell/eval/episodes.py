@@ -1,7 +1,7 @@
 """Evaluation episodes: controllers run on the same fresh hosts, and what their final hosts show.
 
 :func:`run_episodes` runs one controller on evaluation episodes (host seeds of their own,
-:func:`esper.shell.env.seeding.eval_host_seeds`); :func:`summarize` and :func:`correlations` make the
+:func:`esper.shell.common.seeding.eval_host_seeds`); :func:`summarize` and :func:`correlations` make the
 ``results.json`` entries; :func:`compare_on_config` runs and summarizes several controllers on the
 task a config describes (the end-of-run held-out check, the growth bench); :func:`compare_controllers`
 does it for a run directory's trained controller and writes ``RUN_DIR/eval/``
@@ -26,12 +26,14 @@ import torch
 
 from esper.core.reward_config import with_param_budget
 from esper.shell.agent.config import param_cap_on
-from esper.shell.config.fields import from_dict
+from esper.shell.common.checkpoint import load_checkpoint
+from esper.shell.common.fields import from_dict
+from esper.shell.common.revision import git_revision, machine
+from esper.shell.common.seeding import eval_host_seeds
 from esper.shell.config.presets import RunConfig
-from esper.shell.data.tasks import Task, grow_all_params
 from esper.shell.env.config import GENERATED_TASKS, TASKS
-from esper.shell.env.seeding import eval_host_seeds
-from esper.shell.env.vecenv import BLEND_SETTINGS
+from esper.shell.env.step import BLEND_SETTINGS
+from esper.shell.env.tasks import Task, grow_all_params
 from esper.shell.eval.controllers import (
     CONTROLLERS,
     EXTRA_CONTROLLERS,
@@ -42,12 +44,11 @@ from esper.shell.eval.controllers import (
     fixed_plan,
     make_controller,
 )
+from esper.shell.eval.fits import check_controller_fits
 from esper.shell.eval.output import write_eval
 from esper.shell.eval.runner import run_hosts
 from esper.shell.eval.search import is_searched, learned_compute, plan_budget, search
 from esper.shell.eval.stats import mean_ci95, spearman
-from esper.shell.runtime.checkpoint import load_checkpoint
-from esper.shell.runtime.revision import git_revision, machine
 from esper.shell.telemetry.console import progress
 
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
@@ -141,7 +142,7 @@ def compare_controllers(
     trained, and the searches select, on its own draw); refused for a fixed dataset. The searches'
     choices are kept in ``RUN_DIR/search/``. ``task``: evaluate on another task (the run's config on that
     task, :meth:`RunConfig.for_task`, its own data draw for the searches: zero-shot transfer; the
-    controller is checked to act on its host, :func:`esper.shell.user.check_controller_fits`; written to
+    controller is checked to act on its host, :func:`esper.shell.eval.fits.check_controller_fits`; written to
     ``RUN_DIR/eval-TASK/``, the searches' choices to ``RUN_DIR/search-TASK/``)."""
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.json"
@@ -177,8 +178,6 @@ def compare_controllers(
         if "trainer" not in checkpoint:
             raise ValueError(f"{ckpt} has no 'trainer' entry: not a checkpoint of python -m esper.shell.run")
         if task is not None:
-            from esper.shell.user.grow import check_controller_fits  # (it imports this module)
-
             where = f"--task {task}: run {run_dir}"
             check_controller_fits(run_cfg, checkpoint, cfg.env.build_task(), run=where)
     suffix = f"-{task}" if task is not None else ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from esper.shell.config.presets import RunConfig
-from esper.shell.data.tasks import Task
+from esper.shell.env.tasks import Task
 from esper.shell.eval.episodes import compare_on_config
 from esper.shell.eval.stats import mean_ci95
 

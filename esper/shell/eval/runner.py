@@ -13,8 +13,8 @@ import torch
 
 from esper.core.rewards import RewardConfig, parameter_cost
 from esper.shell.config.presets import RunConfig
-from esper.shell.data.tasks import Task
 from esper.shell.env.rollout import Controller, EpisodeRunner
+from esper.shell.env.tasks import Task
 from esper.shell.env.vecenv import VecEnv
 
 #: ``make(env, start) -> controller`` for the envs of one batch: ``start`` is the batch's first index

@@ -15,7 +15,7 @@
   ``plan_search`` has no cap: where the controller has one, the two answer different questions.
 
 **The selection rule.** Both score a candidate by the mean final **validation** accuracy of its hosts,
-on **training hosts** (the learned controller's own: :func:`esper.shell.env.seeding.train_host_seeds`
+on **training hosts** (the learned controller's own: :func:`esper.shell.common.seeding.train_host_seeds`
 of the run seed, its first updates' envs in order) and on the run's **training data draw** (its
 ``env.data_seed``). The test split, the evaluation's hosts (evaluation seeds) and the evaluation's data
 draw (``python -m esper.shell.evaluate --data-seed``) are never read. Ties go to the earlier candidate.
@@ -49,10 +49,10 @@ import torch
 from esper.shell.agent.config import param_cap_on
 from esper.shell.baselines.heuristic import HeuristicController, HeuristicThresholds
 from esper.shell.baselines.simple import GrowAllController
-from esper.shell.config.fields import to_dict
+from esper.shell.common.fields import to_dict
+from esper.shell.common.seeding import derive_seed, train_host_seeds
 from esper.shell.config.presets import RunConfig
-from esper.shell.data.tasks import Task, grow_all_params, seed_params, written_plan
-from esper.shell.env.seeding import derive_seed, train_host_seeds
+from esper.shell.env.tasks import Task, grow_all_params, seed_params, written_plan
 from esper.shell.eval.runner import run_hosts
 from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.hosts import Host
@@ -330,7 +330,7 @@ def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = No
 
 def plans_within(plans: Sequence[str], task: Task, host: Host, cap: float) -> list[str]:
     """The ``plans`` (written, on ``host``'s slots) that add at most ``cap`` seed parameters to ``host``
-    (:func:`~esper.shell.data.tasks.seed_params`), in their order."""
+    (:func:`~esper.shell.env.tasks.seed_params`), in their order."""
     names = tuple(host.slot_names)
     each: dict[tuple[int, str], int] = {}  # a plan's parameters are its seeds' sum: count each seed once
 

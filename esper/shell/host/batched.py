@@ -1,627 +1,392 @@
-"""Many envs' CNN hosts run as one batch: the forward of ``E`` hosts of one shape, each with its own seeds.
+"""Every env's host trained as one batch: the fast host side of :class:`~esper.shell.env.vecenv.VecEnv`.
 
-The hosts stay ordinary modules (:class:`~esper.shell.host.hosts.CNNHost`,
-:class:`~esper.shell.host.hosts.CNN1dHost`); they hold every parameter and are what everything else
-reads (snapshots, counts, the per-env path). This module runs them side by side:
+:class:`BatchedHosts` answers as :class:`~esper.shell.host.bank.PerEnvHosts` does (the reference path,
+which a test holds it to), but one training step runs every env's host and seeds at once
+(:class:`~esper.shell.host.stacked.StackedHosts`): each env draws its own batch from its own loader, the
+batches are stacked, one forward and one backward run them all, and one SGD optimizer (``foreach``)
+updates every env's parameters — the hosts' in one group, the seeds' in another, each parameter with its
+own momentum, exactly as the per-env optimizers would. A parameter that took no part in a step (a seed
+at alpha 0) has no gradient and is not updated, as on the per-env path. Validation and every live
+seed's counterfactual run as one batch too, the counterfactual passes from the slot they change onwards.
 
-- **Layout.** Env ``e``'s activation is channel block ``e`` of one tensor ``[N, E·C, *spatial]``: a
-  convolution of every env is one grouped convolution (``groups = E``), a batch norm is one batch norm
-  over ``E·C`` channels (each env's statistics over its own batch), a group norm one group norm with ``E``
-  times the groups, and a linear layer one batched matmul.
-- **Parameters.** The hosts' own parameters are rows of one leaf tensor per parameter
-  (:meth:`StackedHosts.bind_parameters`): the step reads the leaf and the optimizer steps it. The seeds'
-  parameters are stacked per step (``torch.stack``, so each env's gradient lands in its own ``.grad``,
-  and a seed that took no part in the step keeps ``.grad is None`` and is not stepped, exactly as on the
-  per-env path). The batch norms' running statistics are views into one tensor per layer
-  (:meth:`StackedHosts.bind_buffers`), updated in place by the stacked batch norm.
-- **Seeds differ per env.** At each slot the envs whose seed acts are grouped by blueprint and blend
-  style; a group's seeds have one structure, so :func:`run_group` runs them as one module (the
-  blueprint's modules interpreted with stacked parameters); the group's activations are gathered from
-  and scattered back into the slot's tensor. The groups are fixed for an epoch (:class:`SlotPlan`): a
-  step costs about one host's worth of operations plus a few per group, not one host's per env.
-
-Every seed stage keeps its per-env meaning (:mod:`esper.shell.host.slots`): an incubating seed is
-skipped by the host pass and trained by a what-if pass over the envs that have one (their host and other
-seeds detached, batch-norm statistics untouched: :meth:`StackedHosts.loss`); a blended seed reads the
-detached activation, a fossilized one the live activation; alpha 0 skips the seed.
+It serves the CNN families (``cnn``, ``cnn1d``) with every env on one device; mixed precision is bf16
+autocast (CUDA's fp16 needs a GradScaler per env: that runs on the per-env path, ``env.host_step``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from esper.core.spec import Style
-from esper.shell.host.blueprints import NormSeed, PositionAttention, SqueezeExcite, Zero
-from esper.shell.host.hosts import CNN1dHost, CNNHost, Host
-from esper.shell.host.slots import DETACHED_INPUT_STAGES, Gate, SeedSlot
-
-#: Host classes whose envs can run as one batch.
-BATCHED_HOSTS = (CNNHost, CNN1dHost)
-
-
-def supports(host: Host) -> bool:
-    """Whether envs of ``host``'s kind can run as one batch (the CNN families; the transformer host
-    runs env by env)."""
-    return isinstance(host, BATCHED_HOSTS)
+from esper.core.lifecycle import WHATIF_STATISTICS
+from esper.core.spec import Stage, Style
+from esper.shell.common.seeding import derive_seed
+from esper.shell.data.batches import Loaders
+from esper.shell.host.bank import MEASURED, HostSettings, HostSource, PerEnvHosts, seeded, snapshot_state
+from esper.shell.host.hosts import Host
+from esper.shell.host.model import SEED_GRAD_KEYS, seed_grad_stats
+from esper.shell.host.stacked import StackedHosts, plan, stack_inputs, supports
 
 
-# ----------------------------------------------------------------------------------- the interpreter
-# Layout: ``[G, C, *spatial, N]``: env ``g``'s activation in row ``g``, the samples last and contiguous, so
-# that every operation runs on contiguous runs of ``N`` values. Each operation is the CPU kernel that
-# measured fastest at these sizes: a pointwise convolution is a batched matmul, a wider one a grouped
-# convolution over ``[1, G·C, *spatial, N]`` (a view) with a ``(*k, 1)`` kernel, a batch norm a layer norm
-# over each (env, channel) row, a group norm the native one on ``[G·N, C, *spatial]``; max-pooling and
-# the attention softmax are written out (the pooling kernels' scatter and the softmax kernel over a
-# short last dim are several times slower here).
-#: Stacked host parameters, keyed by ``id`` of env 0's copy (:meth:`StackedHosts.bind_parameters`).
-Leaves = dict[int, torch.Tensor]
+class BatchedHosts:
+    """The hosts of ``cfg.n_envs`` envs of ``task`` on ``cfg.device``, trained as one batch; results
+    are returned on ``device`` (the policy's). Call :meth:`reset` before the first episode."""
 
+    def __init__(self, cfg: HostSettings, task: HostSource, device: torch.device) -> None:
+        self.cfg, self.task, self.device = cfg, task, device
+        self.n = cfg.n_envs
+        self.host_device = torch.device(cfg.devices[0] if cfg.devices else cfg.device)
+        self.hosts: list[Host] = []
+        self.loaders: list[Loaders] = []
+        self.host_seeds: list[int] = []
+        self.stack: StackedHosts | None = None
+        self.optimizer: torch.optim.SGD | None = None
+        #: Seconds of the last :meth:`measure`: ``host_training`` and ``validation``.
+        self.timings: dict[str, float] = {}
 
-def _stack(
-    params: Sequence[torch.Tensor], train: Sequence[bool] | bool, leaves: Leaves | None = None
-) -> torch.Tensor:
-    """``[G, *shape]``: the group's copies of one parameter; where ``train`` is False, detached. With
-    ``leaves`` (every env's hosts, in order), a host parameter is its stacked leaf itself, no copy."""
-    if leaves is not None and (leaf := leaves.get(id(params[0]))) is not None:
-        if len(params) != leaf.shape[0] or not isinstance(train, bool):
-            raise ValueError("_stack: a stacked host parameter is read for every env at once")
-        return leaf if train else leaf.detach()
-    if isinstance(train, bool):
-        return torch.stack(list(params) if train else [p.detach() for p in params])
-    return torch.stack([p if t else p.detach() for p, t in zip(params, train)])
+    # ----------------------------------------------------------------------------------------- episode
+    def reset(self, host_seeds: Sequence[int]) -> None:
+        """Fresh hosts (each initialized from the global generator seeded with its env's host seed, as
+        on the per-env path), one optimizer over all of them, data order per env."""
+        self.host_seeds = [int(s) for s in host_seeds]
+        self.hosts, self.loaders = [], []
+        for env_seed in self.host_seeds:
+            torch.manual_seed(env_seed)  # host init and seed builds draw from the global RNG
+            self.hosts.append(self.task.make_host().to(self.host_device))
+            self.loaders.append(self.task.make_loaders(env_seed, device=self.host_device))
+        cfg = self.cfg
+        if not supports(self.hosts[0]):
+            kind = type(self.hosts[0]).__name__
+            raise ValueError(
+                f"env.host_step batched: a {kind} host trains env by env; use --env.host_step per_env"
+            )
+        self.stack = StackedHosts(self.hosts)
+        # the hosts' own parameters as one leaf per parameter over the envs; the seeds' join group 1 as
+        # they are germinated, per env (their envs, slots and blueprints differ)
+        self.optimizer = torch.optim.SGD(
+            [
+                {"params": self.stack.bind_parameters(), "lr": cfg.host_lr, "weight_decay": cfg.weight_decay},
+                {"params": [], "lr": cfg.seed_lr, "weight_decay": 0.0},
+            ],
+            lr=cfg.host_lr, momentum=cfg.momentum, foreach=True,
+        )  # fmt: skip
 
+    def host(self, i: int) -> Host:
+        """Env ``i``'s host."""
+        return self.hosts[i]
 
-def _bcast(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``v [G, C]`` (or ``[G]``) shaped to broadcast against ``x [G, C, *spatial, N]``."""
-    return v.view(*v.shape, *(1,) * (x.dim() - v.dim()))
+    def host_params(self, i: int) -> int:
+        return sum(p.numel() for p in self.hosts[i].host_parameters())
 
+    def alphas(self, i: int) -> list[float]:
+        return [self.hosts[i].slot(s).alpha for s in range(self.hosts[i].n_slots)]
 
-def _per_sample(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``v [G, C, N]`` shaped to broadcast against ``x [G, C, *spatial, N]``."""
-    return v.view(*v.shape[:2], *(1,) * (x.dim() - 3), v.shape[2])
+    # ------------------------------------------------------------------------------------------- epochs
+    def measure(
+        self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running"
+    ) -> dict[str, torch.Tensor]:
+        """Train every env one epoch at ``lr_scale`` times its learning rates, then validate it with
+        every live seed's counterfactual (and, with ``whatif``, every incubating seed's what-if gain, read
+        with ``whatif_statistics``): :data:`~esper.shell.host.bank.MEASURED`, stacked over envs."""
+        t0 = time.perf_counter()
+        train = self._train_epoch(lr_scale)
+        t1 = time.perf_counter()
+        val = self._validate(counterfactual=True, whatif=whatif, whatif_statistics=whatif_statistics)
+        self.timings = {"host_training": t1 - t0, "validation": time.perf_counter() - t1}
+        out = {**train, **val}
+        return {k: out[k].float().to(self.device) for k in MEASURED}
 
+    def revalidate(self, envs: Sequence[int]) -> dict[str, torch.Tensor]:
+        """``val_loss``, ``val_acc`` ``[len(envs)]`` and ``contribution [len(envs), S]`` of the listed
+        envs again (after a rollback; every env is measured, the listed ones returned)."""
+        val = self._validate(counterfactual=True)
+        rows = torch.tensor(list(envs), device=val["val_loss"].device)
+        return {k: val[k][rows].float().to(self.device) for k in ("val_loss", "val_acc", "contribution")}
 
-def _conv(mods: Sequence[nn.Module], x: torch.Tensor, train, leaves: Leaves | None = None) -> torch.Tensor:
-    """Stride-1 "same" convolutions (``padding = k // 2``, odd ``k``; dense, depthwise or grouped),
-    each env its own weights: ``x [G, I, *spatial, N] -> [G, O, *spatial, N]``."""
-    m, G = mods[0], len(mods)
-    w = _stack([c.weight for c in mods], train, leaves)  # [G, O, I/groups, *k]
-    out = w.shape[1]
-    if m.groups == 1 and all(k == 1 for k in m.kernel_size):
-        y = torch.bmm(w.reshape(G, out, -1), x.reshape(G, x.shape[1], -1)).view(G, out, *x.shape[2:])
-    else:  # the envs' (and the module's) groups as the groups of one convolution over a batch of 1
-        conv = F.conv2d if x.dim() == 4 else F.conv3d
-        weight = w.reshape(G * out, *w.shape[2:], 1)
-        padding = (*(k // 2 for k in m.kernel_size), 0)
-        y = conv(x.reshape(1, -1, *x.shape[2:]), weight, None, 1, padding, 1, G * m.groups)
-        y = y.view(G, out, *x.shape[2:])
-    if m.bias is not None:
-        y = y + _bcast(_stack([c.bias for c in mods], train, leaves), y)
-    return y
+    def final(self) -> dict[str, torch.Tensor]:
+        """The final hosts on validation and on the held-out test split (read here and nowhere else)."""
+        val = self._validate(counterfactual=False)
+        test = self._validate(counterfactual=False, split="test")
+        out = {"val_loss": val["val_loss"], "val_acc": val["val_acc"], "test_loss": test["val_loss"],
+               "test_acc": test["val_acc"]}  # fmt: skip
+        return {k: v.float().to(self.device) for k, v in out.items()}
 
+    def _train_epoch(self, lr_scale: float) -> dict[str, torch.Tensor]:
+        cfg, stack, opt = self.cfg, self.stack, self.optimizer
+        for group, base in zip(opt.param_groups, (cfg.host_lr, cfg.seed_lr)):
+            group["lr"] = base * lr_scale
+        for host in self.hosts:
+            host.train()
+        train_plan = plan(self.hosts)
+        incubating = [(e, s) for e, h in enumerate(self.hosts) for s in h.incubating_slots()]
+        # the what-if pass, for the envs with an incubating seed that has parameters to train
+        whatif_envs = sorted({e for e, s in incubating if self.hosts[e].seed_parameters(s)})
+        incubating = [(e, s) for e, s in incubating if e in whatif_envs]
+        position = {e: k for k, e in enumerate(whatif_envs)}
+        whatif = (whatif_envs, plan(
+            [self.hosts[e] for e in whatif_envs], forced={(position[e], s): 1.0 for e, s in incubating},
+            incubating_only=True,
+        ), min((s for _, s in incubating), default=0))  # fmt: skip
+        loss_sum = torch.zeros(self.n, device=self.host_device)
+        correct = torch.zeros(self.n, dtype=torch.int64, device=self.host_device)
+        n_items = 0
+        for batches in zip(*(ld.train for ld in self.loaders)):
+            x, y = stack_inputs(batches)
+            opt.zero_grad(set_to_none=True)
+            with self._autocast():
+                total, loss, n_correct = stack.loss(x, y, train_plan, whatif)
+            total.backward()
+            opt.step()
+            loss_sum += loss.float() * y.shape[1]
+            correct += n_correct
+            n_items += y.shape[1]
+        if n_items == 0:
+            raise ValueError("BatchedHosts: no training batches")
+        grads = [self._seed_grad_stats(e) for e in range(self.n)]
+        return {"train_loss": loss_sum / n_items, "train_acc": correct.float() * (100.0 / n_items),
+                **{k: torch.stack([g[k] for g in grads]) for k in SEED_GRAD_KEYS}}  # fmt: skip
 
-def _linear(mods: Sequence[nn.Linear], x: torch.Tensor, train, leaves: Leaves | None = None) -> torch.Tensor:
-    """``x [G, in, N] -> [G, out, N]``, env g through its own layer."""
-    y = torch.bmm(_stack([m.weight for m in mods], train, leaves), x)
-    if mods[0].bias is not None:
-        y = y + _stack([m.bias for m in mods], train, leaves).unsqueeze(-1)
-    return y
+    def _seed_grad_stats(self, e: int) -> dict[str, torch.Tensor]:
+        """:func:`seed_grad_stats` of env ``e`` after a step: its host parameters lend their ``.grad`` the
+        env's rows of the stacked gradients for the call (they hold none of their own)."""
+        params = self.hosts[e].host_parameters()
+        for p, g in zip(params, self.stack.host_grads(e)):
+            p.grad = g
+        try:
+            return seed_grad_stats(self.hosts[e], params)
+        finally:
+            for p in params:
+                p.grad = None
 
-
-def _samples_first(x: torch.Tensor) -> torch.Tensor:
-    """``[G, C, *spatial, N] -> [G·N, C, *spatial]`` (a copy): the layout of the per-sample kernels."""
-    G, C, N = x.shape[0], x.shape[1], x.shape[-1]
-    return x.movedim(-1, 1).reshape(G * N, C, *x.shape[2:-1])
-
-
-def _group_norm(mods: Sequence[nn.GroupNorm], x: torch.Tensor, train) -> torch.Tensor:
-    m = mods[0]
-    G, C, N = x.shape[0], x.shape[1], x.shape[-1]
-    y = F.group_norm(_samples_first(x), m.num_groups, None, None, m.eps)
-    y = y.view(G, N, C, *x.shape[2:-1]).movedim(1, -1)
-    if m.affine:
-        weight, bias = (_stack([getattr(g, k) for g in mods], train) for k in ("weight", "bias"))
-        y = y * _bcast(weight, y) + _bcast(bias, y)
-    return y
-
-
-def _spatial_mean(x: torch.Tensor) -> torch.Tensor:
-    """``[G, C, *spatial, N] -> [G, C, N]``."""
-    return x.mean(dim=tuple(range(2, x.dim() - 1)))
-
-
-def run_group(
-    mods: Sequence[nn.Module], x: torch.Tensor, train: Sequence[bool] | bool = True
-) -> torch.Tensor:
-    """The group's modules (one structure: one blueprint at one width) on ``x [G, C, *spatial, N]``, env
-    ``g``'s input in row ``g``; ``train`` says per module whether its parameters get gradients. Returns
-    the modules' outputs in the same layout."""
-    m = mods[0]
-    if isinstance(m, nn.Sequential):
-        for i in range(len(m)):
-            x = run_group([s[i] for s in mods], x, train)
-        return x
-    if isinstance(m, (nn.Conv1d, nn.Conv2d)):
-        return _conv(mods, x, train)
-    if isinstance(m, nn.GroupNorm):
-        return _group_norm(mods, x, train)
-    if isinstance(m, nn.ReLU):
-        return F.relu(x)
-    if isinstance(m, Zero):
-        return torch.zeros_like(x)
-    if isinstance(m, NormSeed):
-        scale = torch.tanh(_stack([s.scale for s in mods], train))  # [G]
-        return _bcast(scale, x) * (run_group([s.norm for s in mods], x, train) - x)
-    if isinstance(m, SqueezeExcite):
-        hidden = F.relu(_linear([s.fc1 for s in mods], _spatial_mean(x), train))
-        z = _linear([s.fc2 for s in mods], hidden, train)  # [G, C, N]
-        return x * _per_sample(torch.tanh(z), x)
-    if isinstance(m, PositionAttention):
-        q, k, v = run_group([a.qkv for a in mods], x, train).chunk(3, dim=1)  # each [G, C, L, N]
-        # Contiguous ``[G, N, L, C]`` copies: with one env in the group, the permuted views would fold
-        # into a batched matmul with a batch stride of 1, which the CPU kernel runs matrix by matrix
-        # (3-5x slower); with more envs, matmul makes the same copies itself.
-        y = _attention(*(t.permute(0, 3, 2, 1).contiguous() for t in (q, k, v)))  # [G, N, L, C]
-        # The gradient that comes back through the projection is laid out [G, C, L, N]; the attention's
-        # backward matmuls want it contiguous as [G, N, L, C] (the same matrix-by-matrix fallback).
-        return run_group([a.proj for a in mods], _ContiguousGrad.apply(y).permute(0, 3, 2, 1), train)
-    raise NotImplementedError(f"no batched form of {type(m).__name__}")
-
-
-def _gate(gates: Sequence[Gate], x: torch.Tensor, train) -> torch.Tensor:
-    """``g(x)`` of GATED_GATE seeds, shaped to broadcast against ``x``."""
-    h = F.relu(_linear([g.fc1 for g in gates], _spatial_mean(x), train))
-    return _per_sample(torch.sigmoid(_linear([g.fc2 for g in gates], h, train)), x)  # [G, 1, N]
-
-
-class _ContiguousGrad(torch.autograd.Function):
-    """The identity, whose backward hands on a contiguous gradient."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad.contiguous()
-
-
-class _MaxPool(torch.autograd.Function):
-    """Max over non-overlapping windows of ``k`` along dim ``dim`` (``nn.MaxPool1d(k)``; a trailing
-    remainder dropped): a running maximum over the window's elements, the earlier element winning a tie
-    as in the pooling kernel, and a backward that multiplies by the saved choice."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, k: int, dim: int) -> torch.Tensor:
-        L = x.shape[dim] // k * k
-        windows = x.narrow(dim, 0, L).unflatten(dim, (L // k, k))
-        taps = windows.unbind(dim + 1)
-        out, better = taps[0], []
-        for tap in taps[1:]:  # arithmetic, not where/scatter: both are slow on the CPU at these sizes
-            b = (tap > out).to(x.dtype)
-            out = out + b * (tap - out)
-            better.append(b)
-        chosen, left = [], torch.ones_like(out)
-        for b in reversed(better):  # element j is chosen if it beat the running max and no later one did
-            chosen.append(b * left)
-            left = left * (1.0 - b)
-        ctx.save_for_backward(left, *reversed(chosen))
-        ctx.shape, ctx.dim = x.shape, dim
+    def _validate(
+        self, *, counterfactual: bool, split: str = "val", whatif: bool = False,
+        whatif_statistics: str = "running",
+    ) -> dict[str, torch.Tensor]:  # fmt: skip
+        """``val_loss``, ``val_acc``, with ``counterfactual`` ``contribution [E, S]`` and with ``whatif``
+        ``whatif_gain [E, S]`` (each incubating seed's accuracy blended in at alpha 1, minus the host's,
+        both with the batch-norm statistics ``whatif_statistics`` names; 0 elsewhere) on ``split``."""
+        if whatif_statistics not in WHATIF_STATISTICS:
+            raise ValueError(
+                f"whatif_statistics must be one of {WHATIF_STATISTICS}, got {whatif_statistics!r}"
+            )
+        for host in self.hosts:
+            host.eval()
+        S = self.hosts[0].n_slots
+        live = [[e for e, h in enumerate(self.hosts) if counterfactual and h.slot(s).contributes]
+                for s in range(S)]  # fmt: skip
+        incubating = [[e for e, h in enumerate(self.hosts) if whatif and h.slot(s).incubating]
+                      for s in range(S)]  # fmt: skip
+        eval_plan = plan(self.hosts, trainable=False)
+        loss_sum = torch.zeros(self.n, device=self.host_device)
+        correct = torch.zeros(self.n, dtype=torch.int64, device=self.host_device)
+        cf = torch.zeros(self.n, S, dtype=torch.int64, device=self.host_device)
+        wi = torch.zeros(self.n, S, dtype=torch.int64, device=self.host_device)
+        wi_base = torch.zeros(self.n, dtype=torch.int64, device=self.host_device)
+        by_batch = whatif_statistics == "batch"
+        n_items = 0
+        with self._autocast():
+            for batches in zip(*(getattr(ld, split) for ld in self.loaders)):
+                x, y = stack_inputs(batches)
+                loss, n_correct, n_cf, n_wi, n_base = self.stack.evaluate(
+                    x, y, eval_plan, live, incubating, batch_statistics=by_batch
+                )
+                loss_sum += loss.float() * y.shape[1]
+                correct += n_correct
+                cf += n_cf
+                wi += n_wi
+                wi_base += n_base
+                n_items += y.shape[1]
+        for host in self.hosts:
+            host.train()
+        if n_items == 0:
+            raise ValueError(f"BatchedHosts: no {split} batches")
+        acc = correct.float() * (100.0 / n_items)
+        out = {"val_loss": loss_sum / n_items, "val_acc": acc}
+        if counterfactual:
+            measured = torch.tensor([[e in live[s] for s in range(S)] for e in range(self.n)],
+                                    dtype=torch.bool, device=acc.device)  # fmt: skip
+            cf_acc = cf.float() * (100.0 / n_items)
+            out["contribution"] = torch.where(measured, acc.unsqueeze(1) - cf_acc, 0.0)
+        if whatif or counterfactual:
+            asked = torch.tensor([[e in incubating[s] for s in range(S)] for e in range(self.n)],
+                                 dtype=torch.bool, device=acc.device)  # fmt: skip
+            base = wi_base.float() * (100.0 / n_items)
+            out["whatif_gain"] = torch.where(asked, wi.float() * (100.0 / n_items) - base.unsqueeze(1), 0.0)
         return out
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        dim, shape = ctx.dim, ctx.shape
-        g = torch.stack([grad * c for c in ctx.saved_tensors], dim=dim + 1).flatten(dim, dim + 1)
-        if g.shape[dim] < shape[dim]:
-            pad = [0, 0] * (len(shape) - 1 - dim) + [0, shape[dim] - g.shape[dim]]
-            g = F.pad(g, pad)
-        return g, None, None
+    def _autocast(self):
+        on = self.cfg.amp
+        return torch.autocast(self.host_device.type, dtype=torch.bfloat16, enabled=on)
 
+    # -------------------------------------------------------------------------------------------- seeds
+    def germinate(self, i: int, slot: int, blueprint: int, style: Style | int, epoch: int) -> int:
+        """Build the seed into env ``i``'s slot (seeded as on the per-env path) and give its parameters
+        to the optimizer's seed group (fresh momentum); returns their count."""
+        with seeded(self.host_device, derive_seed("build", self.host_seeds[i], epoch, slot)):
+            params = self.hosts[i].germinate(slot, blueprint, style)
+        self.optimizer.param_groups[1]["params"].extend(params)
+        return sum(p.numel() for p in params)
 
-def _max_pool(x: torch.Tensor, k: int) -> torch.Tensor:
-    """``nn.MaxPool1d(k)`` / ``nn.MaxPool2d(k)`` over the spatial dims of ``[G, C, *spatial, N]``."""
-    for dim in range(2, x.dim() - 1):
-        x = _MaxPool.apply(x, k, dim)
-    return x
+    def prune(self, i: int, slot: int) -> None:
+        """Remove the seed from env ``i``'s slot, and its parameters and momentum from the optimizer."""
+        self._forget(self.hosts[i].seed_parameters(slot))
+        self.hosts[i].remove_seed(slot)
 
+    def set_slot(self, i: int, slot: int, *, alpha: float, stage: int) -> None:
+        self.hosts[i].set_slot(slot, alpha=alpha, stage=stage)
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Softmax attention over the last-but-one dim (``[B..., L, C]``, scale ``1/sqrt(C)``), the softmax
-    written out: the CPU softmax kernel is several times slower over a short last dim."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
-    weights = (scores - scores.amax(-1, keepdim=True).detach()).exp()
-    return torch.matmul(weights / weights.sum(-1, keepdim=True), v)
+    def snapshot_state(self, i: int) -> dict[str, torch.Tensor]:
+        return snapshot_state(self.hosts[i])
 
-
-# ------------------------------------------------------------------------------------------ the plan
-_ADDS = (Style.LINEAR_ADD, Style.SIGMOID_ADD)
-
-
-@dataclass(frozen=True)
-class SeedGroup:
-    """Envs (positions in the batch) whose seeds in one slot share a blueprint, so they run as one module;
-    each keeps its own blend. ``alpha`` and ``style`` per env; ``attached`` per env (a FOSSILIZED seed
-    reads the live activation); ``train`` per env (the seed's parameters get gradients). The tensors the
-    step needs (rows, per-style alphas) are made once, with the plan."""
-
-    envs: tuple[int, ...]
-    styles: tuple[Style, ...]
-    alpha: tuple[float, ...]
-    attached: tuple[bool, ...]
-    train: tuple[bool, ...]
-    device: torch.device
-
-    def __post_init__(self) -> None:
-        t = lambda v, **kw: torch.tensor(v, device=self.device, **kw)
-        object.__setattr__(self, "rows", t(self.envs, dtype=torch.long))
-        object.__setattr__(self, "attached_mask", t(self.attached, dtype=torch.bool))
-        per_style = {}
-        kinds = (("add", _ADDS), ("mul", (Style.LINEAR_MULTIPLY,)), ("gate", (Style.GATED_GATE,)))
-        for kind, styles in kinds:
-            coef = [a if s in styles else 0.0 for a, s in zip(self.alpha, self.styles)]
-            per_style[kind] = t(coef, dtype=torch.float32) if any(coef) else None
-        object.__setattr__(self, "coef", per_style)
-        gated = [i for i, s in enumerate(self.styles) if s == Style.GATED_GATE]
-        object.__setattr__(self, "gated", t(gated, dtype=torch.long) if gated else None)
-        object.__setattr__(self, "gated_pos", tuple(gated))  # the same positions, read without a sync
-
-
-#: Per slot, the groups that act there.
-SlotPlan = tuple[tuple[SeedGroup, ...], ...]
-
-
-def plan(
-    hosts: Sequence[Host], *, forced: dict[tuple[int, int], float] | None = None, trainable: bool = True,
-    incubating_only: bool = False,
-) -> SlotPlan:  # fmt: skip
-    """The seed groups of ``hosts`` as they stand (stage, alpha, blueprint, style).
-
-    ``forced``: (env, slot) -> the alpha forced there (the what-if pass forces incubating seeds to 1, a
-    counterfactual forces a seed to 0, which leaves it out). Envs are positions in ``hosts``. A seed
-    acts where it is blended (not incubating) with alpha > 0, or where its alpha is forced above 0.
-    ``trainable``: the acting seeds get gradients; with ``incubating_only`` only the incubating ones do
-    (the what-if pass)."""
-    if not hosts:
-        return ()
-    device = next(hosts[0].parameters()).device
-    slots = []
-    for s in range(hosts[0].n_slots):
-        groups: dict[str, list[tuple[int, SeedSlot, float]]] = {}
-        for e, host in enumerate(hosts):
-            slot = host.slot(s)
-            if slot.seed is None:
-                continue
-            alpha = (forced or {}).get((e, s), None)
-            if alpha is None:
-                if slot.incubating:
-                    continue
-                alpha = slot.alpha
-            if alpha == 0.0:
-                continue
-            groups.setdefault(slot.blueprint, []).append((e, slot, alpha))
-        slots.append(tuple(
-            SeedGroup(
-                envs=tuple(e for e, _, _ in members),
-                styles=tuple(sl.style for _, sl, _ in members),
-                alpha=tuple(a for _, _, a in members),
-                attached=tuple(sl.stage not in DETACHED_INPUT_STAGES for _, sl, _ in members),
-                train=tuple(trainable and (sl.incubating or not incubating_only) for _, sl, _ in members),
-                device=device,
-            )
-            for members in groups.values()
-        ))  # fmt: skip
-    return tuple(slots)
-
-
-def _compose(group: SeedGroup, h: torch.Tensor, d: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
-    """:func:`esper.shell.host.slots.compose` for every env of the group, each with its style and alpha.
-    A group of one style uses that style's formula as written there; a mixed group adds each style's
-    term where it applies (zero elsewhere)."""
-    coef = {k: None if v is None else _bcast(v.to(h.dtype), h) for k, v in group.coef.items()}
-    present = [k for k, v in coef.items() if v is not None]
-    if present == ["add"]:
-        return h + coef["add"] * d
-    if present == ["mul"]:
-        return h * (1.0 + coef["mul"] * torch.tanh(d))
-    if present == ["gate"]:
-        return h + coef["gate"] * g * d
-    y = h
-    if coef["add"] is not None:
-        y = y + coef["add"] * d
-    if coef["mul"] is not None:
-        y = y + coef["mul"] * h * torch.tanh(d)
-    if coef["gate"] is not None:
-        y = y + coef["gate"] * g * d
-    return y
-
-
-def apply_slot(hosts: Sequence[Host], s: int, groups: Sequence[SeedGroup], h: torch.Tensor) -> torch.Tensor:
-    """The slot's output for every env of the batch: ``h [E, C, *spatial, N]`` with each group's seeds
-    composed in (the other envs pass ``h`` through)."""
-    out = h
-    for group in groups:
-        whole = len(group.envs) == len(hosts)
-        hs = h if whole else h.index_select(0, group.rows)
-        if all(group.attached):
-            x = hs
-        elif not any(group.attached):
-            x = hs.detach()
-        else:
-            x = torch.where(_bcast(group.attached_mask, hs), hs, hs.detach())
-        slots = [hosts[e].slot(s) for e in group.envs]
-        d = run_group([sl.seed for sl in slots], x, group.train)
-        g = None
-        if group.gated is not None:  # the gate of the GATED_GATE seeds only (the others have none)
-            pick = group.gated_pos
-            sub = x if len(pick) == len(slots) else x.index_select(0, group.gated)
-            g = _gate([slots[i].gate for i in pick], sub, [group.train[i] for i in pick])
-            if len(pick) < len(slots):
-                g = torch.zeros((len(slots), *g.shape[1:]), dtype=g.dtype, device=g.device).index_copy(
-                    0, group.gated, g
-                )
-        y = _compose(group, hs, d, g)
-        out = y if whole else out.index_copy(0, group.rows, y)
-    return out
-
-
-# --------------------------------------------------------------------------------------- the hosts
-class StackedHosts:
-    """``E`` CNN hosts of one shape, run as one batch (the module docstring)."""
-
-    def __init__(self, hosts: Sequence[Host]) -> None:
-        if not hosts or not all(supports(h) for h in hosts):
-            raise ValueError("StackedHosts: needs CNN hosts (cnn, cnn1d)")
-        if len({type(h) for h in hosts}) != 1:
-            raise ValueError("StackedHosts: the hosts must be of one kind")
-        self.hosts = list(hosts)
-        self.norms: list[list[nn.modules.batchnorm._BatchNorm]] = [
-            [blk[1] for blk in h.blocks] for h in self.hosts
+    def rollback(self, i: int, snapshot: dict[str, torch.Tensor]) -> list[int]:
+        """As :meth:`esper.shell.host.bank.PerEnvHosts.rollback`: every seed of env ``i`` that is not
+        fossilized removed, the snapshot loaded (into the shared batch-norm statistics too), every one
+        of the env's parameters' momentum cleared."""
+        host = self.hosts[i]
+        removed = [
+            s for s in range(host.n_slots) if host.slot(s).occupied and host.slot(s).stage != Stage.FOSSILIZED
         ]
-        self.bind_buffers()
-        self.leaves: Leaves = {}
-        self._rows: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
+        for s in removed:
+            self.prune(i, s)
+        current = host.state_dict()
+        host.load_state_dict({k: v for k, v in snapshot.items() if k in current}, strict=False)
+        for p in host.parameters():  # the fossilized seeds' (group 1)
+            self.optimizer.state.pop(p, None)
+        with torch.no_grad():  # the host's rows of the stacked momentum: zero steps as a fresh buffer would
+            for leaf in self.stack.leaves.values():
+                buf = self.optimizer.state.get(leaf, {}).get("momentum_buffer")
+                if buf is not None:
+                    buf[i].zero_()
+        return removed
 
-    def rows(self, envs: Sequence[int], device: torch.device) -> torch.Tensor:
-        """``envs`` as an int64 index tensor on ``device``, made once per subset and kept: a step then
-        copies nothing from the host (on a GPU each such copy blocked, and a CUDA graph cannot capture
-        one). Made outside inference mode, so evaluation's tensors can index a training step's."""
-        key = (tuple(int(e) for e in envs), str(device))
-        index = self._rows.get(key)
-        if index is None:
-            with torch.inference_mode(False):
-                index = torch.tensor(key[0], dtype=torch.long, device=device)
-            self._rows[key] = index
-        return index
+    def close(self) -> None:
+        return None
 
-    def bind_parameters(self) -> list[torch.Tensor]:
-        """Make each host parameter (every one outside the slots) a row of one leaf tensor ``[E, *shape]``
-        and return those leaves, for the optimizer to step: the forward over every env reads a leaf
-        itself, so its gradient arrives whole (no stacking, and no gradient split back per env), and one
-        foreach update touches a dozen tensors, not a dozen per env. Each host's own parameter keeps
-        its place in its module and shares the leaf's row (``.data``): what reads or loads a host
-        (snapshots, rollback, counts, the per-env path) sees and writes the same numbers. Its ``.grad``
-        stays None; :meth:`host_grads` gives each env's rows of the leaves' gradients."""
-        per_host = [h.host_parameters() for h in self.hosts]
-        if len({tuple(p.shape for p in ps) for ps in per_host}) != 1:
-            raise ValueError("StackedHosts.bind_parameters: the hosts' parameters differ in shape")
-        self.leaves = {}
-        for j, first in enumerate(per_host[0]):
-            leaf = torch.stack([ps[j].detach() for ps in per_host]).requires_grad_(first.requires_grad)
-            for e, ps in enumerate(per_host):
-                ps[j].data = leaf.data[e]
-            self.leaves[id(first)] = leaf
-        return list(self.leaves.values())
+    def _forget(self, params: Sequence[torch.nn.Parameter]) -> None:
+        gone = {id(p) for p in params}
+        group = self.optimizer.param_groups[1]
+        group["params"] = [p for p in group["params"] if id(p) not in gone]
+        for p in params:
+            self.optimizer.state.pop(p, None)
 
-    def host_grads(self, e: int) -> list[torch.Tensor | None]:
-        """Env ``e``'s host gradients (rows of the bound leaves' ``.grad``; None where a leaf has none), in
-        :meth:`~esper.shell.host.hosts.Host.host_parameters`' order."""
-        return [None if leaf.grad is None else leaf.grad[e] for leaf in self.leaves.values()]
+
+class ShardedHosts:
+    """:class:`BatchedHosts` split into ``shards`` batches of consecutive envs, each trained by its own
+    thread (CPU; ``env.workers``). An env's numbers do not depend on which envs share its batch, so the
+    shards answer exactly as one batch would, to float tolerance (a test holds them to it). The point is
+    the second core: the batched step runs on one thread (its kernels are too small to gain from a
+    thread pool), and the shards' kernels release the GIL, so two shards run on two cores at once."""
+
+    def __init__(self, cfg: HostSettings, task: HostSource, device: torch.device, shards: int) -> None:
+        if not 1 <= shards <= cfg.n_envs:
+            raise ValueError(f"ShardedHosts: {shards} shards for {cfg.n_envs} envs")
+        self.cfg, self.task, self.device, self.n = cfg, task, device, cfg.n_envs
+        bounds = [round(k * self.n / shards) for k in range(shards + 1)]
+        #: Per shard, its first env and its bank.
+        self.shards = [
+            (lo, BatchedHosts(dataclasses.replace(cfg, n_envs=hi - lo), task, device))
+            for lo, hi in itertools.pairwise(bounds)
+        ]
+        #: Env -> (its shard, its index there).
+        self._where = [(k, j) for k, (_, bank) in enumerate(self.shards) for j in range(bank.n)]
+        self._pool = ThreadPoolExecutor(max_workers=shards, thread_name_prefix="esper-shard")
+        self.timings: dict[str, float] = {}
 
     @property
-    def n(self) -> int:
-        return len(self.hosts)
+    def host_seeds(self) -> list[int]:
+        return [s for _, bank in self.shards for s in bank.host_seeds]
 
-    def bind_buffers(self) -> None:
-        """Make each block's batch-norm running statistics (and step counts) rows of one tensor per block
-        ``[E, C]`` (views), so the stacked batch norm updates every env's in place. Call again after a
-        host's buffers were replaced (``load_state_dict`` copies into them: no need then)."""
-        self.running: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for b in range(len(self.norms[0])):
-            mean = torch.stack([norms[b].running_mean for norms in self.norms])
-            var = torch.stack([norms[b].running_var for norms in self.norms])
-            for e, norms in enumerate(self.norms):
-                norms[b].running_mean, norms[b].running_var = mean[e], var[e]
-            self.running.append((mean, var))
-        self.steps = torch.stack([torch.stack([n.num_batches_tracked for n in ns]) for ns in self.norms])
-        for e, norms in enumerate(self.norms):
-            for b, n in enumerate(norms):
-                n.num_batches_tracked = self.steps[e, b]
+    def _bank(self, i: int) -> tuple[BatchedHosts, int]:
+        k, j = self._where[i]
+        return self.shards[k][1], j
 
-    # ------------------------------------------------------------------------------------- forward
-    def forward(
-        self, envs: Sequence[int], x: torch.Tensor, slot_plan: SlotPlan, *, train: bool,
-        host_grad: bool = True, statistics: str = "update",
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
-        """Logits ``[G, classes, N]`` of the hosts ``envs`` (``G`` of them; ``x [G, C_in, *spatial, N]``),
-        and every block's output before its slot composes (what :meth:`resume` starts from). ``train``:
-        training mode (batch statistics); ``host_grad``: the hosts' own parameters get gradients;
-        ``statistics``: ``"update"`` the running statistics (a training pass), ``"none"`` leave them (the
-        what-if pass), ``"use"`` normalize with them (evaluation)."""
-        hosts = [self.hosts[e] for e in envs]
-        before = []
-        for b in range(len(hosts[0].blocks)):
-            x = self._block(hosts, envs, b, x, train=train, host_grad=host_grad, statistics=statistics)
-            before.append(x)
-            x = apply_slot(hosts, b, slot_plan[b], x)
-        return self.head(hosts, x, host_grad, self._leaves(envs)), before
+    def _each(self, work: Callable[[BatchedHosts], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """``work`` on every shard at once; the results concatenated over envs."""
+        outs = list(self._pool.map(work, [bank for _, bank in self.shards]))
+        return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
 
-    def resume(
-        self, envs: Sequence[int], x: torch.Tensor, slot: int, slot_plan: SlotPlan, *, train: bool = False
-    ) -> torch.Tensor:
-        """Logits from the activation entering slot ``slot``'s composition onwards, the hosts' own
-        parameters detached: the counterfactual passes (evaluation) and the what-if pass (``train``: batch
-        statistics, left unrecorded) share the host pass's earlier blocks, whose output is theirs."""
-        hosts = [self.hosts[e] for e in envs]
-        statistics = "none" if train else "use"
-        x = apply_slot(hosts, slot, slot_plan[slot], x)
-        for b in range(slot + 1, len(hosts[0].blocks)):
-            x = self._block(hosts, envs, b, x, train=train, host_grad=False, statistics=statistics)
-            x = apply_slot(hosts, b, slot_plan[b], x)
-        return self.head(hosts, x, False, self._leaves(envs))
+    def reset(self, host_seeds: Sequence[int]) -> None:
+        if len(host_seeds) != self.n:
+            raise ValueError(f"ShardedHosts.reset: {len(host_seeds)} host seeds for {self.n} envs")
+        for lo, bank in self.shards:  # in order, in this thread: host init draws from the global RNG
+            bank.reset(host_seeds[lo:lo + bank.n])
 
-    def _leaves(self, envs: Sequence[int]) -> Leaves | None:
-        """The bound leaves where ``envs`` is every env in order (a subset stacks its rows anew)."""
-        return self.leaves if self.leaves and list(envs) == list(range(self.n)) else None
+    def measure(
+        self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running"
+    ) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        out = self._each(lambda bank: bank.measure(
+            lr_scale, whatif=whatif, whatif_statistics=whatif_statistics
+        ))
+        wall = time.perf_counter() - t0
+        # each shard's split of its own wall time between training and validation, scaled to this wall
+        busy = [sum(bank.timings.values()) for _, bank in self.shards]
+        share = sum(bank.timings["host_training"] for _, bank in self.shards) / max(sum(busy), 1e-12)
+        self.timings = {"host_training": wall * share, "validation": wall * (1.0 - share)}
+        return out
 
-    def _block(self, hosts, envs, b, x, *, train: bool, host_grad: bool, statistics: str) -> torch.Tensor:
-        """conv -> batch norm -> ReLU -> max-pool of block ``b`` of every host."""
-        blocks = [h.blocks[b] for h in hosts]
-        leaves = self._leaves(envs)
-        x = _conv([blk[0] for blk in blocks], x, host_grad, leaves)
-        norm = blocks[0][1]
-        weight = _stack([blk[1].weight for blk in blocks], host_grad, leaves)  # [G, C]
-        bias = _stack([blk[1].bias for blk in blocks], host_grad, leaves)
-        G, C = x.shape[:2]
-        if train:  # batch statistics over (N, *spatial), one row per env and channel
-            flat = x.reshape(G, C, -1)
-            normed, mean, rstd = torch.native_layer_norm(flat, (flat.shape[-1],), None, None, norm.eps)
-            x = normed.view_as(x) * _bcast(weight, x) + _bcast(bias, x)
-            if statistics == "update":  # always every env: the host pass
-                with torch.no_grad():
-                    n, m = flat.shape[-1], norm.momentum
-                    var = (rstd.reciprocal().square() - norm.eps).squeeze(-1)
-                    running_mean, running_var = self.running[b]
-                    running_mean.mul_(1 - m).add_(mean.squeeze(-1), alpha=m)
-                    running_var.mul_(1 - m).add_(var * (n / max(n - 1, 1)), alpha=m)
-        else:
-            running_mean, running_var = self.running[b]
-            if len(envs) != self.n:
-                rows = self.rows(envs, x.device)
-                running_mean, running_var = running_mean[rows], running_var[rows]
-            scale = weight * torch.rsqrt(running_var + norm.eps)  # [G, C]
-            x = x * _bcast(scale, x) + _bcast(bias - running_mean * scale, x)
-        pool = blocks[0][3]
-        if not isinstance(pool, nn.Identity):  # a max-pool commutes with the ReLU: pool first, on less
-            x = _max_pool(x, pool.kernel_size if isinstance(pool.kernel_size, int) else pool.kernel_size[0])
-        return F.relu(x)
+    def revalidate(self, envs: Sequence[int]) -> dict[str, torch.Tensor]:
+        val = self._each(lambda bank: bank.revalidate(range(bank.n)))
+        rows = torch.tensor(list(envs), device=val["val_loss"].device)
+        return {k: v[rows] for k, v in val.items()}
 
-    @staticmethod
-    def head(hosts, x: torch.Tensor, host_grad: bool, leaves: Leaves | None = None) -> torch.Tensor:
-        """The global average pool and the linear classifier: ``[G, classes, N]``."""
-        return _linear([h.head for h in hosts], _spatial_mean(x), host_grad, leaves)
+    def final(self) -> dict[str, torch.Tensor]:
+        return self._each(lambda bank: bank.final())
 
-    # ---------------------------------------------------------------------------------------- steps
-    def loss(
-        self, x: torch.Tensor, y: torch.Tensor, slot_plan: SlotPlan,
-        whatif: tuple[Sequence[int], SlotPlan, int] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-        """One training step's forward: ``x [E, C_in, ..., N]``, ``y [E, N]``. Returns the loss to
-        back-propagate (the sum of every env's mean cross-entropy, plus the what-if pass's over the envs
-        ``whatif[0]`` with their plan ``whatif[1]``, from slot ``whatif[2]`` (their first incubating
-        slot): gradients only for their incubating seeds), and per env the host pass's loss ``[E]`` and
-        correct count ``[E]``."""
-        envs = range(self.n)
-        logits, before = self.forward(envs, x, slot_plan, train=True)
-        per_env, correct = _cross_entropy(logits, y)
-        total = per_env.sum()
-        self.steps.add_(1)  # the batch norms count their steps, as nn.BatchNorm does
-        if whatif is not None and len(whatif[0]):
-            rows = self.rows(whatif[0], x.device)
-            # the what-if pass starts at the first incubating slot: up to there it is the host pass (same
-            # parameters, same batch statistics, the seeds before it composed alike), and an incubating
-            # seed reads the detached activation, so nothing before it needs a gradient
-            start = whatif[2]
-            entering = before[start].detach().index_select(0, rows)
-            logits_w = self.resume(whatif[0], entering, start, whatif[1], train=True)
-            total = total + _cross_entropy(logits_w, y.index_select(0, rows))[0].sum()
-            counted = torch.zeros(self.n, 1, dtype=self.steps.dtype, device=self.steps.device)
-            counted[rows] = 1
-            self.steps.add_(counted)  # the per-env path's what-if pass counts a batch-norm step too
-        return total, per_env.detach(), correct
+    def host(self, i: int) -> Host:
+        bank, j = self._bank(i)
+        return bank.host(j)
 
-    @torch.inference_mode()
-    def evaluate(
-        self, x: torch.Tensor, y: torch.Tensor, slot_plan: SlotPlan, live: Sequence[Sequence[int]],
-        incubating: Sequence[Sequence[int]] = (), *, batch_statistics: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-        """Evaluation mode: per env the loss ``[E]``, correct count ``[E]``, for every slot the correct
-        count with that slot's seed left out ``[E, S]`` (only the envs in ``live[s]``; the others keep
-        the real count), the correct count with that slot's incubating seed blended in at alpha 1
-        ``[E, S]`` (only the envs in ``incubating[s]``; the others keep the real count), and the count
-        that one is read against ``[E]``. With ``batch_statistics`` the what-if counts and the count
-        they are read against normalize with the batch's own statistics, recording nothing (each env
-        with an incubating seed runs its host once more); else both are the running statistics' and
-        that count is the real one."""
-        envs = list(range(self.n))
-        logits, before = self.forward(envs, x, slot_plan, train=False, host_grad=False, statistics="use")
-        loss, correct = _cross_entropy(logits, y)
-        S = len(slot_plan)
+    def host_params(self, i: int) -> int:
+        bank, j = self._bank(i)
+        return bank.host_params(j)
 
-        def with_slot(
-            envs_by_slot: Sequence[Sequence[int]], alpha: float, base: torch.Tensor,
-            starts: list[torch.Tensor], position: dict[int, int] | None, train: bool,
-        ) -> torch.Tensor:  # fmt: skip
-            """``[E, S]`` correct counts with slot ``s``'s seed at ``alpha`` in the envs of
-            ``envs_by_slot[s]`` (0: left out; 1: an incubating seed blended in), ``base`` elsewhere;
-            ``starts[s]`` holds the activations entering slot ``s``, for every env (``position``
-            None) or for the envs ``position`` maps to their row."""
-            out = base.unsqueeze(1).repeat(1, S)
-            for s, envs_s in enumerate(envs_by_slot):
-                if not envs_s:
-                    continue
-                sub = list(envs_s)
-                rows = self.rows(sub, x.device)
-                local = rows if position is None else self.rows([position[e] for e in sub], x.device)
-                forced = {(k, s): alpha for k in range(len(sub))}  # a seed forced to 0 is left out
-                changed = plan([self.hosts[e] for e in sub], forced=forced, trainable=False)
-                logits_s = self.resume(sub, starts[s].index_select(0, local), s, changed, train=train)
-                out[rows, s] = _cross_entropy(logits_s, y.index_select(0, rows))[1]
-            return out
+    def alphas(self, i: int) -> list[float]:
+        bank, j = self._bank(i)
+        return bank.alphas(j)
 
-        left_out = with_slot(live, 0.0, correct, before, None, False)
-        asked = sorted({e for envs_s in incubating for e in envs_s})
-        if not (batch_statistics and asked):
-            return loss, correct, left_out, with_slot(incubating, 1.0, correct, before, None, False), correct
-        # the hosts with an incubating seed once more, every batch norm on this batch's statistics
-        rows = self.rows(asked, x.device)
-        own = plan([self.hosts[e] for e in asked], trainable=False)
-        logits_b, before_b = self.forward(asked, x.index_select(0, rows), own, train=True, host_grad=False,
-                                          statistics="none")  # fmt: skip
-        base = correct.clone()
-        base[rows] = _cross_entropy(logits_b, y.index_select(0, rows))[1]
-        position = {e: k for k, e in enumerate(asked)}
-        return loss, correct, left_out, with_slot(incubating, 1.0, base, before_b, position, True), base
+    def germinate(self, i: int, slot: int, blueprint: int, style: Style | int, epoch: int) -> int:
+        bank, j = self._bank(i)
+        return bank.germinate(j, slot, blueprint, style, epoch)
+
+    def prune(self, i: int, slot: int) -> None:
+        bank, j = self._bank(i)
+        bank.prune(j, slot)
+
+    def set_slot(self, i: int, slot: int, *, alpha: float, stage: int) -> None:
+        bank, j = self._bank(i)
+        bank.set_slot(j, slot, alpha=alpha, stage=stage)
+
+    def snapshot_state(self, i: int) -> dict[str, torch.Tensor]:
+        bank, j = self._bank(i)
+        return bank.snapshot_state(j)
+
+    def rollback(self, i: int, snapshot: dict[str, torch.Tensor]) -> list[int]:
+        bank, j = self._bank(i)
+        return bank.rollback(j, snapshot)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
-def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits [G, K, N]``, ``y [G, N]`` -> per env the mean cross-entropy ``[G]`` and the correct
-    count ``[G]`` (int64)."""
-    ce = F.cross_entropy(logits, y, reduction="none")  # [G, N]: K is the class dim
-    correct = (logits.detach().argmax(1) == y).sum(1)
-    return ce.mean(1), correct
+def make_bank(
+    cfg: HostSettings, task: HostSource, device: torch.device
+) -> PerEnvHosts | BatchedHosts | ShardedHosts:
+    """The hosts of a :class:`~esper.shell.env.vecenv.VecEnv`: env by env (``env.host_step per_env``, or
+    where batching does not apply), one batch, or, on the CPU with ``env.workers > 1``, that many batches
+    on as many threads."""
+    if not cfg.batched:
+        return PerEnvHosts(cfg, task, device)
+    host_device = torch.device(cfg.devices[0] if cfg.devices else cfg.device)
+    shards = min(cfg.workers, cfg.n_envs)
+    if shards > 1 and host_device.type == "cpu":
+        return ShardedHosts(cfg, task, device, shards)
+    return BatchedHosts(cfg, task, device)
 
 
-def stack_inputs(batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every env's batch ``(x [N, C, *spatial], y [N])`` in the batched layout: ``x [E, C, *spatial, N]``
-    and ``y [E, N]``."""
-    x = torch.stack([b[0] for b in batches]).movedim(1, -1)  # [E, C, *spatial, N]
-    return x.contiguous(), torch.stack([b[1] for b in batches])
-
-
-__all__ = [
-    "BATCHED_HOSTS",
-    "SeedGroup",
-    "SlotPlan",
-    "StackedHosts",
-    "apply_slot",
-    "plan",
-    "run_group",
-    "stack_inputs",
-    "supports",
-]
+__all__ = ["BatchedHosts", "ShardedHosts", "make_bank"]

@@ -60,7 +60,7 @@ class HostLayout:
     #: ``[S, B]``: ``ln(max(cost, 1))``.
     log_cost: torch.Tensor
     #: The seed parameters the task's ``grow_all`` adds to the host (its enabled slots): the unit of
-    #: ``ppo.param_cap_share`` (:func:`esper.shell.data.tasks.grow_all_params`; 0: not known).
+    #: ``ppo.param_cap_share`` (:func:`esper.shell.env.tasks.grow_all_params`; 0: not known).
     grow_all_params: float = 0.0
 
     @property

@@ -19,10 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from esper.core.spec import Stage, Style
+from esper.shell.data.batches import Batch
 from esper.shell.host.blueprints import BLUEPRINTS, CausalSelfAttention, build_blueprint, param_count
 from esper.shell.host.slots import Gate, SeedSlot
-
-Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class Host(nn.Module, ABC):

@@ -21,7 +21,8 @@ from torch import nn
 
 from esper.core.lifecycle import WHATIF_STATISTICS
 from esper.core.spec import Style
-from esper.shell.host.hosts import Batch, Host
+from esper.shell.data.batches import Batch
+from esper.shell.host.hosts import Host
 
 #: Cap of the parameter-normalized seed/host gradient ratio (as in the reference G2 gate).
 GRAD_RATIO_CAP = 10.0

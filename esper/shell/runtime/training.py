@@ -26,17 +26,17 @@ from esper.shell.agent.controller import PPOController
 from esper.shell.agent.policy import prior_choices
 from esper.shell.agent.trainer import build_learner
 from esper.shell.baselines.heuristic import HeuristicController
-from esper.shell.config.fields import to_dict
+from esper.shell.common.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from esper.shell.common.cli import STOPPED, describe, repeat_line
+from esper.shell.common.distributed import SINGLE, Dist, PeerLost, rank_device
+from esper.shell.common.fields import to_dict
+from esper.shell.common.revision import git_revision, machine
+from esper.shell.common.rundir import StopSignals, Terminated
 from esper.shell.config.presets import RunConfig
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.rollout import EpisodeResult, EpisodeRunner, merge_results
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.eval.heldout import heldout_check
-from esper.shell.runtime.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from esper.shell.runtime.cli import STOPPED, describe, repeat_line
-from esper.shell.runtime.distributed import SINGLE, Dist, PeerLost, rank_device
-from esper.shell.runtime.revision import git_revision, machine
-from esper.shell.runtime.rundir import StopSignals, Terminated
 from esper.shell.telemetry.anomaly import AnomalyDetector
 from esper.shell.telemetry.console import progress, summary_table
 from esper.shell.telemetry.events import EventLog, rewind_events
@@ -181,7 +181,7 @@ class TrainingRun:
         self.log.write(event, **fields)  # type: ignore[union-attr]
 
     def train(self) -> int:
-        """Run the remaining updates; returns the exit status (0, or see :mod:`esper.shell.runtime.cli`)."""
+        """Run the remaining updates; returns the exit status (0, or see :mod:`esper.shell.common.cli`)."""
         cfg = self.cfg
         if self.log is None and self.dist.is_main:
             self.open_log(resume=False)

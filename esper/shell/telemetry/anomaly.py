@@ -57,7 +57,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from esper.shell.config.fields import check_fields, doc
+from esper.shell.common.fields import check_fields, doc
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,8 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from esper.shell.data.batches import Batch
 from esper.shell.host.blueprints import BLUEPRINTS
-from esper.shell.host.hosts import Batch, Host
+from esper.shell.host.hosts import Host
 from esper.shell.host.slots import SeedSlot
 
 #: The family a slot's activation implies by its rank (``transformer`` is stated, never inferred).

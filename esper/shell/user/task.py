@@ -1,5 +1,5 @@
 """A task from the user's own model and data (:func:`user_task`): what the environment trains, validates
-and tests, as for the built-in tasks (:class:`~esper.shell.data.tasks.Task`)."""
+and tests, as for the built-in tasks (:class:`~esper.shell.env.tasks.Task`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from esper.shell.data.batches import TensorBatches
-from esper.shell.data.tasks import Loaders, Task
-from esper.shell.host.hosts import Batch
+from esper.shell.data.batches import Batch, Loaders, TensorBatches
+from esper.shell.env.tasks import Task
 from esper.shell.user.host import Loss, Metric, UserHost
 
 #: Examples of the training split the host runs once to find and check its slots.
@@ -81,7 +80,7 @@ def user_task(
     val_max_batches: int | None = None,
     eval_batch_size: int = 1000,
 ) -> Task:
-    """A :class:`~esper.shell.data.tasks.Task` that grows the user's network on their data.
+    """A :class:`~esper.shell.env.tasks.Task` that grows the user's network on their data.
 
     ``model_factory() -> nn.Module``: a fresh network with its :class:`~esper.shell.user.host.Slot`\\ s,
     initialized from the global torch generator (the environment seeds it before each host, so hosts

@@ -19,10 +19,10 @@ from esper.shell.agent.collective import keep_replay
 from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.setpolicy import SetRecurrentActorCritic
 from esper.shell.agent.trainer import PPOTrainer
-from esper.shell.env.vecenv import StepInput
+from esper.shell.common.checkpoint import load_checkpoint, save_checkpoint
+from esper.shell.env.step import StepInput
 from esper.shell.host.descriptors import describe_host
 from esper.shell.host.hosts import CNN1dHost, CNNHost, TransformerHost
-from esper.shell.runtime.checkpoint import load_checkpoint, save_checkpoint
 from tests.shell.agent.test_trainer import finish_rollout
 
 CFG = PPOConfig(policy="set", hidden=16, head_hidden=16, n_epochs=1, n_minibatches=2, target_kl=None)

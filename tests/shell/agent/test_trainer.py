@@ -22,7 +22,7 @@ from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
 from esper.shell.agent.steps import GRAD_GROUPS, local_rows
 from esper.shell.agent.trainer import PPOTrainer
-from esper.shell.runtime.distributed import SINGLE, Dist
+from esper.shell.common.distributed import SINGLE, Dist
 
 SPEC = ActionSpec(n_slots=2, n_blueprints=3)
 RAW = 6

@@ -23,7 +23,7 @@ from esper.core.spec import (
     Tempo,
 )
 from esper.shell.baselines.heuristic import HeuristicController
-from esper.shell.env.vecenv import StepInput
+from esper.shell.env.step import StepInput
 from esper.shell.host.blueprints import BLUEPRINTS
 
 CNN = BLUEPRINTS["cnn"]

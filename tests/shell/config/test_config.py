@@ -1,4 +1,4 @@
-"""The run configuration (esper.shell.config.presets) and its tools (esper.shell.config.fields):
+"""The run configuration (esper.shell.config.presets) and its tools (esper.shell.common.fields):
 presets, dotted overrides, validation with clear messages, the dict round-trip, immutability."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 import pytest
 
 from esper.core.rewards import RewardFamily, RewardMode
-from esper.shell.config.fields import doc, fields_flat, from_dict, to_dict, with_overrides
+from esper.shell.common.fields import doc, fields_flat, from_dict, to_dict, with_overrides
 from esper.shell.config.presets import PRESETS, RunConfig, preset
 
 #: Presets that read local data need a path; everything else builds as is.
@@ -273,7 +273,7 @@ def test_no_float_field_of_any_section_accepts_nan_or_inf(field, value):
 
 
 def test_doc_bounds_are_checked_for_every_number_of_a_field():
-    from esper.shell.config.fields import check_fields
+    from esper.shell.common.fields import check_fields
 
     @dataclasses.dataclass(frozen=True)
     class Toy:

@@ -15,7 +15,7 @@ from esper.shell.data.datasets import (
     split_bytes,
     stdlib_source_bytes,
 )
-from esper.shell.data.tasks import Task, make_task
+from esper.shell.env.tasks import Task, make_task
 
 
 # ---------------------------------------------------------------------------------------- fixtures

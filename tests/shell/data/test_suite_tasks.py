@@ -9,11 +9,11 @@ import torch
 
 from esper.core.reward_config import with_param_budget
 from esper.shell.agent.config import param_cap_on
-from esper.shell.config.fields import to_dict
+from esper.shell.common.fields import to_dict
 from esper.shell.config.presets import TASK_SIZE_FIELDS, preset
 from esper.shell.data.datasets import load_longrange, load_retrieval
-from esper.shell.data.tasks import grow_all_params, make_task, seed_params
 from esper.shell.env.config import GENERATED_TASKS, EnvConfig
+from esper.shell.env.tasks import grow_all_params, make_task, seed_params
 
 #: Suite task -> (host family, slots, input shape, classes, grow_all's blueprint).
 SUITE_TASKS = {

@@ -1,5 +1,5 @@
-"""The batched host step (:class:`esper.shell.env.batched.BatchedHosts`) against the per-env reference
-(:class:`esper.shell.env.bank.PerEnvHosts`): the same hosts, seeds, data and optimizer steps give the
+"""The batched host step (:class:`esper.shell.host.batched.BatchedHosts`) against the per-env reference
+(:class:`esper.shell.host.bank.PerEnvHosts`): the same hosts, seeds, data and optimizer steps give the
 same numbers to float tolerance, for every blueprint in every slot, in every stage, at alphas 0, between 0
 and 1, and 1, in every blend style, on both CNN families; and through germination, pruning and a governor
 rollback. The batched path is also what ``env.host_step`` picks by default where it applies."""
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from esper.core.spec import Stage, Style
-from esper.shell.env.bank import PerEnvHosts
-from esper.shell.env.batched import BatchedHosts, ShardedHosts, make_bank
 from esper.shell.env.config import EnvConfig
-from esper.shell.host.batched import StackedHosts, supports
+from esper.shell.host.bank import PerEnvHosts
+from esper.shell.host.batched import BatchedHosts, ShardedHosts, make_bank
+from esper.shell.host.stacked import StackedHosts, supports
 
 #: The stages a seed can be in while it is in a slot, and the alphas each is measured at.
 STAGES = (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED, Stage.PRUNED)

@@ -14,8 +14,8 @@ from esper.shell.agent.trainer import build_learner
 from esper.shell.baselines.heuristic import HeuristicController
 from esper.shell.baselines.simple import GrowAllController, RandomController
 from esper.shell.config.presets import preset
-from esper.shell.data.tasks import mnist1d_task
 from esper.shell.env.rollout import EpisodeRunner
+from esper.shell.env.tasks import mnist1d_task
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.eval.episodes import run_episodes, summarize
 from esper.shell.telemetry.events import EventLog, RunEvents, read_events

@@ -8,7 +8,7 @@ torch op the env runs, tags each tensor it writes with (current stream, op count
 that touches, on stream C, a tensor last written on stream P != C without C having waited on P at or
 after that write: exactly the race of finding S1 (an accumulator read or reduced on the default
 stream before the env's stream finished writing it). The hosts stay on the CPU; only
-:class:`~esper.shell.env.streams.EnvStreams` is told its devices are CUDA devices.
+:class:`~esper.shell.host.streams.EnvStreams` is told its devices are CUDA devices.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from esper.shell.baselines.simple import FixedController
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
-from esper.shell.env.streams import EnvStreams
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.host.model import EnvModel
+from esper.shell.host.streams import EnvStreams
 
 CUDA0 = torch.device("cuda", 0)
 

@@ -18,11 +18,11 @@ from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig, RewardMode, objective
 from esper.core.spec import HEADS, Op, Stage
 from esper.shell.baselines.simple import GrowAllController, RandomController, StaticController
+from esper.shell.common.seeding import derive_seed, eval_host_seeds, train_host_seeds
 from esper.shell.data.datasets import _mnist1d_draw, load_mnist1d
 from esper.shell.env.config import EnvConfig, lr_scale
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
-from esper.shell.env.seeding import derive_seed, eval_host_seeds, train_host_seeds
 from esper.shell.env.vecenv import VecEnv
 
 
@@ -214,7 +214,7 @@ def test_workers_stay_sequential_for_hosts_with_dropout():
 
 
 def _dropout_text_task():
-    from esper.shell.data.tasks import make_task
+    from esper.shell.env.tasks import make_task
 
     return make_task("stdlib_text", max_bytes=20_000, ctx=16, batch_size=2, d_model=16, n_layers=2,
                      n_heads=2, dropout=0.1)  # fmt: skip

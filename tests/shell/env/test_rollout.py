@@ -20,12 +20,13 @@ from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.controller import PPOController
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
 from esper.shell.agent.trainer import PPOTrainer
-from esper.shell.config.fields import fields_flat, with_overrides
+from esper.shell.common.fields import fields_flat, with_overrides
 from esper.shell.config.presets import RunConfig
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
-from esper.shell.env.vecenv import StepInput, VecEnv
+from esper.shell.env.step import StepInput
+from esper.shell.env.vecenv import VecEnv
 
 T = 3
 ENV = EnvConfig(

@@ -104,11 +104,11 @@ def test_ppo_samples_its_policy_and_ppo_greedy_takes_the_mode(run_dir):
     most likely op at every epoch: greedy, it never grows. ``ppo`` is the policy as trained (sampled);
     ``ppo_greedy`` is reported next to it (a default-task training run, seed 0, ended training with 352
     parameters added per sampled episode while its greedy held-out hosts added none)."""
-    from esper.shell.config.fields import from_dict
+    from esper.shell.common.checkpoint import load_checkpoint
+    from esper.shell.common.fields import from_dict
     from esper.shell.config.presets import RunConfig
     from esper.shell.env.vecenv import VecEnv
     from esper.shell.eval.controllers import make_controller
-    from esper.shell.runtime.checkpoint import load_checkpoint
 
     cfg = from_dict(RunConfig, json.loads((run_dir / "config.json").read_text()))
     ckpt = load_checkpoint(run_dir / "checkpoint.pt")

@@ -17,10 +17,10 @@ import torch
 
 from esper.shell.baselines.heuristic import HeuristicController, HeuristicThresholds
 from esper.shell.baselines.simple import GrowAllController
-from esper.shell.config.fields import to_dict
+from esper.shell.common.fields import to_dict
+from esper.shell.common.seeding import eval_host_seeds, train_host_seeds
 from esper.shell.config.presets import preset
-from esper.shell.data.tasks import seed_params
-from esper.shell.env.seeding import eval_host_seeds, train_host_seeds
+from esper.shell.env.tasks import seed_params
 from esper.shell.eval import search as S
 from esper.shell.eval.episodes import compare_on_config
 from esper.shell.evaluate import main

@@ -280,7 +280,7 @@ def test_evaluate_modes_and_errors():
 
 
 def test_digits_epoch_learns():
-    from esper.shell.data.tasks import make_task
+    from esper.shell.env.tasks import make_task
 
     task = make_task("digits", image_size=8)
     torch.manual_seed(0)

@@ -13,12 +13,12 @@ from torch import nn
 
 from esper.core.spec import Stage, Style
 from esper.shell.agent.agent import build_agent
-from esper.shell.config.fields import to_dict
+from esper.shell.common.checkpoint import save_checkpoint
+from esper.shell.common.fields import to_dict
 from esper.shell.config.presets import preset
-from esper.shell.env.bank import snapshot_state
+from esper.shell.host.bank import snapshot_state
 from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.model import EnvModel
-from esper.shell.runtime.checkpoint import save_checkpoint
 from esper.shell.user import Slot, UserHost, check_controller_fits, grow, user_task
 
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from esper.core.spec import Stage
-from esper.shell.runtime import checkpoint as ckpt
-from esper.shell.runtime.checkpoint import (
+from esper.shell.common.checkpoint import (
     CHECKPOINT_VERSION,
     load_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
+from esper.shell.common import checkpoint as ckpt
 
 
 def _touch(path: str) -> None:  # what the malicious pickle would run

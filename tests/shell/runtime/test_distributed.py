@@ -19,9 +19,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from esper.shell.common.checkpoint import load_checkpoint
+from esper.shell.common.distributed import SINGLE, Dist
 from esper.shell.run import main
-from esper.shell.runtime.checkpoint import load_checkpoint
-from esper.shell.runtime.distributed import SINGLE, Dist
 
 ROOT = Path(__file__).resolve().parents[3]
 #: The smoke preset made smaller still: 4 envs x 3 epochs, one training and one validation batch.

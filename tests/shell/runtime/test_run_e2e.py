@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from esper.shell.runtime.checkpoint import load_checkpoint
+from esper.shell.common.checkpoint import load_checkpoint
 from esper.shell.telemetry.events import read_events
 
 pytestmark = pytest.mark.e2e
@@ -145,7 +145,7 @@ def test_cli_refuses_bad_options_clearly(tmp_path, capsys, args, message):
 
 
 def test_help_lists_every_config_field(capsys):
-    from esper.shell.config.fields import fields_flat
+    from esper.shell.common.fields import fields_flat
     from esper.shell.config.presets import RunConfig
     from esper.shell.run import main
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from esper.shell.common.checkpoint import load_checkpoint
 from esper.shell.config.presets import preset
-from esper.shell.runtime.checkpoint import load_checkpoint
 from esper.shell.runtime.training import TrainingRun
 from esper.shell.telemetry.events import read_events
 from tests.shell.runtime.test_run_safety import TINY, cli, error_line

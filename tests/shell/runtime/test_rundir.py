@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from esper.shell.runtime.rundir import LOCK_FILE, RunDirBusy, RunDirLock, StopSignals, Terminated
+from esper.shell.common.rundir import LOCK_FILE, RunDirBusy, RunDirLock, StopSignals, Terminated
 
 
 def test_a_run_directory_has_one_holder_at_a_time(tmp_path):
@@ -25,7 +25,7 @@ def test_a_run_directory_has_one_holder_at_a_time(tmp_path):
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
     """The lock is an flock: the operating system drops it when the holder dies, kill -9 included."""
     code = (
-        "import sys, time; from esper.shell.runtime.rundir import RunDirLock; "
+        "import sys, time; from esper.shell.common.rundir import RunDirLock; "
         f"RunDirLock({str(tmp_path)!r}).acquire(); print('locked', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -17,22 +17,47 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from esper.core.spec import Stage, Style
-from esper.shell.data.tasks import Loaders, Task
-from esper.shell.env.config import EnvConfig
-from esper.shell.env.seeding import derive_seed
-from esper.shell.env.streams import EnvStreams
+from esper.shell.common.seeding import derive_seed
+from esper.shell.data.batches import Loaders
 from esper.shell.host.hosts import Host
 from esper.shell.host.model import SEED_GRAD_KEYS, EnvModel
+from esper.shell.host.streams import EnvStreams
 
 #: What :meth:`PerEnvHosts.measure` returns per env, in order: ``[E]`` each, ``[E, S]`` from the fifth
 #: (each live seed's contribution, each incubating seed's what-if gain (0 unless asked for), then the
 #: seeds' gradients: :data:`~esper.shell.host.model.SEED_GRAD_KEYS`).
 MEASURED = ("train_loss", "train_acc", "val_loss", "val_acc", "contribution", "whatif_gain", *SEED_GRAD_KEYS)
+
+
+
+class HostSource(Protocol):
+    """What host training reads of a task (:class:`esper.shell.env.tasks.Task` is one): a fresh host,
+    and one env's iterators over the three splits."""
+
+    make_host: Callable[[], Host]
+    make_loaders: Callable[..., Loaders]
+
+
+class HostSettings(Protocol):
+    """What host training reads of the env config (:class:`esper.shell.env.config.EnvConfig` is one)."""
+
+    n_envs: int
+    device: str
+    devices: tuple[str, ...]
+    host_lr: float
+    seed_lr: float
+    momentum: float
+    weight_decay: float
+    amp: bool
+    workers: int
+
+    @property
+    def batched(self) -> bool: ...
 
 
 def snapshot_state(host: Host) -> dict[str, torch.Tensor]:
@@ -64,7 +89,7 @@ class PerEnvHosts:
     """The hosts of ``cfg.n_envs`` envs of ``task``; ``device`` is where results are joined (the
     policy's). Call :meth:`reset` before the first episode."""
 
-    def __init__(self, cfg: EnvConfig, task: Task, device: torch.device) -> None:
+    def __init__(self, cfg: HostSettings, task: HostSource, device: torch.device) -> None:
         self.cfg, self.task, self.device = cfg, task, device
         self.n = cfg.n_envs
         names = cfg.devices or (cfg.device,)

@@ -14,11 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
-from esper.shell.data.batches import TensorBatches, WindowBatches, _Batches
+from esper.shell.data.batches import Batch, Loaders, TensorBatches, WindowBatches
 from esper.shell.data.datasets import (
     LONGRANGE_SPLITS,
     MNIST1D_SPLITS,
@@ -37,7 +36,7 @@ from esper.shell.data.datasets import (
     stdlib_source_bytes,
 )
 from esper.shell.host.blueprints import build_blueprint, param_count
-from esper.shell.host.hosts import Batch, CNN1dHost, CNNHost, Host, TransformerHost
+from esper.shell.host.hosts import CNN1dHost, CNNHost, Host, TransformerHost
 
 #: The blueprint ``grow_all`` germinates on a task that names none, per host family: the one with the
 #: largest mean gain in held-out accuracy when grown into every slot (bench suite ``growth``).
@@ -48,12 +47,6 @@ DIGITS_SHALLOW_SIZE = 32
 
 
 # ------------------------------------------------------------------------------------------- tasks
-class Loaders(NamedTuple):
-    """One env's iterators over the three splits."""
-
-    train: _Batches  # shuffled by the env's own generator, ``max_batches`` per epoch
-    val: _Batches  # fixed order, the same batches every epoch (what the controller sees)
-    test: _Batches  # fixed order, only for reporting (never seen by host training or the controller)
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,7 +435,6 @@ __all__ = [
     "DIGITS_SHALLOW_SIZE",
     "GROW_ALL_BLUEPRINT",
     "PRESETS",
-    "Loaders",
     "Task",
     "cifar10_task",
     "digits_shallow_task",
