@@ -22,7 +22,7 @@ from tensordict import TensorDict
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from esper.core.lifecycle import LifecycleConfig
+from esper.core.lifecycle import WHATIF_STATISTICS, LifecycleConfig
 from esper.core.spec import HEADS, Op, Stage
 from esper.shell.baselines.simple import FixedController
 from esper.shell.env.config import EnvConfig
@@ -392,3 +392,24 @@ def test_g2_what_if_measures_the_incubating_seeds_and_records_their_gain(monkeyp
     assert asked == [evidence != "host"] * 3
     assert (env.slots["stage"][:, 0] == int(Stage.TRAINING)).all()
     assert env.slots["whatif_gain"].tolist() == [[7.0, 0.0, 0.0]] * 2
+
+
+@pytest.mark.parametrize("host_step", ["per_env", "batched"])
+@pytest.mark.parametrize("statistics", WHATIF_STATISTICS)
+def test_vecenv_passes_the_configured_whatif_statistics_to_the_bank(monkeypatch, statistics, host_step):
+    """The env asks its host bank for what-if gains with the batch-norm statistics the config names
+    (``lifecycle.whatif_statistics``), every epoch and on both bank paths: the bank's own tests call
+    ``measure`` directly, so an env that passed ``"running"`` whatever the config said went unseen."""
+    cfg = EnvConfig(task="digits", n_envs=2, image_size=8, channels=(4, 8, 8), batch_size=32, train_batches=1,
+                    val_batches=1, host_step=host_step)  # fmt: skip
+    lc = LifecycleConfig(max_epochs=3, g2_evidence="what_if", whatif_statistics=statistics)
+    env = VecEnv(cfg, lc, GovernorConfig(), seed=0)
+    asked, real = [], env.hosts.measure
+
+    def measure(scale, **kw):
+        asked.append((kw.get("whatif"), kw.get("whatif_statistics", "running")))
+        return real(scale, **kw)
+
+    monkeypatch.setattr(env.hosts, "measure", measure)
+    EpisodeRunner(env, _Scripted(env.spec)).run(0)
+    assert asked == [(True, statistics)] * 3

@@ -301,6 +301,42 @@ def test_kept_episodes_are_the_real_episodes_numbers(cfg, task, tmp_path, monkey
     assert second["episodes_reused"] == 2 and len(seen) == second["episodes"] - 2 == 6
 
 
+def test_plan_episode_store_keys_on_the_task_data_seed_not_the_configs(cfg, task, tmp_path, monkeypatch):
+    """A search handed a task of another data draw than its config's ``env.data_seed`` (here the config
+    names none: the task's default draw, or another) keeps its episodes under that task's draw: two
+    searches of one config on two draws share no episode, each scores its own draw's, and a search on a
+    rebuilt task of the first draw reads every episode the first ran instead of running it again."""
+    ran: list[int] = []
+
+    def run_plans(cfg, task, pairs, slot_names):  # an episode's numbers depend on the draw it ran on
+        ran.extend(task.data_seed for _ in pairs)
+        return [{"final_val_acc": _fake_acc(p, h) + task.data_seed, "params_added": 1.0} for p, h in pairs]
+
+    monkeypatch.setattr(S, "run_plans", run_plans)
+    other = dataclasses.replace(cfg.env, data_seed=task.data_seed + 1).build_task()
+    assert cfg.env.data_seed is None and other.name == task.name and other.data_seed != task.data_seed
+    path, budget = tmp_path / S.EPISODES_FILE, 4 * cfg.lifecycle.max_epochs
+
+    def searched(t):
+        return S.search_plans(cfg, t, budget, store=S.PlanEpisodes(path, cfg, t))
+
+    first = searched(task)
+    assert first["episodes_reused"] == 0 and ran == [task.data_seed] * first["episodes"]
+    ran.clear()
+    second = searched(other)  # same config, same (plan, host) pairs, another draw: runs them all
+    assert second["episodes_reused"] == 0 and ran == [other.data_seed] * second["episodes"]
+    assert second["selection"]["data_seed"] == other.data_seed
+    assert {c["plan"]: c["val_acc_mean"] - 1 for c in second["candidates"]} == {
+        c["plan"]: c["val_acc_mean"] for c in first["candidates"]
+    }  # each scored its own draw's episodes
+    ran.clear()
+    rebuilt = dataclasses.replace(cfg.env, data_seed=task.data_seed).build_task()
+    again = searched(rebuilt)  # the first draw again, under the same config: all read, none run
+    assert ran == [] and again["episodes_reused"] == again["episodes"] == first["episodes"]
+    assert again["candidates"] == first["candidates"] and again["chosen"] == first["chosen"]
+    assert S.PlanEpisodes(path, cfg, other).kept != S.PlanEpisodes(path, cfg, task).kept
+
+
 def test_controllers_that_grow_the_same_fixed_plan_run_their_episodes_once(cfg, task, monkeypatch):
     """Plan searches that chose one plan and a ``grow:`` placement of it are one controller: its episodes
     run once, and each later row is a copy naming the first in ``same_episodes_as``. A placement with
