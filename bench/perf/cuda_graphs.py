@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from bench.harness import Context, Row, SuiteResult, round_ratio, suite
-from bench.suites.hosts import twin_banks
+from bench.perf.hosts import twin_banks
 from esper.shell.env.batched import BatchedHosts
 
 

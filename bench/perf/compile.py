@@ -17,8 +17,8 @@ from torch._dynamo.utils import counters
 
 import esper.core as core
 from bench.harness import Context, Row, Stats, SuiteResult, Target, suite
-from bench.suites.gae import GAMMA, LMBDA, rollout, rollout_td
-from bench.suites.loss import SPEC, Policy, factored_rollout, factored_step
+from bench.perf.gae import GAMMA, LMBDA, rollout, rollout_td
+from bench.perf.loss import SPEC, Policy, factored_rollout, factored_step
 from esper.core.spec import HEADS
 
 

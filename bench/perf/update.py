@@ -39,7 +39,7 @@ import torch
 import esper.shell.agent.steps as steps_mod
 import esper.shell.agent.trainer as trainer_mod
 from bench.harness import Context, Row, Stats, SuiteResult, Target, round_ratio, suite
-from bench.suites.episode import build_run, default_config
+from bench.perf.episode import build_run, default_config
 
 CASE = "default 4x25"
 SPLIT = (
