@@ -4,8 +4,8 @@ and the results files.
 A suite is a function ``(ctx: Context) -> SuiteResult`` registered with ``@suite("name", help=...)``;
 it builds its inputs, calls ``ctx.compare({...})`` with zero-argument callables (every callable of a
 case timed in the same rounds, so the ratios share the machine's state), and returns rows, ratios and
-targets. Add a suite by dropping a module in ``bench/suites/`` and importing it from
-``bench/suites/__init__.py``.
+targets. Add a suite by dropping a module in ``bench/perf/`` and importing it from
+``bench/perf/__init__.py``.
 """
 
 from __future__ import annotations

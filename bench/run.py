@@ -13,7 +13,7 @@ always run the embedded default, on CPU), ``--threads N`` (torch intra-op thread
 Writes ``<out>/<YYYY-MM-DD>-<host>-<device>[-quick][-t<threads>][-<tag>].md`` (tables, targets,
 machine) and a ``.json`` beside it with the raw numbers. Every time is the median (and p10/p90) of
 interleaved samples taken after warm-up; every ratio compares timings from the same run. Add a suite
-in ``bench/suites/`` (see :mod:`bench.harness`).
+in ``bench/perf/`` (see :mod:`bench.harness`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from bench import suites  # noqa: F401  (registers the suites)
+from bench import perf  # noqa: F401  (registers the suites)
 from bench.harness import SUITES, Context, console, machine_info, markdown, write
 
 RESULTS = Path(__file__).resolve().parent / "results"

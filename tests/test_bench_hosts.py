@@ -1,4 +1,4 @@
-"""bench/suites/hosts.py: its seed populations put the same seeds on both paths (so the timing compares
+"""bench/perf/hosts.py: its seed populations put the same seeds on both paths (so the timing compares
 like with like), and its FLOP count is a real count that grows with the seeds."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.suites.hosts import INCUBATING, POPULATIONS, compile_step, populate, sgemm_rate, step_flops
+from bench.perf.hosts import INCUBATING, POPULATIONS, compile_step, populate, sgemm_rate, step_flops
 from esper.shell.env.config import EnvConfig
 from esper.shell.host.bank import PerEnvHosts
 from esper.shell.host.batched import BatchedHosts
@@ -87,7 +87,7 @@ def test_the_cuda_graph_probe_wraps_the_epoch_loop_without_changing_its_eager_st
     """``hosts_cuda_graph``'s StepGraph takes over the bank's loss, zero_grad and step; before it
     captures (here: never, the warm-up outlasts the epoch) the epoch must train exactly as unwrapped.
     Its capture and replay need a GPU (bench/gpu_check.sh runs them)."""
-    from bench.suites.cuda_graphs import StepGraph
+    from bench.perf.cuda_graphs import StepGraph
 
     (_, plain), names = _banks(2)
     (_, wrapped), _ = _banks(2)

@@ -11,10 +11,8 @@ import pytest
 
 import bench.suite.confirm as confirm
 from bench.growth import training
-from bench.suite.archive import save_seed
+from bench.suite.archive import load_seed, save_seed
 from bench.suite.run import final_data_seed
-from bench.suite.screen import main as screen_main
-from bench.suite.screen import read_screen
 
 TASKS = ("mnist1d_deep", "longrange")
 FRESH = (300, 301)
@@ -154,34 +152,37 @@ def test_an_unknown_arm_is_refused():
         confirm.train_args("mnist1d", "fb9")
 
 
-def test_the_screen_reads_a_confirmation_from_the_kept_seeds_alone(tmp_path, fake_runs, capsys):
-    """Every pair run through the driver, then the run directories removed: the reading needs only what
-    was kept, counts included."""
+def test_the_kept_seeds_alone_hold_what_a_reading_takes(tmp_path, fake_runs):
+    """Every pair run through the driver, then the run directories removed: what was kept holds each arm's
+    readouts on the suite's hosts and draw, its late fossilization counts and its credit reading."""
     for k in FRESH:
         for task in TASKS:
             for arm in ("default", "fb4"):
                 confirm.confirm_seed(arm, task, k, tmp_path / "runs", tmp_path / "kept", None)
     shutil.rmtree(tmp_path / "runs")
     kept = tmp_path / "kept"
-    screen = read_screen(kept / "fb4", tmp_path / "none", TASKS, FRESH, base_dir=kept / "default",
-                         eval_dir="eval-fresh")  # fmt: skip
-    assert screen["pairs"] == 4 and screen["pooled"][0] == pytest.approx(1.0)
-    row = screen["tasks"]["longrange"]["seeds"][300]
-    assert row["fossils"] == {"fossilized": 5, "timeout_fossilized": 2}
-    assert row["base_fossils"] == {"fossilized": 1, "timeout_fossilized": 2}
-    args = [str(kept / "fb4"), "--base", str(kept / "default"), "--eval", "eval-fresh", "--first-seed", "300",
-            "--seeds", "2", "--confirm"]  # fmt: skip
-    assert screen_main(args) == 0
-    printed = capsys.readouterr().out
-    assert "5 / 2; 1 / 2" in printed
-    # the credit reading kept with each seed (no paying HOLDING seed in these events: nothing chosen)
-    assert "The credit reading (`bench.diagnose --credit-from 12`)" in printed
-    assert "| `longrange` | 0 / 0 (n/a); 0 / 0 (n/a) | 0 / 0 (n/a); 0 / 0 (n/a) |" in printed
+    for k in FRESH:
+        for task in TASKS:
+            fb4, default = (load_seed(kept / arm, task, k, confirm.EPISODES, final_data_seed(task, k))
+                            for arm in ("fb4", "default"))  # fmt: skip
+            greedy = [seed["controllers"]["ppo_greedy"]["test_acc_mean"] for seed in (fb4, default)]
+            assert greedy[0] - greedy[1] == pytest.approx(1.0)  # the pair a reading compares
+            assert fb4["fossils"] == {"fossilized": 5, "timeout_fossilized": 2}
+            assert default["fossils"] == {"fossilized": 1, "timeout_fossilized": 2}
+            # no paying HOLDING seed in these events: nothing chosen
+            assert fb4["credit"]["from_update"] == confirm.CREDIT_FROM
+            assert set(fb4["credit"]["counts"].values()) == {0}
 
 
-def test_the_screen_refuses_suite_runs_beside_a_base(tmp_path):
-    with pytest.raises(SystemExit):
-        screen_main([str(tmp_path / "a"), "--base", str(tmp_path / "b"), "--suite-runs", str(tmp_path)])
+def test_fossil_counts_read_the_late_updates_only(tmp_path):
+    events = tmp_path / "events.jsonl"
+    lines = [{"event": "lifecycle", "update": u, "kind": kind}
+             for u, kind in [(11, "fossilized"), (12, "fossilized"), (22, "timeout_fossilized"),
+                             (23, "fossilized"), (15, "timeout_pruned"), (16, "fossilized")]]  # fmt: skip
+    lines.append({"event": "ppo_update", "update": 12, "kind": "fossilized"})
+    events.write_text("\n".join(map(json.dumps, lines)) + "\n")
+    assert confirm.fossil_counts(events) == {"fossilized": 2, "timeout_fossilized": 1}
+    assert confirm.fossil_counts(tmp_path / "none.jsonl") is None
 
 
 def test_status_says_where_each_run_stands_and_runs_nothing(tmp_path, fake_runs, capsys):

@@ -15,7 +15,7 @@ checkpoint is resumed.
 ``--rev`` pins the code the rule was written at: before each training and each evaluation the working
 tree's ``esper/`` must be the same as at that revision (``git diff --quiet REV -- esper``), or the arm
 stops, so a change to the library made while the runs go cannot enter some of them.
-``python -m bench.suite.screen ARCHIVE/ARM --base ARCHIVE/default ...`` reads the kept seeds.
+``python -m bench.suite --controller-from ARCHIVE/ARM`` joins the kept seeds to the suite's baselines.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any
 from bench.growth import training
 from bench.suite.archive import load_seed, save_seed, seed_path, trained
 from bench.suite.run import FOSSILIZING, SUITE, final_data_seed, with_diagnostics
-from bench.suite.screen import fossil_counts
 from esper.shell.config.presets import preset
 from esper.shell.telemetry.events import read_events
 
@@ -51,6 +50,8 @@ EVAL_DIR = "eval-fresh"
 EPISODES = 10
 #: The training update from which the credit reading is taken (``bench.diagnose --credit-from``).
 CREDIT_FROM = 12
+#: The training updates :func:`fossil_counts` counts (the late half of the default's 22).
+LATE_UPDATES = (12, 22)
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -61,6 +62,19 @@ def library_matches(rev: str, repo: Path = REPO) -> bool:
     if proc.returncode > 1:
         raise RuntimeError(f"git diff against {rev} failed: {proc.stderr.decode().strip()}")
     return proc.returncode == 0
+
+
+def fossil_counts(events: Path, updates: tuple[int, int] = LATE_UPDATES) -> dict[str, int] | None:
+    """Seeds fossilized by the controller (``fossilized``) and kept by the holding deadline
+    (``timeout_fossilized``) in training updates ``updates`` (inclusive); None without the file."""
+    if not events.is_file():
+        return None
+    counts = {"fossilized": 0, "timeout_fossilized": 0}
+    first, last = updates
+    for e in read_events(events, "lifecycle"):
+        if e.get("kind") in counts and first <= e.get("update", 0) <= last:
+            counts[e["kind"]] += 1
+    return counts
 
 
 def credit(events: Path, first: int = CREDIT_FROM) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from esper.core.spec import Stage
+from esper.shell.common import checkpoint as ckpt
 from esper.shell.common.checkpoint import (
     CHECKPOINT_VERSION,
     load_checkpoint,
@@ -15,7 +16,6 @@ from esper.shell.common.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from esper.shell.common import checkpoint as ckpt
 
 
 def _touch(path: str) -> None:  # what the malicious pickle would run

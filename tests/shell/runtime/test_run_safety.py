@@ -15,9 +15,9 @@ import torch
 import esper.shell.run as run_mod
 import esper.shell.runtime.training as training_mod
 from esper.shell.agent.trainer import PPOTrainer
+from esper.shell.common import checkpoint as ckpt_mod
 from esper.shell.common.checkpoint import load_checkpoint, save_checkpoint
 from esper.shell.common.rundir import RunDirLock
-from esper.shell.common import checkpoint as ckpt_mod
 from esper.shell.telemetry.events import discarded_path, read_events
 
 pytestmark = pytest.mark.e2e
