@@ -17,6 +17,6 @@ judged as :mod:`esper.shell.eval.suite` says (the protocol and the selection rul
 Writes ``bench/results/suite/<date>-<machine>.{json,md}`` and ``...-<task>-acc-vs-params.png``,
 ``...-acc-vs-compute.png`` (``--out`` elsewhere); the JSON has
 ``{"tasks": {TASK: {"controllers": {NAME: {"test_acc_mean", "test_acc_ci95": [lo, hi],
-"params_added_mean", "compute_host_epochs", "training_seeds"}}}}}``. The runs go in ``bench/runs/suite``
-(``--runs``), each evaluated seed is kept in ``OUT/seeds`` (``--archive`` elsewhere).
+"params_added_mean", "compute_host_epochs", "training_seeds"}}}}}``. The runs go in ``runs/suite``
+(``--runs``), each evaluated seed is kept in ``RUNS/seeds`` (``--archive`` elsewhere).
 """

@@ -35,13 +35,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1,
                    help="(task, seed) runs at a time (default 1: one run keeps both cores of the 2-core VM "
                         "busy; with more, each runs one thread)")  # fmt: skip
-    p.add_argument("--runs", type=Path, default=Path("bench") / "runs" / "suite",
-                   help="where the training runs go (finished seeds and evaluations are kept)")  # fmt: skip
+    p.add_argument("--runs", type=Path, default=Path("runs") / "suite",
+                   help="where the training runs go (finished seeds and evaluations are kept; default "
+                        "runs/suite)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("bench") / "results" / "suite",
                    help="where the results files go (default bench/results/suite)")  # fmt: skip
     p.add_argument("--archive", type=Path, default=None,
-                   help="where each evaluated (task, seed) is kept as a small file to commit, and read back "
-                        "instead of run (default: OUT/seeds; esper.shell.eval.suite.archive)")  # fmt: skip
+                   help="where each evaluated (task, seed) is kept as a small file, and read back instead of "
+                        "run (default: RUNS/seeds; a folder of the repository to commit them; "
+                        "esper.shell.eval.suite.archive)")  # fmt: skip
     p.add_argument("--carry", action="store_true",
                    help="keep the state in progress of every trained, unfinished (task, seed) of --runs "
                         "in --archive (the trained controller, cached searches and evaluations; with "
@@ -91,7 +93,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _archive(args: argparse.Namespace) -> Path:
-    return args.archive if args.archive is not None else args.out / "seeds"
+    """The archive of kept seeds: ``--archive``, else ``RUNS/seeds`` (beside the runs, out of the
+    committed results, whose folder would grow by a file a seed)."""
+    return args.archive if args.archive is not None else args.runs / "seeds"
 
 
 def merged(suite: dict[str, Any], files: list[Path]) -> dict[str, Any]:

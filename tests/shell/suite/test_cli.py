@@ -397,8 +397,9 @@ def test_a_kept_controller_is_joined_to_baselines_evaluated_on_its_hosts(tmp_pat
     assert saved["revisions"]["3"] == {"train": "ccccccc", "evaluate": "eeeeeee", "train_machine": None,
                                        "evaluate_machine": None}  # fmt: skip
     assert "all_disjoint_above" in saved["goals"]["ppo_greedy"]
-    # kept in the suite's archive like any seed, then read back
-    assert (out / "seeds" / "longrange" / "seed4.json.gz").is_file()
+    # kept in the suite's archive like any seed, then read back: by default beside the runs (RUNS/seeds),
+    # not among the results files, whose folder would grow by a file a seed
+    assert (runs / "seeds" / "longrange" / "seed4.json.gz").is_file() and not (out / "seeds").exists()
 
 
 def test_baselines_in_progress_are_carried_to_another_machine_and_go_on_there(tmp_path, monkeypatch, capsys):
