@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from esper.shell.eval.suite.readings import CREDIT_CHOICES, credit_contrast, holding_credit
+
 
 def _events(path: str | Path) -> list[dict[str, Any]]:
     with open(path) as f:
@@ -140,63 +142,6 @@ def exposure(path: str | Path, plan: str, early: int = 5) -> dict[str, int]:
         "all": sum(h for _, h in held), "episodes": len(held),
         "last": sum(h for u, h in held if u == last), "last_episodes": sum(u == last for u, _ in held),
     }  # fmt: skip
-
-
-#: The classes of a choice made before a step on a paying HOLDING seed (:func:`holding_credit`).
-CREDIT_CHOICES = ("FOSSILIZE", "SET_ALPHA_TARGET", "PRUNE", "WAIT", "elsewhere")
-
-
-def holding_credit(
-    path: str | Path, from_update: int = 1, min_contribution: float = 1.0
-) -> list[dict[str, Any]]:
-    """One row per (step, slot) of the training episodes of updates ``from_update..`` where the slot's
-    seed was HOLDING before the step (the previous epoch's post-step stage) and its contribution measured
-    at that step was at least ``min_contribution``: ``{"update", "epoch", "env", "slot", "choice",
-    "return_to_go"}``. ``choice`` is the op taken on that slot (one of :data:`CREDIT_CHOICES`),
-    ``WAIT``, or ``elsewhere`` (an op on another slot); ``return_to_go`` is the sum of the env's rewards
-    from that step to the episode's end. Reads the ``epoch`` events' per-env ``op``, ``slot``,
-    ``reward``, ``stage``, ``contribution`` and ``slot_names``."""
-    episodes: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for e in _events(path):
-        if e["event"] == "epoch" and e["update"] >= from_update:
-            episodes[e["update"]].append(e)
-    rows = []
-    for update, evs in sorted(episodes.items()):
-        evs.sort(key=lambda e: e["epoch"])
-        for env in range(len(evs[0]["reward"])):
-            rtg = np.cumsum([ev["reward"][env] for ev in evs][::-1])[::-1]
-            for t in range(1, len(evs)):
-                ev, before = evs[t], evs[t - 1]["stage"][env]
-                for s, stage in enumerate(before):
-                    c = ev["contribution"][env][s]
-                    if stage != "HOLDING" or c is None or c < min_contribution:
-                        continue
-                    op, on = ev["op"][env], ev["slot"][env] == ev["slot_names"][s]
-                    choice = "WAIT" if op == "WAIT" else (op if on else "elsewhere")
-                    rows.append({"update": update, "epoch": ev["epoch"], "env": env,
-                                 "slot": ev["slot_names"][s], "choice": choice,
-                                 "return_to_go": float(rtg[t])})  # fmt: skip
-    return rows
-
-
-def credit_contrast(rows: list[dict[str, Any]], choice: str, against: str = "WAIT") -> dict[str, Any]:
-    """``choice`` against ``against`` among :func:`holding_credit` rows of one run: per epoch where both
-    were chosen, the difference of their mean returns-to-go, averaged with weight ``min(n_choice,
-    n_against)``, as ``{"difference", "weight", "epochs"}`` (``difference`` None where no epoch holds
-    both), and ``spread``, the median over epochs with at least 6 rows of the returns' standard
-    deviation (None where none has)."""
-    by_epoch: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        by_epoch[r["epoch"]][r["choice"]].append(r["return_to_go"])
-    num = weight = epochs = 0
-    for d in by_epoch.values():
-        if d.get(choice) and d.get(against):
-            n = min(len(d[choice]), len(d[against]))
-            num, weight, epochs = num + n * (np.mean(d[choice]) - np.mean(d[against])), weight + n, epochs + 1
-    pooled = [[x for v in d.values() for x in v] for d in by_epoch.values()]
-    sds = [np.std(v) for v in pooled if len(v) >= 6]
-    return {"difference": float(num / weight) if weight else None, "weight": weight, "epochs": epochs,
-            "spread": float(np.median(sds)) if sds else None}  # fmt: skip
 
 
 def summary(

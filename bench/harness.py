@@ -11,14 +11,9 @@ targets. Add a suite by dropping a module in ``bench/perf/`` and importing it fr
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
-import os
-import platform
 import re
-import socket
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from esper.shell.common.revision import cpu_model
+from esper.shell.common.revision import machine_info as machine_info  # the results files' provenance
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -177,51 +172,6 @@ def _quantile(sorted_xs: list[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(sorted_xs) - 1)
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
-
-
-# ---------------------------------------------------------------------------------------- provenance
-def machine_info(device: torch.device) -> dict[str, object]:
-    """CPU, cores, threads, library versions, device, date, git revision."""
-    info: dict[str, object] = {
-        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
-        "host": socket.gethostname(),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-    }
-    for lib in ("tensordict", "torchrl", "triton"):
-        try:
-            info[lib] = __import__(lib).__version__
-        except ImportError:
-            info[lib] = "absent"
-    info["git"] = _git_revision()
-    return info
-
-
-def _git_revision() -> str:
-    """``<sha>[+dirty]`` from read-only git queries (dirty: changed or untracked files under esper/ or
-    bench/, the code measured); without git, ``$ESPER_REVISION`` or "unknown"."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "esper", "bench"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        # a copy of the tree without .git (a lent GPU machine): the revision its sender named, if any
-        return os.environ.get("ESPER_REVISION", "unknown")
 
 
 # ------------------------------------------------------------------------------------------- reports

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bench.growth import PLACEMENTS, _frontier, markdown
+from esper.shell.suite import launch
 
 
 def _row(name: str, gain: float, params: float) -> dict:
@@ -43,10 +44,10 @@ class _FailedRun:
 
 
 def test_learn_passes_train_args_to_every_training_run(tmp_path, monkeypatch):
-    import bench.growth.training as bg  # the module whose subprocess and _train learn calls
+    import bench.growth.training as bg  # the module whose _train learn calls (its subprocesses: launch)
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or _FailedRun())
+    monkeypatch.setattr(launch.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or _FailedRun())
     with pytest.raises(RuntimeError, match="training seed 0 failed"):  # a failed run stops the stage
         bg.learn(2, 1, 1, tmp_path, '--ppo.head_entropy_weights 1,1,3,1,1,1,1,1 --env.slots "b0,b1"')
     assert seen and seen[0][-4:] == ["--ppo.head_entropy_weights", "1,1,3,1,1,1,1,1", "--env.slots", "b0,b1"]
@@ -58,7 +59,7 @@ def test_a_training_run_makes_its_own_folder(tmp_path, monkeypatch):
 
     # the fine-tuning arms train into folders nothing else made (runs/finetune-TASK/ARM): the log
     # beside the run must not need them to exist
-    monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: _FailedRun())
+    monkeypatch.setattr(launch.subprocess, "run", lambda cmd, **kw: _FailedRun())
     root = tmp_path / "finetune-mnist1d" / "tuned"
     with pytest.raises(RuntimeError, match="training seed 3 failed"):
         bg._train(3, root, [])
@@ -80,9 +81,9 @@ def test_markdown_names_the_variant_a_learn_stage_trained():
 
 
 def test_learn_refuses_a_runs_folder_trained_with_other_flags(tmp_path, monkeypatch):
-    import bench.growth.training as bg  # the module whose subprocess and _train learn calls
+    import bench.growth.training as bg  # the module whose _train learn calls (its subprocesses: launch)
 
-    monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: _FailedRun())
+    monkeypatch.setattr(launch.subprocess, "run", lambda cmd, **kw: _FailedRun())
     with pytest.raises(RuntimeError, match="training seed 0 failed"):
         bg.learn(1, 1, 1, tmp_path, "--ppo.lr 1e-3")
     with pytest.raises(ValueError, match="trained with --train-args '--ppo.lr 1e-3', not ''"):
@@ -151,10 +152,10 @@ def test_pool_refuses_runs_of_another_variant_or_evaluation(tmp_path):
 
 
 def test_learn_trains_seeds_from_first_seed_and_evaluates_each_on_its_own_hosts(tmp_path, monkeypatch):
-    import bench.growth.training as bg  # the module whose subprocess and _train learn calls
+    import bench.growth.training as bg  # the module whose _train learn calls (its subprocesses: launch)
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(bg.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or _FailedRun())
+    monkeypatch.setattr(launch.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or _FailedRun())
     with pytest.raises(RuntimeError, match="training seed 5 failed"):
         bg.learn(2, 1, 1, tmp_path, first_seed=5)
     assert seen[0][seen[0].index("--seed") + 1] == "5"
@@ -166,7 +167,7 @@ def test_learn_evaluates_more_controllers_on_the_same_hosts_apart_and_adds_them_
     """``--more-controllers ppo_mixed``: evaluated on the run's own hosts (seed 1000 + k) into
     ``eval-more``, merged into the stage with its own verdict; a finished stage given them later
     evaluates only them, and the default set's evaluation is kept as it was."""
-    import bench.growth.training as bg  # the module whose subprocess and _train learn calls
+    import bench.growth.training as bg  # the module whose _train learn calls (its subprocesses: launch)
     from bench.growth import verdict
 
     calls: list[dict] = []
@@ -190,7 +191,7 @@ def test_learn_evaluates_more_controllers_on_the_same_hosts_apart_and_adds_them_
         (run_dir / "events.jsonl").write_text("")
         return run_dir, 2.0
 
-    monkeypatch.setattr(bg.subprocess, "run", fake_run)
+    monkeypatch.setattr(launch.subprocess, "run", fake_run)
     monkeypatch.setattr(bg, "_train", fake_train)
     plain = bg.learn(2, 2, 1, tmp_path, first_seed=3)
     assert [(c["out"], c["seed"]) for c in calls] == [("eval", "1003"), ("eval", "1004")]

@@ -1,4 +1,5 @@
-"""From learn stages to tables: the per-controller summary over training runs, the issue's targets
+"""From learn stages to tables: the per-controller summary over training runs (the suite's,
+:func:`esper.shell.eval.suite.pooling.summarize_runs`), the issue's targets
 (:func:`verdict`), pooling the learn stages of several results files (:func:`pool`) and the paired
 comparison of two variants by training seed (:func:`compare`)."""
 
@@ -10,42 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from esper.shell.eval.stats import grouped_mean_ci95, mean_ci95, spearman
+from esper.shell.eval.stats import mean_ci95
+from esper.shell.eval.suite.pooling import shares, summarize_runs
 
 BASELINES = ("static", "random", "heuristic", "grow_all")
-
-
-def summarize_runs(runs: list[dict[str, list[dict]]], per_run_correlations: list[Any]) -> tuple[dict, dict]:
-    """Per controller, the mean test accuracy and parameters added over training runs (``runs[i][name]``:
-    run i's evaluation episodes of controller ``name``) with Student-t 95 % intervals of the per-run
-    means, and the Spearman correlations of return with test accuracy and objective over every episode."""
-    controllers = {}
-    for name in runs[0]:
-        acc = [[e["final_test_acc"] for e in r[name]] for r in runs]
-        params = [[e["params_added"] for e in r[name]] for r in runs]
-        m, (lo, hi) = grouped_mean_ci95(acc)
-        pm, (plo, phi) = grouped_mean_ci95(params)
-        controllers[name] = {
-            "test_acc_mean": m,
-            "test_acc_ci95": [lo, hi],
-            "params_added_mean": pm,
-            "params_added_ci95": [plo, phi],
-            "per_seed_test_acc": [float(np.mean(a)) for a in acc],
-            "episodes": sum(len(a) for a in acc),
-            "training_seeds": len(acc),
-            "per_episode": [e for r in runs for e in r[name]],
-        }
-    pooled = [e for c in controllers.values() for e in c["per_episode"]]
-    corr = {
-        "return_vs_test_acc": spearman([e["return"] for e in pooled], [e["final_test_acc"] for e in pooled]),
-        "return_vs_test_objective": spearman(
-            [e["return"] for e in pooled], [e["test_objective"] for e in pooled]
-        ),
-        "per_run": list(per_run_correlations),
-    }
-    return controllers, corr
-
-
 _MACHINE_KEYS = ("cpu", "cpu_count", "torch", "git")
 
 
@@ -198,17 +167,6 @@ def _verdicts(c: dict[str, dict]) -> dict[str, Any]:
         "verdict_greedy": verdict(c, "ppo_greedy") if "ppo_greedy" in c else None,
         "verdict_mixed": verdict(c, "ppo_mixed") if "ppo_mixed" in c else None,
     }
-
-
-def shares(acc: float, params: float, static: float, grow_all: float, grow_all_params: float) -> tuple:
-    """``(gain share, parameter share)`` of ``grow_all``'s: a controller's accuracy gain over ``static``
-    as a share of ``grow_all``'s, and its parameters added as a share of ``grow_all``'s. Each None where
-    ``grow_all`` gains nothing (or adds nothing)."""
-    gain_all = grow_all - static
-    return (
-        (acc - static) / gain_all if gain_all > 0 else None,
-        params / grow_all_params if grow_all_params > 0 else None,
-    )
 
 
 def verdict(c: dict[str, dict], name: str = "ppo") -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""``python -m bench.suite``: see :mod:`bench.suite`."""
+"""``python -m bench.suite``: ``python -m esper.shell.suite``."""
 
-from bench.suite.cli import main
+from esper.shell.suite.cli import main
 
 raise SystemExit(main())

@@ -144,13 +144,17 @@ def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path |
            show_progress: bool = False) -> dict[str, Any]:  # fmt: skip
     """Run (or read from ``cache/NAME.json``) the search of controller ``name`` on ``cfg``'s training hosts
     and data draw (``task``: ``cfg``'s task, built if not given). Returns the choice (``chosen``), every
-    candidate's score, the selection hosts and data draw, and ``compute_host_epochs``."""
+    candidate's score, the selection hosts and data draw, and ``compute_host_epochs``. A cached result is
+    read only for the same key and the same data draw (its ``selection``'s ``data_seed``: the key holds the
+    config, and a task handed in may be another draw than the config's)."""
     key = _key(name, cfg)
     path = cache / f"{name}.json" if cache is not None else None
     if path is not None and path.is_file():
         saved = json.loads(path.read_text())
         if saved.get("key") == key:
-            return saved["result"]
+            task = task if task is not None else cfg.env.build_task()
+            if saved["result"].get("selection", {}).get("data_seed") == task.data_seed:
+                return saved["result"]
     task = task if task is not None else cfg.env.build_task()
     t0 = time.perf_counter()
     if name == HEURISTIC_TUNED:

@@ -337,6 +337,33 @@ def test_plan_episode_store_keys_on_the_task_data_seed_not_the_configs(cfg, task
     assert S.PlanEpisodes(path, cfg, other).kept != S.PlanEpisodes(path, cfg, task).kept
 
 
+def test_a_cached_search_is_read_back_only_for_the_data_draw_it_searched(cfg, task, tmp_path, monkeypatch):
+    """The result cache (``cache/NAME.json``) is keyed by the controller and the config, which a task of
+    another data draw shares: a search handed such a task runs on its own draw (its episodes, its
+    choice) instead of returning the first draw's result, and a search on the draw the cache holds reads
+    it, running nothing."""
+    ran: list[int] = []
+
+    def run_plans(cfg, task, pairs, slot_names):
+        ran.extend(task.data_seed for _ in pairs)
+        return [{"final_val_acc": _fake_acc(p, h) + task.data_seed, "params_added": 1.0} for p, h in pairs]
+
+    monkeypatch.setattr(S, "run_plans", run_plans)
+    other = dataclasses.replace(cfg.env, data_seed=task.data_seed + 1).build_task()
+    name = f"plan_search@{4 * cfg.lifecycle.max_epochs}"
+    first = S.search(name, cfg, task, cache=tmp_path)
+    assert first["selection"]["data_seed"] == task.data_seed and set(ran) == {task.data_seed}
+    ran.clear()
+    second = S.search(name, cfg, other, cache=tmp_path)  # the same key, another draw: its own search
+    assert second["selection"]["data_seed"] == other.data_seed and set(ran) == {other.data_seed}
+    assert second["candidates"] != first["candidates"]
+    ran.clear()
+    assert S.search(name, cfg, other, cache=tmp_path) == second and ran == []  # the draw it holds: read
+    third = S.search(name, cfg, cache=tmp_path)  # no task: the config's draw (the first's), searched again
+    assert third["selection"]["data_seed"] == task.data_seed and third["candidates"] == first["candidates"]
+    assert ran == [] and third["episodes_reused"] == third["episodes"]  # its episodes kept: read, not run
+
+
 def test_controllers_that_grow_the_same_fixed_plan_run_their_episodes_once(cfg, task, monkeypatch):
     """Plan searches that chose one plan and a ``grow:`` placement of it are one controller: its episodes
     run once, and each later row is a copy naming the first in ``same_episodes_as``. A placement with

@@ -1,4 +1,4 @@
-"""``python -m bench.suite``: the command line and where the results files go."""
+"""``python -m esper.shell.suite``: the command line and where the results files go."""
 
 from __future__ import annotations
 
@@ -12,20 +12,21 @@ from typing import Any
 
 import torch
 
-import bench.suite
-from bench.harness import machine_info
-from bench.suite import finetune
-from bench.suite.finetune import run_finetune
-from bench.suite.report import beside_verdicts, goals, markdown, plots, suite_verdict
-from bench.suite.run import EVAL_EPISODES, SUITE, carry_suite, restore_suite, run_suite, status, status_lines
-from bench.suite.transfer import run_transfer
+import esper.shell.suite
+from esper.shell.common.revision import machine_info
+from esper.shell.eval.suite import finetune
+from esper.shell.eval.suite.report import beside_verdicts, goals, markdown, plots, suite_verdict
+from esper.shell.eval.suite.status import status, status_lines
+from esper.shell.eval.suite.tasks import EVAL_EPISODES, SUITE
+from esper.shell.suite.runs import carry_suite, restore_suite, run_finetune, run_suite, run_transfer
 
-BENCH = Path(__file__).resolve().parents[1]
+#: The command, as the results files record it.
+PROG = "python -m esper.shell.suite"
 
 
 def _parser() -> argparse.ArgumentParser:
-    doc = bench.suite.__doc__.split("\n\n")[0]
-    p = argparse.ArgumentParser(prog="python -m bench.suite", description=doc)
+    doc = esper.shell.suite.__doc__.split("\n\n")[0]
+    p = argparse.ArgumentParser(prog=PROG, description=doc)
     p.add_argument("--tasks", default=",".join(SUITE), help=f"comma-separated subset of {','.join(SUITE)}")
     p.add_argument("--seeds", type=int, default=5, help="training seeds per task (default 5)")
     p.add_argument("--first-seed", type=int, default=0, help="the first training seed (0)")
@@ -34,12 +35,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1,
                    help="(task, seed) runs at a time (default 1: one run keeps both cores of the 2-core VM "
                         "busy; with more, each runs one thread)")  # fmt: skip
-    p.add_argument("--runs", type=Path, default=BENCH / "runs" / "suite",
-                   help="where the training runs go (finished seeds and evaluations are kept)")  # fmt: skip
-    p.add_argument("--out", type=Path, default=BENCH / "results" / "suite")
+    p.add_argument("--runs", type=Path, default=Path("runs") / "suite",
+                   help="where the training runs go (finished seeds and evaluations are kept; default "
+                        "runs/suite)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("bench") / "results" / "suite",
+                   help="where the results files go (default bench/results/suite)")  # fmt: skip
     p.add_argument("--archive", type=Path, default=None,
-                   help="where each evaluated (task, seed) is kept as a small file to commit, and read back "
-                        "instead of run (default: OUT/seeds; bench.suite.archive)")  # fmt: skip
+                   help="where each evaluated (task, seed) is kept as a small file, and read back instead of "
+                        "run (default: RUNS/seeds; a folder of the repository to commit them; "
+                        "esper.shell.eval.suite.archive)")  # fmt: skip
     p.add_argument("--carry", action="store_true",
                    help="keep the state in progress of every trained, unfinished (task, seed) of --runs "
                         "in --archive (the trained controller, cached searches and evaluations; with "
@@ -61,8 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--updates", type=int, default=22, help="--finetune's updates per run (22, the default's)")
     p.add_argument("--controller-from", type=Path, default=None, metavar="DIR",
                    help="train no controller: join the one kept in DIR/TASK/seedk.json.gz (python -m "
-                        "bench.suite.confirm keeps them) to the baselines evaluated here on the same hosts "
-                        "and draw")  # fmt: skip
+                        "esper.shell.suite.confirm keeps them) to the baselines evaluated here on the same "
+                        "hosts and draw")  # fmt: skip
     p.add_argument("--beside", type=Path, default=None, metavar="DIR",
                    help="with --controller-from: another arm's kept runs, whose ppo and ppo_greedy join the "
                         "table as ppo_greedy[NAME] (they judge nothing)")  # fmt: skip
@@ -89,12 +93,14 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _archive(args: argparse.Namespace) -> Path:
-    return args.archive if args.archive is not None else args.out / "seeds"
+    """The archive of kept seeds: ``--archive``, else ``RUNS/seeds`` (beside the runs, out of the
+    committed results, whose folder would grow by a file a seed)."""
+    return args.archive if args.archive is not None else args.runs / "seeds"
 
 
 def merged(suite: dict[str, Any], files: list[Path]) -> dict[str, Any]:
-    """``suite`` with each task pooled in ``files`` (earlier ``python -m bench.suite`` results) that it does
-    not pool itself, in :data:`SUITE`'s order, marked with the file it came from (``merged_from``)."""
+    """``suite`` with each task pooled in ``files`` (earlier ``python -m esper.shell.suite`` results) that it
+    does not pool itself, in :data:`SUITE`'s order, marked with the file it came from (``merged_from``)."""
     tasks = dict(suite["tasks"])
     for f in files:
         if not f.exists():
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             back = restore_suite(tasks, args.seeds, args.first_seed, args.runs, _archive(args))
             print("\n".join(f"restored {d}" for d in back) or "nothing to restore")
         return 0
-    command = "python -m bench.suite " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = f"{PROG} " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
         suite = _run(args)
     except ValueError as e:

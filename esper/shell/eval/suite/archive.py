@@ -1,22 +1,24 @@
-"""Finished (task, seed) evaluations kept as small committed files, so that a suite run spanning several
-machines or sessions resumes from what the repository holds, not from a run directory that is gone.
+"""Finished (task, seed) evaluations kept as small files (to commit, where the archive is a folder of the
+repository), so that a suite run spanning several machines or sessions resumes from what the archive
+holds, not from a run directory that is gone.
 
 A suite run's (task, seed) costs 40 minutes to two hours on the 2-core VM and the whole suite about 12
 hours, longer than one session; the run directories (checkpoints, search caches) live outside the
 repository and do not outlive the machine. So once a seed is evaluated, its evaluation (the table's,
-the diagnosis rows and the plan within the cap, merged as :func:`bench.suite.run.pool_task` reads them)
-is written to ``ARCHIVE/TASK/seedK.json.gz`` with what pooling would otherwise read from the run
-directory (the training revision, the training time). :func:`load_seed` returns it when it was made
-alike (the same hosts, episodes and draw), and the suite then neither trains nor evaluates that seed.
+the diagnosis rows and the plan within the cap, merged as
+:func:`esper.shell.eval.suite.pooling.pool_task` reads them) is written to
+``ARCHIVE/TASK/seedK.json.gz`` with what pooling would otherwise read from the run directory (the
+training revision, the training time). :func:`load_seed` returns it when it was made alike (the same
+hosts, episodes and draw), and the suite then neither trains nor evaluates that seed.
 
 A seed still in progress when its machine goes is kept too, from the point where it is trained
 (:func:`carry`): ``ARCHIVE/TASK/seedK.partial/`` holds what the rest of its evaluation reads from the run
 directory, with the checkpoint slimmed to what evaluation loads (the policy's weights and observation
 statistics; the optimizer's state and the replay buffer, which only a resumed training needs, are left
 out), plus the searches and evaluations already cached. A run directory of baselines only (``python -m
-bench.suite --controller-from``: the kept run's settings and no checkpoint) is kept from its first cached
-search or evaluation, without a checkpoint. :func:`restore` puts it back into a run directory, and the
-suite goes on from there. A partial state is removed once its seed is kept whole.
+esper.shell.suite --controller-from``: the kept run's settings and no checkpoint) is kept from its first
+cached search or evaluation, without a checkpoint. :func:`restore` puts it back into a run directory, and
+the suite goes on from there. A partial state is removed once its seed is kept whole.
 """
 
 from __future__ import annotations
@@ -160,9 +162,9 @@ def carry(archive: Path, task: str, k: int, run_dir: Path, evaluations: tuple[st
 
 
 def baselines_only(run_dir: Path) -> bool:
-    """Whether ``run_dir`` is a run directory of baselines only (``python -m bench.suite --controller-from``
-    writes the kept run's settings there and trains nothing): settings, no checkpoint and no events (a
-    training logs its ``run_start`` as it begins, before it saves anything)."""
+    """Whether ``run_dir`` is a run directory of baselines only (``python -m esper.shell.suite
+    --controller-from`` writes the kept run's settings there and trains nothing): settings, no checkpoint
+    and no events (a training logs its ``run_start`` as it begins, before it saves anything)."""
     return (run_dir / "config.json").is_file() and not any(
         (run_dir / name).exists() for name in ("checkpoint.pt", "events.jsonl"))
 

@@ -1,60 +1,44 @@
-"""bench.suite (issue 45): one task, one seed, training and evaluation mocked; the results file has the
-schema the issue gives, the table and plots are written, and every seed is trained with the task's preset
-and evaluated on its final draw."""
+"""``python -m esper.shell.suite`` (issue 45): one task, one seed, training and evaluation mocked; the
+results file has the schema the issue gives, the table and plots are written, and every seed is trained
+with the task's preset and evaluated on its final draw; seeds are kept, carried, restored, joined and
+merged as the archive says."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-import bench.growth.training as bg
-from bench.suite import CAP_SEARCH, CONTROLLERS, FINAL_DATA_SEED, SUITE, final_data_seed, plan_name
-from bench.suite.cli import main
-from bench.suite.report import color
-from bench.suite.run import EVAL_DIR, FOSSILIZING, IN_CAP, OWN_PLAN, PLAN_MULTIPLES, beside_readout
-from bench.suite.transfer import amortization, training_tasks
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _results(k: int, data_seed: int | None, names, run_dir=None) -> dict:
-    """An evaluation's ``results.json`` as ``esper.shell.evaluate`` writes it (two episodes each)."""
-    ctl = {}
-    for i, name in enumerate(names):
-        # episode 0 germinates two seeds, both in the final host, one fossilized; episode 1 germinates one
-        # and ends with no seed in the host
-        eps = [{"final_test_acc": 40.0 + i + k + e, "params_added": 10.0 * i, "return": float(i),
-                "test_objective": 40.0 + i, "germinated_at": [[1, 3], [2]][e], "n_fossilized": 1 - e,
-                "n_pruned": 0, "grown": ["b0=conv_heavy+b1=norm", ""][e]} for e in range(2)]  # fmt: skip
-        grown = {"b0=conv_heavy": 1, "": 1} if k % 2 else {"b0=conv_heavy": 2}
-        ctl[name] = {"per_episode": eps, "compute_host_epochs": 100 * i, "grown_counts": grown}
-        if name.startswith(("plan_search", "heuristic_tuned")):
-            ctl[name]["search"] = {"chosen": "b0=conv_heavy" if name.startswith("plan") else {"min_epoch": 1}}
-        if name.startswith("plan_search"):  # what the search scored on the training hosts
-            ctl[name]["search"]["candidates"] = [
-                {"plan": "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy", "val_acc_mean": 80.0, "episodes": 4},
-                {"plan": "b0=conv_heavy", "val_acc_mean": 78.0, "episodes": 4},
-                {"plan": "b0=norm", "val_acc_mean": 70.0, "episodes": 2},
-            ]
-    meta = {"data_seed": data_seed, "selection_data_seed": 42, "eval_seed": 1000 + k, "episodes": 2,
-            "learned_compute_host_epochs": 4400, "ppo_param_cap": 720.0, "git_rev": "e" * 40,
-            "run_dir": None if run_dir is None else str(run_dir)}  # fmt: skip
-    return {"controllers": ctl, "correlations": {}, "meta": meta}
-
+from esper.shell.eval.suite.tasks import (
+    CAP_SEARCH,
+    CONTROLLERS,
+    EVAL_DIR,
+    FINAL_DATA_SEED,
+    FOSSILIZING,
+    IN_CAP,
+    OWN_PLAN,
+    SUITE,
+    final_data_seed,
+    plan_name,
+)
+from esper.shell.eval.suite.transfer import training_tasks
+from esper.shell.suite import launch
+from esper.shell.suite.cli import main
+from tests.shell.eval.suite.test_pooling import _results
 
 #: The diagnostic evaluation of each seed: ppo_greedy's most grown plan in :func:`_results` as a fixed
 #: plan, and the greedy controller fossilizing wherever it may.
 DIAGNOSTICS, DIAG = ("grow:b0=conv_heavy", FOSSILIZING), EVAL_DIR + "-diagnosis"
+
+
 #: plan_search@1x's best plan within the cap of 720 in :func:`_results`' scores (the 1,200-parameter plan
 #: scores higher but does not fit), grown as a fixed plan on the same hosts.
 IN_CAP_EVAL, IN_CAP_DIR = ("grow:b0=conv_heavy",), EVAL_DIR + "-in-cap"
 
 
 def _mock_runs(monkeypatch) -> tuple[list, list]:
-    """bench.growth's training and evaluation steps mocked: what each was asked, in order
-    (``(k, run root's name, flags)`` and ``(k, out, data_seed, controllers, flags)``)."""
+    """The suite's training and evaluation subprocesses (:mod:`esper.shell.suite.launch`) mocked: what each
+    was asked, in order (``(k, run root's name, flags)`` and ``(k, out, data_seed, controllers, flags)``)."""
     trained, evaluated = [], []
 
     def train(k, root, extra):
@@ -68,8 +52,8 @@ def _mock_runs(monkeypatch) -> tuple[list, list]:
         evaluated.append((k, out, data_seed, tuple(names), list(extra)))
         return _results(k, data_seed, names, run_dir)
 
-    monkeypatch.setattr(bg, "_train", train)
-    monkeypatch.setattr(bg, "_evaluate", evaluate)
+    monkeypatch.setattr(launch, "train", train)
+    monkeypatch.setattr(launch, "evaluate", evaluate)
     return trained, evaluated
 
 
@@ -175,23 +159,6 @@ def test_transfer_trains_on_the_other_tasks_and_evaluates_on_the_held_out_one(tm
         training_tasks("recall")
 
 
-def test_amortization_reads_plan_search_s_curve():
-    def ctl(target, curve):
-        out = {"ppo_greedy": {"test_acc_mean": target}}
-        for m, (x, a) in zip((0.25, 0.5, 1.0, 2.0), curve):
-            out[plan_name(m)] = {"compute_host_epochs": x, "test_acc_mean": a}
-        return out
-
-    curve = [(1000, 60.0), (2000, 70.0), (4000, 80.0), (8000, 85.0)]
-    assert amortization(ctl(75.0, curve)) == {"readout": "ppo_greedy", "test_acc_mean": 75.0,
-                                                   "host_epochs": 3000, "bound": "about"}  # fmt: skip
-    assert amortization(ctl(55.0, curve))["bound"] == "at most"
-    assert amortization(ctl(55.0, curve))["host_epochs"] == 1000
-    assert (amortization(ctl(90.0, curve))["bound"], amortization(ctl(90.0, curve))["host_epochs"]) == (
-        "more than", 8000)
-    assert amortization({"ppo_greedy": {"test_acc_mean": 50.0}})["host_epochs"] is None
-
-
 def test_finetune_starts_from_each_seed_s_transfer_run_beside_a_fresh_network(tmp_path, monkeypatch):
     """``--finetune TASK`` (issue 46): per seed, the task's preset with the set policy from the transfer
     run's weights (``--init_from``) and from scratch, same seed; the curves pooled over seeds."""
@@ -216,7 +183,7 @@ def test_finetune_starts_from_each_seed_s_transfer_run_beside_a_fresh_network(tm
         (run_dir / "events.jsonl").write_text("\n".join(lines) + "\n")
         return run_dir, 1.0
 
-    monkeypatch.setattr(bg, "_train", train)
+    monkeypatch.setattr(launch, "train", train)
     assert main(["--finetune", "longrange", "--seeds", "2", "--updates", "3", "--runs", str(runs),
                  "--out", str(out)]) == 0  # fmt: skip
     tuned = [x for k, arm, x in trained if arm == "tuned"]
@@ -238,224 +205,6 @@ def test_finetune_starts_from_each_seed_s_transfer_run_beside_a_fresh_network(tm
     assert "| 1 | 62.0 [" in md and (out / next(out.glob("*-finetune.png")).name).is_file()
     assert "first update (62.0 %) at no update of 3." in md
     assert "tuned 80.5 [" in md and "scratch 78.5 [" in md
-
-
-def test_catch_up_is_the_first_update_scratch_reaches_the_tuned_start():
-    from bench.suite.finetune import catch_up
-
-    tuned = {"updates": [1, 2, 3], "test_acc_mean": [70.0, 71.0, 72.0]}
-    assert catch_up(tuned, {"updates": [1, 2, 3], "test_acc_mean": [60.0, 70.0, 75.0]}) == 2
-    assert catch_up(tuned, {"updates": [1, 2, 3], "test_acc_mean": [60.0, 65.0, 69.9]}) is None
-
-
-def test_transfer_goal_reads_the_gain_share_and_the_disjoint_intervals():
-    """Issue 46's goal: the judged readout holds at least 0.80 of grow_all's gain over static and is
-    above static, random and both heuristics with disjoint intervals; either half alone is not met."""
-    from bench.suite.report import _goal_lines, goals, transfer_verdict
-
-    def row(mean, half=1.0):
-        return {"test_acc_mean": mean, "test_acc_ci95": [mean - half, mean + half],
-                "params_added_mean": 100.0}  # fmt: skip
-
-    base = {"static": row(45.0), "random": row(60.0), "heuristic": row(46.0), "heuristic_tuned": row(67.0),
-            "grow_all": row(85.0), plan_name(1.0): row(84.5)}  # fmt: skip
-    met = goals({**base, "ppo_greedy": row(79.0, 6.0)})
-    assert met["ppo_greedy"]["gain_share"] == pytest.approx(34.0 / 40.0)
-    assert "**met** (0.85 of the gain, above all four)" in transfer_verdict(met, "ppo_greedy")
-    assert "0.85 of `grow_all`'s gain over `static`" in _goal_lines(met)[0]
-    low = goals({**base, "ppo_greedy": row(76.0, 1.0)})  # disjoint, but 0.78 of the gain
-    assert "**not met** (0.78 of the gain, above all four)" in transfer_verdict(low, "ppo_greedy")
-    wide = goals({**base, "ppo_greedy": row(79.0, 12.0)})  # the share, but overlapping heuristic_tuned
-    assert "**not met** (0.85 of the gain, not above all four)" in transfer_verdict(wide, "ppo_greedy")
-    no_grow_all = goals({k: v for k, v in base.items() if k != "grow_all"} | {"ppo_greedy": row(79.0)})
-    assert no_grow_all["ppo_greedy"]["gain_share"] is None
-    assert "not judged" in transfer_verdict(no_grow_all, "ppo_greedy")
-
-
-
-def test_the_gap_to_plan_search_splits_into_the_cap_the_plan_and_the_growing():
-    """Where ``ppo_greedy`` trails ``plan_search@1x``, the three readings split the gap: the search's lack
-    of a cap (against its best plan within the cap), that plan against the controller's own (both grown
-    as fixed plans), and how the controller grew its own plan; the three add up to the gap."""
-    from bench.suite.report import _goal_lines, goals
-
-    def row(mean):
-        return {"test_acc_mean": mean, "test_acc_ci95": [mean - 1, mean + 1], "params_added_mean": 0.0}
-
-    ctl = {"ppo_greedy": row(82.1), plan_name(1.0): row(84.5), OWN_PLAN: row(84.1), IN_CAP: row(83.0),
-           FOSSILIZING: row(83.7), "static": row(45.0), "grow_all": row(85.0)}  # fmt: skip
-    g = goals(ctl)["ppo_greedy"]
-    split = g["gap_split"]
-    assert split["cap"] == pytest.approx(1.5) and split["plan_within_cap"] == pytest.approx(-1.1)
-    assert split["growing"] == pytest.approx(2.0) and split["fossilizing_recovers"] == pytest.approx(1.6)
-    assert split["cap"] + split["plan_within_cap"] + split["growing"] == pytest.approx(
-        -g["minus_plan_search_equal_compute"])
-    line = _goal_lines({"ppo_greedy": g})[0]
-    assert "+1.5 are the search's lack of a cap" in line and f"`{IN_CAP}`" in line
-    without = goals({k: v for k, v in ctl.items() if k != IN_CAP})["ppo_greedy"]["gap_split"]
-    assert "cap" not in without and without["plan"] == pytest.approx(0.4)
-
-def test_the_search_within_the_cap_is_reported_beside_the_goal_not_for_it():
-    """``plan_search_cap@1x`` (the same search at equal compute, over only the plans within the controller's
-    cap) is evaluated wherever the controller has a cap, and its distance is reported next to the issue's
-    goal, which stays against ``plan_search@1x``."""
-    import dataclasses
-
-    from bench.suite.report import _goal_lines, goals
-    from bench.suite.run import controllers_for
-    from esper.shell.config.presets import preset
-
-    capped = preset("default")
-    assert capped.ppo.param_cap_share > 0 and CAP_SEARCH in controllers_for(capped)
-    uncapped = dataclasses.replace(capped, ppo=dataclasses.replace(capped.ppo, param_cap_share=0.0))
-    assert CAP_SEARCH not in controllers_for(uncapped)  # nothing to search within: it would be refused
-    assert set(controllers_for(capped)) - set(controllers_for(uncapped)) == {CAP_SEARCH}
-
-    def row(mean):
-        return {"test_acc_mean": mean, "test_acc_ci95": [mean - 1, mean + 1], "params_added_mean": 0.0}
-
-    ctl = {"ppo_greedy": row(82.1), plan_name(1.0): row(84.5), CAP_SEARCH: row(82.9)}
-    g = goals(ctl)["ppo_greedy"]
-    assert g["within_1_of_plan_search"] is False  # the goal as the issue writes it
-    assert g["minus_plan_search_cap_equal_compute"] == pytest.approx(-0.8)
-    assert g["within_1_of_plan_search_cap"] is True
-    line = _goal_lines({"ppo_greedy": g})[0]
-    assert "(**trails**: diagnose)" in line
-    assert f"-0.8 against the same search within the controller's cap, `{CAP_SEARCH}` (within 1 point" in line
-    without = goals({k: v for k, v in ctl.items() if k != CAP_SEARCH})["ppo_greedy"]
-    assert "minus_plan_search_cap_equal_compute" not in without
-
-
-def test_the_suite_verdict_reads_each_tasks_goals_first_on_every_task_second_on_half():
-    """The goals over the suite: the first met only where every task meets it, the second where at least
-    half of the tasks do (3 of 5), against ``plan_search@1x``, and the same read against the search within
-    the cap beside it; the tasks that meet each are named, in words too."""
-    from bench.suite.report import suite_verdict, verdict_lines
-
-    def row(mean, half=1.0):
-        return {"test_acc_mean": mean, "test_acc_ci95": [mean - half, mean + half], "params_added_mean": 0.0}
-
-    def task(ppo, search, cap, heuristic=70.0):
-        base = {b: row(heuristic) for b in ("static", "random", "heuristic", "heuristic_tuned")}
-        rows = {"ppo_greedy": row(ppo), plan_name(1.0): row(search), CAP_SEARCH: row(cap)}
-        return {"controllers": {**base, **rows}}
-
-    tasks = {"a": task(80, 80.5, 81), "b": task(80, 83, 80.5), "c": task(80, 81, 79),
-             "d": task(80, 85, 84), "e": task(80, 79, 83, heuristic=79.5)}  # fmt: skip
-    v = suite_verdict(tasks)
-    assert v["tasks"] == list("abcde") and v["second_goal"]["needs"] == 3
-    assert v["first_goal"] == {"tasks_met": list("abcd"), "met": False}  # e: the intervals overlap
-    assert v["second_goal"] == {"needs": 3, "tasks_met": ["a", "c", "e"], "met": True}
-    assert v["second_goal_within_cap"] == {"needs": 3, "tasks_met": ["a", "b", "c"], "met": True}
-    four = suite_verdict({t: tasks[t] for t in "abcd"})
-    assert four["first_goal"]["met"]
-    assert four["second_goal"] == {"needs": 2, "tasks_met": ["a", "c"], "met": True}
-    line = verdict_lines(v)[0]
-    assert "**not met**: 4 of 5, every task needed (`a`, `b`, `c`, `d`)" in line
-    assert "**met**: 3 of 5, 3 needed (`a`, `c`, `e`)" in line and CAP_SEARCH in line
-    uncapped = {t: {"controllers": {k: r for k, r in x["controllers"].items() if k != CAP_SEARCH}}
-                for t, x in tasks.items()}  # fmt: skip
-    assert suite_verdict(uncapped)["second_goal_within_cap"] is None
-    assert suite_verdict({"a": {"controllers": {"static": row(1.0)}}}) is None and verdict_lines(None) == []
-
-
-def test_an_arm_kept_beside_the_judged_one_gets_its_own_verdict_in_the_table_and_the_json():
-    """The second run's rule: where the arm kept beside the judged one (``ppo_greedy[default]``) would meet
-    a goal differently, the table says so. Its goals are read as the judged arm's, stated as beside it, and
-    the judged verdict does not move."""
-    from bench.suite.report import (
-        beside_verdicts,
-        goals,
-        learned_rows,
-        markdown,
-        suite_verdict,
-        verdict_lines,
-    )
-
-    def row(mean, half=1.0):
-        return {"test_acc_mean": mean, "test_acc_ci95": [mean - half, mean + half], "params_added_mean": 0.0}
-
-    def task(judged, beside):
-        base = {b: row(70.0) for b in ("static", "random", "heuristic", "heuristic_tuned")}
-        rows = {"ppo_greedy": row(judged), "ppo_greedy[default]": row(beside), "ppo[default]": row(beside),
-                plan_name(1.0): row(84.0), CAP_SEARCH: row(82.0)}  # fmt: skip
-        return {"controllers": {**base, **rows}}
-
-    tasks = {"a": task(81.6, 80.5), "b": task(83.0, 71.5)}
-    assert learned_rows(tasks["a"]["controllers"]) == ["ppo_greedy", "ppo_greedy[default]", "ppo[default]"]
-    assert set(goals(tasks["a"]["controllers"])) == {"ppo_greedy", "ppo_greedy[default]", "ppo[default]"}
-    judged = suite_verdict(tasks)
-    assert judged["first_goal"]["met"] and judged["second_goal_within_cap"]["tasks_met"] == ["a", "b"]
-    beside = beside_verdicts(tasks)
-    assert list(beside) == ["ppo_greedy[default]"]  # the greedy readout only
-    assert beside["ppo_greedy[default]"]["first_goal"] == {"tasks_met": ["a"], "met": False}
-    capped = beside["ppo_greedy[default]"]["second_goal_within_cap"]
-    assert capped == {"needs": 1, "tasks_met": [], "met": False}
-    assert "the arm kept beside the judged one" in verdict_lines(beside["ppo_greedy[default]"])[0]
-    assert "beside" not in verdict_lines(judged)[0].split(".**")[0]
-    only_a = {"a": tasks["a"], "b": {"controllers": {k: r for k, r in tasks["b"]["controllers"].items()
-                                                      if beside_readout(k) is None}}}  # fmt: skip
-    assert beside_verdicts(only_a) == {}  # an arm missing from a task has no suite verdict
-    # the second run's kept table: the default arm, beside fb4, meets the first goal on the same 3 of 4 and
-    # the capped reading of the second on none, where fb4 meets it on 3 (the log's reading, by hand)
-    second = json.loads((REPO / "bench/results/suite/2026-12-02-vm.json").read_text())
-    text = markdown(second["machine"], {"tasks": second["tasks"]}, "python -m bench.suite", {})
-    assert text.count("**The issue's goals over the 4 tasks") == 2
-    line = next(x for x in text.splitlines() if "for `ppo_greedy[default]`, the arm kept beside" in x)
-    assert "**not met**: 3 of 4, every task needed (`mnist1d`, `mnist1d_deep`, `digits_shallow`)" in line
-    assert line.endswith(f"`{CAP_SEARCH}`, the search within the controller's cap (reported beside the "
-                         "issue's goal): **not met**: 0 of 4, 2 needed (none).")
-
-
-def test_a_suite_of_several_tasks_gets_one_overview_plot(tmp_path):
-    """Several tasks: one more plot, every task's baselines, judged controller and searches side by side
-    (a controller a task lacks is left out); one task: none."""
-    from bench.suite.report import OVERVIEW, plots
-
-    def row(mean):
-        return {"test_acc_mean": mean, "test_acc_ci95": [mean - 1, mean + 1], "params_added_mean": 10.0,
-                "compute_host_epochs": 100}  # fmt: skip
-
-    full = {n: row(50.0 + i) for i, n in enumerate(OVERVIEW)}
-    lacking = {n: c for n, c in full.items() if n != CAP_SEARCH}
-    files = plots(tmp_path, "s", {"tasks": {"a": {"controllers": full}, "b": {"controllers": lacking}}})
-    (overview,) = files[""]
-    assert overview.name == "s-overview.png" and overview.read_bytes()[:4] == b"\x89PNG"
-    assert "" not in plots(tmp_path / "one", "s", {"tasks": {"a": {"controllers": full}}})
-
-
-def test_every_suite_controller_has_its_own_colour():
-    """Each controller a suite plot draws has a fixed colour, and no two share one (matplotlib's default
-    red, which a controller without a colour got, is `ppo`'s)."""
-    names = ["ppo", "ppo_greedy", "static", "random", "heuristic", "heuristic_tuned", "grow_all",
-             *map(plan_name, PLAN_MULTIPLES), OWN_PLAN, FOSSILIZING, IN_CAP, CAP_SEARCH]  # fmt: skip
-    colours = [color(n) for n in names]
-    assert None not in colours
-    assert len(set(colours)) == len(names)
-
-
-@pytest.mark.parametrize("task", sorted(SUITE))
-def test_the_default_s_size_prior_reads_each_seed_s_cost_on_every_suite_task(task):
-    """Issue 45: a prior stays only if it is stated in terms any host has and is tested on every task. The
-    suite's one controller (the default's settings, untrained) grows each legal blueprint about in
-    proportion to what germinating it costs in the chosen slot, on each suite task's own host, at every
-    slot: its blueprint catalogue, slot count and widths, read from the host, not from MNIST-1D."""
-    import torch
-
-    from esper.shell.agent.agent import build_agent
-    from esper.shell.config.presets import preset
-    from esper.shell.env.tasks import grow_all_params
-    from esper.shell.host.descriptors import describe_host
-    from tests.shell.agent.test_setpolicy import _spec, assert_size_prior
-
-    cfg = preset(SUITE[task])
-    assert cfg.ppo.policy == "set" and cfg.ppo.size_bias == 1.0  # the prior under test is the default's
-    with torch.random.fork_rng(devices=[]):
-        task_ = cfg.env.build_task()
-        host = task_.make_host()
-        layout = describe_host(host, grow_all_params=grow_all_params(task_, host))
-        agent = build_agent(cfg.ppo, _spec(layout), device="cpu")
-    assert_size_prior(agent, layout)
 
 
 def test_status_reads_where_each_seed_stands_and_runs_nothing(tmp_path, monkeypatch, capsys):
@@ -485,10 +234,10 @@ def test_status_reads_where_each_seed_stands_and_runs_nothing(tmp_path, monkeypa
 
 
 def test_an_evaluated_seed_is_kept_and_read_back_instead_of_run(tmp_path, monkeypatch, capsys):
-    """bench.suite.archive: each evaluated (task, seed) is kept in ``--archive`` (a small file to commit);
-    a later suite run on another machine, its run directories gone, reads it and runs nothing, and pools
-    the same entry (the training revision and machine included, though its provenance.json is gone). A
-    seed kept for another evaluation (other episodes) is run again."""
+    """esper.shell.eval.suite.archive: each evaluated (task, seed) is kept in ``--archive`` (a small file
+    to commit); a later suite run on another machine, its run directories gone, reads it and runs nothing,
+    and pools the same entry (the training revision and machine included, though its provenance.json is
+    gone). A seed kept for another evaluation (other episodes) is run again."""
     trained, evaluated = _mock_runs(monkeypatch)
     archive, out = tmp_path / "kept", tmp_path / "results"
     argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
@@ -593,14 +342,14 @@ def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_
     assert "nothing to restore" in capsys.readouterr().out  # it has a checkpoint now: left alone
     # another machine: the state goes back into the run directory before training looks at it
     seen = []
-    real_train = bg._train
+    real_train = launch.train
 
     def train(k, root, extra):
         seen.append((k, (root / f"seed{k}" / "checkpoint.pt").exists(),
                      (root / f"seed{k}" / "search" / f"{plan_name(0.25)}.json").exists()))  # fmt: skip
         return real_train(k, root, extra)
 
-    monkeypatch.setattr(bg, "_train", train)
+    monkeypatch.setattr(launch, "train", train)
     assert main([*argv, "--runs", str(tmp_path / "elsewhere"), "--out", str(tmp_path / "out")]) == 0
     assert seen == [(3, True, True), (4, False, False)]
     assert (archive / "longrange" / "seed3.json.gz").exists() and not partial.exists()
@@ -608,9 +357,9 @@ def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_
 
 
 def _kept_controller(tmp_path, seeds=(3, 4), host_seeds=None, arm="controller"):
-    """Controller runs kept as bench.suite.confirm keeps them: the learned rows and diagnosis rows of each
-    seed, with the run's settings, in ``tmp_path/controller/longrange/seedk.json.gz``."""
-    from bench.suite.archive import save_seed
+    """Controller runs kept as esper.shell.suite.confirm keeps them: the learned rows and diagnosis rows of
+    each seed, with the run's settings, in ``tmp_path/controller/longrange/seedk.json.gz``."""
+    from esper.shell.eval.suite.archive import save_seed
 
     where = tmp_path / arm
     names = ("ppo", "ppo_greedy", OWN_PLAN, FOSSILIZING)
@@ -648,8 +397,9 @@ def test_a_kept_controller_is_joined_to_baselines_evaluated_on_its_hosts(tmp_pat
     assert saved["revisions"]["3"] == {"train": "ccccccc", "evaluate": "eeeeeee", "train_machine": None,
                                        "evaluate_machine": None}  # fmt: skip
     assert "all_disjoint_above" in saved["goals"]["ppo_greedy"]
-    # kept in the suite's archive like any seed, then read back
-    assert (out / "seeds" / "longrange" / "seed4.json.gz").is_file()
+    # kept in the suite's archive like any seed, then read back: by default beside the runs (RUNS/seeds),
+    # not among the results files, whose folder would grow by a file a seed
+    assert (runs / "seeds" / "longrange" / "seed4.json.gz").is_file() and not (out / "seeds").exists()
 
 
 def test_baselines_in_progress_are_carried_to_another_machine_and_go_on_there(tmp_path, monkeypatch, capsys):
@@ -679,13 +429,13 @@ def test_baselines_in_progress_are_carried_to_another_machine_and_go_on_there(tm
     assert main(["--status", *argv, "--runs", str(runs)]) == 0
     assert "| longrange | 3 | none (baselines only) | 2x |  |  |  | in progress |" in capsys.readouterr().out
     seen = []
-    real_evaluate = bg._evaluate
+    real_evaluate = launch.evaluate
 
     def evaluate(run_dir, k, episodes, names, out, data_seed=None, extra=()):
         seen.append((k, out, (run_dir / "search" / f"{plan_name(2)}.json").exists()))
         return real_evaluate(run_dir, k, episodes, names, out, data_seed, extra)
 
-    monkeypatch.setattr(bg, "_evaluate", evaluate)
+    monkeypatch.setattr(launch, "evaluate", evaluate)
     elsewhere = tmp_path / "elsewhere"
     assert main([*argv, "--runs", str(elsewhere), "--out", str(tmp_path / "out"),
                  "--controller-from", str(kept)]) == 0  # fmt: skip
@@ -699,7 +449,7 @@ def test_a_kept_controller_trained_without_a_cap_gets_no_search_within_one(tmp_p
     """--controller-from a run with no parameter cap (the nocap arm): the baselines are chosen by the kept
     run's settings, not the preset's, so plan_search_cap@1x, which a run without a cap refuses, is not
     asked for."""
-    from bench.suite.archive import load_seed, save_seed
+    from esper.shell.eval.suite.archive import load_seed, save_seed
 
     _, evaluated = _mock_runs(monkeypatch)
     kept = _kept_controller(tmp_path, seeds=(3,))
@@ -711,32 +461,6 @@ def test_a_kept_controller_trained_without_a_cap_gets_no_search_within_one(tmp_p
     assert main(argv) == 0
     asked = evaluated[0][3]
     assert CAP_SEARCH not in asked and plan_name(1) in asked and "heuristic_tuned" in asked
-
-
-def test_a_controller_without_a_cap_has_no_best_plan_within_one_in_the_search_view():
-    """A run with no parameter cap records a cap of 0: the diagnosis reads it as no cap, not as a cap of
-    0 within which no plan fits (it said "best within the controller's cap of 0: none")."""
-    from bench.suite.report import _search_view_lines
-    from bench.suite.run import search_view
-
-    capped, free = (_results(k, FINAL_DATA_SEED + k, CONTROLLERS) for k in (3, 4))
-    free["meta"]["ppo_param_cap"] = 0.0
-    view = search_view("longrange", {3: capped, 4: free})
-    assert view["3"]["cap"] == 720 and view["3"]["best_within_cap"]["plan"] == "b0=conv_heavy"
-    assert view["4"]["cap"] is None and view["4"]["best_within_cap"] is None
-    assert view["4"]["best"]["plan"] == "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy"
-    three, four = (ln for ln in _search_view_lines(view) if ln.startswith("- seed"))
-    assert "within the controller's cap of 720" in three
-    assert "cap" not in four and "the controller's: `b0=conv_heavy` 78.0 %" in four
-
-
-def test_a_kept_runs_cap_is_read_from_its_settings_then_its_preset():
-    from bench.suite.run import kept_has_cap
-
-    assert not kept_has_cap("longrange", {"ppo": {"param_cap": 0.0, "param_cap_share": 0.0}})
-    assert kept_has_cap("longrange", {"ppo": {"param_cap": 0.0, "param_cap_share": 0.6}})
-    assert kept_has_cap("longrange", {"ppo": {"param_cap": 500.0, "param_cap_share": 0.0}})
-    assert kept_has_cap("longrange", {"seed": 3}) and kept_has_cap("longrange", None)  # the preset's cap
 
 
 def test_a_kept_controller_is_not_joined_where_it_is_missing_or_met_other_hosts(tmp_path, monkeypatch):
@@ -765,41 +489,6 @@ def test_another_arm_stands_beside_the_judged_one_on_the_same_baselines(tmp_path
         main(["--tasks", "longrange", "--beside", str(other), "--runs", str(tmp_path / "r2")])
 
 
-def test_the_table_names_the_flags_its_controllers_trained_with_and_flags_tasks_that_differ():
-    """The 2026-12-06 table said "every task trains the default's controller" of a run whose controllers
-    were trained with the cap and the budget off: the sentence now comes from the settings each seed
-    recorded, so it names the flags, and tasks trained differently are called out as not one
-    configuration."""
-    from bench.suite.report import configuration_sentence
-    from bench.suite.run import controller_settings
-    from esper.shell.config.presets import preset
-
-    cfg = preset(SUITE["mnist1d"])
-    as_preset = {"param_weight": cfg.reward.param_weight, "param_budget_share": cfg.reward.param_budget_share,
-                 "param_over_weight": cfg.reward.param_over_weight, "reward_mode": cfg.reward.mode.name,
-                 "ppo_param_cap_share": cfg.ppo.param_cap_share}  # fmt: skip
-    assert cfg.ppo.param_cap_share > 0 and cfg.reward.param_budget_share > 0  # the default has both
-    uncapped = {**as_preset, "ppo_param_cap_share": 0.0, "param_budget_share": 0.0}
-    assert controller_settings("mnist1d", [as_preset] * 3) == {}
-    off = {"reward.param_budget_share": 0.0, "ppo.param_cap_share": 0.0}
-    assert controller_settings("mnist1d", [uncapped] * 2) == off
-    assert controller_settings("mnist1d", [as_preset, uncapped]) == {
-        "reward.param_budget_share": [cfg.reward.param_budget_share, 0.0],
-        "ppo.param_cap_share": [cfg.ppo.param_cap_share, 0.0],
-    }
-    assert controller_settings("mnist1d", [{}]) == {}  # nothing recorded, nothing claimed
-
-    same = configuration_sentence({"a": {"controller_settings": off}, "b": {"controller_settings": off}})
-    assert same.startswith("One controller configuration")
-    assert "with `--reward.param_budget_share 0 --ppo.param_cap_share 0` on every task" in same
-    default = configuration_sentence({"a": {"controller_settings": {}}, "b": {}})
-    assert default.startswith("One controller configuration") and "--" not in default
-    differ = configuration_sentence({"a": {"controller_settings": off}, "b": {"controller_settings": {}}})
-    assert differ.startswith("**Not one controller configuration**") and "`b` none" in differ
-    mixed = {"ppo.param_cap_share": [0.6, 0.0]}  # the seeds of each task disagree
-    assert configuration_sentence({"a": {"controller_settings": mixed}}).startswith("**Not one controller")
-
-
 def test_a_seed_kept_for_another_controller_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
     """A joined seed in the archive was read back by (task, seed, hosts, draw) alone: pooling seeds
     500-504 without --controller-from, or with another arm's folder, would have shown the uncapped run's
@@ -814,7 +503,7 @@ def test_a_seed_kept_for_another_controller_is_refused_before_anything_runs(tmp_
     before, n_eval = kept.read_bytes(), len(evaluated)
 
     other = _kept_controller(tmp_path, arm="other")  # the same seeds, another controller's episodes
-    from bench.suite.archive import load_seed, save_seed
+    from esper.shell.eval.suite.archive import load_seed, save_seed
 
     for k in (3, 4):
         r = load_seed(other, "longrange", k, 2, FINAL_DATA_SEED + k)

@@ -9,20 +9,19 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.growth.pooling import shares
-from bench.suite.run import (
+from esper.shell.eval.output import COLORS
+from esper.shell.eval.suite.pooling import shares
+from esper.shell.eval.suite.tasks import (
     CAP_SEARCH,
     FOSSILIZING,
     IN_CAP,
     LEARNED,
     OWN_PLAN,
     PLAN_MULTIPLES,
-    SUITE,
     beside_readout,
     plan_name,
 )
-from bench.suite.transfer import READOUT
-from esper.shell.eval.output import COLORS
+from esper.shell.eval.suite.transfer import READOUT
 from esper.shell.telemetry.plots import finish_figure, new_figure
 
 #: Whom the learned controller must beat with disjoint intervals (the issue's first goal).
@@ -40,7 +39,7 @@ def _f(x: float | None, nd: int = 1) -> str:
 
 def learned_rows(controllers: dict[str, dict]) -> list[str]:
     """The learned readouts among ``controllers``: the judged arm's (:data:`LEARNED`), then any arm's kept
-    beside it (``ppo_greedy[default]``: :func:`bench.suite.run.beside_name`)."""
+    beside it (``ppo_greedy[default]``: :func:`esper.shell.eval.suite.tasks.beside_name`)."""
     return [n for n in LEARNED if n in controllers] + [n for n in controllers if beside_readout(n)]
 
 
@@ -139,8 +138,8 @@ def verdict_lines(v: dict[str, Any] | None) -> list[str]:
 
 
 def _gain_share(controllers: dict[str, dict], name: str) -> float | None:
-    """``name``'s gain over ``static`` as a share of ``grow_all``'s (:func:`bench.growth.pooling.shares`);
-    None without both rows or without headroom to share."""
+    """``name``'s gain over ``static`` as a share of ``grow_all``'s
+    (:func:`esper.shell.eval.suite.pooling.shares`); None without both rows or without headroom to share."""
     static, grow_all, c = controllers.get("static"), controllers.get("grow_all"), controllers[name]
     if not (static and grow_all):
         return None
@@ -281,7 +280,8 @@ def _revision_line(revs: dict[str, dict]) -> str:
 
 
 def _fates_lines(ctl: dict[str, dict]) -> list[str]:
-    """What became of the seeds each controller germinated (:func:`bench.suite.run.seed_fates`)."""
+    """What became of the seeds each controller germinated
+    (:func:`esper.shell.eval.suite.pooling.seed_fates`)."""
     rows = [(n, c["seed_fates"]) for n, c in ctl.items() if c.get("seed_fates", {}).get("germinated")]
     if not rows:
         return []
@@ -452,6 +452,6 @@ def overview(path: Path, tasks: dict[str, dict]) -> Path:
 
 
 __all__ = [
-    "MUST_BEAT", "OVERVIEW", "SUITE", "TRANSFER_GAIN_SHARE", "WITHIN", "beside_verdicts", "goals",
+    "MUST_BEAT", "OVERVIEW", "TRANSFER_GAIN_SHARE", "WITHIN", "beside_verdicts", "goals",
     "learned_rows", "markdown", "overview", "plots", "suite_verdict", "transfer_verdict", "verdict_lines",
 ]  # fmt: skip

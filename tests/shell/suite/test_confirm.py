@@ -1,6 +1,6 @@
-"""``python -m bench.suite.confirm``: a confirmation's runs, each kept in the repository once evaluated (with
-what its reading takes from the training events), so that the runs outlive the machine that made them, and
-never trained with a library other than the one the rule pins."""
+"""``python -m esper.shell.suite.confirm``: a confirmation's runs, each kept in the repository once evaluated
+(with what its reading takes from the training events), so that the runs outlive the machine that made
+them, and never trained with a library other than the one the rule pins."""
 
 import gzip
 import json
@@ -9,12 +9,15 @@ import subprocess
 
 import pytest
 
-import bench.suite.confirm as confirm
-from bench.growth import training
-from bench.suite.archive import load_seed, save_seed
-from bench.suite.run import final_data_seed
+import esper.shell.suite.confirm as confirm
+from esper.shell.eval.suite.archive import load_seed, save_seed
+from esper.shell.eval.suite.readings import CREDIT_FROM
+from esper.shell.eval.suite.tasks import final_data_seed
+from esper.shell.suite import launch
 
 TASKS = ("mnist1d_deep", "longrange")
+
+
 FRESH = (300, 301)
 
 
@@ -57,8 +60,8 @@ def fake_runs(monkeypatch):
             results["controllers"]["ppo_greedy"]["grown_counts"] = {"b0=conv_heavy": 10}
         return results
 
-    monkeypatch.setattr(training, "_train", train)
-    monkeypatch.setattr(training, "_evaluate", evaluate)
+    monkeypatch.setattr(launch, "train", train)
+    monkeypatch.setattr(launch, "evaluate", evaluate)
     monkeypatch.setattr(confirm, "library_matches", lambda rev: True)
     return calls
 
@@ -170,19 +173,8 @@ def test_the_kept_seeds_alone_hold_what_a_reading_takes(tmp_path, fake_runs):
             assert fb4["fossils"] == {"fossilized": 5, "timeout_fossilized": 2}
             assert default["fossils"] == {"fossilized": 1, "timeout_fossilized": 2}
             # no paying HOLDING seed in these events: nothing chosen
-            assert fb4["credit"]["from_update"] == confirm.CREDIT_FROM
+            assert fb4["credit"]["from_update"] == CREDIT_FROM
             assert set(fb4["credit"]["counts"].values()) == {0}
-
-
-def test_fossil_counts_read_the_late_updates_only(tmp_path):
-    events = tmp_path / "events.jsonl"
-    lines = [{"event": "lifecycle", "update": u, "kind": kind}
-             for u, kind in [(11, "fossilized"), (12, "fossilized"), (22, "timeout_fossilized"),
-                             (23, "fossilized"), (15, "timeout_pruned"), (16, "fossilized")]]  # fmt: skip
-    lines.append({"event": "ppo_update", "update": 12, "kind": "fossilized"})
-    events.write_text("\n".join(map(json.dumps, lines)) + "\n")
-    assert confirm.fossil_counts(events) == {"fossilized": 2, "timeout_fossilized": 1}
-    assert confirm.fossil_counts(tmp_path / "none.jsonl") is None
 
 
 def test_status_says_where_each_run_stands_and_runs_nothing(tmp_path, fake_runs, capsys):

@@ -2,26 +2,21 @@
 next to the same controller trained there from scratch.
 
 For each training seed k of a finished transfer run (``--runs/transfer-TASK/seedk``, from
-``python -m bench.suite --transfer TASK``), two runs of the task's suite preset with the set policy:
+``python -m esper.shell.suite --transfer TASK``), two runs of the task's suite preset with the set policy:
 ``tuned`` starts from the transfer run's weights and observation statistics (``--init_from``),
 ``scratch`` from a fresh network, both ``--seed k`` (the same training hosts, data order and draws).
 The curve is each update's training episodes' final test accuracy (the task's training hosts and own
 draw: a learning curve, not the held-out table), averaged over the envs, then over seeds with a 95 %
-interval.
+interval (the runs: :func:`esper.shell.suite.runs.run_finetune`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.growth import training
-from bench.suite.run import SUITE
-from bench.suite.transfer import TRANSFER_FLAGS, training_tasks
 from esper.shell.eval.stats import mean_ci95
 from esper.shell.telemetry.events import read_events
 
@@ -57,47 +52,6 @@ def pool_curves(per_seed: dict[int, list[float]]) -> dict[str, Any]:
     stats = [mean_ci95([c[u] for c in per_seed.values()]) for u in range(n)]
     return {"updates": list(range(1, n + 1)), "test_acc_mean": [m for m, _ in stats],
             "test_acc_ci95": [list(ci) for _, ci in stats], "training_seeds": sorted(per_seed)}  # fmt: skip
-
-
-def run_finetune(heldout: str, seeds: int, first_seed: int, updates: int, jobs: int, runs: Path,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
-    """Both arms for every seed (``jobs`` runs at a time), pooled:
-    ``{"tasks": {}, "transfer": {heldout: {"finetune": {"tuned": ..., "scratch": ...}}}}``."""
-    training_tasks(heldout)  # a suite task
-    if seeds < 1 or first_seed < 0 or updates < 1 or jobs < 1:
-        raise ValueError("--seeds, --updates and --jobs must be >= 1, --first-seed >= 0")
-    seed_range = range(first_seed, first_seed + seeds)
-    sources = {k: runs / f"transfer-{heldout}" / f"seed{k}" for k in seed_range}
-    missing = [str(p) for p in sources.values() if not (p / "checkpoint.pt").is_file()]
-    if missing:
-        raise ValueError(f"--finetune needs the transfer runs first (python -m bench.suite --transfer "
-                         f"{heldout}); missing: {', '.join(missing)}")  # fmt: skip
-    base = ["--preset", SUITE[heldout], *TRANSFER_FLAGS, "--updates", str(updates)]
-    threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
-    root = runs / f"finetune-{heldout}"
-
-    def one(job: tuple[str, int]) -> tuple[str, int, list[float], float | None]:
-        arm, k = job
-        extra = ["--init_from", str(sources[k])] if arm == "tuned" else []
-        run_dir, _ = training._train(k, root / arm, [*base, *extra, *threads])
-        log(f"fine-tuning on {heldout}, {arm}, seed {k}: done")
-        return arm, k, curve(run_dir), closing_check(run_dir)
-
-    jobs_list = [(arm, k) for k in seed_range for arm in ARMS]
-    with ThreadPoolExecutor(max_workers=jobs) as workers:
-        done = list(workers.map(one, jobs_list))
-    pooled = {arm: pool_curves({k: c for a, k, c, _ in done if a == arm}) for arm in ARMS}
-    for arm in ARMS:
-        finals = {k: h for a, k, _, h in done if a == arm and h is not None}
-        if finals:  # the closing held-out check of each run: fresh hosts, greedy
-            m, ci = mean_ci95(list(finals.values()))
-            pooled[arm]["heldout_greedy"] = {"test_acc_mean": m, "test_acc_ci95": list(ci),
-                                             "training_seeds": sorted(finals)}  # fmt: skip
-    pooled["catch_up_update"] = catch_up(pooled["tuned"], pooled["scratch"])
-    about = {"updates": updates, "preset": SUITE[heldout], "flags": list(TRANSFER_FLAGS),
-             "trained_on": training_tasks(heldout)}  # fmt: skip
-    entry = {"finetune": {**pooled, **about}}
-    return {"tasks": {}, "transfer": {heldout: entry}}
 
 
 def plot(out: Path, stem: str, heldout: str, finetune: dict[str, Any]) -> Path:
@@ -154,4 +108,4 @@ def markdown(heldout: str, finetune: dict[str, Any], png: Path) -> list[str]:
     return [*lines, "", f"![{png.stem}]({png.name})", ""]
 
 
-__all__ = ["ARMS", "catch_up", "closing_check", "curve", "markdown", "plot", "pool_curves", "run_finetune"]
+__all__ = ["ARMS", "catch_up", "closing_check", "curve", "markdown", "plot", "pool_curves"]

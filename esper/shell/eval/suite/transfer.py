@@ -8,28 +8,14 @@ turn; the default's controller, reward and lifecycle, the set policy being the o
 host), then ``python -m esper.shell.evaluate RUN --task HELDOUT`` on the held-out task's fresh hosts
 (evaluation seed 1000 + k) and final draw (data seed 100000 + k; a fixed dataset's test split), with
 the searches (``heuristic_tuned``, ``plan_search``) run on the held-out task's training hosts and own
-draw, into ``RUN_DIR/eval-transfer``.
+draw, into ``RUN_DIR/eval-transfer`` (the runs: :func:`esper.shell.suite.runs.run_transfer`).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from bench.growth import training
-from bench.suite.run import (
-    PLAN_MULTIPLES,
-    SUITE,
-    controllers_for,
-    final_data_seed,
-    plan_name,
-    pool_task,
-    with_diagnostics,
-)
-from esper.shell.config.presets import preset
+from esper.shell.eval.suite.tasks import PLAN_MULTIPLES, SUITE, plan_name
 
 #: What the transfer run sets beyond the default: the policy whose shapes do not depend on the host.
 TRANSFER_FLAGS = ("--ppo.policy", "set")
@@ -84,40 +70,5 @@ def amortization(controllers: dict[str, dict], readout: str = READOUT) -> dict[s
     return {**out, "host_epochs": curve[-1][0], "bound": "more than"}
 
 
-def run_transfer(heldout: str, seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
-    """Every training seed trained on the other tasks and evaluated on ``heldout`` (``jobs`` at a time),
-    pooled: ``{"transfer": {heldout: entry}}``, the entry as :func:`bench.suite.run.pool_task` writes a
-    task's, with ``trained_on``, the training times and the :func:`amortization`."""
-    if seeds < 1 or first_seed < 0 or episodes < 2 or jobs < 1:
-        raise ValueError("--seeds and --jobs must be >= 1, --first-seed >= 0, --episodes >= 2")
-    args = train_args(heldout)
-    root = runs / f"transfer-{heldout}"
-    root.mkdir(parents=True, exist_ok=True)
-    threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
-    t0 = time.perf_counter()
-
-    evaluate_flags = ["--task", heldout, *(["--threads", "1"] if jobs > 1 else [])]
-
-    def one(k: int) -> tuple[int, dict, float]:
-        run_dir, train_s = training._train(k, root, [*args, *threads])
-        # the preset it trains with (train_args) holds the controller's cap
-        results = training._evaluate(run_dir, k, episodes, controllers_for(preset("default")), out=EVAL_DIR,
-                                     data_seed=final_data_seed(heldout, k), extra=evaluate_flags)  # fmt: skip
-        with_diagnostics(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(heldout, k), evaluate_flags)
-        log(f"transfer to {heldout}, seed {k}: done")
-        return k, results, train_s
-
-    with ThreadPoolExecutor(max_workers=jobs) as workers:
-        done = list(workers.map(one, range(first_seed, first_seed + seeds)))
-    entry = pool_task(heldout, {k: r for k, r, _ in done})
-    entry["preset"] = "default"
-    entry["flags"] = list(TRANSFER_FLAGS)
-    entry["trained_on"] = training_tasks(heldout)
-    entry["train_seconds"] = [s for _, _, s in done]
-    entry["amortization"] = amortization(entry["controllers"])
-    return {"tasks": {}, "transfer": {heldout: entry}, "seconds": time.perf_counter() - t0}
-
-
-__all__ = ["EVAL_DIR", "READOUT", "TRANSFER_FLAGS", "amortization", "run_transfer", "train_args",
+__all__ = ["EVAL_DIR", "OWN_SIZES", "READOUT", "TRANSFER_FLAGS", "amortization", "train_args",
            "training_tasks"]  # fmt: skip

@@ -1,0 +1,49 @@
+"""Pooling a task's seeds (issue 45): the evaluations of each training seed, as ``esper.shell.evaluate``
+writes them, pooled into one entry per controller; what the largest plan search scored beside the
+controller's plan; the committed kept seeds' tables are the ones pooled before the protocol moved here."""
+
+from __future__ import annotations
+
+from esper.shell.eval.suite.tasks import CONTROLLERS, FINAL_DATA_SEED
+
+
+def _results(k: int, data_seed: int | None, names, run_dir=None) -> dict:
+    """An evaluation's ``results.json`` as ``esper.shell.evaluate`` writes it (two episodes each)."""
+    ctl = {}
+    for i, name in enumerate(names):
+        # episode 0 germinates two seeds, both in the final host, one fossilized; episode 1 germinates one
+        # and ends with no seed in the host
+        eps = [{"final_test_acc": 40.0 + i + k + e, "params_added": 10.0 * i, "return": float(i),
+                "test_objective": 40.0 + i, "germinated_at": [[1, 3], [2]][e], "n_fossilized": 1 - e,
+                "n_pruned": 0, "grown": ["b0=conv_heavy+b1=norm", ""][e]} for e in range(2)]  # fmt: skip
+        grown = {"b0=conv_heavy": 1, "": 1} if k % 2 else {"b0=conv_heavy": 2}
+        ctl[name] = {"per_episode": eps, "compute_host_epochs": 100 * i, "grown_counts": grown}
+        if name.startswith(("plan_search", "heuristic_tuned")):
+            ctl[name]["search"] = {"chosen": "b0=conv_heavy" if name.startswith("plan") else {"min_epoch": 1}}
+        if name.startswith("plan_search"):  # what the search scored on the training hosts
+            ctl[name]["search"]["candidates"] = [
+                {"plan": "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy", "val_acc_mean": 80.0, "episodes": 4},
+                {"plan": "b0=conv_heavy", "val_acc_mean": 78.0, "episodes": 4},
+                {"plan": "b0=norm", "val_acc_mean": 70.0, "episodes": 2},
+            ]
+    meta = {"data_seed": data_seed, "selection_data_seed": 42, "eval_seed": 1000 + k, "episodes": 2,
+            "learned_compute_host_epochs": 4400, "ppo_param_cap": 720.0, "git_rev": "e" * 40,
+            "run_dir": None if run_dir is None else str(run_dir)}  # fmt: skip
+    return {"controllers": ctl, "correlations": {}, "meta": meta}
+
+
+def test_a_controller_without_a_cap_has_no_best_plan_within_one_in_the_search_view():
+    """A run with no parameter cap records a cap of 0: the diagnosis reads it as no cap, not as a cap of
+    0 within which no plan fits (it said "best within the controller's cap of 0: none")."""
+    from esper.shell.eval.suite.pooling import search_view
+    from esper.shell.eval.suite.report import _search_view_lines
+
+    capped, free = (_results(k, FINAL_DATA_SEED + k, CONTROLLERS) for k in (3, 4))
+    free["meta"]["ppo_param_cap"] = 0.0
+    view = search_view("longrange", {3: capped, 4: free})
+    assert view["3"]["cap"] == 720 and view["3"]["best_within_cap"]["plan"] == "b0=conv_heavy"
+    assert view["4"]["cap"] is None and view["4"]["best_within_cap"] is None
+    assert view["4"]["best"]["plan"] == "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy"
+    three, four = (ln for ln in _search_view_lines(view) if ln.startswith("- seed"))
+    assert "within the controller's cap of 720" in three
+    assert "cap" not in four and "the controller's: `b0=conv_heavy` 78.0 %" in four
