@@ -23,18 +23,23 @@ seed's price that waits for the last step is discounted and, at GAE's lambda, re
 that caused it only weakly, so a low alpha target looks cheaper than it is. ``param_share="live"``
 charges a seed in full from its first epoch with alpha > 0, exactly as the final host is charged, so
 ``Phi`` is one function of the host state throughout and every alpha target pays the same price at the
-same time. ``s_{t+1}`` is measured one epoch after the action, so the shell adds this term when the next
-measurement arrives (:class:`esper.shell.env.rollout.EpisodeRunner`); in OBJECTIVE mode
-:func:`compute_reward` itself returns zeros (the component ``objective`` is the shell's).
-The reference's modes below stay available.
+same time. ``s_{t+1}`` is measured one epoch after the action, so :func:`episode_rewards` adds this
+term once the episode's measurements are in; in OBJECTIVE mode :func:`compute_reward` itself returns
+zeros. The reference's modes below stay available.
+
+**Where the learner's reward is.** Two steps, both here. :func:`compute_reward` gives a step's own
+terms when the step is taken; :func:`episode_rewards`, run once the episode is over, turns them into
+the reward PPO trains on (its ``total``): it adds the OBJECTIVE term above and the governor's
+rollback charge (a panic at a measurement charges the transition that led into it), neither of which
+is known when the step is taken. The shell stores that ``total`` as ``("next", "raw_reward")``.
 
 :func:`compute_reward` reads the **pre-action** slot state, the action, the lifecycle events, the
 post-step slot state, this epoch's signals and the history after this epoch, and returns a
-TensorDict ``[*E]`` of float32 components, their sum ``total``, and two bool telemetry flags
-(``hacking``, ``ransomware``; finding H9). Slot-specific terms use the sampled slot (``gather``).
-Inputs are clamped to their physical ranges (accuracy [0, 100] %, contribution [-100, 100] points,
-loss [0, 1e4]) and every division is guarded, so every component is finite and bounded for any
-valid config (findings C2, M3).
+TensorDict ``[*E]`` of float32 components, their sum ``step_total`` (not yet the learner's reward),
+and two bool telemetry flags (``hacking``, ``ransomware``; finding H9). Slot-specific terms use the
+sampled slot (``gather``). Inputs are clamped to their physical ranges (accuracy [0, 100] %,
+contribution [-100, 100] points, loss [0, 1e4]) and every division is guarded, so every component is
+finite and bounded for any valid config (findings C2, M3).
 
 Notation for the sampled slot before the action: ``c`` = contribution (points), ``measured`` = it
 had alpha > 0 this epoch (so ``c`` is a counterfactual; alpha-0 seeds report 0), ``ti`` = total
@@ -235,7 +240,8 @@ def compute_reward(
         cfg: mode, family, coefficients.
         max_epochs: episode length; the step with ``epoch >= max_epochs`` is the last.
 
-    Returns ``[*E]``: float32 :data:`COMPONENTS`, ``total`` (their sum) and bool :data:`FLAGS`. The
+    Returns ``[*E]``: float32 :data:`COMPONENTS`, ``step_total`` (their sum: the step's own terms,
+    which :func:`episode_rewards` turns into the learner's reward) and bool :data:`FLAGS`. The
     per-slot quantities are :func:`_slot_quantities`; the terms of each mode :func:`_contribution_terms`
     (SHAPED, CONTRIBUTION family), :func:`_loss_terms` (SHAPED, LOSS family) and :func:`_sparse_terms`
     (SPARSE, MINIMAL).
@@ -262,7 +268,7 @@ def compute_reward(
     total = zero
     for k in COMPONENTS:
         total = total + out[k]
-    out["total"] = total
+    out["step_total"] = total  # not yet the learner's reward: episode_rewards finishes it
     return TensorDict(out, batch_size=signals.batch_size)
 
 
@@ -475,6 +481,78 @@ def _op_shaping(op, ev, pick, c, ti, eis, measured, stage, slots, cfg: RewardCon
     return torch.where(op == int(Op.PRUNE), prune, out)
 
 
+# ------------------------------------------------------------------------------ the learner's reward
+def episode_rewards(
+    terms: TensorDictBase,
+    measurements: TensorDictBase,
+    final: TensorDictBase,
+    panicked: torch.Tensor,
+    *,
+    cfg: RewardConfig,
+    rollback_penalty: float,
+) -> TensorDict:
+    """**The learner's reward** of every step of an episode, ``[*E, T]`` (time last): the one place
+    that turns the per-step terms into the reward PPO trains on. The shell stores ``total`` as the
+    rollout's ``("next", "raw_reward")`` (the trainer only rescales it, into ``("next", "reward")``),
+    logs it as each ``epoch`` event's ``reward`` and sums it into each episode's ``return``.
+
+    Args:
+        terms: the steps' :func:`compute_reward` outputs stacked over time ``[*E, T]``.
+        measurements: the measurement each step acted on ``[*E, T]`` (``val_acc``, ``host_params``,
+            ``("slots", "seed_params" | "alpha")``, as :func:`objective` reads them).
+        final: the final hosts' measurement ``[*E]``, taken after the last step.
+        panicked: bool ``[*E, T]``, the governor rolled the env back at that measurement.
+        cfg: the reward's configuration (its mode).
+        rollback_penalty: what a rollback costs (``governor.penalty``, >= 0).
+
+    Returns ``[*E, T]``: the float32 :data:`COMPONENTS` (in OBJECTIVE mode ``objective`` now holds
+    ``Phi(m_{t+1}) - Phi(m_t)``, the last step's against ``final``, charged in full), the bool
+    :data:`FLAGS`, ``rollback`` (the rollback charge, <= 0: a panic at measurement t charges the
+    transition that led into it, t - 1, and a panic at the first measurement the first step) and
+    ``total`` = ``step_total`` + ``rollback`` + the objective term, added in the order each became
+    known (so equal, up to rounding, to the sum of the components and ``rollback``). None of these is
+    known when the step is taken: the objective term needs the next measurement, the rollback charge
+    the next panic check; hence this function runs once the episode is over. Fullgraph-clean.
+    """
+    _check_episode(terms, measurements, final, panicked)
+    charge = rollback_penalty * panicked.float()  # [*E, T], at the panicking measurement
+    none = torch.zeros_like(charge[..., :1])
+    at_start = torch.cat([charge[..., :1], torch.zeros_like(charge[..., 1:])], dim=-1)  # first step
+    into_next = torch.cat([charge[..., 1:], none], dim=-1)  # the transition that led into the panic
+    total = terms["step_total"] - at_start - into_next
+    out = {k: terms[k] for k in (*COMPONENTS, *FLAGS)}
+    if cfg.mode is RewardMode.OBJECTIVE:
+        delta = torch.cat(
+            [
+                objective_delta(measurements[..., :-1], measurements[..., 1:], cfg),
+                objective_delta(measurements[..., -1], final, cfg, final=True).unsqueeze(-1),
+            ],
+            dim=-1,
+        )
+        total = total + delta
+        out["objective"] = out["objective"] + delta
+    out["rollback"] = -(at_start + into_next)
+    out["total"] = total
+    return TensorDict(out, batch_size=terms.batch_size)
+
+
+def _check_episode(terms, measurements, final, panicked) -> None:
+    """:func:`episode_rewards`' shapes: ``terms``, ``measurements`` and ``panicked`` ``[*E, T]`` with
+    T >= 1, ``final`` ``[*E]``."""
+    steps = tuple(terms.batch_size)
+    if len(steps) < 1 or steps[-1] < 1:
+        raise ValueError(f"episode_rewards: terms must be [*E, T] with T >= 1, got {list(steps)}")
+    if tuple(measurements.batch_size) != steps or tuple(panicked.shape) != steps:
+        raise ValueError(
+            f"episode_rewards: measurements {list(measurements.batch_size)} and panicked "
+            f"{list(panicked.shape)} must be the terms' {list(steps)}"
+        )
+    if tuple(final.batch_size) != steps[:-1]:
+        raise ValueError(
+            f"episode_rewards: final must be [*E] = {list(steps[:-1])}, got {list(final.batch_size)}"
+        )
+
+
 __all__ = [
     "COMPONENTS",
     "FLAGS",
@@ -483,6 +561,7 @@ __all__ = [
     "RewardFamily",
     "RewardMode",
     "compute_reward",
+    "episode_rewards",
     "objective",
     "objective_delta",
     "pbrs",

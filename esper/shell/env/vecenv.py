@@ -94,12 +94,13 @@ class TimeStep:
 @dataclass
 class Transition:
     """What :meth:`VecEnv.step` returns: the step's own reward terms ``[E]``
-    (:func:`esper.core.rewards.compute_reward`: components, ``total`` and the telemetry flags; in
-    OBJECTIVE mode the objective is paid from the measurements, :func:`esper.shell.env.rollout.
-    episode_rewards`), the slot state right after the action ``[E, S]``, per env the lifecycle events
+    (:func:`esper.core.rewards.compute_reward`: components, their sum ``step_total`` and the telemetry
+    flags; not yet the learner's reward, which :func:`esper.core.rewards.episode_rewards` makes of them
+    at the end of the episode, adding the OBJECTIVE term and the rollback charge that only the next
+    measurement decides), the slot state right after the action ``[E, S]``, per env the lifecycle events
     that happened, and the next time step (``last`` after the episode's final epoch)."""
 
-    reward: TensorDict
+    reward_terms: TensorDict
     slots: TensorDict
     lifecycle: list[list[dict]]
     next: TimeStep
@@ -211,7 +212,7 @@ class VecEnv:
         obs, lc, T = self._last.obs, self.lifecycle, self.lifecycle.max_epochs
         slots, signals = obs.slots, obs.signals
         new_slots, events = lifecycle_step(slots, action, signals, lc, n_blueprints=self.spec.n_blueprints)
-        reward = compute_reward(
+        terms = compute_reward(
             slots, action, new_slots, events, signals, self.history, gamma=self.gamma, cfg=self.reward_cfg,
             max_epochs=T,
         )  # fmt: skip
@@ -219,7 +220,7 @@ class VecEnv:
         happened = self._apply(new_slots, events)
         self.timings.update({"lifecycle_reward": t1 - t0, "apply": time.perf_counter() - t1})
         self._last = self._measure() if self.epoch < T else self._final(obs)
-        return Transition(reward, new_slots, happened, self._last)
+        return Transition(terms, new_slots, happened, self._last)
 
     def close(self) -> None:
         """Stop the host bank's worker threads (if any)."""
