@@ -44,6 +44,7 @@ from esper.core.rewards import (
     RewardFamily,
     RewardMode,
     compute_reward,
+    episode_rewards,
     objective,
     objective_delta,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "compute_reward",
     "decouple",
     "env_minibatches",
+    "episode_rewards",
     "gae",
     "gae_tensors",
     "gate_readiness",

@@ -85,8 +85,34 @@ def grad_health(
         per-tensor norms do not); a NaN element makes its norms NaN (that is the signal), zero or no
         gradients give 0.
     """
-    where = "grad_health"
     grads = list(grads)
+    groups = _check_grads(grads, groups, n_groups)
+    device = grads[0].device if grads else torch.device("cpu")
+    dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+    sq, nan_count, inf_count = _squared_norms(grads, device)
+    param_norms = sq.sqrt().to(dtype)
+    index = torch.tensor(groups, dtype=torch.int64, device=device)
+    group_sq = torch.zeros(n_groups, dtype=torch.float64, device=device).index_add(0, index, sq)
+    n_params = max(len(grads), 1)
+    return TensorDict(
+        {
+            "global_norm": sq.sum().sqrt().to(dtype),
+            "group_norms": group_sq.sqrt().to(dtype),
+            "param_norms": param_norms,
+            "nan_count": nan_count,
+            "inf_count": inf_count,
+            "vanishing_frac": (param_norms < cfg.vanish_norm).sum().to(dtype) / n_params,
+            "exploding_frac": (param_norms > cfg.explode_norm).sum().to(dtype) / n_params,
+            "finite": (nan_count + inf_count) == 0,
+        },
+        batch_size=[],
+    )
+
+
+def _check_grads(grads: list[torch.Tensor], groups: Sequence[int] | None, n_groups: int) -> list[int]:
+    """:func:`grad_health`'s input checks (floating tensors on one device, group indices in range);
+    returns the group index of every gradient (all 0 when ``groups`` is None)."""
+    where = "grad_health"
     for i, g in enumerate(grads):
         if not isinstance(g, torch.Tensor):
             raise TypeError(f"{where}: grads[{i}] must be a tensor, got {type(g).__name__}")
@@ -104,47 +130,30 @@ def grad_health(
     bad = [k for k in groups if not 0 <= k < n_groups]
     if bad:
         raise ValueError(f"{where}: group indices must be in [0, {n_groups}), got {bad[:5]}")
+    return groups
 
-    device = grads[0].device if grads else torch.device("cpu")
-    dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
-    if grads:
-        # One flat copy of every gradient (views joined, promoted to the widest dtype), each tensor's
-        # squared norm a segment sum over it in float64: large finite norms do not overflow, a NaN or
-        # Inf element makes its tensor's norm NaN or Inf, as a norm function would.
-        sizes = [g.numel() for g in grads]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        segment = torch.repeat_interleave(
-            torch.arange(len(grads), device=device),
-            torch.tensor(sizes, device=device),
-            output_size=sum(sizes),
-        )
-        sq = torch.zeros(len(grads), dtype=torch.float64, device=device).index_add(
-            0, segment, flat.to(torch.float64).square()
-        )
-        param_norms = sq.sqrt().to(dtype)
-        nan_count = torch.isnan(flat).sum()
-        inf_count = torch.isinf(flat).sum()
-    else:
-        param_norms = torch.zeros(0, dtype=dtype, device=device)
-        sq = torch.zeros(0, dtype=torch.float64, device=device)
-        nan_count = inf_count = torch.zeros((), dtype=torch.int64, device=device)
 
-    index = torch.tensor(groups, dtype=torch.int64, device=device)
-    group_sq = torch.zeros(n_groups, dtype=torch.float64, device=device).index_add(0, index, sq)
-    n_params = max(len(grads), 1)
-    return TensorDict(
-        {
-            "global_norm": sq.sum().sqrt().to(dtype),
-            "group_norms": group_sq.sqrt().to(dtype),
-            "param_norms": param_norms,
-            "nan_count": nan_count,
-            "inf_count": inf_count,
-            "vanishing_frac": (param_norms < cfg.vanish_norm).sum().to(dtype) / n_params,
-            "exploding_frac": (param_norms > cfg.explode_norm).sum().to(dtype) / n_params,
-            "finite": (nan_count + inf_count) == 0,
-        },
-        batch_size=[],
+def _squared_norms(
+    grads: list[torch.Tensor], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every gradient's squared L2 norm ``[P]`` (float64) and the NaN and Inf element counts (int64).
+    One flat copy of every gradient (views joined, promoted to the widest dtype), each tensor's squared
+    norm a segment sum over it in float64: large finite norms do not overflow, a NaN or Inf element
+    makes its tensor's norm NaN or Inf, as a norm function would."""
+    if not grads:
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        return torch.zeros(0, dtype=torch.float64, device=device), zero, zero
+    sizes = [g.numel() for g in grads]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    segment = torch.repeat_interleave(
+        torch.arange(len(grads), device=device),
+        torch.tensor(sizes, device=device),
+        output_size=sum(sizes),
     )
+    sq = torch.zeros(len(grads), dtype=torch.float64, device=device).index_add(
+        0, segment, flat.to(torch.float64).square()
+    )
+    return sq, torch.isnan(flat).sum(), torch.isinf(flat).sum()
 
 
 def lstm_health(

@@ -415,18 +415,60 @@ def lifecycle_step(
         n_blueprints: the host family's blueprint count for G0 (0: only ``blueprint >= 0`` is checked).
 
     Returns ``(new_slots [*E, S], events [*E, S])``; ``events`` holds a bool per :data:`EVENT_KINDS`.
+
+    The sub-steps, in order: :func:`_decide` (legality, gates: which transition each slot takes),
+    :func:`_apply_op` (the op's stage change, the fields it stores, the ramps it starts),
+    :func:`_holding_timeout`, :func:`_move_ramps` (ramps, removal, embargo) and :func:`_close_epoch`
+    (counters, cleared seed fields, the previous stage).
     """
     _check_batch(slots, signals, "lifecycle_step")
     if n_blueprints < 0:
         raise ValueError(f"lifecycle_step: n_blueprints must be >= 0, got {n_blueprints}")
-    S = slots.batch_size[-1]
     f = {k: slots[k] for k in SLOT_FIELDS}
-    stage0, eis0, alpha0 = f["stage"], f["epochs_in_stage"], f["alpha"]
-    dev = stage0.device
-    val_acc = clean_acc(signals["val_acc"]).unsqueeze(-1).expand_as(alpha0)
-    head = lambda name: action[name].unsqueeze(-1).expand_as(stage0)  # [*E] -> [*E, S]
+    stage0 = f["stage"]
+    heads = {k: action[k].unsqueeze(-1).expand_as(stage0) for k in _STEP_HEADS}  # [*E] -> [*E, S]
+    val_acc = clean_acc(signals["val_acc"]).unsqueeze(-1).expand_as(f["alpha"])
+    d = _decide(slots, action, heads, signals, cfg, n_blueprints)
+    stage, f = _apply_op(f, d, heads, val_acc)
+    stage, f, kept, timeout = _holding_timeout(f, stage, slots, d["germ"], cfg)
+    stage, f, removed, embargo = _move_ramps(f, stage, stage0, cfg)
+    f = _close_epoch(f, stage, slots, d["germ"], val_acc, embargo)
+    events = {
+        "germinated": d["germ"],
+        "germinate_failed": d["germ_failed"],
+        "advanced": d["to_blend"] | d["to_hold"],
+        "advance_failed": d["advance_op"] & ~(d["to_blend"] | d["to_hold"]),
+        "fossilized": d["fossil"],
+        "fossilize_failed": d["fossil_failed"],
+        "prune_started": d["prune"],
+        "removed": removed,
+        "timeout_pruned": timeout,
+        "timeout_fossilized": kept,
+        "alpha_set": d["aset"],
+        "illegal": d["illegal"],
+    }
+    return _build(slots, f), TensorDict(events, batch_size=slots.batch_size)
 
-    # ---- which slot acts, and is the (op, slot) pair legal
+
+#: The action heads :func:`lifecycle_step` reads per slot.
+_STEP_HEADS = ("op", "blueprint", "style", "tempo", "alpha_target", "alpha_speed", "alpha_curve")
+
+
+def _decide(
+    slots: TensorDict,
+    action: TensorDict,
+    heads: dict[str, torch.Tensor],
+    signals: TensorDict,
+    cfg: LifecycleConfig,
+    n_blueprints: int,
+) -> dict[str, torch.Tensor]:
+    """Which transition the action makes on each slot ``[*E, S]`` (bool masks): the sampled ``(op,
+    slot)`` pair checked against :func:`op_slot_legality` (``illegal`` on the chosen slot where it is
+    not legal), then each op's gate on the pre-step state (G0, G2, G3, G5). ``advance_op``: the op was
+    ADVANCE, gate passed or not; with ``auto_advance`` ``to_blend``/``to_hold`` also hold the slots
+    no op acted on whose gate passes."""
+    S = slots.batch_size[-1]
+    dev = slots["stage"].device
     op = action["op"]
     chosen = torch.arange(S, device=dev) == action["slot"].unsqueeze(-1)
     legal = op_slot_legality(
@@ -436,47 +478,59 @@ def lifecycle_step(
     op_hot = torch.arange(legal.shape[-2], device=dev) == op.unsqueeze(-1)
     legal_here = (legal & op_hot.unsqueeze(-1)).any(-2)
     act = chosen & legal_here
-    illegal = chosen & ~legal_here
-    doing = lambda o: act & (head("op") == int(o))
+    doing = lambda o: act & (heads["op"] == int(o))
     gates = gate_readiness(slots, signals["val_acc"], cfg)
-
-    # ---- the op
-    bp = head("blueprint")
+    bp = heads["blueprint"]
     g0 = (bp >= 0) & (bp < n_blueprints) if n_blueprints > 0 else bp >= 0
-    germ = doing(Op.GERMINATE) & g0
-    germ_failed = doing(Op.GERMINATE) & ~g0
     advance = doing(Op.ADVANCE)
     if cfg.auto_advance:  # every slot no op acted on (WAIT acts on none) advances where its gate passes
-        advance = advance | ~(act & (head("op") != int(Op.WAIT)))
-    to_blend = advance & gates["g2"]
-    to_hold = advance & gates["g3"]
-    aset = doing(Op.SET_ALPHA_TARGET)
-    prune = doing(Op.PRUNE)
-    fossil = doing(Op.FOSSILIZE) & gates["g5"]
-    fossil_failed = doing(Op.FOSSILIZE) & ~gates["g5"]
+        advance = advance | ~(act & (heads["op"] != int(Op.WAIT)))
+    return {
+        "illegal": chosen & ~legal_here,
+        "germ": doing(Op.GERMINATE) & g0,
+        "germ_failed": doing(Op.GERMINATE) & ~g0,
+        "advance_op": doing(Op.ADVANCE),
+        "to_blend": advance & gates["g2"],
+        "to_hold": advance & gates["g3"],
+        "aset": doing(Op.SET_ALPHA_TARGET),
+        "prune": doing(Op.PRUNE),
+        "fossil": doing(Op.FOSSILIZE) & gates["g5"],
+        "fossil_failed": doing(Op.FOSSILIZE) & ~gates["g5"],
+    }
 
-    style_a = head("style").clamp(0, len(Style) - 1)
-    target_a = _lookup(ALPHA_TARGETS, head("alpha_target"), alpha0.dtype)
-    speed_len = _lookup(ALPHA_SPEED_STEPS, head("alpha_speed"), torch.int64)
-    curve_a = head("alpha_curve").clamp(0, len(AlphaCurve) - 1)
 
-    stage = stage0
+def _apply_op(
+    f: dict[str, torch.Tensor],
+    d: dict[str, torch.Tensor],
+    heads: dict[str, torch.Tensor],
+    val_acc: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The op's own effect (``d`` from :func:`_decide`): the new stage ``[*E, S]``, and the fields
+    ``f`` with what a germination stores (blueprint, style, tempo, target, ``acc_at_germination``,
+    cleared measurements) and the ramps a germination, blend-in, SET_ALPHA_TARGET or PRUNE starts.
+    ``f`` is not modified; a new dict is returned."""
+    f = dict(f)
+    germ, to_blend, aset, prune = d["germ"], d["to_blend"], d["aset"], d["prune"]
+    alpha0 = f["alpha"]
+    stage = f["stage"]
     stage = torch.where(germ, int(Stage.GERMINATED), stage)
     stage = torch.where(to_blend, int(Stage.BLENDING), stage)
-    stage = torch.where(to_hold, int(Stage.HOLDING), stage)
+    stage = torch.where(d["to_hold"], int(Stage.HOLDING), stage)
     stage = torch.where(prune, int(Stage.PRUNED), stage)
-    stage = torch.where(fossil, int(Stage.FOSSILIZED), stage)
+    stage = torch.where(d["fossil"], int(Stage.FOSSILIZED), stage)
 
-    zero_i, zero_f = torch.zeros_like(eis0), torch.zeros_like(alpha0)
-    f["blueprint"] = torch.where(germ, bp, f["blueprint"])
-    f["style"] = torch.where(germ, style_a, f["style"])
-    f["tempo"] = torch.where(germ, head("tempo").clamp(0, len(TEMPO_EPOCHS) - 1), f["tempo"])
+    zero_i, zero_f = torch.zeros_like(f["epochs_in_stage"]), torch.zeros_like(alpha0)
+    target_a = _lookup(ALPHA_TARGETS, heads["alpha_target"], alpha0.dtype)
+    f["blueprint"] = torch.where(germ, heads["blueprint"], f["blueprint"])
+    f["style"] = torch.where(germ, heads["style"].clamp(0, len(Style) - 1), f["style"])
+    f["tempo"] = torch.where(germ, heads["tempo"].clamp(0, len(TEMPO_EPOCHS) - 1), f["tempo"])
     f["alpha_target"] = torch.where(germ | aset, target_a, f["alpha_target"])
     f["acc_at_germination"] = torch.where(germ, val_acc, f["acc_at_germination"])
     for k in ("contribution", "grad_ratio", "seed_params"):
         f[k] = torch.where(germ, zero_f, f[k])
 
     # new ramps: blend-in (ADVANCE to BLENDING), SET_ALPHA_TARGET, PRUNE (ramp down to 0)
+    speed_len = _lookup(ALPHA_SPEED_STEPS, heads["alpha_speed"], torch.int64)
     blend_len = _lookup(TEMPO_EPOCHS, f["tempo"], torch.int64)
     blend_curve = _lookup(STYLE_BLEND_CURVE, f["style"], torch.int64)
     prune_len = torch.where(alpha0 > 0, speed_len, 0)
@@ -486,10 +540,24 @@ def lifecycle_step(
     ramp_len = torch.where(to_blend, blend_len, torch.where(aset, speed_len, prune_len))
     f["ramp_len"] = torch.where(new_ramp, torch.where(germ, zero_i, ramp_len), f["ramp_len"])
     f["ramp_pos"] = torch.where(new_ramp, zero_i, f["ramp_pos"])
-    curve = torch.where(to_blend, blend_curve, curve_a)
+    curve = torch.where(to_blend, blend_curve, heads["alpha_curve"].clamp(0, len(AlphaCurve) - 1))
     f["curve"] = torch.where(new_ramp, torch.where(germ, zero_i, curve), f["curve"])
+    return stage, f
 
-    # ---- mechanical end-of-epoch advance
+
+def _holding_timeout(
+    f: dict[str, torch.Tensor],
+    stage: torch.Tensor,
+    slots: TensorDict,
+    germ: torch.Tensor,
+    cfg: LifecycleConfig,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The first mechanical advances (module docstring, 1-2): GERMINATED seeds not germinated this step
+    move to TRAINING, and a HOLDING seed at ``holding_timeout`` is pruned, or fossilized where
+    ``timeout_fossilizes`` and it pays, its ramp ended where alpha is. Returns the stage, new fields,
+    and the ``kept`` (fossilized) and ``timeout`` (pruned) masks."""
+    f = dict(f)
+    stage0, eis0, alpha0 = slots["stage"], slots["epochs_in_stage"], slots["alpha"]
     promote = (stage == int(Stage.GERMINATED)) & ~germ
     stage = torch.where(promote, int(Stage.TRAINING), stage)
     expired = (stage == int(Stage.HOLDING)) & (stage0 == int(Stage.HOLDING))
@@ -504,12 +572,23 @@ def lifecycle_step(
     stage = torch.where(timeout, int(Stage.PRUNED), stage)
     # both end the ramp at once: kept where alpha is now, pruned at 0
     ended = kept | timeout
+    zero_i = torch.zeros_like(eis0)
     f["ramp_from"] = torch.where(ended, alpha0, f["ramp_from"])
-    f["ramp_to"] = torch.where(kept, alpha0, torch.where(timeout, zero_f, f["ramp_to"]))
+    f["ramp_to"] = torch.where(kept, alpha0, torch.where(timeout, torch.zeros_like(alpha0), f["ramp_to"]))
     f["alpha_target"] = torch.where(kept, alpha0, f["alpha_target"])
     f["ramp_len"] = torch.where(ended, zero_i, f["ramp_len"])
     f["ramp_pos"] = torch.where(ended, zero_i, f["ramp_pos"])
+    return stage, f, kept, timeout
 
+
+def _move_ramps(
+    f: dict[str, torch.Tensor], stage: torch.Tensor, stage0: torch.Tensor, cfg: LifecycleConfig
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Mechanical advances 3-5 (module docstring): every active ramp moves one epoch and sets alpha, a
+    PRUNED seed whose ramp ended is ``removed`` (EMBARGOED, or DORMANT without an embargo), and a slot
+    embargoed before this step counts down. Returns the stage, new fields, the ``removed`` mask and
+    the embargo counters ``[*E, S]`` (before clearing, :func:`_close_epoch`)."""
+    f = dict(f)
     live = is_live(stage)
     ramping = live & (f["ramp_pos"] < f["ramp_len"])
     f["ramp_pos"] = torch.where(ramping, f["ramp_pos"] + 1, f["ramp_pos"])
@@ -522,7 +601,24 @@ def lifecycle_step(
     counting = (stage0 == int(Stage.EMBARGOED)) & (stage == int(Stage.EMBARGOED))
     embargo = torch.where(counting, embargo - 1, embargo)
     stage = torch.where(counting & (embargo <= 0), int(Stage.DORMANT), stage)
+    return stage, f, removed, embargo
 
+
+def _close_epoch(
+    f: dict[str, torch.Tensor],
+    stage: torch.Tensor,
+    slots: TensorDict,
+    germ: torch.Tensor,
+    val_acc: torch.Tensor,
+    embargo: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Mechanical advance 6 (module docstring): ``age`` and ``epochs_in_stage`` counted (0 on a stage
+    change, ``acc_at_stage_start`` = val_acc then), the seed fields of slots without a live seed
+    cleared, the embargo kept only where EMBARGOED, the pre-step stage kept in ``prev_stage`` /
+    ``prev_epochs_in_stage``, and the final ``stage``. Returns the new fields."""
+    f = dict(f)
+    stage0, eis0 = slots["stage"], slots["epochs_in_stage"]
+    zero_i = torch.zeros_like(eis0)
     live = is_live(stage)
     changed = stage != stage0
     f["age"] = torch.where(live & ~germ, f["age"] + 1, zero_i)
@@ -533,22 +629,7 @@ def lifecycle_step(
     f["prev_stage"], f["prev_epochs_in_stage"] = stage0, eis0
     f["epochs_in_stage"] = torch.where(changed, zero_i, eis0 + 1)
     f["stage"] = stage
-
-    events = {
-        "germinated": germ,
-        "germinate_failed": germ_failed,
-        "advanced": to_blend | to_hold,
-        "advance_failed": doing(Op.ADVANCE) & ~(to_blend | to_hold),
-        "fossilized": fossil,
-        "fossilize_failed": fossil_failed,
-        "prune_started": prune,
-        "removed": removed,
-        "timeout_pruned": timeout,
-        "timeout_fossilized": kept,
-        "alpha_set": aset,
-        "illegal": illegal,
-    }
-    return _build(slots, f), TensorDict(events, batch_size=slots.batch_size)
+    return f
 
 
 __all__ = [

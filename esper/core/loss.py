@@ -115,9 +115,55 @@ def ppo_loss(
             stay this batch's own.
     """
     heads = HEADS if factored else (None,)
+    coefs, distance = _check_args(
+        td, factored=factored, clip_epsilon=clip_epsilon, value_clip=value_clip, value_coef=value_coef,
+        critic_loss=critic_loss, entropy_coef=entropy_coef, target_kl=target_kl, keys=keys, heads=heads,
+    )  # fmt: skip
+    adv = per_step(td, keys.advantage, where=_WHERE, kind="float")
+    dtype = compute_dtype(adv.dtype)
+    adv = adv.to(dtype)
+    valid = _valid(td, keys, dtype)  # None: every step is valid (no multiplies by ones)
+    n_steps = torch.full((), float(adv.numel()), dtype=dtype, device=adv.device)
+    own_valid = (n_steps if valid is None else valid.sum()).clamp(min=1.0)
+    n_valid = own_valid if counts is None else counts["steps"].to(dtype).clamp(min=1.0)
+    relevance = _relevance(td, keys, _WHERE) if factored else None
+
+    out: dict[str, torch.Tensor | dict[str, torch.Tensor]] = {}
+    # Sums over heads; each starts as its first head's term (no adds onto zeros for a single head).
+    sums: dict[str, torch.Tensor] = {}
+    for head in heads:
+        w_count = None if counts is None else counts[_count_key(head)].to(dtype)
+        terms, per_head = _head_terms(
+            td, head, keys, adv, valid, relevance, n_steps, n_valid, w_count, categorical=categorical,
+            normalize_entropy=normalize_entropy, clip_epsilon=clip_epsilon, entropy_coef=coefs[head],
+        )  # fmt: skip
+        sums = {k: _acc(sums.get(k), v) for k, v in terms.items()}
+        if head is not None:
+            out[head] = per_head
+    out.update(_joint_terms(sums, valid, n_valid, own_valid, target_kl))
+    critic = dict(value_clip=value_clip, value_coef=value_coef, distance=distance, own_valid=own_valid)
+    out.update(_critic_terms(td, keys, valid, n_valid, dtype, **critic))
+    return TensorDict(out, batch_size=[])
+
+
+def _check_args(
+    td: TensorDictBase,
+    *,
+    factored: bool,
+    clip_epsilon: float,
+    value_clip: float | None,
+    value_coef: float,
+    critic_loss: str,
+    entropy_coef: float | Mapping[str, float],
+    target_kl: float | None,
+    keys: Keys,
+    heads: tuple,
+) -> tuple[dict, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """:func:`ppo_loss`'s arguments checked (every coefficient a finite Python number in range, NaN and
+    inf refused; a batch dim; in factored mode exactly the heads' keys). Returns the entropy coefficient
+    per head and the critic distance function."""
     coefs = _entropy_coefs(entropy_coef, heads)
     distance = _critic_distance(critic_loss)
-    # Every coefficient is checked alike: a finite Python number in range (NaN and inf refused).
     _check_coef("clip_epsilon", clip_epsilon, positive=True)
     _check_coef("value_coef", value_coef, positive=False)
     if isinstance(entropy_coef, Mapping):
@@ -133,61 +179,82 @@ def ppo_loss(
         raise ValueError(f"{_WHERE}: the TensorDict needs at least one batch dim, got batch size []")
     if factored:
         _check_head_sets(td, keys)
+    return coefs, distance
 
-    adv = per_step(td, keys.advantage, where=_WHERE, kind="float")
-    dtype = compute_dtype(adv.dtype)
-    adv = adv.to(dtype)
-    valid = _valid(td, keys, dtype)  # None: every step is valid (no multiplies by ones)
-    n_steps = torch.full((), float(adv.numel()), dtype=dtype, device=adv.device)
-    own_valid = (n_steps if valid is None else valid.sum()).clamp(min=1.0)
-    n_valid = own_valid if counts is None else counts["steps"].to(dtype).clamp(min=1.0)
 
-    relevance = _relevance(td, keys, _WHERE) if factored else None
+def _head_terms(
+    td: TensorDictBase,
+    head: str | None,
+    keys: Keys,
+    adv: torch.Tensor,
+    valid: torch.Tensor | None,
+    relevance: torch.Tensor | None,
+    n_steps: torch.Tensor,
+    n_valid: torch.Tensor,
+    w_count: torch.Tensor | None,
+    *,
+    categorical: Callable,
+    normalize_entropy: bool,
+    clip_epsilon: float,
+    entropy_coef: float,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One head's part of the loss: its terms to sum over heads (``objective``, ``loss_entropy``,
+    ``entropy``, the per-step ``kl`` and weighted ``log_ratio``, ``clipped`` and ``weight`` sums) and
+    its own diagnostics (``(head, ...)`` of the module docstring). ``w_count``: the head's summed
+    weight over every process (:func:`loss_counts`), None: this batch's own."""
+    dtype = adv.dtype
+    logits, action, old_lp, mask = _head_inputs(td, head, keys, adv.shape)
+    lp, ent, kl = categorical(logits, action, mask, old_lp)
+    if not normalize_entropy:  # back to nats: the normalized entropy times log(#legal)
+        ent = ent * legal_log_count(mask, logits.shape[-1], ent)
+    old_lp = old_lp.to(lp.dtype)
+    w = _head_weight(valid, mask, logits.shape[-1], relevance, head, adv)
+    w_sum = (n_steps if w is None else w.sum()) if w_count is None else w_count
 
-    out: dict[str, torch.Tensor | dict[str, torch.Tensor]] = {}
-    # Sums over heads; each starts as its first head's term (no adds onto zeros for a single head).
-    objective = loss_entropy = entropy_sum = kl_per_step = joint_log_ratio = clipped_sum = weight_sum = None
-    for head in heads:
-        logits, action, old_lp, mask = _head_inputs(td, head, keys, adv.shape)
-        lp, ent, kl = categorical(logits, action, mask, old_lp)
-        if not normalize_entropy:  # back to nats: the normalized entropy times log(#legal)
-            ent = ent * legal_log_count(mask, logits.shape[-1], ent)
-        old_lp = old_lp.to(lp.dtype)
-        w = _head_weight(valid, mask, logits.shape[-1], relevance, head, adv)
-        w_sum = (n_steps if w is None else w.sum()) if counts is None else counts[_count_key(head)].to(dtype)
+    log_ratio = lp - old_lp
+    ratio = log_ratio.exp()
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_epsilon, 1.0 + clip_epsilon) * adv)
+    head_objective = -_wmean(surrogate, w, w_sum)
+    head_entropy = _wmean(ent, w, w_sum)
+    clipped = ((ratio - 1.0).abs() > clip_epsilon).to(dtype).detach()
+    terms = {
+        "objective": head_objective,
+        "loss_entropy": head_entropy * -entropy_coef,
+        "entropy": head_entropy.detach(),
+        "kl": (kl if w is None else w * kl).detach(),
+        "log_ratio": (log_ratio if w is None else w * log_ratio).detach(),
+        "clipped": _msum(clipped, w),
+        "weight": w_sum,
+    }
+    per_head = {
+        "loss_objective": head_objective.detach(),
+        "entropy": head_entropy.detach(),
+        "kl": _wmean(kl.detach(), w, w_sum),
+        "clip_fraction": _wmean(clipped, w, w_sum),
+        "weight": w_sum / n_valid,
+        "choice_share": _choice_share(action, logits.shape[-1], w, w_sum),
+    }
+    return terms, per_head
 
-        log_ratio = lp - old_lp
-        ratio = log_ratio.exp()
-        surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_epsilon, 1.0 + clip_epsilon) * adv)
-        head_objective = -_wmean(surrogate, w, w_sum)
-        head_entropy = _wmean(ent, w, w_sum)
-        clipped = ((ratio - 1.0).abs() > clip_epsilon).to(dtype).detach()
 
-        objective = _acc(objective, head_objective)
-        loss_entropy = _acc(loss_entropy, head_entropy * -coefs[head])
-        entropy_sum = _acc(entropy_sum, head_entropy.detach())
-        kl_per_step = _acc(kl_per_step, (kl if w is None else w * kl).detach())
-        joint_log_ratio = _acc(joint_log_ratio, (log_ratio if w is None else w * log_ratio).detach())
-        clipped_sum = _acc(clipped_sum, _msum(clipped, w))
-        weight_sum = _acc(weight_sum, w_sum)
-        if head is not None:
-            out[head] = {
-                "loss_objective": head_objective.detach(),
-                "entropy": head_entropy.detach(),
-                "kl": _wmean(kl.detach(), w, w_sum),
-                "clip_fraction": _wmean(clipped, w, w_sum),
-                "weight": w_sum / n_valid,
-                "choice_share": _choice_share(action, logits.shape[-1], w, w_sum),
-            }
-
-    kl_approx = _msum(kl_per_step, valid) / n_valid
-    joint_ratio = joint_log_ratio.exp()
-    out.update(
-        loss_objective=objective,
-        loss_entropy=loss_entropy,
-        entropy=entropy_sum,
+def _joint_terms(
+    sums: dict[str, torch.Tensor],
+    valid: torch.Tensor | None,
+    n_valid: torch.Tensor,
+    own_valid: torch.Tensor,
+    target_kl: float | None,
+) -> dict[str, torch.Tensor]:
+    """The policy terms of the joint factored policy from the heads' sums (:func:`_head_terms`): the
+    losses, ``kl_approx`` (the per-step KL summed over heads, averaged over valid steps), the clip
+    fraction, the joint ratio's mean, extremes and ESS, and ``early_stop``."""
+    kl_approx = _msum(sums["kl"], valid) / n_valid
+    joint_ratio = sums["log_ratio"].exp()
+    return dict(
+        loss_objective=sums["objective"],
+        loss_entropy=sums["loss_entropy"],
+        entropy=sums["entropy"],
         kl_approx=kl_approx,
-        clip_fraction=clipped_sum / weight_sum.clamp(min=1.0),
+        clip_fraction=sums["clipped"] / sums["weight"].clamp(min=1.0),
         mean_ratio=_msum(joint_ratio, valid) / n_valid,
         max_ratio=_masked_extreme(joint_ratio, valid, largest=True),
         min_ratio=_masked_extreme(joint_ratio, valid, largest=False),
@@ -196,20 +263,6 @@ def ppo_loss(
         if target_kl is not None
         else torch.zeros_like(kl_approx, dtype=torch.bool),
     )
-    out.update(
-        _critic_terms(
-            td,
-            keys,
-            valid,
-            n_valid,
-            dtype,
-            value_clip=value_clip,
-            value_coef=value_coef,
-            distance=distance,
-            own_valid=own_valid,
-        )
-    )
-    return TensorDict(out, batch_size=[])
 
 
 def loss_counts(td: TensorDictBase, *, factored: bool = False, keys: Keys = KEYS) -> TensorDict:

@@ -236,7 +236,34 @@ def observe(
     history after :func:`update_history` and the slot state ``[*E, S]`` after
     :func:`esper.core.lifecycle.record_signals`. With ``lifecycle_cfg.seed_grad_features`` the signals'
     ``slots`` also hold ``seed_grad_norm``, ``seed_grad_vanishing`` and ``seed_grad_exploding``
-    ``[*E, S]`` (the hosts' measurement)."""
+    ``[*E, S]`` (the hosts' measurement). The global part is :func:`_global_features`, each slot's
+    :func:`_slot_features`."""
+    _check_observe(signals, history, slots, max_epochs, n_blueprints)
+    cfg = lifecycle_cfg
+    S = slots.batch_size[-1]
+    host = torch.nan_to_num(signals["host_params"].to(torch.float32), nan=0.0).clamp(min=1.0)
+    live = is_live(slots["stage"])
+    seed_params = torch.nan_to_num(slots["seed_params"].to(torch.float32), nan=0.0).clamp(min=0.0)
+    seed_params = torch.where(live, seed_params, 0.0)
+    all_params = host + seed_params.sum(-1)
+    param_frac = seed_params / all_params.unsqueeze(-1)
+    per_slot = _slot_features(
+        signals, slots, param_frac, max_epochs=max_epochs, n_blueprints=n_blueprints, cfg=cfg
+    )
+    glob = _global_features(signals, history, slots, all_params / host, max_epochs=max_epochs, cfg=cfg)
+    out = torch.cat([glob, per_slot.flatten(-2)], dim=-1)
+    expected = obs_dim(
+        S, n_blueprints, window=history["val_loss_window"].shape[-1], seed_grads=cfg.seed_grad_features
+    )
+    if out.shape[-1] != expected:  # static shapes: checked at trace time
+        raise AssertionError(f"observe built {out.shape[-1]} features, layout says {expected}")
+    return out
+
+
+def _check_observe(
+    signals: TensorDict, history: TensorDict, slots: TensorDict, max_epochs: int, n_blueprints: int
+) -> None:
+    """:func:`observe`'s input checks: slots ``[*E, S]``, signals and history ``[*E]``, sizes >= 1."""
     if slots.batch_dims < 1 or tuple(slots.batch_size[:-1]) != tuple(signals.batch_size):
         raise ValueError(
             f"observe: slots must be [*E, S] and signals [*E], got {list(slots.batch_size)}, "
@@ -248,52 +275,36 @@ def observe(
         )
     if max_epochs < 1 or n_blueprints < 1:
         raise ValueError(f"observe: max_epochs, n_blueprints must be >= 1, got {max_epochs}, {n_blueprints}")
-    cfg = lifecycle_cfg
-    S = slots.batch_size[-1]
-    f32 = lambda x: x.to(torch.float32)
-    val_acc = clean_acc(signals["val_acc"])
-    host = torch.nan_to_num(f32(signals["host_params"]), nan=0.0).clamp(min=1.0)
 
-    # ---- slot state
+
+def _slot_features(
+    signals: TensorDict,
+    slots: TensorDict,
+    param_frac: torch.Tensor,
+    *,
+    max_epochs: int,
+    n_blueprints: int,
+    cfg: LifecycleConfig,
+) -> torch.Tensor:
+    """Every slot's features ``[*E, S, F]`` in :func:`observation_layout`'s order: ``enabled``, the
+    stage one-hot, the scalars of :func:`_slot_scalars` (``param_frac`` ``[*E, S]`` last among them),
+    the blueprint, style and tempo one-hots (0 without a seed), gate readiness, ``prunable`` and
+    ``embargo_left``."""
+    f32 = lambda x: x.to(torch.float32)
     stage = slots["stage"]
     live = is_live(stage)
-    seed_params = torch.where(live, torch.nan_to_num(f32(slots["seed_params"]), nan=0.0).clamp(min=0.0), 0.0)
-    all_params = host + seed_params.sum(-1)
-    n_live = f32(live.sum(-1))
     gates = gate_readiness(slots, signals["val_acc"], cfg)
     prunable = op_slot_legality(
         slots, max_seeds=cfg.max_seeds, min_prune_age=cfg.min_prune_age, prune_below=cfg.prune_floor
     )[..., int(Op.PRUNE), :]
-    ramping = live & (slots["ramp_pos"] < slots["ramp_len"])
-    grad = torch.nan_to_num(f32(slots["grad_ratio"]), nan=0.0).clamp(0.0, cfg.grad_ratio_cap)
-    grad_ratio = torch.log1p(grad) / math.log1p(cfg.grad_ratio_cap)
-    rel_acc = lambda ref: torch.where(live, ((val_acc.unsqueeze(-1) - ref) / 10.0).clamp(-1.0, 1.0), 0.0)
     one_hot = lambda x, n: torch.where(
         live.unsqueeze(-1), torch.nn.functional.one_hot(x.clamp(0, n - 1), n).to(torch.float32), 0.0
     )
-    per_slot = torch.cat(
+    return torch.cat(
         [
             f32(slots["enabled"]).unsqueeze(-1),
             torch.nn.functional.one_hot(stage.clamp(0, len(Stage) - 1), len(Stage)).to(torch.float32),
-            torch.stack(
-                [
-                    f32(slots["alpha"]).clamp(0.0, 1.0),
-                    f32(slots["alpha_target"]).clamp(0.0, 1.0),
-                    f32(ramping),
-                    torch.where(
-                        ramping, f32(slots["ramp_len"] - slots["ramp_pos"]) / _LONGEST_RAMP, 0.0
-                    ).clamp(0, 1),
-                    (f32(slots["epochs_in_stage"]) / _STAGE_EPOCHS_SCALE).clamp(0.0, 1.0),
-                    (f32(slots["age"]) / max_epochs).clamp(0.0, 1.0),
-                    torch.tanh(clean_contribution(slots["contribution"]) / 5.0),
-                    rel_acc(slots["acc_at_stage_start"]),
-                    rel_acc(slots["acc_at_germination"]),
-                    grad_ratio,
-                    *_seed_grad_features(signals, live, cfg.seed_grad_features),
-                    seed_params / all_params.unsqueeze(-1),
-                ],
-                dim=-1,
-            ),
+            _slot_scalars(signals, slots, param_frac, max_epochs=max_epochs, cfg=cfg),
             one_hot(slots["blueprint"], n_blueprints),
             one_hot(slots["style"], len(Style)),
             one_hot(slots["tempo"], len(TEMPO_EPOCHS)),
@@ -311,11 +322,55 @@ def observe(
         dim=-1,
     )
 
-    # ---- base
+
+def _slot_scalars(
+    signals: TensorDict, slots: TensorDict, param_frac: torch.Tensor, *, max_epochs: int, cfg: LifecycleConfig
+) -> torch.Tensor:
+    """The scalar features of every slot ``[*E, S, F]``: ``alpha`` .. ``grad_ratio`` of the module
+    docstring, the seed gradient-health features when on, and ``param_frac``."""
+    f32 = lambda x: x.to(torch.float32)
+    live = is_live(slots["stage"])
+    val_acc = clean_acc(signals["val_acc"])
+    ramping = live & (slots["ramp_pos"] < slots["ramp_len"])
+    grad = torch.nan_to_num(f32(slots["grad_ratio"]), nan=0.0).clamp(0.0, cfg.grad_ratio_cap)
+    rel_acc = lambda ref: torch.where(live, ((val_acc.unsqueeze(-1) - ref) / 10.0).clamp(-1.0, 1.0), 0.0)
+    return torch.stack(
+        [
+            f32(slots["alpha"]).clamp(0.0, 1.0),
+            f32(slots["alpha_target"]).clamp(0.0, 1.0),
+            f32(ramping),
+            torch.where(ramping, f32(slots["ramp_len"] - slots["ramp_pos"]) / _LONGEST_RAMP, 0.0).clamp(0, 1),
+            (f32(slots["epochs_in_stage"]) / _STAGE_EPOCHS_SCALE).clamp(0.0, 1.0),
+            (f32(slots["age"]) / max_epochs).clamp(0.0, 1.0),
+            torch.tanh(clean_contribution(slots["contribution"]) / 5.0),
+            rel_acc(slots["acc_at_stage_start"]),
+            rel_acc(slots["acc_at_germination"]),
+            torch.log1p(grad) / math.log1p(cfg.grad_ratio_cap),
+            *_seed_grad_features(signals, live, cfg.seed_grad_features),
+            param_frac,
+        ],
+        dim=-1,
+    )
+
+
+def _global_features(
+    signals: TensorDict,
+    history: TensorDict,
+    slots: TensorDict,
+    ratio: torch.Tensor,
+    *,
+    max_epochs: int,
+    cfg: LifecycleConfig,
+) -> torch.Tensor:
+    """The global part ``[*E, global_dim]``: base features, the loss and accuracy windows, and the tail
+    (``param_ratio`` from ``ratio`` = all parameters / host parameters ``[*E]``, seed utilization,
+    fossilized share)."""
+    f32 = lambda x: x.to(torch.float32)
+    S = slots.batch_size[-1]
+    stage = slots["stage"]
     # history holds this epoch's loss and delta = prev - cur, so prev = cur + delta
     prev_loss = clean_loss(history["last_val_loss"] + history["val_loss_delta"])
     loss_delta = torch.nan_to_num(f32(history["val_loss_delta"]), nan=0.0).clamp(-LOSS_MAX, LOSS_MAX)
-    ratio = all_params / host
     base = torch.stack(
         [
             (f32(signals["epoch"]) / max_epochs).clamp(0.0, 1.0),
@@ -323,7 +378,7 @@ def observe(
             scale_loss(signals["val_loss"]),
             torch.tanh(5.0 * loss_delta / prev_loss.clamp(min=0.01)),
             clean_acc(signals["train_acc"]) / 100.0,
-            val_acc / 100.0,
+            clean_acc(signals["val_acc"]) / 100.0,
             (torch.nan_to_num(f32(history["val_acc_delta"]), nan=0.0) / 10.0).clamp(-1.0, 1.0),
             (f32(history["plateau"]) / 10.0).clamp(0.0, 1.0),
             clean_acc(history["best_val_acc"]) / 100.0,
@@ -338,18 +393,12 @@ def observe(
     tail = torch.stack(
         [
             (torch.log(ratio) / math.log(100.0)).clamp(0.0, 1.0),
-            (n_live / capacity).clamp(0.0, 1.0),
+            (f32(is_live(stage).sum(-1)) / capacity).clamp(0.0, 1.0),
             f32((stage == int(Stage.FOSSILIZED)).sum(-1)) / S,
         ],
         dim=-1,
     )
-    out = torch.cat([base, hist, tail, per_slot.flatten(-2)], dim=-1)
-    expected = obs_dim(
-        S, n_blueprints, window=history["val_loss_window"].shape[-1], seed_grads=cfg.seed_grad_features
-    )
-    if out.shape[-1] != expected:  # static shapes: checked at trace time
-        raise AssertionError(f"observe built {out.shape[-1]} features, layout says {expected}")
-    return out
+    return torch.cat([base, hist, tail], dim=-1)
 
 
 def _seed_grad_features(signals: TensorDict, live: torch.Tensor, on: bool) -> list[torch.Tensor]:

@@ -25,7 +25,7 @@ class RewardFamily(enum.Enum):
     LOSS = "loss"
 
 
-#: Float components of :func:`~esper.core.rewards.compute_reward`, summed into ``total``.
+#: Float components of :func:`~esper.core.rewards.compute_reward`, summed into ``step_total``.
 COMPONENTS: tuple[str, ...] = (
     "objective",
     "attribution",

@@ -23,18 +23,23 @@ seed's price that waits for the last step is discounted and, at GAE's lambda, re
 that caused it only weakly, so a low alpha target looks cheaper than it is. ``param_share="live"``
 charges a seed in full from its first epoch with alpha > 0, exactly as the final host is charged, so
 ``Phi`` is one function of the host state throughout and every alpha target pays the same price at the
-same time. ``s_{t+1}`` is measured one epoch after the action, so the shell adds this term when the next
-measurement arrives (:class:`esper.shell.env.rollout.EpisodeRunner`); in OBJECTIVE mode
-:func:`compute_reward` itself returns zeros (the component ``objective`` is the shell's).
-The reference's modes below stay available.
+same time. ``s_{t+1}`` is measured one epoch after the action, so :func:`episode_rewards` adds this
+term once the episode's measurements are in; in OBJECTIVE mode :func:`compute_reward` itself returns
+zeros. The reference's modes below stay available.
+
+**Where the learner's reward is.** Two steps, both here. :func:`compute_reward` gives a step's own
+terms when the step is taken; :func:`episode_rewards`, run once the episode is over, turns them into
+the reward PPO trains on (its ``total``): it adds the OBJECTIVE term above and the governor's
+rollback charge (a panic at a measurement charges the transition that led into it), neither of which
+is known when the step is taken. The shell stores that ``total`` as ``("next", "raw_reward")``.
 
 :func:`compute_reward` reads the **pre-action** slot state, the action, the lifecycle events, the
 post-step slot state, this epoch's signals and the history after this epoch, and returns a
-TensorDict ``[*E]`` of float32 components, their sum ``total``, and two bool telemetry flags
-(``hacking``, ``ransomware``; finding H9). Slot-specific terms use the sampled slot (``gather``).
-Inputs are clamped to their physical ranges (accuracy [0, 100] %, contribution [-100, 100] points,
-loss [0, 1e4]) and every division is guarded, so every component is finite and bounded for any
-valid config (findings C2, M3).
+TensorDict ``[*E]`` of float32 components, their sum ``step_total`` (not yet the learner's reward),
+and two bool telemetry flags (``hacking``, ``ransomware``; finding H9). Slot-specific terms use the
+sampled slot (``gather``). Inputs are clamped to their physical ranges (accuracy [0, 100] %,
+contribution [-100, 100] points, loss [0, 1e4]) and every division is guarded, so every component is
+finite and bounded for any valid config (findings C2, M3).
 
 Notation for the sampled slot before the action: ``c`` = contribution (points), ``measured`` = it
 had alpha > 0 this epoch (so ``c`` is a counterfactual; alpha-0 seeds report 0), ``ti`` = total
@@ -235,111 +240,206 @@ def compute_reward(
         cfg: mode, family, coefficients.
         max_epochs: episode length; the step with ``epoch >= max_epochs`` is the last.
 
-    Returns ``[*E]``: float32 :data:`COMPONENTS`, ``total`` (their sum) and bool :data:`FLAGS`.
+    Returns ``[*E]``: float32 :data:`COMPONENTS`, ``step_total`` (their sum: the step's own terms,
+    which :func:`episode_rewards` turns into the learner's reward) and bool :data:`FLAGS`. The
+    per-slot quantities are :func:`_slot_quantities`; the terms of each mode :func:`_contribution_terms`
+    (SHAPED, CONTRIBUTION family), :func:`_loss_terms` (SHAPED, LOSS family) and :func:`_sparse_terms`
+    (SPARSE, MINIMAL).
     """
     _check(slots, action, new_slots, events, signals, history, gamma, max_epochs)
+    zero = torch.zeros(signals.batch_size, dtype=torch.float32, device=action["op"].device)
+    is_last = signals["epoch"] >= max_epochs
+    q = _slot_quantities(slots, signals, history, cfg)
+    anyw = _selectors(slots, action)[2]
+    out: dict[str, torch.Tensor] = {k: torch.zeros_like(zero) for k in COMPONENTS}
+    out["hacking"], out["ransomware"] = anyw(q["hacking"]), anyw(q["ransom"])
+    if cfg.mode is RewardMode.OBJECTIVE:
+        pass  # every term is the shell's objective_delta, added when the next measurement arrives
+    elif cfg.mode is RewardMode.SHAPED and cfg.family is RewardFamily.CONTRIBUTION:
+        out.update(
+            _contribution_terms(q, slots, action, new_slots, events, signals, is_last, gamma=gamma, cfg=cfg)
+        )
+    elif cfg.mode is RewardMode.SHAPED:  # LOSS family
+        out.update(_loss_terms(slots, new_slots, signals, history, is_last, gamma=gamma, cfg=cfg))
+    else:  # SPARSE, MINIMAL
+        out.update(_sparse_terms(slots, action, new_slots, events, history, is_last, cfg=cfg))
+
+    out = {k: (v.to(torch.float32) if k in COMPONENTS else v) for k, v in out.items()}
+    total = zero
+    for k in COMPONENTS:
+        total = total + out[k]
+    out["step_total"] = total  # not yet the learner's reward: episode_rewards finishes it
+    return TensorDict(out, batch_size=signals.batch_size)
+
+
+def _selectors(slots: TensorDictBase, action: TensorDictBase):
+    """``(pick, sel, anyw)``, each ``[*E, S] -> [*E]``: ``pick`` reads the sampled slot; ``sel`` (float)
+    and ``anyw`` (bool) read it too, except under WAIT. Under WAIT the slot head does not matter (it is
+    sampled but ignored), so a per-slot term must not depend on its sample: ``sel`` gives the mean over
+    enabled slots (the expectation of a uniformly drawn slot, without its variance) and ``anyw``
+    whether any enabled slot has the flag."""
     S = slots.batch_size[-1]
-    op = action["op"]
     idx = action["slot"].clamp(0, S - 1).unsqueeze(-1)
     pick = lambda x: x.gather(-1, idx).squeeze(-1)  # [*E, S] -> [*E], the sampled slot
-    is_op = lambda o: op == int(o)
-    zero = torch.zeros(signals.batch_size, dtype=torch.float32, device=op.device)
-    is_last = signals["epoch"] >= max_epochs
-    val_acc = clean_acc(signals["val_acc"])
+    enabled = slots["enabled"].to(torch.float32)
+    n_enabled = enabled.sum(-1).clamp(min=1.0)
+    wait = action["op"] == int(Op.WAIT)
+    sel = lambda x: torch.where(
+        wait, (x.to(torch.float32) * enabled).sum(-1) / n_enabled, pick(x).to(torch.float32)
+    )
+    anyw = lambda x: torch.where(wait, (x & slots["enabled"]).any(-1), pick(x))
+    return pick, sel, anyw
 
-    # ---- per-slot pre-action quantities
+
+def _slot_quantities(
+    slots: TensorDictBase, signals: TensorDictBase, history: TensorDictBase, cfg: RewardConfig
+) -> dict[str, torch.Tensor]:
+    """The pre-action quantities of every slot ``[*E, S]`` (module docstring's notation): ``stage``,
+    ``live``, ``fossil``, ``c``, ``measured``, ``ti``, ``eis``, the attribution ``attr`` (0 for no or a
+    fossilized seed) and the ``hacking`` and ``ransom`` flags; and ``val_acc`` ``[*E]``, cleaned."""
+    val_acc = clean_acc(signals["val_acc"])
     stage = slots["stage"]
     live = is_live(stage)
     fossil = stage == int(Stage.FOSSILIZED)
     c = torch.where(live, clean_contribution(slots["contribution"]), 0.0)
     measured = live & (slots["alpha"] > 0)
     ti = torch.where(live, val_acc.unsqueeze(-1) - clean_acc(slots["acc_at_germination"]), 0.0)
-    eis = slots["epochs_in_stage"].clamp(min=0)
     acc_delta = torch.nan_to_num(history["val_acc_delta"].float(), nan=0.0).clamp(-100.0, 100.0)
     attr = torch.where(live & ~fossil, _attribution(c, ti, acc_delta, measured, cfg), 0.0)
-    hacking = measured & (c > cfg.ratio_min_contribution) & (ti >= 0) & (c >= cfg.hacking_ratio * ti)
-    ransom = measured & (c > cfg.ransomware_min_contribution) & (ti < cfg.ransomware_max_improvement)
+    return {
+        "val_acc": val_acc,
+        "stage": stage,
+        "live": live,
+        "fossil": fossil,
+        "c": c,
+        "measured": measured,
+        "ti": ti,
+        "eis": slots["epochs_in_stage"].clamp(min=0),
+        "attr": attr,
+        "hacking": measured & (c > cfg.ratio_min_contribution) & (ti >= 0) & (c >= cfg.hacking_ratio * ti),
+        "ransom": measured & (c > cfg.ransomware_min_contribution) & (ti < cfg.ransomware_max_improvement),
+    }
+
+
+def _contribution_terms(
+    q: dict[str, torch.Tensor],
+    slots: TensorDictBase,
+    action: TensorDictBase,
+    new_slots: TensorDictBase,
+    events: TensorDictBase,
+    signals: TensorDictBase,
+    is_last: torch.Tensor,
+    *,
+    gamma: float,
+    cfg: RewardConfig,
+) -> dict[str, torch.Tensor]:
+    """SHAPED mode, CONTRIBUTION family: every component of the module docstring's table ``[*E]``
+    (``q`` from :func:`_slot_quantities`; the penalties for keeping a seed from :func:`_keeping_terms`)."""
+    pick, sel, _ = _selectors(slots, action)
+    op = action["op"]
+    is_op = lambda o: op == int(o)
+    c, ti, eis = q["c"], q["ti"], q["eis"]
+    out = _keeping_terms(q, op, pick, sel, cfg)
+    a = sel(q["attr"])
+    a = torch.where(is_op(Op.FOSSILIZE) & (pick(ti) < 0), 0.0, a)
+    out["attribution"] = torch.where(is_op(Op.PRUNE), -a, a)
+    out["pbrs"] = pbrs(new_slots, gamma=gamma, weight=cfg.pbrs_weight, cfg=cfg)
+    out["rent"] = _rent(slots, signals["host_params"], cfg.rent_weight, cfg.rent_cap)
     ev = lambda k: pick(events[k])
-    c_s, ti_s, eis_s = pick(c), pick(ti), pick(eis).to(torch.float32)
-    keep = ~is_op(Op.PRUNE) & ~pick(fossil)  # the seed is kept this step (penalties for keeping it)
-
-    # Under WAIT the slot head does not matter (it is sampled but ignored), so a per-slot term must not
-    # depend on its sample: WAIT gets the mean over enabled slots — the expectation of a uniformly
-    # drawn slot, without its variance. Every other op reads the slot it acted on.
-    enabled = slots["enabled"].to(torch.float32)
-    n_enabled = enabled.sum(-1).clamp(min=1.0)
-    wait = is_op(Op.WAIT)
-    sel = lambda x: torch.where(
-        wait, (x.to(torch.float32) * enabled).sum(-1) / n_enabled, pick(x).to(torch.float32)
+    eis_s = pick(eis).to(torch.float32)
+    out["op_shaping"] = _op_shaping(
+        op, ev, pick, pick(c), pick(ti), eis_s, q["measured"], q["stage"], slots, cfg
     )
-    anyw = lambda x: torch.where(wait, (x & slots["enabled"]).any(-1), pick(x))
+    val_acc = q["val_acc"]
+    n_good = (new_slots["stage"] == int(Stage.FOSSILIZED)) & (
+        val_acc.unsqueeze(-1) - clean_acc(new_slots["acc_at_germination"])
+        >= cfg.terminal_fossil_min_improvement
+    )
+    term = cfg.terminal_acc_weight * val_acc + cfg.terminal_fossil_bonus * n_good.sum(-1).to(torch.float32)
+    out["terminal"] = torch.where(is_last, term, 0.0)
+    return out
 
-    out: dict[str, torch.Tensor] = {k: torch.zeros_like(zero) for k in COMPONENTS}
-    out["hacking"], out["ransomware"] = anyw(hacking), anyw(ransom)
-    shaped = cfg.mode is RewardMode.SHAPED
 
-    if cfg.mode is RewardMode.OBJECTIVE:
-        pass  # every term is the shell's objective_delta, added when the next measurement arrives
-    elif shaped and cfg.family is RewardFamily.CONTRIBUTION:
-        a = sel(attr)
-        a = torch.where(is_op(Op.FOSSILIZE) & (ti_s < 0), 0.0, a)
-        out["attribution"] = torch.where(is_op(Op.PRUNE), -a, a)
-        kept = ~fossil  # per slot: penalties for keeping a seed never apply to a fossil
-        ratio = torch.where(hacking & kept, _ratio_penalty(c, ti, cfg), 0.0)
-        out["ratio_penalty"] = torch.where(keep | wait, sel(ratio), 0.0)
-        ransom_pen = torch.where(ransom & kept, -cfg.ransomware_penalty, 0.0)
-        out["ransomware_penalty"] = torch.where(keep | wait, sel(ransom_pen), 0.0)
-        warn = cfg.blending_warning_base + (cfg.blending_warning_per_epoch * eis.to(torch.float32)).clamp(
-            max=cfg.blending_warning_cap
-        )
-        blending = (stage == int(Stage.BLENDING)) & (ti < 0)
-        out["blending_warning"] = torch.where(is_op(Op.PRUNE), 0.0, sel(torch.where(blending, -warn, 0.0)))
-        grace = cfg.holding_grace_epochs
-        over = (eis - grace).clamp(min=0).to(torch.float32)
-        indecision = (cfg.holding_penalty_base + cfg.holding_penalty_slope * over).clamp(
-            max=cfg.holding_penalty_cap
-        )
-        waiting = (stage == int(Stage.HOLDING)) & (eis >= grace) & (attr > 0)
-        worst = torch.where(waiting, indecision, 0.0).amax(-1)
-        out["holding_indecision"] = torch.where(is_op(Op.WAIT), -worst, 0.0)
-        out["pbrs"] = pbrs(new_slots, gamma=gamma, weight=cfg.pbrs_weight, cfg=cfg)
-        out["rent"] = _rent(slots, signals["host_params"], cfg.rent_weight, cfg.rent_cap)
-        out["op_shaping"] = _op_shaping(op, ev, pick, c_s, ti_s, eis_s, measured, stage, slots, cfg)
-        n_good = (new_slots["stage"] == int(Stage.FOSSILIZED)) & (
-            val_acc.unsqueeze(-1) - clean_acc(new_slots["acc_at_germination"])
-            >= cfg.terminal_fossil_min_improvement
-        )
-        term = cfg.terminal_acc_weight * val_acc + cfg.terminal_fossil_bonus * n_good.sum(-1).to(
-            torch.float32
-        )
-        out["terminal"] = torch.where(is_last, term, 0.0)
-    elif shaped:  # LOSS family
-        delta = torch.nan_to_num(history["val_loss_delta"].float(), nan=0.0)
-        x = (delta / cfg.loss_std).clamp(-5.0, 5.0)
-        out["loss_progress"] = cfg.loss_delta_weight * torch.where(x > 0, x, cfg.loss_regression_factor * x)
-        rent = _rent(slots, signals["host_params"], cfg.loss_rent_weight, cfg.loss_rent_cap)
-        out["rent"] = torch.where(signals["epoch"] > cfg.loss_rent_grace, rent, 0.0)
-        out["pbrs"] = pbrs(new_slots, gamma=gamma, weight=cfg.loss_pbrs_weight, cfg=cfg)
-        span = cfg.loss_baseline - cfg.loss_target
-        term = ((cfg.loss_baseline - clean_loss(signals["val_loss"])) / span).clamp(0.0, 1.0)
-        out["terminal"] = torch.where(is_last, term, 0.0)
-    else:  # SPARSE, MINIMAL
-        best = clean_acc(history["best_val_acc"])
-        live_new = is_live(new_slots["stage"])
-        params = torch.nan_to_num(new_slots["seed_params"].float(), nan=0.0).clamp(0.0, _PARAMS_MAX)
-        params = torch.where(live_new, params, 0.0).sum(-1)
-        raw = best / 100.0 - cfg.sparse_param_weight * params / cfg.sparse_param_budget
-        out["terminal"] = torch.where(is_last, cfg.sparse_scale * raw.clamp(-1.0, 1.0), 0.0)  # H10
-        if cfg.mode is RewardMode.MINIMAL:
-            young = ev("prune_started") & (pick(slots["age"]) < cfg.minimal_young_age)
-            out["op_shaping"] = torch.where(young, -cfg.minimal_prune_penalty, 0.0)
+def _keeping_terms(
+    q: dict[str, torch.Tensor], op: torch.Tensor, pick, sel, cfg: RewardConfig
+) -> dict[str, torch.Tensor]:
+    """SHAPED, CONTRIBUTION: the penalties for keeping a seed as it is, ``[*E]`` each (``pick`` and
+    ``sel`` from :func:`_selectors`): ``ratio_penalty``, ``ransomware_penalty`` (never for a fossil,
+    nor under PRUNE of the sampled seed), ``blending_warning`` (not under PRUNE) and
+    ``holding_indecision`` (WAIT only)."""
+    wait = op == int(Op.WAIT)
+    stage, c, ti, eis = q["stage"], q["c"], q["ti"], q["eis"]
+    keep = ~(op == int(Op.PRUNE)) & ~pick(q["fossil"])  # the seed is kept this step
+    kept = ~q["fossil"]  # per slot: penalties for keeping a seed never apply to a fossil
+    ratio = torch.where(q["hacking"] & kept, _ratio_penalty(c, ti, cfg), 0.0)
+    ransom_pen = torch.where(q["ransom"] & kept, -cfg.ransomware_penalty, 0.0)
+    warn = cfg.blending_warning_base + (cfg.blending_warning_per_epoch * eis.to(torch.float32)).clamp(
+        max=cfg.blending_warning_cap
+    )
+    blending = (stage == int(Stage.BLENDING)) & (ti < 0)
+    grace = cfg.holding_grace_epochs
+    over = (eis - grace).clamp(min=0).to(torch.float32)
+    indecision = (cfg.holding_penalty_base + cfg.holding_penalty_slope * over).clamp(
+        max=cfg.holding_penalty_cap
+    )
+    waiting = (stage == int(Stage.HOLDING)) & (eis >= grace) & (q["attr"] > 0)
+    worst = torch.where(waiting, indecision, 0.0).amax(-1)
+    return {
+        "ratio_penalty": torch.where(keep | wait, sel(ratio), 0.0),
+        "ransomware_penalty": torch.where(keep | wait, sel(ransom_pen), 0.0),
+        "blending_warning": torch.where(op == int(Op.PRUNE), 0.0, sel(torch.where(blending, -warn, 0.0))),
+        "holding_indecision": torch.where(wait, -worst, 0.0),
+    }
 
-    out = {k: (v.to(torch.float32) if k in COMPONENTS else v) for k, v in out.items()}
-    total = zero
-    for k in COMPONENTS:
-        total = total + out[k]
-    out["total"] = total
-    return TensorDict(out, batch_size=signals.batch_size)
+
+def _loss_terms(
+    slots: TensorDictBase,
+    new_slots: TensorDictBase,
+    signals: TensorDictBase,
+    history: TensorDictBase,
+    is_last: torch.Tensor,
+    *,
+    gamma: float,
+    cfg: RewardConfig,
+) -> dict[str, torch.Tensor]:
+    """SHAPED mode, LOSS family: ``loss_progress``, ``rent`` (after the grace epochs), ``pbrs`` and
+    ``terminal`` ``[*E]`` (module docstring)."""
+    delta = torch.nan_to_num(history["val_loss_delta"].float(), nan=0.0)
+    x = (delta / cfg.loss_std).clamp(-5.0, 5.0)
+    rent = _rent(slots, signals["host_params"], cfg.loss_rent_weight, cfg.loss_rent_cap)
+    span = cfg.loss_baseline - cfg.loss_target
+    term = ((cfg.loss_baseline - clean_loss(signals["val_loss"])) / span).clamp(0.0, 1.0)
+    return {
+        "loss_progress": cfg.loss_delta_weight * torch.where(x > 0, x, cfg.loss_regression_factor * x),
+        "rent": torch.where(signals["epoch"] > cfg.loss_rent_grace, rent, 0.0),
+        "pbrs": pbrs(new_slots, gamma=gamma, weight=cfg.loss_pbrs_weight, cfg=cfg),
+        "terminal": torch.where(is_last, term, 0.0),
+    }
+
+
+def _sparse_terms(
+    slots: TensorDictBase,
+    action: TensorDictBase,
+    new_slots: TensorDictBase,
+    events: TensorDictBase,
+    history: TensorDictBase,
+    is_last: torch.Tensor,
+    *,
+    cfg: RewardConfig,
+) -> dict[str, torch.Tensor]:
+    """SPARSE and MINIMAL modes: ``terminal`` ``[*E]``, scaled after the clip (finding H10), and in
+    MINIMAL ``op_shaping``, the penalty for starting to prune a young seed (module docstring)."""
+    best = clean_acc(history["best_val_acc"])
+    live_new = is_live(new_slots["stage"])
+    params = torch.nan_to_num(new_slots["seed_params"].float(), nan=0.0).clamp(0.0, _PARAMS_MAX)
+    params = torch.where(live_new, params, 0.0).sum(-1)
+    raw = best / 100.0 - cfg.sparse_param_weight * params / cfg.sparse_param_budget
+    out = {"terminal": torch.where(is_last, cfg.sparse_scale * raw.clamp(-1.0, 1.0), 0.0)}  # H10
+    if cfg.mode is RewardMode.MINIMAL:
+        pick = _selectors(slots, action)[0]
+        young = pick(events["prune_started"]) & (pick(slots["age"]) < cfg.minimal_young_age)
+        out["op_shaping"] = torch.where(young, -cfg.minimal_prune_penalty, 0.0)
+    return out
 
 
 def _op_shaping(op, ev, pick, c, ti, eis, measured, stage, slots, cfg: RewardConfig) -> torch.Tensor:
@@ -381,6 +481,78 @@ def _op_shaping(op, ev, pick, c, ti, eis, measured, stage, slots, cfg: RewardCon
     return torch.where(op == int(Op.PRUNE), prune, out)
 
 
+# ------------------------------------------------------------------------------ the learner's reward
+def episode_rewards(
+    terms: TensorDictBase,
+    measurements: TensorDictBase,
+    final: TensorDictBase,
+    panicked: torch.Tensor,
+    *,
+    cfg: RewardConfig,
+    rollback_penalty: float,
+) -> TensorDict:
+    """**The learner's reward** of every step of an episode, ``[*E, T]`` (time last): the one place
+    that turns the per-step terms into the reward PPO trains on. The shell stores ``total`` as the
+    rollout's ``("next", "raw_reward")`` (the trainer only rescales it, into ``("next", "reward")``),
+    logs it as each ``epoch`` event's ``reward`` and sums it into each episode's ``return``.
+
+    Args:
+        terms: the steps' :func:`compute_reward` outputs stacked over time ``[*E, T]``.
+        measurements: the measurement each step acted on ``[*E, T]`` (``val_acc``, ``host_params``,
+            ``("slots", "seed_params" | "alpha")``, as :func:`objective` reads them).
+        final: the final hosts' measurement ``[*E]``, taken after the last step.
+        panicked: bool ``[*E, T]``, the governor rolled the env back at that measurement.
+        cfg: the reward's configuration (its mode).
+        rollback_penalty: what a rollback costs (``governor.penalty``, >= 0).
+
+    Returns ``[*E, T]``: the float32 :data:`COMPONENTS` (in OBJECTIVE mode ``objective`` now holds
+    ``Phi(m_{t+1}) - Phi(m_t)``, the last step's against ``final``, charged in full), the bool
+    :data:`FLAGS`, ``rollback`` (the rollback charge, <= 0: a panic at measurement t charges the
+    transition that led into it, t - 1, and a panic at the first measurement the first step) and
+    ``total`` = ``step_total`` + ``rollback`` + the objective term, added in the order each became
+    known (so equal, up to rounding, to the sum of the components and ``rollback``). None of these is
+    known when the step is taken: the objective term needs the next measurement, the rollback charge
+    the next panic check; hence this function runs once the episode is over. Fullgraph-clean.
+    """
+    _check_episode(terms, measurements, final, panicked)
+    charge = rollback_penalty * panicked.float()  # [*E, T], at the panicking measurement
+    none = torch.zeros_like(charge[..., :1])
+    at_start = torch.cat([charge[..., :1], torch.zeros_like(charge[..., 1:])], dim=-1)  # first step
+    into_next = torch.cat([charge[..., 1:], none], dim=-1)  # the transition that led into the panic
+    total = terms["step_total"] - at_start - into_next
+    out = {k: terms[k] for k in (*COMPONENTS, *FLAGS)}
+    if cfg.mode is RewardMode.OBJECTIVE:
+        delta = torch.cat(
+            [
+                objective_delta(measurements[..., :-1], measurements[..., 1:], cfg),
+                objective_delta(measurements[..., -1], final, cfg, final=True).unsqueeze(-1),
+            ],
+            dim=-1,
+        )
+        total = total + delta
+        out["objective"] = out["objective"] + delta
+    out["rollback"] = -(at_start + into_next)
+    out["total"] = total
+    return TensorDict(out, batch_size=terms.batch_size)
+
+
+def _check_episode(terms, measurements, final, panicked) -> None:
+    """:func:`episode_rewards`' shapes: ``terms``, ``measurements`` and ``panicked`` ``[*E, T]`` with
+    T >= 1, ``final`` ``[*E]``."""
+    steps = tuple(terms.batch_size)
+    if len(steps) < 1 or steps[-1] < 1:
+        raise ValueError(f"episode_rewards: terms must be [*E, T] with T >= 1, got {list(steps)}")
+    if tuple(measurements.batch_size) != steps or tuple(panicked.shape) != steps:
+        raise ValueError(
+            f"episode_rewards: measurements {list(measurements.batch_size)} and panicked "
+            f"{list(panicked.shape)} must be the terms' {list(steps)}"
+        )
+    if tuple(final.batch_size) != steps[:-1]:
+        raise ValueError(
+            f"episode_rewards: final must be [*E] = {list(steps[:-1])}, got {list(final.batch_size)}"
+        )
+
+
 __all__ = [
     "COMPONENTS",
     "FLAGS",
@@ -389,6 +561,7 @@ __all__ = [
     "RewardFamily",
     "RewardMode",
     "compute_reward",
+    "episode_rewards",
     "objective",
     "objective_delta",
     "pbrs",

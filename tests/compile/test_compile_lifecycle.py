@@ -156,3 +156,17 @@ def test_objective_and_its_delta_compile(compile_check):
         compile_check(functools.partial(objective, cfg=cfg), signals)
         compile_check(functools.partial(objective, cfg=cfg, final=True), signals)
         compile_check(functools.partial(objective_delta, cfg=cfg, final=True), signals, after)
+
+
+@pytest.mark.parametrize(
+    "cfg", [RewardConfig(), RewardConfig(mode=RewardMode.SHAPED)], ids=["objective", "shaped"]
+)
+def test_episode_rewards_compile(compile_check, cfg):
+    """The learner's reward of an episode, from the stacked step terms, measurements and panics."""
+    from esper.core.rewards import episode_rewards
+    from tests.core.test_rewards import _episode
+
+    terms, meas, final, panicked = _episode(E=3, T=5, seed=4)
+    panicked[1, 0] = True
+    fn = lambda *args: episode_rewards(*args, cfg=cfg, rollback_penalty=7.5)
+    compile_check(fn, terms, meas, final, panicked)

@@ -84,12 +84,12 @@ def one(out, k):
 
 
 def assert_all_finite(out):
-    assert set(out.keys()) == {*COMPONENTS, *FLAGS, "total"}
-    for k in (*COMPONENTS, "total"):
+    assert set(out.keys()) == {*COMPONENTS, *FLAGS, "step_total"}
+    for k in (*COMPONENTS, "step_total"):
         assert out[k].dtype == torch.float32 and torch.isfinite(out[k]).all(), k
     for k in FLAGS:
         assert out[k].dtype == torch.bool
-    torch.testing.assert_close(out["total"], sum(out[k] for k in COMPONENTS))
+    torch.testing.assert_close(out["step_total"], sum(out[k] for k in COMPONENTS))
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -261,7 +261,7 @@ def test_H10_sparse_scale_applies_after_the_clip(scale):
     worst, _, _ = reward(heavy, val_acc=0.0, prev_acc=0.0, epoch=25, cfg=cfg)
     assert one(worst, "terminal") == pytest.approx(-scale)
     early, _, _ = reward(empty, val_acc=100.0, epoch=24, cfg=cfg)
-    assert one(early, "total") == 0.0
+    assert one(early, "step_total") == 0.0
 
 
 def test_minimal_mode_penalizes_pruning_young_seeds_only():
@@ -269,7 +269,7 @@ def test_minimal_mode_penalizes_pruning_young_seeds_only():
     young, _, _ = reward(seeded(Stage.TRAINING, age=2), Op.PRUNE, cfg=cfg)
     old, _, _ = reward(seeded(Stage.TRAINING, age=6), Op.PRUNE, cfg=cfg)
     assert one(young, "op_shaping") == pytest.approx(-0.1) and one(old, "op_shaping") == 0.0
-    assert one(young, "total") == pytest.approx(-0.1)
+    assert one(young, "step_total") == pytest.approx(-0.1)
 
 
 # ------------------------------------------------------------------------------------------- H11
@@ -395,7 +395,7 @@ def test_loss_family_rewards_a_lower_loss():
     assert progress[2] == 0.0
     better, _, _ = reward(slots, prev_loss=2.0, val_loss=1.9, cfg=cfg)
     worse, _, _ = reward(slots, prev_loss=1.9, val_loss=2.0, cfg=cfg)
-    assert one(better, "total") > one(worse, "total")
+    assert one(better, "step_total") > one(worse, "step_total")
     assert one(better, "loss_progress") == pytest.approx(5.0 * 2.0)  # x = 0.1 / 0.05 = 2
     assert one(worse, "loss_progress") == pytest.approx(-5.0 * 0.5 * 2.0)  # regressions at half weight
     end, _, _ = reward(slots, val_loss=1.3, epoch=25, cfg=cfg)
@@ -471,7 +471,7 @@ def test_wait_reward_does_not_depend_on_the_ignored_slot_sample():
     slots = seeded(Stage.HOLDING, contribution=5.0, acc_germ=40.0, S=3)
     outs = [reward(slots, Op.WAIT, slot=k, val_acc=40.5)[0] for k in range(3)]
     for out in outs[1:]:
-        torch.testing.assert_close(out["total"], outs[0]["total"])
+        torch.testing.assert_close(out["step_total"], outs[0]["step_total"])
     single = reward(seeded(Stage.HOLDING, contribution=5.0, acc_germ=40.0, S=1), Op.WAIT, val_acc=40.5)[0]
     assert one(outs[0], "ratio_penalty") == pytest.approx(one(single, "ratio_penalty") / 3)
     assert bool(outs[0]["hacking"][0])
@@ -609,12 +609,12 @@ def test_reward_config_rejects_an_unknown_param_share():
         RewardConfig(param_share="half")
 
 
-def test_objective_mode_leaves_every_step_term_to_the_shell():
+def test_objective_mode_leaves_every_step_term_to_episode_rewards():
     slots = seeded(Stage.HOLDING, contribution=5.0)
     for op in (Op.WAIT, Op.FOSSILIZE, Op.PRUNE):
         out, _, _ = reward(slots, op, cfg=RewardConfig(), epoch=25)
         assert all(one(out, k) == 0.0 for k in COMPONENTS), op
-        assert one(out, "total") == 0.0
+        assert one(out, "step_total") == 0.0
 
 
 def test_objective_pays_growth_that_helps_and_charges_growth_that_does_not():
@@ -629,3 +629,119 @@ def test_objective_pays_growth_that_helps_and_charges_growth_that_does_not():
     assert float(objective_delta(start, farmed, cfg, final=True)) == pytest.approx(-4.0)
     assert float(objective_delta(start, useful, cfg, final=True)) == pytest.approx(14.0)
     assert float(objective_delta(start, start, cfg, final=True)) == 0.0
+
+
+# ------------------------------------------------------------------------------ the learner's reward
+def _episode(E=3, T=5, S=2, *, seed=0, panic_rate=0.3):
+    """Random per-step terms ``[E, T]`` (as compute_reward returns them, stacked), the measurements
+    they acted on ``[E, T]``, the final measurement ``[E]`` and the governor's panics ``[E, T]``."""
+    g = torch.Generator().manual_seed(seed)
+    comps = {k: torch.randn(E, T, generator=g) for k in COMPONENTS}
+    total = torch.zeros(E, T)
+    for k in COMPONENTS:
+        total = total + comps[k]
+    flags = {k: torch.rand(E, T, generator=g) > 0.5 for k in FLAGS}
+    terms = TensorDict({**comps, **flags, "step_total": total}, batch_size=[E, T])
+    meas = [
+        _objective_signals(
+            (torch.rand(E, generator=g) * 100).tolist(),
+            (torch.rand(E, S, generator=g) * 500).tolist(),
+            (torch.rand(E, S, generator=g).round(decimals=1) * (torch.rand(E, S, generator=g) > 0.4))
+            .tolist(),
+        )
+        for _ in range(T + 1)
+    ]
+    panicked = torch.rand(E, T, generator=g) < panic_rate
+    return terms, torch.stack(meas[:T], 1), meas[T], panicked
+
+
+def _episode_reference(terms, measurements, final, panicked, cfg, penalty):
+    """Slow reference, per env and step in Python floats: the step's own terms, minus ``penalty`` for a
+    panic at the next measurement (or, for the first step, at its own), plus in OBJECTIVE mode
+    Phi(next measurement) - Phi(this one), the last step's against the final host charged in full."""
+    from esper.core.rewards import objective
+
+    E, T = terms.batch_size
+    phi = objective(measurements, cfg).tolist()
+    phi_final = objective(final, cfg, final=True).tolist()
+    out = []
+    for e in range(E):
+        row = []
+        for t in range(T):
+            r = float(terms["step_total"][e, t])
+            if t == 0 and panicked[e, 0]:
+                r -= penalty
+            if t + 1 < T and panicked[e, t + 1]:
+                r -= penalty
+            if cfg.mode is RewardMode.OBJECTIVE:
+                r += (phi[e][t + 1] if t + 1 < T else phi_final[e]) - phi[e][t]
+            row.append(r)
+        out.append(row)
+    return torch.tensor(out)
+
+
+def _episode_before(terms, measurements, final, panicked, cfg, penalty):
+    """The arithmetic the shell did before issue 88 (``esper.shell.env.rollout.episode_rewards``), kept
+    to hold the core function to the same bits."""
+    from esper.core.rewards import objective_delta
+
+    total = terms["step_total"].clone()
+    total[:, 0] = total[:, 0] - penalty * panicked[:, 0].float()
+    total[:, :-1] = total[:, :-1] - penalty * panicked[:, 1:].float()
+    objective = terms["objective"]
+    if cfg.mode is RewardMode.OBJECTIVE:
+        delta = torch.cat(
+            [objective_delta(measurements[:, :-1], measurements[:, 1:], cfg),
+             objective_delta(measurements[:, -1], final, cfg, final=True).unsqueeze(1)], dim=1,
+        )  # fmt: skip
+        total = total + delta
+        objective = objective + delta
+    return total, objective
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [RewardConfig(param_weight=3.0), RewardConfig(param_share="live"), SHAPED_CFG],
+    ids=["alpha", "live", "shaped"],
+)
+@pytest.mark.parametrize("T", [1, 2, 6])
+def test_episode_rewards_match_a_reference_loop_and_the_arithmetic_of_before(cfg, T):
+    from esper.core.rewards import episode_rewards
+
+    for seed in range(3):
+        terms, meas, final, panicked = _episode(T=T, seed=seed)
+        panicked[0, 0] = True  # a panic at the first measurement charges the first step
+        out = episode_rewards(terms, meas, final, panicked, cfg=cfg, rollback_penalty=7.5)
+        assert out.batch_size == terms.batch_size
+        assert set(out.keys()) == {*COMPONENTS, *FLAGS, "rollback", "total"}
+        want = _episode_reference(terms, meas, final, panicked, cfg, 7.5)
+        torch.testing.assert_close(out["total"], want, rtol=1e-5, atol=1e-4)
+        total, objective = _episode_before(terms, meas, final, panicked, cfg, 7.5)
+        assert torch.equal(out["total"], total) and torch.equal(out["objective"], objective)
+        for k in (*COMPONENTS, *FLAGS):
+            if k != "objective":
+                assert torch.equal(out[k], terms[k]), k
+        # the decomposition: the components and the rollback charge sum to the learner's reward
+        torch.testing.assert_close(out["total"], sum(out[k] for k in COMPONENTS) + out["rollback"])
+        # a panic at measurement t charges step t - 1; one at the first measurement, the first step
+        into = torch.cat([panicked[:, 1:], torch.zeros_like(panicked[:, :1])], 1).float()
+        at_start = torch.zeros_like(into)
+        at_start[:, 0] = panicked[:, 0].float()
+        torch.testing.assert_close(out["rollback"], -7.5 * (into + at_start))
+
+
+def test_episode_rewards_take_any_env_dims_and_check_shapes():
+    from esper.core.rewards import episode_rewards
+
+    terms, meas, final, panicked = _episode(E=6, T=4)
+    cfg = RewardConfig()
+    flat = episode_rewards(terms, meas, final, panicked, cfg=cfg, rollback_penalty=2.0)
+    nested = episode_rewards(
+        terms.reshape(2, 3, 4), meas.reshape(2, 3, 4), final.reshape(2, 3), panicked.reshape(2, 3, 4),
+        cfg=cfg, rollback_penalty=2.0,
+    )  # fmt: skip
+    assert torch.equal(nested["total"].reshape(6, 4), flat["total"])
+    with pytest.raises(ValueError, match="panicked"):
+        episode_rewards(terms, meas, final, panicked[:, :3], cfg=cfg, rollback_penalty=2.0)
+    with pytest.raises(ValueError, match="final"):
+        episode_rewards(terms, meas, final[:2], panicked, cfg=cfg, rollback_penalty=2.0)

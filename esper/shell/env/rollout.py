@@ -5,10 +5,12 @@ The loop reads forward: :meth:`VecEnv.reset`, then per step the controller acts 
 step keeps what it produced as data — the controller's output, the reward terms the step decided, the
 measurement, the governor's panics, and a telemetry TensorDict — and at the end of the episode:
 
-- :func:`episode_rewards` computes every step's reward once, from the measurements stacked over the
-  episode: the step's own terms, the OBJECTIVE reward ``Phi(m_{t+1}) - Phi(m_t)`` of the measurement
-  that followed it (the last step's from the final hosts), and a governor rollback's penalty charged
-  to the transition that led into the panic (the transitions are kept, so the learner sees it);
+- :func:`esper.core.rewards.episode_rewards` computes every step's reward once, from the measurements
+  stacked over the episode: the step's own terms, the OBJECTIVE reward ``Phi(m_{t+1}) - Phi(m_t)`` of
+  the measurement that followed it (the last step's from the final hosts), and a governor rollback's
+  penalty charged to the transition that led into the panic (the transitions are kept, so the learner
+  sees it). Its ``total`` is the learner's reward: stored as ``("next", "raw_reward")``, logged as
+  each epoch event's ``reward``, summed into each episode's ``return``;
 - :func:`epoch_events` turns the stacked telemetry and those rewards into the ``epoch`` events (one
   host sync);
 - for a learning controller the steps are stored as a TensorDict ``[n_envs, T]`` with the keys of
@@ -37,7 +39,7 @@ import torch
 from tensordict import TensorDict
 
 from esper.core.lifecycle import is_live
-from esper.core.rewards import FLAGS, RewardConfig, RewardMode, objective, objective_delta
+from esper.core.rewards import COMPONENTS, FLAGS, episode_rewards, objective
 from esper.core.spec import HEADS, Op, Stage
 from esper.shell.env.step import BLEND_SETTINGS, StepInput
 from esper.shell.env.vecenv import VecEnv
@@ -104,32 +106,6 @@ def merge_results(parts: list[EpisodeResult]) -> EpisodeResult:
         governor=[e for p in parts for e in p.governor],
         timings=timings,
     )
-
-
-def episode_rewards(
-    terms: TensorDict, measurements: TensorDict, final: TensorDict, panicked: torch.Tensor,
-    cfg: RewardConfig, penalty: float,
-) -> tuple[torch.Tensor, TensorDict]:  # fmt: skip
-    """Every step's reward ``[E, T]`` and its components, computed once at the end of the episode.
-
-    ``terms``: the steps' :func:`esper.core.rewards.compute_reward` outputs stacked ``[E, T]``;
-    ``measurements``: the measurement each step acted on ``[E, T]``; ``final``: the final hosts' ``[E]``;
-    ``panicked`` ``[E, T]``: the governor rolled the env back at that measurement. A panic charges
-    ``penalty`` to the transition that led into it (the first measurement's, to the first step); in
-    OBJECTIVE mode step t also earns ``Phi(m_{t+1}) - Phi(m_t)``, the last step against the final hosts,
-    charged in full. The terms are added in that order, as the reward of a transition became known."""
-    total = terms["total"].clone()
-    total[:, 0] = total[:, 0] - penalty * panicked[:, 0].float()
-    total[:, :-1] = total[:, :-1] - penalty * panicked[:, 1:].float()
-    components = terms.exclude("total")
-    if cfg.mode is RewardMode.OBJECTIVE:
-        delta = torch.cat(
-            [objective_delta(measurements[:, :-1], measurements[:, 1:], cfg),
-             objective_delta(measurements[:, -1], final, cfg, final=True).unsqueeze(1)], dim=1,
-        )  # fmt: skip
-        total = total + delta
-        components["objective"] = components["objective"] + delta
-    return total, components
 
 
 def epoch_events(
@@ -202,7 +178,7 @@ class EpisodeRunner:
             tr = env.step(action)
             if ctl.learns:
                 steps.append(out)
-            terms.append(tr.reward)
+            terms.append(tr.reward_terms)
             measured.append(ts.measurement)
             panics.append([r is not None for r in ts.panics])
             timings.append(ts.timings)
@@ -220,15 +196,16 @@ class EpisodeRunner:
         boot = ctl.bootstrap(ts.obs)  # post-action masks (H4)
         policy_seconds += time.perf_counter() - t0
         panicked = torch.tensor(panics, dtype=torch.bool, device=env.device).T  # [E, T]
-        rewards, components = episode_rewards(
-            torch.stack(terms, 1), torch.stack(measured, 1), result.final, panicked, env.reward_cfg,
-            env.governor.cfg.penalty,
+        finished = episode_rewards(
+            torch.stack(terms, 1), torch.stack(measured, 1), result.final, panicked, cfg=env.reward_cfg,
+            rollback_penalty=env.governor.cfg.penalty,
         )  # fmt: skip
+        rewards = finished["total"]  # the learner's reward, [E, T]
         tele = torch.stack(telemetry, 1)  # [E, T]
         result.epochs = epoch_events(tele, rewards, env.slot_names, env.blueprint_names, timings, reasons)
         if ctl.learns:
             result.rollout = self._assemble(steps, rewards, boot)
-        result.episodes = self._episode_summaries(rewards, components, tele, result)
+        result.episodes = self._episode_summaries(finished, tele, result)
         result.timings = {**env.timings, "policy": policy_seconds}
         return result
 
@@ -242,7 +219,7 @@ class EpisodeRunner:
         return TensorDict(
             {**{k: m[k] for k in ("val_acc", "val_loss", "train_loss")},
              **{h: action[h] for h in ("op", "slot", "blueprint")},
-             **{flag: tr.reward[flag] for flag in FLAGS},
+             **{flag: tr.reward_terms[flag] for flag in FLAGS},
              "stage": tr.slots["stage"], "alpha": tr.slots["alpha"],
              "contribution": m["slots", "contribution"], "grad_ratio": m["slots", "grad_ratio"],
              "measured": is_live(ts.obs.slots["stage"])},
@@ -272,11 +249,13 @@ class EpisodeRunner:
         )
         return td
 
-    def _episode_summaries(self, rewards, comps, telemetry, result) -> list[dict]:
+    def _episode_summaries(self, rewards: TensorDict, telemetry, result) -> list[dict]:
+        """One summary per env from :func:`esper.core.rewards.episode_rewards`' output ``[E, T]``
+        (``return``: the sum of its ``total``, the learner's reward), the telemetry and the result."""
         env = self.env
-        returns = rewards.sum(1).tolist()
-        comp_sums = {k: v.float().sum(1).tolist() for k, v in comps.items() if v.is_floating_point()}
-        flagged = {k: comps[k].sum(1).tolist() for k in FLAGS}  # steps whose reward raised each flag
+        returns = rewards["total"].sum(1).tolist()
+        comp_sums = {k: rewards[k].float().sum(1).tolist() for k in COMPONENTS}
+        flagged = {k: rewards[k].sum(1).tolist() for k in FLAGS}  # steps whose reward raised each flag
         final_slots = env.slots
         n_fossil = (final_slots["stage"] == int(Stage.FOSSILIZED)).sum(-1).tolist()
         fin = result.final
@@ -340,5 +319,4 @@ class EpisodeRunner:
         ]
 
 
-__all__ = ["PER_ENV_FIELDS", "Controller", "EpisodeResult", "EpisodeRunner", "episode_rewards",
-           "epoch_events", "merge_results"]  # fmt: skip
+__all__ = ["PER_ENV_FIELDS", "Controller", "EpisodeResult", "EpisodeRunner", "epoch_events", "merge_results"]

@@ -54,12 +54,13 @@ class TimeStep:
 @dataclass
 class Transition:
     """What :meth:`VecEnv.step` returns: the step's own reward terms ``[E]``
-    (:func:`esper.core.rewards.compute_reward`: components, ``total`` and the telemetry flags; in
-    OBJECTIVE mode the objective is paid from the measurements, :func:`esper.shell.env.rollout.
-    episode_rewards`), the slot state right after the action ``[E, S]``, per env the lifecycle events
+    (:func:`esper.core.rewards.compute_reward`: components, their sum ``step_total`` and the telemetry
+    flags; not yet the learner's reward, which :func:`esper.core.rewards.episode_rewards` makes of them
+    at the end of the episode, adding the OBJECTIVE term and the rollback charge that only the next
+    measurement decides), the slot state right after the action ``[E, S]``, per env the lifecycle events
     that happened, and the next time step (``last`` after the episode's final epoch)."""
 
-    reward: TensorDict
+    reward_terms: TensorDict
     slots: TensorDict
     lifecycle: list[list[dict]]
     next: TimeStep

@@ -159,7 +159,7 @@ class VecEnv:
         obs, lc, T = self._last.obs, self.lifecycle, self.lifecycle.max_epochs
         slots, signals = obs.slots, obs.signals
         new_slots, events = lifecycle_step(slots, action, signals, lc, n_blueprints=self.spec.n_blueprints)
-        reward = compute_reward(
+        terms = compute_reward(
             slots, action, new_slots, events, signals, self.history, gamma=self.gamma, cfg=self.reward_cfg,
             max_epochs=T,
         )  # fmt: skip
@@ -167,7 +167,7 @@ class VecEnv:
         happened = self._apply(new_slots, events)
         self.timings.update({"lifecycle_reward": t1 - t0, "apply": time.perf_counter() - t1})
         self._last = self._measure() if self.epoch < T else self._final(obs)
-        return Transition(reward, new_slots, happened, self._last)
+        return Transition(terms, new_slots, happened, self._last)
 
     def close(self) -> None:
         """Stop the host bank's worker threads (if any)."""

@@ -263,7 +263,7 @@ def test_C7_rollback_penalty_reaches_the_learner(monkeypatch):
 
     def reward_spy(*args, **kwargs):
         out = real_reward(*args, **kwargs)
-        totals.append(out["total"].clone())
+        totals.append(out["step_total"].clone())
         return out
 
     monkeypatch.setattr(vecenv_mod, "compute_reward", reward_spy)
