@@ -20,10 +20,12 @@ def test_a_seed_keeps_its_controllers_and_evaluates_each_on_the_same_fresh_hosts
 
 
 def _seed(k, static, grow_all, accs):
-    curve = [{"update": u, "seconds": 10.0 * u + k, "test_acc": a, "params_added": 0.0,
+    curve = [{"update": u, "seconds": 10.0 * u + k, "cpu_seconds": 9.0 * u, "test_acc": a,
+              "params_added": 0.0,
               "share": ttq._share(a, grow_all, static)} for u, a in enumerate(accs, 1)]  # fmt: skip
     return {"label": "x", "seed": k, "train_args": "", "episodes": 4, "eval_seed": 1000 + k,
             "updates": len(accs), "build_seconds": 1.0, "train_seconds": 10.0 * len(accs),
+            "train_cpu_seconds": 9.0 * len(accs),
             "eval_seconds": 1.0,
             "grow_all": grow_all,
             "static": static, "grow_all_params": 1200.0, "curve": curve, "revision": "abc", "machine": "m",
@@ -41,4 +43,4 @@ def test_pooling_is_a_ratio_of_means_per_update_with_the_median_time(tmp_path):
     assert math.isclose(last["share"], (36.0 + 20.0) / 60.0)
     assert first["seconds_median"] == 11.5 and first["per_seed_share"] == [0.5, 0.0]
     md = ttq.write_pooled(tmp_path).read_text()
-    assert "| 2 | 22 | 0.933 |" in md and (tmp_path / "curve.png").is_file()
+    assert "| 2 | 22 | 18 | 0.933 |" in md and (tmp_path / "curve.png").is_file()
