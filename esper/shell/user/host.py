@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from esper.shell.data.batches import Batch
-from esper.shell.host.blueprints import BLUEPRINTS
+from esper.shell.host.blueprints import BLUEPRINTS, build_blueprint
 from esper.shell.host.hosts import Host
 from esper.shell.host.slots import SeedSlot
 
@@ -114,6 +114,31 @@ class Slot(SeedSlot):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         check_activation(self, h)
         return super().forward(h)
+
+    # A slot's state-dict entry ``<path>._extra_state`` describes its seed (blueprint, family, style,
+    # stage, alpha; ``{}`` when empty), so a grown network saved with ``torch.save(model.state_dict())``
+    # loads back into a fresh network of the user's class: each slot builds its seed from the description
+    # before the seed's weights load (:mod:`esper.shell.user.grown`). Load on the CPU, then move it.
+    def get_extra_state(self) -> dict:
+        if self.seed is None:
+            return {}
+        return {"blueprint": self.blueprint, "family": self.family, "style": int(self.style),
+                "stage": int(self.stage), "alpha": float(self.alpha)}  # fmt: skip
+
+    def set_extra_state(self, state: dict) -> None:
+        if not state:
+            if self.seed is not None:
+                self.remove()
+            return
+        if self.seed is not None and self.blueprint == state["blueprint"]:
+            self.set(alpha=state["alpha"], stage=state["stage"])
+            return
+        if self.seed is not None:
+            self.remove()
+        self.family = state["family"]
+        self.install(build_blueprint(self.family, state["blueprint"], self.width), state["style"],
+                     state["blueprint"])  # fmt: skip
+        self.set(alpha=state["alpha"], stage=state["stage"])
 
 
 class _SlotRef(nn.Module):
@@ -198,6 +223,8 @@ class UserHost(Host):
             parent, _, leaf = path.rpartition(".")
             model.get_submodule(parent)._modules[leaf] = _SlotRef(slot)
         self.model = model
+        #: Each slot's path in the model (where :func:`esper.shell.user.grown.grown_model` puts it back).
+        self.slot_paths: dict[str, str] = {slot.name: path for path, slot in found}
         #: What the model gives for one example of ``example_input`` (None without it).
         self.output_shape: tuple[int, ...] | None = None
         if example_input is not None:
