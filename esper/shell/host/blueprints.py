@@ -37,6 +37,9 @@ the tests check:
   - attention: LN → causal self-attention, 4 heads (fewer if D is not divisible). 4D² + 6D (16768)
   - mlp: LN → Linear(D, 4D) → GELU → Linear(4D, D). 8D² + 7D (33216)
 
+Blueprints of the user's own join a family's registry through
+:func:`esper.shell.host.registry.register_blueprint` (placed in it by size, as these are).
+
 Inits are gentle: the last projection of every seed with hidden layers is its default init scaled by
 :data:`FINAL_INIT_SCALE` (biases zero), LoRA's up-projection and the norm seed's scale start at exactly
 zero, so a fresh seed's delta is (near) zero and blending starts from the host's own function. Every
@@ -325,6 +328,11 @@ def _build_transformer(name: str, d: int) -> nn.Module:
 
 
 _BUILDERS = {"cnn": _build_cnn, "cnn1d": _build_cnn1d, "transformer": _build_transformer}
+#: The built-in catalogue of each family, as shipped (what a run of ``python -m esper.shell.run`` trained on).
+BUILTIN_BLUEPRINTS: dict[str, tuple[str, ...]] = dict(BLUEPRINTS)
+#: ``(family, name) -> builder(width)`` of the blueprints registered by
+#: :func:`esper.shell.host.registry.register_blueprint` (the built-in ones are :data:`_BUILDERS`'s).
+REGISTERED_BUILDERS: dict[tuple[str, str], Callable[[int], nn.Module]] = {}
 
 
 def blueprint_index(family: str, name: str) -> int:
@@ -347,7 +355,8 @@ def build_blueprint(family: str, name: str, width: int) -> nn.Module:
     blueprint_index(family, name)  # raises ValueError listing the valid names
     if width < 1:
         raise ValueError(f"build_blueprint: width must be >= 1, got {width}")
-    return _BUILDERS[family](name, width)
+    registered = REGISTERED_BUILDERS.get((family, name))
+    return registered(width) if registered is not None else _BUILDERS[family](name, width)
 
 
 def param_count(module: nn.Module) -> int:
@@ -358,8 +367,10 @@ __all__ = [
     "BLUEPRINTS",
     "BLUEPRINT_KINDS",
     "BLUEPRINT_TRAITS",
+    "BUILTIN_BLUEPRINTS",
     "FINAL_INIT_SCALE",
     "GLOBAL",
+    "REGISTERED_BUILDERS",
     "CausalSelfAttention",
     "LoRA",
     "NormSeed",
