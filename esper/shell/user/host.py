@@ -25,9 +25,9 @@ network's own, never a seed's or a gate's, and no parameter is counted twice. A 
 build a fresh one for each host (:func:`esper.shell.user.task.user_task` takes a factory).
 
 **The family** picks the blueprint catalogue (:data:`~esper.shell.host.blueprints.BLUEPRINTS`): ``cnn``
-for activations ``[N, C, H, W]``, ``cnn1d`` for ``[N, C, L]`` (inferred from the rank of the activations
-a dummy forward of ``example_input`` sends to the slots), ``transformer`` for ``[N, L, D]`` residual
-streams (stated, never inferred: its seeds are causal). One host has one family.
+for activations ``[N, C, H, W]``, ``cnn1d`` for ``[N, C, L]``, ``mlp`` for flat ``[N, D]`` (inferred
+from the rank of the activations a dummy forward of ``example_input`` sends to the slots), ``transformer``
+for ``[N, L, D]`` residual streams (stated, never inferred: its seeds are causal). One host has one family.
 
 **Checks, each a one-line ValueError that says what to do:** a network without slots; a slot whose width
 is not the activation's channel count (at wrap time with ``example_input``, else at the slot's first
@@ -51,15 +51,15 @@ from esper.shell.host.hosts import Host
 from esper.shell.host.slots import SeedSlot
 
 #: The family a slot's activation implies by its rank (``transformer`` is stated, never inferred).
-FAMILY_BY_RANK = {3: "cnn1d", 4: "cnn"}
+FAMILY_BY_RANK = {2: "mlp", 3: "cnn1d", 4: "cnn"}
 #: The layout of a slot's activation per family (its channel dim is the one named by the width).
-LAYOUTS = {"cnn": "[N, C, H, W]", "cnn1d": "[N, C, L]", "transformer": "[N, L, D]"}
+LAYOUTS = {"cnn": "[N, C, H, W]", "cnn1d": "[N, C, L]", "transformer": "[N, L, D]", "mlp": "[N, D]"}
 
 
 def channel_dim(family: str) -> int:
     """The dim of a ``family`` activation that a slot's width counts: the channels, or the features of
-    a transformer's residual stream."""
-    return -1 if family == "transformer" else 1
+    a transformer's residual stream or of a flat vector (``mlp``)."""
+    return -1 if family in ("transformer", "mlp") else 1
 
 
 def _shape(h: torch.Tensor) -> str:
@@ -73,8 +73,9 @@ def check_activation(slot: SeedSlot, h: torch.Tensor, family: str | None = None)
     where = f"slot {slot.name!r}" if slot.name else f"a Slot({slot.width})"
     if family is None:
         raise ValueError(
-            f"{where} receives an activation {_shape(h)}: slots take [N, C, L] (cnn1d) or [N, C, H, W] (cnn) "
-            "activations, or [N, L, D] with family='transformer'; move the slot or state the family"
+            f"{where} receives an activation {_shape(h)}: slots take [N, D] (mlp), [N, C, L] (cnn1d) or "
+            "[N, C, H, W] (cnn) activations, or [N, L, D] with family='transformer'; move the slot or state "
+            "the family"
         )
     if h.dim() != len(LAYOUTS[family].split(",")):
         raise ValueError(
@@ -96,11 +97,11 @@ def check_activation(slot: SeedSlot, h: torch.Tensor, family: str | None = None)
 
 class Slot(SeedSlot):
     """Where the user's network may grow: ``width`` channels (``[N, C, ...]`` activations) or features
-    (a transformer's ``[N, L, D]``). Empty, it returns its input; in a host, a seed composes with it by
-    stage, style and alpha. ``name``: how the controller's events and plans (``grow:NAME=BLUEPRINT``)
-    call it (default: its path in the network, e.g. ``grow1`` or ``blocks.0.3``); ``family``: its
-    blueprint family (default: the host's, inferred from the activation). Every forward checks that the
-    activation has ``width`` channels."""
+    (a flat ``[N, D]``, a transformer's ``[N, L, D]``). Empty, it returns its input; in a host, a seed
+    composes with it by stage, style and alpha. ``name``: how the controller's events and plans
+    (``grow:NAME=BLUEPRINT``) call it (default: its path in the network, e.g. ``grow1`` or
+    ``blocks.0.3``); ``family``: its blueprint family (default: the host's, inferred from the
+    activation). Every forward checks that the activation has ``width`` channels."""
 
     def __init__(self, width: int, *, name: str | None = None, family: str | None = None):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
@@ -231,12 +232,12 @@ class UserHost(Host):
             family, slots, self.output_shape = self._probe(model, slots, example_input, family)
         elif family is None:
             raise ValueError(
-                "UserHost: pass example_input (one small batch) or family='cnn1d' | 'cnn' | 'transformer': "
-                "the slots' family picks their blueprints"
+                "UserHost: pass example_input (one small batch) or family='cnn1d' | 'cnn' | 'mlp' | "
+                "'transformer': the slots' family picks their blueprints"
             )
         for slot in slots:
             slot.family = family  # inferred by the probe, or as stated
-        #: "cnn", "cnn1d" or "transformer": picks the blueprint registry.
+        #: "cnn", "cnn1d", "mlp" or "transformer": picks the blueprint registry.
         self.family = family
         self.slots = nn.ModuleList(slots)
         self.loss: Loss = loss or cross_entropy

@@ -361,3 +361,56 @@ def test_grow_keep_models_returns_each_hosts_grown_network():
             else:
                 assert r["grown"] == "tail.1=conv_light" and r["n_fossilized"] == 1
                 assert (slots["tail.1"].stage, slots["tail.1"].alpha) == (Stage.FOSSILIZED, 1.0)
+
+
+# ---------------------------------------------------------------------------------- flat features: mlp
+class MLP(nn.Module):
+    """A user's MLP on flat features: two hidden layers of 16, a slot on each (``[N, 16]``)."""
+
+    def __init__(self, d_in: int = 6, hidden: int = 16, n_classes: int = 3):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d_in, hidden), nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, n_classes)
+        self.grow1, self.grow2 = Slot(hidden), Slot(hidden)
+
+    def forward(self, x):
+        return self.out(self.grow2(torch.relu(self.fc2(self.grow1(torch.relu(self.fc1(x)))))))
+
+
+def _tabular(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return x, (x[:, 0] * x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+
+
+def test_an_mlp_host_with_flat_slots_grows_a_widen_seed_in_an_episode():
+    """Slots on ``[N, D]`` activations are of family mlp; ``widen`` (D/4 hidden units with zero outgoing
+    weights) leaves the function unchanged at germination whatever its alpha, and a plan grows it through
+    the lifecycle to a fossilized seed in an episode."""
+    x = _tabular(8, 9)[0]
+    torch.manual_seed(0)
+    host = UserHost(MLP(), example_input=x[:2])
+    assert (host.family, host.slot_names, host.blueprint_names) == (
+        "mlp", ("grow1", "grow2"), ("noop", "norm", "lora", "widen", "mlp_small", "mlp"))
+    before = host(x)
+    for style in (Style.LINEAR_ADD, Style.GATED_GATE):
+        params = host.germinate(0, host.blueprint_names.index("widen"), style)
+        assert sum(p.numel() for p in params if p.dim() and p.shape[0] == 4) > 0  # 16 // 4 new units
+        host.set_slot(0, alpha=1.0, stage=Stage.BLENDING)
+        assert torch.equal(host(x), before)
+        host.set_slot(0, alpha=0.0, stage=Stage.PRUNED)
+        host.remove_seed(0)
+        host.set_slot(0, alpha=0.0, stage=Stage.DORMANT)
+    task = user_task(MLP, train=_tabular(128, 0), val=_tabular(64, 1), test=_tabular(64, 2), batch_size=32)
+    assert (task.family, task.n_classes) == ("mlp", 3)
+    gates = {"lifecycle.g2_min_gain": -100.0, "lifecycle.g2_min_grad_ratio": 0.0,
+             "lifecycle.g2_min_epochs": 1, "lifecycle.g3_min_epochs": 1,
+             "lifecycle.g5_min_contribution": -100.0, "env.host_lr": 0.05}  # fmt: skip
+    out = grow(task, ("static", "grow:grow1=widen", "heuristic"), episodes=1, epochs=8, n_envs=1,
+               overrides=gates, keep_models=True)  # fmt: skip
+    (widened,) = out["grow:grow1=widen"]
+    assert (widened["grown"], widened["n_fossilized"], widened["params_added"]) == ("grow1=widen", 1, 148)
+    net = widened["model"].eval()
+    assert net.grow1.blueprint == "widen" and _top1(net, *_tabular(64, 2)) == pytest.approx(
+        widened["final_test_acc"], abs=1e-4)
+    assert all(0 <= r["final_test_acc"] <= 100 for r in out["static"] + out["heuristic"])
