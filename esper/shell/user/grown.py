@@ -29,6 +29,15 @@ from esper.shell.host.hosts import Host
 from esper.shell.host.slots import SeedSlot
 
 
+def describe_seed(slot: SeedSlot) -> dict:
+    """What builds ``slot``'s seed again (``{}``: it holds none): blueprint, family, style, stage, alpha
+    (plain numbers and strings: a state dict loads them with ``weights_only=True``)."""
+    if slot.seed is None:
+        return {}
+    return {"blueprint": slot.blueprint, "family": slot.family, "style": int(slot.style),
+            "stage": int(slot.stage), "alpha": float(slot.alpha)}  # fmt: skip
+
+
 def freeze_slot(slot: SeedSlot) -> None:
     """Make ``slot`` hold what its forward uses now, permanently: a seed that changes the forward becomes
     FOSSILIZED at the alpha it has; any other is removed."""
@@ -57,4 +66,4 @@ def grown_model(host: Host) -> nn.Module:
     return model
 
 
-__all__ = ["freeze_slot", "grown_model"]
+__all__ = ["describe_seed", "freeze_slot", "grown_model"]

@@ -49,6 +49,7 @@ from esper.shell.data.batches import Batch
 from esper.shell.host.blueprints import BLUEPRINTS, build_blueprint
 from esper.shell.host.hosts import Host
 from esper.shell.host.slots import SeedSlot
+from esper.shell.user.grown import describe_seed
 
 #: The family a slot's activation implies by its rank (``transformer`` is stated, never inferred).
 FAMILY_BY_RANK = {2: "mlp", 3: "cnn1d", 4: "cnn"}
@@ -121,10 +122,7 @@ class Slot(SeedSlot):
     # loads back into a fresh network of the user's class: each slot builds its seed from the description
     # before the seed's weights load (:mod:`esper.shell.user.grown`). Load on the CPU, then move it.
     def get_extra_state(self) -> dict:
-        if self.seed is None:
-            return {}
-        return {"blueprint": self.blueprint, "family": self.family, "style": int(self.style),
-                "stage": int(self.stage), "alpha": float(self.alpha)}  # fmt: skip
+        return describe_seed(self)
 
     def set_extra_state(self, state: dict) -> None:
         if not state:
