@@ -4,6 +4,8 @@
   short budget in a subprocess, and a mean return far above a random policy's (~20).
 - The grow-your-model example grows a network it defines on data it generates, with the heuristic and
   with a run's trained controller (zero-shot), on tiny sizes in a subprocess.
+- The grow-in-your-loop example grows that network in an ordinary training loop with a run's controller,
+  saves it and reloads it into a fresh network.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -180,16 +183,47 @@ def test_grow_your_model_example_with_the_heuristic(tmp_path):
     assert report["run"] is None and "with the heuristic" in stdout
 
 
-@pytest.mark.e2e
-def test_grow_your_model_example_zero_shot_from_a_run(tmp_path):
-    """A smoke run trains a controller on a three-slot cnn1d host (the longrange task's: its data are
-    drawn in a blink, where MNIST-1D's take seconds); the example's network has three cnn1d slots too, so
-    the run's controller grows it without training there."""
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> Path:
+    """A smoke run's directory: a controller trained on a three-slot cnn1d host (the longrange task's: its
+    data are drawn in a blink, where MNIST-1D's take seconds)."""
+    where = tmp_path_factory.mktemp("runs")
     run = [sys.executable, "-m", "esper.shell.run", "--preset", "smoke", "--env.task", "longrange",
-           "--run_dir", str(tmp_path), "--name", "r", "--lifecycle.max_epochs", "3",
+           "--run_dir", str(where), "--name", "r", "--lifecycle.max_epochs", "3",
            "--env.train_batches", "1"]  # fmt: skip
     proc = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    stdout, report = _grow_example(tmp_path, "--run", str(tmp_path / "r"))
+    return where / "r"
+
+
+@pytest.mark.e2e
+def test_grow_your_model_example_zero_shot_from_a_run(tmp_path, smoke_run):
+    """The example's network has three cnn1d slots, as the smoke run's host, so the run's controller grows
+    it without training there."""
+    stdout, report = _grow_example(tmp_path, "--run", str(smoke_run))
     _check_grow_report(stdout, report, "ppo")
-    assert report["run"] == str(tmp_path / "r") and "zero-shot" in stdout
+    assert report["run"] == str(smoke_run) and "zero-shot" in stdout
+
+
+@pytest.mark.e2e
+def test_grow_in_your_loop_example_with_a_runs_controller(tmp_path, smoke_run):
+    """The user's loop (AdamW, cosine, DataLoader) grown by the smoke run's controller (eager to germinate
+    with its untrained-looking policy): the grown network saved, reloaded into a fresh ``SignalNet`` (here
+    too, in this process) and tested again gives the same accuracy."""
+    out, save = tmp_path / "loop.json", tmp_path / "grown.pt"
+    cmd = [sys.executable, "-m", "examples.grow_in_your_loop", "--run", str(smoke_run), "--train", "256",
+           "--epochs", "6", "--save", str(save), "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["epochs"] == 6 and report["controller"] == str(smoke_run)
+    assert report["reloaded_test_acc"] == report["grown_test_acc"] and "reloaded" in proc.stdout
+    assert report["params_grown"] >= 0 and 0 <= report["static_test_acc"] <= 100
+    from examples.grow_in_your_loop import accuracy
+    from examples.grow_your_model import SignalNet, make_signals
+
+    net = SignalNet()
+    net.load_state_dict(torch.load(save, weights_only=True))
+    assert accuracy(net, *make_signals(128, seed=2)) == report["grown_test_acc"]
+    grown = {name: m.blueprint for name, m in net.named_modules() if getattr(m, "occupied", False)}
+    assert grown == report["grown"]

@@ -40,7 +40,8 @@ from esper.shell.host.hosts import CNN1dHost, CNNHost, Host, TransformerHost
 
 #: The blueprint ``grow_all`` germinates on a task that names none, per host family: the one with the
 #: largest mean gain in held-out accuracy when grown into every slot (bench suite ``growth``).
-GROW_ALL_BLUEPRINT = {"cnn1d": "conv_heavy", "cnn": "conv_light", "transformer": "mlp"}
+#: (``mlp``, the flat family, is not measured: its largest.)
+GROW_ALL_BLUEPRINT = {"cnn1d": "conv_heavy", "cnn": "conv_light", "transformer": "mlp", "mlp": "mlp"}
 
 #: ``digits_shallow``: the side its 8×8 images are resized to.
 DIGITS_SHALLOW_SIZE = 32

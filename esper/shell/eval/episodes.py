@@ -59,17 +59,18 @@ EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "
 
 def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int], *, eval_seed: int,
                  checkpoint: dict | None, on_epoch=None,
-                 searched: dict | None = None) -> list[dict]:  # fmt: skip
+                 searched: dict | None = None, keep=None) -> list[dict]:  # fmt: skip
     """Run controller ``name`` on evaluation episodes ``episodes`` (indices; host seeds from
     ``eval_seed``), ``cfg.env.n_envs`` at a time. Returns one record per episode, in order.
-    ``searched``: the search's result, for ``heuristic_tuned`` and ``plan_search``."""
+    ``searched``: the search's result, for ``heuristic_tuned`` and ``plan_search``; ``keep``: as
+    :func:`~esper.shell.eval.runner.run_hosts` takes it."""
     episodes = list(episodes)
 
     def make(env, start: int):
         return make_controller(name, cfg, env, checkpoint=checkpoint, seed=eval_seed + start,
                                searched=searched)  # fmt: skip
 
-    records = run_hosts(cfg, task, make, eval_host_seeds(eval_seed, episodes), on_epoch=on_epoch)
+    records = run_hosts(cfg, task, make, eval_host_seeds(eval_seed, episodes), on_epoch=on_epoch, keep=keep)
     return [{"controller": name, "episode": e, **rec} for e, rec in zip(episodes, records, strict=True)]
 
 

@@ -14,7 +14,9 @@ from esper.core.spec import ActionSpec
 from esper.shell.agent.agent import build_agent, load_error_line
 from esper.shell.config.presets import RunConfig
 from esper.shell.env.tasks import Task
+from esper.shell.host.blueprints import BUILTIN_BLUEPRINTS
 from esper.shell.host.hosts import Host
+from esper.shell.host.registry import registered_blueprints
 
 
 def _fresh_host(task: Task) -> Host:
@@ -22,9 +24,10 @@ def _fresh_host(task: Task) -> Host:
         return task.make_host()
 
 
-def _describe(host: Host, seed_grads: bool) -> dict[str, Any]:
-    """What a controller's sizes depend on, for ``host``."""
-    n_blueprints = len(host.blueprint_names)
+def _describe(host: Host, seed_grads: bool, *, builtin: bool = False) -> dict[str, Any]:
+    """What a controller's sizes depend on, for ``host`` (``builtin``: with its family's built-in
+    catalogue, the one a run trained on, whatever was registered since)."""
+    n_blueprints = len(BUILTIN_BLUEPRINTS[host.family] if builtin else host.blueprint_names)
     return {
         "family": host.family,
         "slots": host.n_slots,
@@ -43,7 +46,8 @@ def _check_same_shape(run_cfg: RunConfig, task: Task, seed_grads: bool, run: str
         raise ValueError(
             f"{run}: cannot rebuild its {run_cfg.env.task} host to check its controller: {e}"
         ) from None
-    theirs, ours = _describe(run_host, seed_grads), _describe(_fresh_host(task), seed_grads)
+    host = _fresh_host(task)
+    theirs, ours = _describe(run_host, seed_grads, builtin=True), _describe(host, seed_grads)
     diffs = []
     if theirs["family"] != ours["family"]:
         diffs.append(f"family: the run's host is {theirs['family']}, this one {ours['family']} (another "
@@ -53,7 +57,9 @@ def _check_same_shape(run_cfg: RunConfig, task: Task, seed_grads: bool, run: str
                      f"one {ours['slots']} ({', '.join(ours['slot_names'])})")  # fmt: skip
     for key, what in (("blueprints", "blueprints"), ("observation", "observation length")):
         if theirs[key] != ours[key]:
-            diffs.append(f"{what}: the run's {theirs[key]}, this host's {ours[key]}")
+            mine = registered_blueprints(host.family) if key == "blueprints" else ()
+            extra = f" (registered: {', '.join(mine)})" if mine else ""
+            diffs.append(f"{what}: the run's {theirs[key]}, this host's {ours[key]}{extra}")
     if diffs:
         raise ValueError(
             f"{run}: its controller cannot act on this host: {'; '.join(diffs)}. A flat controller "

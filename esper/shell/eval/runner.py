@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,6 +17,7 @@ from esper.shell.config.presets import RunConfig
 from esper.shell.env.rollout import Controller, EpisodeRunner
 from esper.shell.env.tasks import Task
 from esper.shell.env.vecenv import VecEnv
+from esper.shell.host.hosts import Host
 
 #: ``make(env, start) -> controller`` for the envs of one batch: ``start`` is the batch's first index
 #: into the host list (a search maps it to the candidates of the batch).
@@ -23,10 +25,11 @@ MakeController = Callable[[VecEnv, int], Controller]
 
 
 def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequence[int], *,
-              on_epoch=None) -> list[dict]:  # fmt: skip
+              on_epoch=None, keep: Callable[[Host], Any] | None = None) -> list[dict]:  # fmt: skip
     """One episode on each host of ``host_seeds`` (host init, seed modules and data order), ``cfg.env.n_envs``
     side by side, each batch's controller from ``make``. Returns one record per host, in order: the
-    episode's summary, its ``test_objective`` and its validation accuracy over the epochs."""
+    episode's summary, its ``test_objective`` and its validation accuracy over the epochs; with ``keep``,
+    ``kept``: what ``keep`` makes of the final host (e.g. the grown network)."""
     records: list[dict] = []
     width = cfg.env.n_envs
     for start in range(0, len(host_seeds), width):
@@ -40,6 +43,7 @@ def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequ
         try:
             runner = EpisodeRunner(env, make(env, start), on_epoch=on_epoch)
             result = runner.run(start, host_seeds=chunk)
+            kept = [keep(env.hosts.host(i)) for i in range(env.n)] if keep is not None else None
         finally:
             env.close()
         curves = np.array([ev["val_acc"] for ev in result.epochs]).T  # [E, T]
@@ -48,6 +52,8 @@ def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequ
             rec["test_objective"] = objective_on_test(ep["final_test_acc"], ep["params_added"],
                                                       ep["host_params"], reward)  # fmt: skip
             rec["val_acc_curve"] = [float(a) for a in curves[i]]
+            if kept is not None:
+                rec["kept"] = kept[i]
             records.append(rec)
     return records
 

@@ -61,11 +61,12 @@ class HostSettings(Protocol):
 
 
 def snapshot_state(host: Host) -> dict[str, torch.Tensor]:
-    """The host and its fossilized seeds: what a governor rollback restores."""
+    """The host and its fossilized seeds: what a governor rollback restores (tensors only: a user slot's
+    extra state, the description of its seed, is not a weight)."""
     keep = {f"slots.{s}." for s in range(host.n_slots) if host.slot(s).stage == Stage.FOSSILIZED}
     return {
         k: v for k, v in host.state_dict().items()
-        if not k.startswith("slots.") or any(k.startswith(p) for p in keep)
+        if isinstance(v, torch.Tensor) and (not k.startswith("slots.") or any(k.startswith(p) for p in keep))
     }  # fmt: skip
 
 

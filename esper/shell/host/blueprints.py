@@ -37,6 +37,21 @@ the tests check:
   - attention: LN → causal self-attention, 4 heads (fewer if D is not divisible). 4D² + 6D (16768)
   - mlp: LN → Linear(D, 4D) → GELU → Linear(4D, D). 8D² + 7D (33216)
 
+- ``"mlp"`` (activation ``[N, D]``, a flat feature vector: the hidden layers of an MLP); params at
+  D = 16 / 32 / 64:
+
+  - noop: zeros. 0
+  - norm: ``tanh(s)·(LayerNorm(x) − x)``. 2D + 1 (33 / 65 / 129)
+  - lora: ``x·A·B``, rank min(4, D), B = 0. 8D (128 / 256 / 512)
+  - widen: D/4 new hidden units, ``W_out·relu(W_in·x + b)``, ``W_out`` and its bias exactly 0
+    (:class:`Widen`: a residual block's hidden layer widened by D/4 units). D²/2 + 5D/4
+    (148 / 552 / 2128)
+  - mlp_small: LN → Linear(D, D/2) → GELU → Linear(D/2, D). D² + 7D/2 (312 / 1136 / 4320)
+  - mlp: LN → Linear(D, 2D) → GELU → Linear(2D, D). 4D² + 5D (1104 / 4256 / 16704)
+
+Blueprints of the user's own join a family's registry through
+:func:`esper.shell.host.registry.register_blueprint` (placed in it by size, as these are).
+
 Inits are gentle: the last projection of every seed with hidden layers is its default init scaled by
 :data:`FINAL_INIT_SCALE` (biases zero), LoRA's up-projection and the norm seed's scale start at exactly
 zero, so a fresh seed's delta is (near) zero and blending starts from the host's own function. Every
@@ -75,6 +90,7 @@ BLUEPRINTS: dict[str, tuple[str, ...]] = {
         "conv_heavy",
     ),
     "transformer": ("noop", "norm", "lora", "lora_large", "mlp_small", "attention", "mlp"),
+    "mlp": ("noop", "norm", "lora", "widen", "mlp_small", "mlp"),
 }
 
 #: A receptive field that covers every position (:data:`BLUEPRINT_TRAITS`).
@@ -114,6 +130,14 @@ BLUEPRINT_TRAITS: dict[str, dict[str, tuple[str, int]]] = {
         "lora_large": ("low_rank", 1),
         "mlp_small": ("mlp", 1),
         "attention": ("self_attention", GLOBAL),
+        "mlp": ("mlp", 1),
+    },
+    "mlp": {
+        "noop": ("identity", 1),
+        "norm": ("normalization", 1),
+        "lora": ("low_rank", 1),
+        "widen": ("mlp", 1),
+        "mlp_small": ("mlp", 1),
         "mlp": ("mlp", 1),
     },
 }
@@ -238,6 +262,26 @@ class LoRA(nn.Module):
         return self.up(self.down(x))
 
 
+class Widen(nn.Module):
+    """``k`` new hidden units on a flat activation ``[N, D]``: ``W_out · relu(W_in · x + b_in) + b_out``
+    with ``W_out`` and ``b_out`` exactly zero at germination, so the network's function is unchanged
+    until they learn. Added residually by the slot (``h + alpha · delta``), it is the hidden layer of a
+    two-layer residual block ``h + W2 · relu(W1 · h + b1) + b2`` at the slot, widened by ``k`` units:
+    the new units feed the layer after through zero outgoing weights. It does not widen the user's own
+    layers (their parameters keep their shapes): the units live in the seed, with their own optimizer
+    state."""
+
+    def __init__(self, width: int, units: int):
+        super().__init__()
+        self.units = nn.Linear(width, units)
+        self.out = nn.Linear(units, width)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.relu(self.units(x)))
+
+
 class PreNorm(nn.Module):
     """``body(LayerNorm(x))``: transformer seeds read a normalized residual stream."""
 
@@ -324,7 +368,28 @@ def _build_transformer(name: str, d: int) -> nn.Module:
     raise AssertionError(name)
 
 
-_BUILDERS = {"cnn": _build_cnn, "cnn1d": _build_cnn1d, "transformer": _build_transformer}
+def _build_mlp(name: str, d: int) -> nn.Module:
+    if name == "noop":
+        return Zero()
+    if name == "norm":
+        return NormSeed(nn.LayerNorm(d))
+    if name == "lora":
+        return LoRA(d, min(4, d))
+    if name == "widen":
+        return Widen(d, max(1, d // 4))
+    if name == "mlp_small":
+        return _mlp(d, max(1, d // 2))
+    if name == "mlp":
+        return _mlp(d, 2 * d)
+    raise AssertionError(name)
+
+
+_BUILDERS = {"cnn": _build_cnn, "cnn1d": _build_cnn1d, "transformer": _build_transformer, "mlp": _build_mlp}
+#: The built-in catalogue of each family, as shipped (what a run of ``python -m esper.shell.run`` trained on).
+BUILTIN_BLUEPRINTS: dict[str, tuple[str, ...]] = dict(BLUEPRINTS)
+#: ``(family, name) -> builder(width)`` of the blueprints registered by
+#: :func:`esper.shell.host.registry.register_blueprint` (the built-in ones are :data:`_BUILDERS`'s).
+REGISTERED_BUILDERS: dict[tuple[str, str], Callable[[int], nn.Module]] = {}
 
 
 def blueprint_index(family: str, name: str) -> int:
@@ -347,7 +412,8 @@ def build_blueprint(family: str, name: str, width: int) -> nn.Module:
     blueprint_index(family, name)  # raises ValueError listing the valid names
     if width < 1:
         raise ValueError(f"build_blueprint: width must be >= 1, got {width}")
-    return _BUILDERS[family](name, width)
+    registered = REGISTERED_BUILDERS.get((family, name))
+    return registered(width) if registered is not None else _BUILDERS[family](name, width)
 
 
 def param_count(module: nn.Module) -> int:
@@ -358,14 +424,17 @@ __all__ = [
     "BLUEPRINTS",
     "BLUEPRINT_KINDS",
     "BLUEPRINT_TRAITS",
+    "BUILTIN_BLUEPRINTS",
     "FINAL_INIT_SCALE",
     "GLOBAL",
+    "REGISTERED_BUILDERS",
     "CausalSelfAttention",
     "LoRA",
     "NormSeed",
     "PositionAttention",
     "PreNorm",
     "SqueezeExcite",
+    "Widen",
     "Zero",
     "blueprint_index",
     "build_blueprint",

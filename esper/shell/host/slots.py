@@ -74,7 +74,7 @@ class Gate(nn.Module):
 
     def __init__(self, width: int, family: str):
         super().__init__()
-        if family not in ("cnn", "cnn1d", "transformer"):
+        if family not in ("cnn", "cnn1d", "transformer", "mlp"):
             raise ValueError(f"Gate: unknown family {family!r}")
         self.family = family
         hidden = max(1, width // 4)
@@ -84,7 +84,7 @@ class Gate(nn.Module):
         nn.init.zeros_(self.fc2.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.family != "transformer":
+        if self.family not in ("transformer", "mlp"):  # mlp [N, D]: one value per row, [N, 1]
             spatial = tuple(range(2, x.dim()))
             g = torch.sigmoid(self.fc2(F.relu(self.fc1(x.mean(dim=spatial)))))  # [N, 1]
             return g.reshape(*g.shape, *(1,) * len(spatial))

@@ -1,10 +1,13 @@
-"""Growing the user's own model: seed slots declared in any ``nn.Module`` (:class:`Slot`), the model wrapped
-as a host (:class:`UserHost`), a task from the user's tensors (:func:`user_task`), and a controller that
-grows it on fresh hosts, a run's trained one or a baseline (:func:`grow`). docs/grow-your-model.md walks
-through it."""
+"""Growing the user's own model: seed slots declared in any ``nn.Module`` (:class:`Slot`), grown inside
+the user's own training loop (:class:`Grower`: their optimizer, schedule, data and precision), or on
+fresh hosts by :func:`grow` from a task of the user's tensors (:func:`user_task`, the model wrapped as a
+host, :class:`UserHost`), by a run's trained controller or a baseline; the grown network is a plain
+module of the user's class (:func:`grown_model`). docs/grow-your-model.md walks through it."""
 
 from esper.shell.user.grow import check_controller_fits, grow
+from esper.shell.user.grower import Grower
+from esper.shell.user.grown import grown_model
 from esper.shell.user.host import Slot, UserHost
 from esper.shell.user.task import user_task
 
-__all__ = ["Slot", "UserHost", "check_controller_fits", "grow", "user_task"]
+__all__ = ["Grower", "Slot", "UserHost", "check_controller_fits", "grow", "grown_model", "user_task"]

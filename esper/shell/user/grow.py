@@ -24,6 +24,7 @@ from esper.shell.env.tasks import Task
 from esper.shell.eval.controllers import PPO_CONTROLLERS
 from esper.shell.eval.episodes import check_names, run_episodes
 from esper.shell.eval.fits import check_controller_fits
+from esper.shell.user.grown import grown_model
 
 #: The controllers :func:`grow` runs by default: the network as the user wrote it, and the heuristic.
 DEFAULT_CONTROLLERS = ("static", "heuristic")
@@ -60,6 +61,7 @@ def grow(
     device: str = "cpu",
     overrides: dict[str, Any] | None = None,
     on_epoch: Callable[[dict], None] | None = None,
+    keep_models: bool = False,
 ) -> dict[str, list[dict]]:
     """Run each of ``controllers`` on the same ``episodes`` fresh hosts of ``task``; returns, per
     controller, one record per host (:func:`esper.shell.eval.episodes.run_episodes`: ``final_test_acc``,
@@ -72,7 +74,10 @@ def grow(
     Without a run the controller settings are the ``default`` preset's; with one, the run's. ``epochs``:
     host epochs per episode (default: the settings' ``lifecycle.max_epochs``); ``n_envs``: hosts trained
     side by side (default: up to 4); ``overrides``: ``section.field`` values on top (e.g.
-    ``{"env.host_lr": 0.05}``). The hosts train env by env on ``device``."""
+    ``{"env.host_lr": 0.05}``). The hosts train env by env on ``device``. ``keep_models``: each record
+    also holds ``model``, the final host's grown network (:func:`esper.shell.user.grown.grown_model`: the
+    user's class, its seeds composed at the alpha they ended at, the others dropped; saved with
+    ``torch.save(model.state_dict())``, it loads into a fresh network of that class)."""
     controllers = list(controllers)
     check_names(controllers)
     if episodes < 1:
@@ -97,9 +102,14 @@ def grow(
     if learned:
         check_controller_fits(cfg, checkpoint, task, run=f"run {run_dir}")
     run = lambda name: run_episodes(
-        cfg, task, name, range(episodes), eval_seed=seed, checkpoint=checkpoint, on_epoch=on_epoch
+        cfg, task, name, range(episodes), eval_seed=seed, checkpoint=checkpoint, on_epoch=on_epoch,
+        keep=grown_model if keep_models else None,
     )
-    return {name: run(name) for name in controllers}
+    out = {name: run(name) for name in controllers}
+    for records in out.values() if keep_models else ():
+        for r in records:
+            r["model"] = r.pop("kept")
+    return out
 
 
 __all__ = ["BASE_PRESET", "DEFAULT_CONTROLLERS", "check_controller_fits", "grow", "load_run"]

@@ -25,9 +25,9 @@ network's own, never a seed's or a gate's, and no parameter is counted twice. A 
 build a fresh one for each host (:func:`esper.shell.user.task.user_task` takes a factory).
 
 **The family** picks the blueprint catalogue (:data:`~esper.shell.host.blueprints.BLUEPRINTS`): ``cnn``
-for activations ``[N, C, H, W]``, ``cnn1d`` for ``[N, C, L]`` (inferred from the rank of the activations
-a dummy forward of ``example_input`` sends to the slots), ``transformer`` for ``[N, L, D]`` residual
-streams (stated, never inferred: its seeds are causal). One host has one family.
+for activations ``[N, C, H, W]``, ``cnn1d`` for ``[N, C, L]``, ``mlp`` for flat ``[N, D]`` (inferred
+from the rank of the activations a dummy forward of ``example_input`` sends to the slots), ``transformer``
+for ``[N, L, D]`` residual streams (stated, never inferred: its seeds are causal). One host has one family.
 
 **Checks, each a one-line ValueError that says what to do:** a network without slots; a slot whose width
 is not the activation's channel count (at wrap time with ``example_input``, else at the slot's first
@@ -46,20 +46,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from esper.shell.data.batches import Batch
-from esper.shell.host.blueprints import BLUEPRINTS
+from esper.shell.host.blueprints import BLUEPRINTS, build_blueprint
 from esper.shell.host.hosts import Host
 from esper.shell.host.slots import SeedSlot
+from esper.shell.user.grown import describe_seed
 
 #: The family a slot's activation implies by its rank (``transformer`` is stated, never inferred).
-FAMILY_BY_RANK = {3: "cnn1d", 4: "cnn"}
+FAMILY_BY_RANK = {2: "mlp", 3: "cnn1d", 4: "cnn"}
 #: The layout of a slot's activation per family (its channel dim is the one named by the width).
-LAYOUTS = {"cnn": "[N, C, H, W]", "cnn1d": "[N, C, L]", "transformer": "[N, L, D]"}
+LAYOUTS = {"cnn": "[N, C, H, W]", "cnn1d": "[N, C, L]", "transformer": "[N, L, D]", "mlp": "[N, D]"}
 
 
 def channel_dim(family: str) -> int:
     """The dim of a ``family`` activation that a slot's width counts: the channels, or the features of
-    a transformer's residual stream."""
-    return -1 if family == "transformer" else 1
+    a transformer's residual stream or of a flat vector (``mlp``)."""
+    return -1 if family in ("transformer", "mlp") else 1
 
 
 def _shape(h: torch.Tensor) -> str:
@@ -73,8 +74,9 @@ def check_activation(slot: SeedSlot, h: torch.Tensor, family: str | None = None)
     where = f"slot {slot.name!r}" if slot.name else f"a Slot({slot.width})"
     if family is None:
         raise ValueError(
-            f"{where} receives an activation {_shape(h)}: slots take [N, C, L] (cnn1d) or [N, C, H, W] (cnn) "
-            "activations, or [N, L, D] with family='transformer'; move the slot or state the family"
+            f"{where} receives an activation {_shape(h)}: slots take [N, D] (mlp), [N, C, L] (cnn1d) or "
+            "[N, C, H, W] (cnn) activations, or [N, L, D] with family='transformer'; move the slot or state "
+            "the family"
         )
     if h.dim() != len(LAYOUTS[family].split(",")):
         raise ValueError(
@@ -96,11 +98,11 @@ def check_activation(slot: SeedSlot, h: torch.Tensor, family: str | None = None)
 
 class Slot(SeedSlot):
     """Where the user's network may grow: ``width`` channels (``[N, C, ...]`` activations) or features
-    (a transformer's ``[N, L, D]``). Empty, it returns its input; in a host, a seed composes with it by
-    stage, style and alpha. ``name``: how the controller's events and plans (``grow:NAME=BLUEPRINT``)
-    call it (default: its path in the network, e.g. ``grow1`` or ``blocks.0.3``); ``family``: its
-    blueprint family (default: the host's, inferred from the activation). Every forward checks that the
-    activation has ``width`` channels."""
+    (a flat ``[N, D]``, a transformer's ``[N, L, D]``). Empty, it returns its input; in a host, a seed
+    composes with it by stage, style and alpha. ``name``: how the controller's events and plans
+    (``grow:NAME=BLUEPRINT``) call it (default: its path in the network, e.g. ``grow1`` or
+    ``blocks.0.3``); ``family``: its blueprint family (default: the host's, inferred from the
+    activation). Every forward checks that the activation has ``width`` channels."""
 
     def __init__(self, width: int, *, name: str | None = None, family: str | None = None):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
@@ -114,6 +116,28 @@ class Slot(SeedSlot):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         check_activation(self, h)
         return super().forward(h)
+
+    # A slot's state-dict entry ``<path>._extra_state`` describes its seed (blueprint, family, style,
+    # stage, alpha; ``{}`` when empty), so a grown network saved with ``torch.save(model.state_dict())``
+    # loads back into a fresh network of the user's class: each slot builds its seed from the description
+    # before the seed's weights load (:mod:`esper.shell.user.grown`). Load on the CPU, then move it.
+    def get_extra_state(self) -> dict:
+        return describe_seed(self)
+
+    def set_extra_state(self, state: dict) -> None:
+        if not state:
+            if self.seed is not None:
+                self.remove()
+            return
+        if self.seed is not None and self.blueprint == state["blueprint"]:
+            self.set(alpha=state["alpha"], stage=state["stage"])
+            return
+        if self.seed is not None:
+            self.remove()
+        self.family = state["family"]
+        self.install(build_blueprint(self.family, state["blueprint"], self.width), state["style"],
+                     state["blueprint"])  # fmt: skip
+        self.set(alpha=state["alpha"], stage=state["stage"])
 
 
 class _SlotRef(nn.Module):
@@ -198,18 +222,20 @@ class UserHost(Host):
             parent, _, leaf = path.rpartition(".")
             model.get_submodule(parent)._modules[leaf] = _SlotRef(slot)
         self.model = model
+        #: Each slot's path in the model (where :func:`esper.shell.user.grown.grown_model` puts it back).
+        self.slot_paths: dict[str, str] = {slot.name: path for path, slot in found}
         #: What the model gives for one example of ``example_input`` (None without it).
         self.output_shape: tuple[int, ...] | None = None
         if example_input is not None:
             family, slots, self.output_shape = self._probe(model, slots, example_input, family)
         elif family is None:
             raise ValueError(
-                "UserHost: pass example_input (one small batch) or family='cnn1d' | 'cnn' | 'transformer': "
-                "the slots' family picks their blueprints"
+                "UserHost: pass example_input (one small batch) or family='cnn1d' | 'cnn' | 'mlp' | "
+                "'transformer': the slots' family picks their blueprints"
             )
         for slot in slots:
             slot.family = family  # inferred by the probe, or as stated
-        #: "cnn", "cnn1d" or "transformer": picks the blueprint registry.
+        #: "cnn", "cnn1d", "mlp" or "transformer": picks the blueprint registry.
         self.family = family
         self.slots = nn.ModuleList(slots)
         self.loss: Loss = loss or cross_entropy

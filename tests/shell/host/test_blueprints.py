@@ -5,14 +5,15 @@ import torch
 
 from esper.shell.host.blueprints import BLUEPRINTS, blueprint_index, build_blueprint, param_count
 
-CASES = [(family, n) for family in ("cnn", "cnn1d", "transformer") for n in BLUEPRINTS[family]]
-#: Slot widths of the default hosts (CNNHost channels, CNN1dHost channels, TransformerHost d_model).
-DEFAULT_WIDTHS = {"cnn": (16, 32, 64), "cnn1d": (8,), "transformer": (64,)}
+CASES = [(family, n) for family in ("cnn", "cnn1d", "transformer", "mlp") for n in BLUEPRINTS[family]]
+#: Slot widths of the default hosts (CNNHost channels, CNN1dHost channels, TransformerHost d_model), and
+#: of MLP hidden layers.
+DEFAULT_WIDTHS = {"cnn": (16, 32, 64), "cnn1d": (8,), "transformer": (64,), "mlp": (16, 32, 64)}
 
 
 def _input(family: str, width: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    shape = {"cnn": (3, width, 5, 7), "cnn1d": (3, width, 11)}.get(family, (3, 9, width))
+    shape = {"cnn": (3, width, 5, 7), "cnn1d": (3, width, 11), "mlp": (3, width)}.get(family, (3, 9, width))
     return torch.randn(shape, generator=g)
 
 
@@ -36,7 +37,7 @@ def test_every_blueprint_builds_keeps_shape_and_is_finite(family, name, width):
         assert torch.isfinite(d).all()
 
 
-@pytest.mark.parametrize("family", ["cnn", "cnn1d", "transformer"])
+@pytest.mark.parametrize("family", ["cnn", "cnn1d", "transformer", "mlp"])
 def test_param_counts_increase_in_registry_order(family):
     for width in DEFAULT_WIDTHS[family]:
         counts = [param_count(build_blueprint(family, n, width)) for n in BLUEPRINTS[family]]
@@ -59,8 +60,8 @@ def test_fresh_seed_delta_is_small(family, name):
     x = _input(family, 32)
     d = build_blueprint(family, name, 32)(x)
     assert d.abs().mean() <= 0.05 * x.abs().mean()
-    if name in ("noop", "norm", "lora", "lora_large"):
-        assert torch.equal(d, torch.zeros_like(d))  # scale / up-projection start at exactly zero
+    if name in ("noop", "norm", "lora", "lora_large", "widen"):
+        assert torch.equal(d, torch.zeros_like(d))  # scale / up-projection / outgoing weights start at 0
 
 
 @pytest.mark.parametrize("name", BLUEPRINTS["transformer"])

@@ -19,7 +19,7 @@ from esper.shell.config.presets import preset
 from esper.shell.host.bank import snapshot_state
 from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.model import EnvModel
-from esper.shell.user import Slot, UserHost, check_controller_fits, grow, user_task
+from esper.shell.user import Slot, UserHost, check_controller_fits, grow, grown_model, user_task
 
 
 def _block(c_in: int, c_out: int, pool: int = 1) -> nn.Sequential:
@@ -294,3 +294,123 @@ def test_grow_static_and_a_placement_on_the_same_fresh_hosts():
     )
     with pytest.raises(ValueError, match="ppo is a run's trained controller: pass run_dir"):
         grow(task, ("ppo",), episodes=1)
+
+
+# -------------------------------------------------------------------------------------- the grown model
+def _top1(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float((model(x).argmax(-1) == y).float().mean() * 100)
+
+
+def test_grown_model_is_the_hosts_forward_saved_and_reloaded_into_a_fresh_network(tmp_path):
+    """Every way a slot can end: blended at alpha 0.6 (a gate, LINEAR_MULTIPLY), fossilized at 1, still
+    incubating (dropped), pruned and ramping down at 0.3 (kept at 0.3): the grown network's outputs are
+    the host's; saved as a state dict, it loads into a fresh ``Net1d`` (on weights-only loading) and
+    gives them again; the host is left as it was."""
+    host = _host(widths=(8, 8, 8, 8))
+    names = BLUEPRINTS["cnn1d"]
+    ends = [("conv_light", Style.GATED_GATE, Stage.BLENDING, 0.6), ("depthwise", Style.LINEAR_ADD,
+            Stage.FOSSILIZED, 1.0), ("conv_heavy", Style.LINEAR_ADD, Stage.TRAINING, 0.0),
+            ("attention", Style.LINEAR_MULTIPLY, Stage.PRUNED, 0.3)]  # fmt: skip
+    for s, (bp, style, stage, alpha) in enumerate(ends):
+        host.germinate(s, names.index(bp), style)
+        with torch.no_grad():  # seeds far from their gentle init, so each one shows in the output
+            for p in host.seed_parameters(s):
+                p.add_(torch.randn_like(p) * 0.5)
+        host.set_slot(s, alpha=alpha, stage=stage)
+    x = torch.randn(16, 1, 16)
+    host.eval()
+    want = host(x)
+    net = grown_model(host).eval()
+    assert type(net) is Net1d and not any(type(m).__name__ == "_SlotRef" for m in net.modules())
+    assert torch.equal(net(x), want)
+    kept = {path: (s.blueprint, s.stage, s.alpha) for path, s in net.named_modules() if isinstance(s, Slot)}
+    assert kept == {
+        "tail.3": ("conv_light", Stage.FOSSILIZED, 0.6), "tail.2": ("depthwise", Stage.FOSSILIZED, 1.0),
+        "tail.1": (None, Stage.DORMANT, 0.0), "tail.0": ("attention", Stage.FOSSILIZED, 0.3),
+    }  # fmt: skip
+    assert [s.stage for s in host.slots] == [e[2] for e in ends] and torch.equal(host(x), want)
+    torch.save(net.state_dict(), tmp_path / "grown.pt")
+    fresh = Net1d(widths=(8, 8, 8, 8)).eval()
+    assert not torch.equal(fresh(x), want)
+    fresh.load_state_dict(torch.load(tmp_path / "grown.pt", weights_only=True))
+    assert torch.equal(fresh(x), want)
+    n = lambda m: sum(p.numel() for p in m.parameters())
+    assert n(fresh) == n(net) == n(Net1d(widths=(8, 8, 8, 8))) + sum(
+        n(s) for s in net.modules() if isinstance(s, Slot)
+    )
+
+
+def test_grow_keep_models_returns_each_hosts_grown_network():
+    """A plan that fossilizes its seed (gates opened by the overrides): the returned network is the
+    final host's, with the seed composed at alpha 1 (its test accuracy and loss are the record's)."""
+    train, val, test = _data(96, 0), _data(32, 1), _data(48, 2)
+    task = user_task(Net1d, train=train, val=val, test=test, batch_size=32)
+    gates = {"lifecycle.g2_min_gain": -100.0, "lifecycle.g2_min_grad_ratio": 0.0,
+             "lifecycle.g2_min_epochs": 1, "lifecycle.g3_min_epochs": 1,
+             "lifecycle.g5_min_contribution": -100.0}  # fmt: skip
+    out = grow(task, ("static", "grow:tail.1=conv_light"), episodes=2, epochs=8, n_envs=2, overrides=gates,
+               keep_models=True)  # fmt: skip
+    for name, records in out.items():
+        for r in records:
+            net = r["model"].eval()
+            assert _top1(net, *test) == pytest.approx(r["final_test_acc"], abs=1e-4), name
+            slots = {p: s for p, s in net.named_modules() if isinstance(s, Slot)}
+            if name == "static":
+                assert r["grown"] == "" and not any(s.occupied for s in slots.values())
+            else:
+                assert r["grown"] == "tail.1=conv_light" and r["n_fossilized"] == 1
+                assert (slots["tail.1"].stage, slots["tail.1"].alpha) == (Stage.FOSSILIZED, 1.0)
+
+
+# ---------------------------------------------------------------------------------- flat features: mlp
+class MLP(nn.Module):
+    """A user's MLP on flat features: two hidden layers of 16, a slot on each (``[N, 16]``)."""
+
+    def __init__(self, d_in: int = 6, hidden: int = 16, n_classes: int = 3):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d_in, hidden), nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, n_classes)
+        self.grow1, self.grow2 = Slot(hidden), Slot(hidden)
+
+    def forward(self, x):
+        return self.out(self.grow2(torch.relu(self.fc2(self.grow1(torch.relu(self.fc1(x)))))))
+
+
+def _tabular(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return x, (x[:, 0] * x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+
+
+def test_an_mlp_host_with_flat_slots_grows_a_widen_seed_in_an_episode():
+    """Slots on ``[N, D]`` activations are of family mlp; ``widen`` (D/4 hidden units with zero outgoing
+    weights) leaves the function unchanged at germination whatever its alpha, and a plan grows it through
+    the lifecycle to a fossilized seed in an episode."""
+    x = _tabular(8, 9)[0]
+    torch.manual_seed(0)
+    host = UserHost(MLP(), example_input=x[:2])
+    assert (host.family, host.slot_names, host.blueprint_names) == (
+        "mlp", ("grow1", "grow2"), ("noop", "norm", "lora", "widen", "mlp_small", "mlp"))
+    before = host(x)
+    for style in (Style.LINEAR_ADD, Style.GATED_GATE):
+        params = host.germinate(0, host.blueprint_names.index("widen"), style)
+        assert sum(p.numel() for p in params if p.dim() and p.shape[0] == 4) > 0  # 16 // 4 new units
+        host.set_slot(0, alpha=1.0, stage=Stage.BLENDING)
+        assert torch.equal(host(x), before)
+        host.set_slot(0, alpha=0.0, stage=Stage.PRUNED)
+        host.remove_seed(0)
+        host.set_slot(0, alpha=0.0, stage=Stage.DORMANT)
+    task = user_task(MLP, train=_tabular(128, 0), val=_tabular(64, 1), test=_tabular(64, 2), batch_size=32)
+    assert (task.family, task.n_classes) == ("mlp", 3)
+    gates = {"lifecycle.g2_min_gain": -100.0, "lifecycle.g2_min_grad_ratio": 0.0,
+             "lifecycle.g2_min_epochs": 1, "lifecycle.g3_min_epochs": 1,
+             "lifecycle.g5_min_contribution": -100.0, "env.host_lr": 0.05}  # fmt: skip
+    out = grow(task, ("static", "grow:grow1=widen", "heuristic"), episodes=1, epochs=8, n_envs=1,
+               overrides=gates, keep_models=True)  # fmt: skip
+    (widened,) = out["grow:grow1=widen"]
+    assert (widened["grown"], widened["n_fossilized"], widened["params_added"]) == ("grow1=widen", 1, 148)
+    net = widened["model"].eval()
+    assert net.grow1.blueprint == "widen" and _top1(net, *_tabular(64, 2)) == pytest.approx(
+        widened["final_test_acc"], abs=1e-4)
+    assert all(0 <= r["final_test_acc"] <= 100 for r in out["static"] + out["heuristic"])
