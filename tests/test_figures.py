@@ -6,26 +6,29 @@ For README.md, docs/results.md, docs/suite.md and docs/performance.md:
 - Every link into ``bench/results/`` resolves to a file that ships.
 - **Tables.** A row's sources are the results files it links, else its table's: those the header
   links, else those its caption links (the paragraph just before it, else the one just after it, within
-  its section). Every number of every cell
-  but the first (the row's label) must be one of its sources' numbers, rounded as shown; so must every
-  ``mean [low, high]`` interval, as a whole (the three together, not each anywhere in the file).
+  its section). Every decimal figure of every cell but the first (the row's label) must be one of its
+  sources' numbers, rounded as shown, and so must every integer of a cell that starts with a figure (a
+  column of figures, not of prose); every ``mean [low, high]`` must be an interval of its sources as a
+  whole (the three together, not each anywhere in the file).
 - **Sentences.** A sentence that links a results file (a link, or a code span naming a file that exists)
   is read against the files it links: each of its decimal figures (``79.8``, ``0.913``, ``2.49x``) and
   its intervals, as for a table. Its integers are not read (seeds, counts, dates, thread and core counts
   are integers).
 - **Suite tables** (a ``| task |`` table whose source is a suite results file with ``tasks``): each
   controller column's mean and interval is that task's controller's, to the shown precision (the
-  structured check ``tests/test_readme.py`` first held the README's suite table to).
+  reading ``tests/test_readme.py`` first gave the README's suite table, which now calls it here).
 
 A source is a results file and its sibling of the other kind (``X.md`` and ``X.json``): a figure may
-be in either. Its numbers are every number written in the ``.md`` and every number, and every number
-written in a string, of the ``.json``. A figure matches a number if it is that number rounded to the
-figure's decimals (sign aside: "trails by 1.05" quotes -1.05).
+be in either. Its numbers are every number written in the ``.md``, and every number of the ``.json``
+(those written in its strings too) but the entries of lists longer than :data:`LONG` (per-episode
+records, which would match almost any figure). A figure matches a number if it is that number rounded
+to the figure's decimals (sign aside: "trails by 1.05" quotes -1.05).
 
 What it does not check: sentences that name no results file (the experiment log's figures, prose
-between a link and the next), integers in sentences, figures derived from a file's numbers (a
-difference, a ratio), and which row or column of a file a figure came from (outside suite tables
-and intervals, a figure may match any number of its sources).
+between a link and the next), integers in sentences and in prose cells, figures derived from a file's
+numbers (a difference, a ratio), and which row or column of a file a figure came from: outside suite
+tables and intervals, a figure may match any number of its sources (a gain share of 0.92 changed to
+0.93 passes if the file also holds 0.93).
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^)\s]+)\)")
 CODE = re.compile(r"`([^`]*)`")
 #: A figure: digits with an optional decimal part, ``x`` (a ratio) allowed after it, nothing else glued on
 #: (``4x25``, ``9223a0c``, ``2.13.0``, ``p90``, a date are not figures).
-FIGURE = re.compile(r"(?<![\w.\-/@])(?!\d{4}-\d\d-\d\d)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?=x?(?![\w.]*\d)(?![\w]))")
+FIGURE = re.compile(
+    r"(?<![\w.\-/@])(?!\d{4}-\d\d-\d\d)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?=x?(?![\w.]*\d)(?![\w]))"
+)
 INTERVAL = re.compile(r"([-+]?\d+(?:\.\d+)?) \[([-+]?\d+(?:\.\d+)?), ([-+]?\d+(?:\.\d+)?)\]")
 #: Words after which a decimal is a version, not a figure.
 VERSION_OF = re.compile(r"(?:torch|Python|Triton|CUDA|version)\s*$", re.I)
