@@ -1,28 +1,33 @@
-"""One whole PPO update of the embedded default: ``PPOTrainer.update`` on a rollout of the default's shape
-(``env.n_envs`` x ``lifecycle.max_epochs`` = 4 x 25), eager vs ``--compile``, and where its time goes.
+"""One whole PPO update of the embedded default in its steady state: ``PPOTrainer.update`` on a rollout of
+the default's shape (``env.n_envs`` x ``lifecycle.max_epochs``) with ``ppo.replay`` earlier rollouts kept
+(every update of a run after the first ``ppo.replay``: 8 x 25 new and 3 x 8 x 25 replayed in the default),
+eager vs ``--compile``, and where its time goes.
 
-Rollout: one real episode of the default run (built as in the ``episode`` suite: ``Run`` from the config
-of ``python -m esper.shell.run`` with no arguments) with host training and validation cut to one batch
-each (``env.train_batches=1``, ``env.val_batches=1``): the rollout's shape, keys, legality masks and the
-untrained policy's actions are those of the run's first update; only the hosts were cheaper to train.
+Rollouts: ``ppo.replay + 1`` real episodes of the default run (built as in the ``episode`` suite: ``Run``
+from the config of ``python -m esper.shell.run`` with no arguments) with host training and validation cut
+to one batch each (``env.train_batches=1``, ``env.val_batches=1``): the rollouts' shape, keys, legality
+masks and the untrained policy's actions are those of the run's first updates; only the hosts were
+cheaper to train.
 
 Trainers: the run's eager one and ``PPOTrainer(compile=True)`` (what ``--compile`` builds: each
 minibatch step - the LSTM re-scoring, the factored loss, backward, gradient health, clip and AdamW - as
 one graph, and GAE, under ``torch.compile(fullgraph=True, dynamic=False)``) on a copy of the same
-policy. Each runs one warm-up update (the compiled one compiles there: its time is in the note, with
+policy. Each warms up with one update per rollout, as a run's first updates go, so the kept rollouts
+fill (the compiled one compiles there, one graph per batch size: their time is in the note, with
 inductor's caches as found); graphs compiled after it are counted (recompiles: target 0). Every timed
-update then starts from the same state, restored untimed: the behaviour policy the rollout came from,
-the AdamW moments after the warm-up (as in every update after a run's first), the observation/reward
-statistics and the minibatch generator of before the first update, so every sample does the same work
-(the same target-KL early stop). Samples alternate eager / compiled (the order flips each round).
-Ratio: the median over rounds of eager / row, both timed in the same round.
+update then starts from the same state, restored untimed: the eager trainer's after its warm-up (policy,
+AdamW moments, observation/reward statistics, generator and the ``ppo.replay`` kept rollouts), on the
+first rollout again as the new one, so every sample does the same work (the same target-KL early stop).
+Samples alternate eager / compiled (the order flips each round). Ratio: the median over rounds of eager
+/ row, both timed in the same round.
 
 Split: a few more updates per trainer with the pieces wrapped by timers (their own rows, not the timed
-samples): ``prepare`` (finite check, statistics, reward scaling, GAE, the anchor V re-scoring, advantage
-normalization), per minibatch the LSTM re-scoring (``policy.rescore``), the loss, zero_grad + backward, the
-gradient-health statistics, ``clip_grad_norm_``, the AdamW step (eager), or the compiled step as a
-whole (compiled: its pieces are one graph); ``other`` is the rest of the update (minibatch indexing,
-the KL-flag sync, metric stacking and the one readout).
+samples): ``prepare`` (finite check, statistics, reward scaling, GAE, the anchor V re-scoring, the
+replayed rollouts' re-scoring, advantage normalization), per minibatch the LSTM re-scoring
+(``policy.rescore``), the loss, zero_grad + backward, the gradient-health statistics,
+``clip_grad_norm_``, the AdamW step (eager), or the compiled step as a whole (compiled: its pieces are
+one graph); ``other`` is the rest of the update (minibatch indexing, the KL-flag sync, metric stacking
+and the one readout).
 """
 
 from __future__ import annotations
@@ -41,7 +46,6 @@ import esper.shell.agent.trainer as trainer_mod
 from bench.harness import Context, Row, Stats, SuiteResult, Target, round_ratio, suite
 from bench.perf.episode import build_run, default_config
 
-CASE = "default 4x25"
 SPLIT = (
     ("prepare (checks, stats, GAE, anchor V, adv. norm)", "prepare"),
     ("minibatch re-scoring (policy.rescore, LSTM)", "evaluate"),
@@ -59,39 +63,43 @@ SPLIT_COMPILED = (
 )
 
 
-@suite("update", help="embedded default: one whole PPO update (4x25), eager vs --compile, split", order=40)
+@suite("update", help="the default: one whole PPO update, replay kept, eager vs --compile, split", order=40)
 def run(ctx: Context) -> SuiteResult:
     res = SuiteResult(ratio_label="x vs eager")
     torch._dynamo.reset()
     cfg = default_config(train_batches=1, val_batches=1)
+    n_envs, replay = cfg.env.n_envs, cfg.ppo.replay
+    case = f"default {n_envs}x{cfg.lifecycle.max_epochs}" + (f" + {replay} replayed" if replay else "")
     with tempfile.TemporaryDirectory(prefix="esper-bench-update-") as tmp:
         run_, runner = build_run(cfg, Path(tmp))
-        rollout = runner.run(0).rollout  # acting leaves the policy as it was: the behaviour policy
+        # acting leaves the policy as it was: every rollout is the untrained behaviour policy's
+        rollouts = [runner.run(i).rollout for i in range(replay + 1)]
         run_.log.close()
+    rollout = rollouts[0]
     eager = run_.trainer
     agent = copy.deepcopy(run_.agent)
     compiled = trainer_mod.PPOTrainer(
         agent, cfg.ppo, compile=True, generator=torch.Generator().manual_seed(cfg.seed + 1)
     )
-    start = copy.deepcopy(eager.state_dict())  # before any update
     trainers = {"eager": eager, "compiled (--compile)": compiled}
     first: dict[str, str] = {}
-    for name, tr in trainers.items():
+    for name, tr in trainers.items():  # a run's first updates: the kept rollouts fill, one batch size each
         t0 = time.perf_counter()
         try:
-            tr.update(rollout.clone())
+            for r in rollouts:
+                tr.update(r.clone())
         except Exception as exc:  # record, never hide
             first[name] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             continue
-        first[name] = f"first update {time.perf_counter() - t0:.1f} s" + (
+        first[name] = f"{len(rollouts)} warm-up updates {time.perf_counter() - t0:.1f} s" + (
             " (compile, caches as found)" if tr is compiled else ""
         )
     failed = [k for k, v in first.items() if v.startswith("failed")]
     for name in failed:
-        res.rows.append(Row(CASE, f"whole update, {name}", note=first[name]))
+        res.rows.append(Row(case, f"whole update, {name}", note=first[name]))
         trainers.pop(name)
-    # the common start: behaviour policy, post-warm-up AdamW moments, pre-update statistics
-    start["optimizer"] = copy.deepcopy(eager.optimizer.state_dict())
+    # the common start: the eager trainer's after its warm-up, its replay kept (one batch size from here)
+    start = copy.deepcopy(eager.state_dict())
 
     def restore(tr) -> None:
         tr.load_state_dict(copy.deepcopy(start))
@@ -99,6 +107,7 @@ def run(ctx: Context) -> SuiteResult:
     rounds = ctx.samples
     times: dict[str, list[float]] = {k: [] for k in trainers}
     steps: dict[str, set] = {k: set() for k in trainers}
+    envs: dict[str, set] = {k: set() for k in trainers}
     graphs_before = _graphs()
     for r in range(rounds):
         for name, tr in trainers.items() if r % 2 == 0 else reversed(trainers.items()):
@@ -108,25 +117,27 @@ def run(ctx: Context) -> SuiteResult:
             metrics = tr.update(batch)
             times[name].append(time.perf_counter() - t0)
             steps[name].add(int(metrics["minibatch_steps"]))
+            envs[name].add(int(batch.batch_size[0]) + int(metrics.get("replayed_envs", 0)))
     recompiles = _graphs() - graphs_before
     stats = {k: Stats.of(v, 1) for k, v in times.items()}
     base = stats.get("eager")
     for name, s in stats.items():
-        note = f"minibatch steps {sorted(steps[name])}; {first[name]}"
-        res.rows.append(Row(CASE, f"whole update, {name}", s, base and round_ratio(base, s), note))
+        note = f"minibatch steps {sorted(steps[name])}; envs {sorted(envs[name])}; {first[name]}"
+        res.rows.append(Row(case, f"whole update, {name}", s, base and round_ratio(base, s), note))
     if base and "compiled (--compile)" in stats:
         ratio = round_ratio(base, stats["compiled (--compile)"])
-        res.targets.append(Target(f"{CASE}: whole update, eager / compiled", ratio, ">= 2", ratio >= 2))
+        res.targets.append(Target(f"{case}: whole update, eager / compiled", ratio, ">= 2", ratio >= 2))
         res.targets.append(
             Target(f"graphs compiled during the {rounds} timed rounds (recompiles)", recompiles, "== 0",
                    recompiles == 0)
         )  # fmt: skip
     n_split = 3 if ctx.quick else 9
     for name, tr in trainers.items():
-        _split(res, name, tr, rollout, restore, n_split)
+        _split(res, case, name, tr, rollout, restore, n_split)
     res.notes += [
-        f"rollout {CASE}: {cfg.ppo.n_epochs} epochs x {cfg.ppo.n_minibatches} minibatches of whole env "
-        f"sequences, policy {cfg.ppo.hidden}/{cfg.ppo.head_hidden}, target_kl {cfg.ppo.target_kl}; "
+        f"rollout {case}: {cfg.ppo.n_epochs} epochs x {cfg.ppo.n_minibatches} minibatches of whole env "
+        f"sequences, policy {cfg.ppo.policy} {cfg.ppo.hidden}/{cfg.ppo.head_hidden}, target_kl "
+        f"{cfg.ppo.target_kl}, replay {replay} (the timed updates re-use {replay} kept rollouts); "
         f"on {cfg.env.device} (the default's device), torch threads {torch.get_num_threads()}.",
         f"split rows: medians over {n_split} instrumented updates per trainer (timer overhead included); "
         "the shares are of their own whole-update median.",
@@ -142,7 +153,7 @@ def _graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-def _split(res: SuiteResult, name: str, tr, rollout, restore, n: int) -> None:
+def _split(res: SuiteResult, case: str, name: str, tr, rollout, restore, n: int) -> None:
     samples: list[Counter] = []
     split = SPLIT_COMPILED if isinstance(tr.step, steps_mod.CompiledStep) else SPLIT
     with _instrumented(tr) as acc:
@@ -157,7 +168,7 @@ def _split(res: SuiteResult, name: str, tr, rollout, restore, n: int) -> None:
             acc["whole"] = whole
             samples.append(Counter(acc))
     whole_ms = Stats.of([s["whole"] for s in samples], 1)
-    case = f"{CASE} split, {name}"
+    case = f"{case} split, {name}"
     for label, key in split:
         s = Stats.of([x[key] for x in samples], 1)
         res.rows.append(Row(case, label, s, note=f"{100 * s.median_ms / whole_ms.median_ms:.1f}%"))
