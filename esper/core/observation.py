@@ -41,8 +41,8 @@ import torch
 from tensordict import TensorDict
 
 from esper.core.lifecycle import LifecycleConfig, clean_acc, clean_contribution, gate_readiness, is_live
-from esper.core.masks import op_slot_legality
-from esper.core.spec import ALPHA_SPEED_STEPS, TEMPO_EPOCHS, Op, Stage, Style
+from esper.core.masks import legal_masks, op_slot_legality
+from esper.core.spec import ALPHA_SPEED_STEPS, TEMPO_EPOCHS, ActionSpec, Op, Stage, Style
 
 #: Largest loss the observation distinguishes (inputs are clamped to [0, LOSS_MAX]).
 LOSS_MAX = 1e4
@@ -417,10 +417,34 @@ def _seed_grad_features(signals: TensorDict, live: torch.Tensor, on: bool) -> li
     return [torch.where(live, x, 0.0) for x in (scaled, health, vanishing, exploding)]
 
 
+def controller_inputs(
+    signals: TensorDict,
+    history: TensorDict,
+    slots: TensorDict,
+    spec: ActionSpec,
+    lifecycle_cfg: LifecycleConfig,
+) -> tuple[torch.Tensor, TensorDict]:
+    """What a controller acts on after a measurement: the observation ``[*E, obs_dim]`` (:func:`observe`)
+    and the legality masks (:func:`esper.core.masks.legal_masks`, gated by the gates' readiness where
+    ``lifecycle_cfg.gate_masks``). One rule for every place that steps the lifecycle: the vectorized env
+    and the Grower in a user's loop. ``slots`` after :func:`esper.core.lifecycle.record_signals`,
+    ``history`` after :func:`update_history`."""
+    lc = lifecycle_cfg
+    raw = observe(signals, history, slots, max_epochs=lc.max_epochs, n_blueprints=spec.n_blueprints,
+                  lifecycle_cfg=lc)  # fmt: skip
+    gates = gate_readiness(slots, signals["val_acc"], lc) if lc.gate_masks else None
+    legal = legal_masks(
+        slots, spec, max_seeds=lc.max_seeds, min_prune_age=lc.min_prune_age, gates=gates,
+        auto_advance=lc.auto_advance, prune_below=lc.prune_floor, mask_same_alpha=lc.mask_same_alpha,
+    )  # fmt: skip
+    return raw, legal
+
+
 __all__ = [
     "LOSS_MAX",
     "SEED_GRAD_FEATURES",
     "clean_loss",
+    "controller_inputs",
     "global_dim",
     "init_history",
     "obs_dim",

@@ -18,9 +18,16 @@ from esper.core.lifecycle import (
     lifecycle_step,
     record_signals,
 )
-from esper.core.observation import init_history, observe, split_observation, update_history
+from esper.core.masks import legal_masks
+from esper.core.observation import (
+    controller_inputs,
+    init_history,
+    observe,
+    split_observation,
+    update_history,
+)
 from esper.core.rewards import RewardConfig, RewardFamily, RewardMode, compute_reward
-from esper.core.spec import AlphaCurve, Op, Stage, Tempo
+from esper.core.spec import ActionSpec, AlphaCurve, Op, Stage, Tempo
 from tests.core.test_lifecycle import N_BP, make_action, make_signals
 
 LC = LifecycleConfig(g2_min_epochs=1, g3_min_epochs=1)
@@ -108,6 +115,23 @@ def test_observe_and_history_compile(compile_check):
     # its split into the global part, the slot features and the blueprint one-hot (ppo.policy set, issue 46)
     obs = observe(signals, history, slots, max_epochs=25, n_blueprints=N_BP, lifecycle_cfg=on)
     compile_check(lambda x: split_observation(x, slots.batch_size[-1], N_BP), obs)
+
+
+@pytest.mark.parametrize("gate_masks", [False, True])
+def test_controller_inputs_compile_and_are_observe_and_the_legal_masks(compile_check, gate_masks):
+    """The one rule the env and the Grower share: the observation and the legality masks."""
+    slots, _, signals, history = busy_state()
+    lc = dataclasses.replace(LC, gate_masks=gate_masks)
+    spec = ActionSpec(slots.batch_size[-1], N_BP)
+    raw, legal = controller_inputs(signals, history, slots, spec, lc)
+    assert torch.equal(raw, observe(signals, history, slots, max_epochs=lc.max_epochs, n_blueprints=N_BP,
+                                    lifecycle_cfg=lc))  # fmt: skip
+    gates = gate_readiness(slots, signals["val_acc"], lc) if gate_masks else None
+    expected = legal_masks(slots, spec, max_seeds=lc.max_seeds, min_prune_age=lc.min_prune_age, gates=gates,
+                           auto_advance=lc.auto_advance, prune_below=lc.prune_floor,
+                           mask_same_alpha=lc.mask_same_alpha)  # fmt: skip
+    assert (legal == expected).all()
+    compile_check(lambda g, h, s: controller_inputs(g, h, s, spec, lc), signals, history, slots)
 
 
 @pytest.mark.parametrize(

@@ -33,13 +33,11 @@ from esper.core.lifecycle import EVENT_KINDS as LIFECYCLE_EVENT_KINDS
 from esper.core.lifecycle import (
     LifecycleConfig,
     clear_seeds,
-    gate_readiness,
     init_slots,
     lifecycle_step,
     record_signals,
 )
-from esper.core.masks import legal_masks
-from esper.core.observation import init_history, obs_dim, observe, update_history
+from esper.core.observation import controller_inputs, init_history, obs_dim, update_history
 from esper.core.reward_config import with_param_budget
 from esper.core.rewards import RewardConfig, compute_reward
 from esper.core.spec import ActionSpec, Stage, Style, Tempo
@@ -225,16 +223,7 @@ class VecEnv:
         return TimeStep(post, final, [None] * self.n, last=True)
 
     def _observe(self, slots: TensorDict, signals: TensorDict) -> StepInput:
-        lc = self.lifecycle
-        raw_obs = observe(
-            signals, self.history, slots, max_epochs=lc.max_epochs, n_blueprints=self.spec.n_blueprints,
-            lifecycle_cfg=lc,
-        )  # fmt: skip
-        gates = gate_readiness(slots, signals["val_acc"], lc) if lc.gate_masks else None
-        legal = legal_masks(
-            slots, self.spec, max_seeds=lc.max_seeds, min_prune_age=lc.min_prune_age, gates=gates,
-            auto_advance=lc.auto_advance, prune_below=lc.prune_floor, mask_same_alpha=lc.mask_same_alpha,
-        )  # fmt: skip
+        raw_obs, legal = controller_inputs(signals, self.history, slots, self.spec, self.lifecycle)
         return StepInput(raw_obs, legal, slots, signals, self.history, self.layout)
 
     def _govern(self, signals: TensorDict) -> list[str | None]:

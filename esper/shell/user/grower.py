@@ -63,13 +63,11 @@ from torch import nn
 
 from esper.core.lifecycle import (
     EVENT_KINDS,
-    gate_readiness,
     init_slots,
     lifecycle_step,
     record_signals,
 )
-from esper.core.masks import legal_masks
-from esper.core.observation import init_history, obs_dim, observe, update_history
+from esper.core.observation import controller_inputs, init_history, obs_dim, update_history
 from esper.core.spec import HEADS, ActionSpec, Stage
 from esper.shell.common.fields import with_overrides
 from esper.shell.common.seeding import derive_seed
@@ -335,13 +333,7 @@ class Grower:
         lc = self.lifecycle
         self.slots = record_signals(self.slots, signals, lc)
         self.history = update_history(self.history, signals)
-        raw = observe(signals, self.history, self.slots, max_epochs=lc.max_epochs,
-                      n_blueprints=self.spec.n_blueprints, lifecycle_cfg=lc)  # fmt: skip
-        gates = gate_readiness(self.slots, signals["val_acc"], lc) if lc.gate_masks else None
-        legal = legal_masks(
-            self.slots, self.spec, max_seeds=lc.max_seeds, min_prune_age=lc.min_prune_age, gates=gates,
-            auto_advance=lc.auto_advance, prune_below=lc.prune_floor, mask_same_alpha=lc.mask_same_alpha,
-        )  # fmt: skip
+        raw, legal = controller_inputs(signals, self.history, self.slots, self.spec, lc)
         out = self.controller.act(StepInput(raw, legal, self.slots, signals, self.history, self.layout))
         action = TensorDict({h: out[h, "action"].cpu() for h in HEADS}, batch_size=[1])
         n_blueprints = self.spec.n_blueprints
