@@ -74,6 +74,7 @@ def run(ctx: Context) -> SuiteResult:
         agent, cfg.ppo, compile=True, generator=torch.Generator().manual_seed(cfg.seed + 1)
     )
     start = copy.deepcopy(eager.state_dict())  # before any update
+    start_agent = copy.deepcopy(eager.agent.state_dict())
     trainers = {"eager": eager, "compiled (--compile)": compiled}
     first: dict[str, str] = {}
     for name, tr in trainers.items():
@@ -94,6 +95,7 @@ def run(ctx: Context) -> SuiteResult:
     start["optimizer"] = copy.deepcopy(eager.optimizer.state_dict())
 
     def restore(tr) -> None:
+        tr.agent.load(copy.deepcopy(start_agent))
         tr.load_state_dict(copy.deepcopy(start))
 
     rounds = ctx.samples
