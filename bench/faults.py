@@ -132,7 +132,7 @@ def reference(root: Path) -> Reference:
         raise RuntimeError(f"the reference run failed ({status}): {err[-2000:]}")
     from esper.shell.common.checkpoint import load_checkpoint
 
-    policy = load_checkpoint(run_dir / "checkpoint.pt")["trainer"]["policy"]
+    policy = load_checkpoint(run_dir / "checkpoint.pt")["agent"]["policy"]
     return Reference(run_dir, policy, time.monotonic() - t0, startup)
 
 
@@ -150,10 +150,10 @@ def audit(run_dir: Path, ref: Reference | None) -> list[str]:
         return [f"checkpoint unreadable: {e}"]
     if ckpt["progress"]["update"] != UPDATES:
         lost.append(f"checkpoint at update {ckpt['progress']['update']}, not {UPDATES}")
-    bad = [k for k, v in ckpt["trainer"]["policy"].items() if not torch.isfinite(v).all()]
+    bad = [k for k, v in ckpt["agent"]["policy"].items() if not torch.isfinite(v).all()]
     lost += [f"non-finite checkpoint tensor {k}" for k in bad]
     if ref is not None:
-        differ = [k for k, v in ref.policy.items() if not torch.equal(v, ckpt["trainer"]["policy"][k])]
+        differ = [k for k, v in ref.policy.items() if not torch.equal(v, ckpt["agent"]["policy"][k])]
         if differ:
             lost.append(f"{len(differ)} policy tensor(s) differ from the uninterrupted run's")
     events, torn = scan_events(run_dir / "events.jsonl")

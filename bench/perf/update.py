@@ -100,8 +100,10 @@ def run(ctx: Context) -> SuiteResult:
         trainers.pop(name)
     # the common start: the eager trainer's after its warm-up, its replay kept (one batch size from here)
     start = copy.deepcopy(eager.state_dict())
+    start_agent = copy.deepcopy(eager.agent.state_dict())
 
     def restore(tr) -> None:
+        tr.agent.load(copy.deepcopy(start_agent))
         tr.load_state_dict(copy.deepcopy(start))
 
     rounds = ctx.samples

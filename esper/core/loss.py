@@ -259,9 +259,7 @@ def _joint_terms(
         max_ratio=_masked_extreme(joint_ratio, valid, largest=True),
         min_ratio=_masked_extreme(joint_ratio, valid, largest=False),
         ESS=_ess(joint_ratio, valid, own_valid),
-        early_stop=(kl_approx > 1.5 * target_kl)
-        if target_kl is not None
-        else torch.zeros_like(kl_approx, dtype=torch.bool),
+        early_stop=kl_early_stop(kl_approx, target_kl),
     )
 
 
@@ -571,4 +569,13 @@ def _entropy_coefs(entropy_coef: float | Mapping[str, float], heads: tuple) -> d
     return dict.fromkeys(heads, float(entropy_coef))
 
 
-__all__ = ["decouple", "loss_counts", "ppo_loss", "total_loss"]
+def kl_early_stop(kl_approx: torch.Tensor, target_kl: float | None) -> torch.Tensor:
+    """The KL early-stop rule: ``kl_approx > 1.5 * target_kl`` (bool, ``kl_approx``'s shape); never with
+    ``target_kl`` None. :func:`ppo_loss` reports it as ``early_stop``; several processes apply it to the
+    KL summed over them (:class:`esper.shell.agent.steps.SharedStep`)."""
+    if target_kl is None:
+        return torch.zeros_like(kl_approx, dtype=torch.bool)
+    return kl_approx > 1.5 * target_kl
+
+
+__all__ = ["decouple", "kl_early_stop", "loss_counts", "ppo_loss", "total_loss"]

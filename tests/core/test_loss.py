@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from esper.core import distributions as D
-from esper.core.loss import ppo_loss, total_loss
+from esper.core.loss import kl_early_stop, ppo_loss, total_loss
 from esper.core.spec import HEADS, RELEVANCE, ActionSpec, Op
 
 
@@ -536,3 +536,15 @@ def test_every_coefficient_is_checked_alike(kw):
         ppo_loss(td, factored=True, **kw)
     with pytest.raises(ValueError, match=r"entropy_coef\['op'\] must be finite"):
         ppo_loss(td, factored=True, entropy_coef={h: (math.nan if h == "op" else 0.01) for h in HEADS})
+
+
+def test_the_kl_stop_rule_has_one_home():
+    """``ppo_loss``'s ``early_stop`` is :func:`kl_early_stop` of its KL (the rule several processes apply
+    to their summed KL): above 1.5 x target_kl, never without a target."""
+    td = factored_batch(2, 5, seed=8, grad=False)
+    for target in (None, 0.01, 1.0, 100.0):
+        out = ppo_loss(td, factored=True, target_kl=target)
+        assert torch.equal(out["early_stop"], kl_early_stop(out["kl_approx"], target))
+    assert kl_early_stop(torch.tensor(0.16), 0.1).item() is True
+    assert kl_early_stop(torch.tensor(0.14), 0.1).item() is False
+    assert kl_early_stop(torch.tensor(1e9), None).item() is False

@@ -160,11 +160,17 @@ class Agent:
             batch_size=[],
         )
 
-    def load(self, trainer_state: dict) -> Agent:
-        """Restore the policy's weights and the observation statistics from a checkpoint's ``trainer``
-        entry (:meth:`esper.shell.agent.trainer.PPOTrainer.state_dict`); returns self."""
-        self.policy.load_state_dict(trainer_state["policy"])
-        self.obs_stats = load_stats(trainer_state["obs_stats"], self.obs_stats, self.device)
+    def state_dict(self) -> dict:
+        """What a controller needs to act: the policy's weights and the observation statistics (a
+        checkpoint's ``agent`` entry; the ``learner`` entry is
+        :meth:`esper.shell.agent.trainer.PPOTrainer.state_dict`)."""
+        return {"policy": self.policy.state_dict(), "obs_stats": self.obs_stats.to_dict()}
+
+    def load(self, state: dict) -> Agent:
+        """Restore the policy's weights and the observation statistics from a checkpoint's ``agent``
+        entry (:meth:`state_dict`); returns self."""
+        self.policy.load_state_dict(state["policy"])
+        self.obs_stats = load_stats(state["obs_stats"], self.obs_stats, self.device)
         return self
 
 

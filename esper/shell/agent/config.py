@@ -10,7 +10,8 @@ from esper.shell.common.fields import check_fields, doc
 
 #: The networks ``ppo.policy`` chooses between (:mod:`esper.shell.agent.policy`,
 #: :mod:`esper.shell.agent.setpolicy`).
-POLICIES = ("flat", "set")
+#: The PPO network (``--ppo.policy``).
+PPO_POLICIES = ("flat", "set")
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +143,8 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "ppo")
-        if self.policy not in POLICIES:
-            raise ValueError(f"ppo.policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.policy not in PPO_POLICIES:
+            raise ValueError(f"ppo.policy must be one of {', '.join(PPO_POLICIES)}, got {self.policy!r}")
         if self.policy == "set" and self.slot_bias:
             raise ValueError(
                 "ppo.slot_bias is the flat policy's (a table per slot of one host); the set policy "
@@ -197,4 +198,4 @@ def _anneal(start: float, end: float | None, updates: int, update: int) -> float
     return (1.0 - frac) * start + frac * end  # exactly ``end`` once annealed
 
 
-__all__ = ["POLICIES", "PPOConfig", "param_cap_on"]
+__all__ = ["PPO_POLICIES", "PPOConfig", "param_cap_on"]

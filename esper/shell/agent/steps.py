@@ -5,8 +5,10 @@ coefficient, and returns ``(early_stop, finite, metrics)``: whether the KL flag 
 this step, whether the loss and every gradient were finite (when either fails, no optimizer step was
 taken), and the step's metrics (device tensors; None when the step was not taken). Three versions:
 
-- :class:`EagerStep`: re-score, :func:`esper.core.ppo_loss`, backward, gradient health, one read of
-  the two flags, clip, AdamW.
+All three start with :func:`descend`: re-score, :func:`esper.core.ppo_loss`, backward, gradient
+health, the KL flag (:func:`esper.core.loss.kl_early_stop`) and the finiteness flag.
+
+- :class:`EagerStep`: :func:`descend`, one read of the two flags, clip, AdamW.
 - :class:`CompiledStep`: the same as one graph (:mod:`esper.shell.agent.wholestep`); the flags are data
   inside it (the step is applied only where both pass), then read once, as eager reads them.
 - :class:`SharedStep`: several processes (torchrun): each re-scores the minibatch's envs it holds, the
@@ -22,7 +24,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from esper.core.health import GradHealthConfig, grad_health
-from esper.core.loss import loss_counts
+from esper.core.loss import kl_early_stop, loss_counts
 from esper.core.spec import HEADS, KEYS
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
 from esper.shell.agent.wholestep import adam_step, compile_step, init_adam_state
@@ -32,6 +34,18 @@ from esper.shell.common.distributed import Dist
 GRAD_GROUPS = ("trunk", *HEADS, "value")
 
 StepResult = tuple[bool, bool, TensorDict | None]
+
+
+@dataclass
+class Descent:
+    """What :func:`descend` leaves for the step to decide on: the loss terms, the gradient health, and
+    the two flags (bool ``[]``): the KL early stop (checked before the step) and whether the loss and
+    every gradient were finite."""
+
+    losses: TensorDict
+    health: TensorDict
+    stop: torch.Tensor
+    finite: torch.Tensor
 
 
 @dataclass
@@ -69,21 +83,14 @@ class EagerStep:
 
     def __call__(self, batch: TensorDictBase, idx: torch.Tensor, coef: float) -> StepResult:
         lr = self.learner
-        mb = batch[idx]
-        mb["current"] = lr.rescore(mb)
-        losses = lr.loss_fn(mb)
-        total = total_loss(losses, coef)
-        lr.optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        health = lr.health([p.grad if p.grad is not None else torch.zeros_like(p) for p in lr.params])
-        finite = torch.isfinite(total) & health["finite"]
+        out = descend(lr, batch[idx], coef)
         # sync point: the KL flag (checked before the step) and the finiteness flag, one read
-        stopped, ok = torch.stack([losses["early_stop"], finite]).tolist()
+        stopped, ok = torch.stack([out.stop, out.finite]).tolist()
         if stopped or not ok:
             return bool(stopped), bool(ok), None
         torch.nn.utils.clip_grad_norm_(lr.params, lr.max_grad_norm)
         lr.optimizer.step()
-        return False, True, step_metrics(losses, health, coef)
+        return False, True, step_metrics(out.losses, out.health, coef)
 
 
 class CompiledStep:
@@ -115,19 +122,12 @@ class CompiledStep:
         flag is set or the loss or a gradient is not finite). Returns the step's metrics and the flags
         ``[early_stop, finite]``. Every ``.grad`` is None on entry and on exit."""
         lr = self.learner
-        td = batch[idx]
-        td["current"] = lr.rescore(td)
-        losses = lr.loss_fn(td)
-        total = total_loss(losses, coef)
-        total.backward()
-        health = lr.health([p.grad if p.grad is not None else torch.zeros_like(p) for p in lr.params])
-        finite = torch.isfinite(total) & health["finite"]
+        out = descend(lr, batch[idx], coef)
         torch.nn.utils.clip_grad_norm_(lr.params, lr.max_grad_norm)
-        stop = losses["early_stop"]
-        adam_step(lr.optimizer, skip=stop | ~finite, scale=lr_scale)
+        adam_step(lr.optimizer, skip=out.stop | ~out.finite, scale=lr_scale)
         for p in lr.params:
             p.grad = None
-        return step_metrics(losses, health, coef), torch.stack([stop, finite])
+        return step_metrics(out.losses, out.health, coef), torch.stack([out.stop, out.finite])
 
 
 class SharedStep:
@@ -156,42 +156,13 @@ class SharedStep:
         else:  # none of this minibatch is here: a masked-out stand-in adds nothing but joins the sums
             mb = batch[:1].clone()
             mb.set(KEYS.valid, torch.zeros(mb.batch_size, dtype=torch.bool, device=batch.device))
-        mb["current"] = lr.rescore(mb)
-        counts = loss_counts(mb, factored=True)
-        names = sorted(counts.keys())
-        # one all-reduce: the loss denominators and the sums behind the whole minibatch's explained variance
-        local = torch.cat([torch.stack([counts[k].double() for k in names]), _ev_sums(mb)])
-        summed = dist.all_reduce_sum(local)
-        denominators = summed[: len(names)].float().unbind()
-        losses = lr.loss_fn(mb, TensorDict(dict(zip(names, denominators)), batch_size=[]))
-        ev = _ev_from_sums(summed[len(names) :])
-        losses["explained_variance"] = ev.to(losses["explained_variance"].dtype)
-        total = total_loss(losses, coef)
-        lr.optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        has = [p.grad is not None for p in lr.params]
-        flat = torch.cat(
-            [(p.grad if h else torch.zeros_like(p)).reshape(-1) for p, h in zip(lr.params, has)]
-            + [losses["kl_approx"].detach().float().reshape(1), (~torch.isfinite(total)).float().reshape(1)]
-        )
-        flat = dist.all_reduce_sum(flat)
-        grads, offset = [], 0
-        for p, h in zip(lr.params, has):
-            g = flat[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
-            grads.append(g)
-            if h:
-                p.grad = g.clone()
-        kl, bad = flat[-2], flat[-1]
-        stop = kl > 1.5 * lr.target_kl if lr.target_kl is not None else torch.zeros((), dtype=torch.bool)
-        health = lr.health(grads)
-        finite = (bad == 0) & health["finite"]
-        stopped, ok = torch.stack([stop.to(finite.device), finite]).tolist()  # sync point: the shared flags
+        out = descend(lr, mb, coef, dist)
+        stopped, ok = torch.stack([out.stop, out.finite]).tolist()  # sync point: the shared flags
         if stopped or not ok:
             return bool(stopped), bool(ok), None
         torch.nn.utils.clip_grad_norm_(lr.params, lr.max_grad_norm)
         lr.optimizer.step()
-        return False, True, step_metrics(losses, health, coef)
+        return False, True, step_metrics(out.losses, out.health, coef)
 
 
 MinibatchStep = EagerStep | CompiledStep | SharedStep
@@ -208,6 +179,70 @@ def make_step(
     if compile:
         return CompiledStep(learner, base_lr=base_lr, backend=backend)
     return EagerStep(learner)
+
+
+def descend(
+    learner: Learner, mb: TensorDictBase, coef: float | torch.Tensor, dist: Dist | None = None
+) -> Descent:
+    """What every minibatch step does before it decides: re-score the minibatch ``mb`` (its
+    ``current`` entry), the loss, backward (every ``.grad`` set to None first), the gradient health and
+    the two flags. Traceable into the compiled step's graph.
+
+    With ``dist`` (several processes, :class:`SharedStep`): one all-reduce before the loss sums its
+    denominators and the sums behind the explained variance over the processes, and one after backward
+    sums the gradients (written back to the ``.grad`` that exist), the KL and the non-finite count; the
+    health and both flags are then the whole minibatch's, the same on every process."""
+    mb["current"] = learner.rescore(mb)
+    losses = learner.loss_fn(mb) if dist is None else _shared_loss(learner, mb, dist)
+    total = annealed_loss(losses, coef)
+    for p in learner.params:  # the optimizer's zero_grad(set_to_none=True): it holds these parameters
+        p.grad = None
+    total.backward()
+    if dist is None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in learner.params]
+        stop, finite_loss = losses["early_stop"], torch.isfinite(total)
+    else:
+        grads, kl, finite_loss = _sum_gradients(learner.params, losses["kl_approx"], total, dist)
+        stop = kl_early_stop(kl, learner.target_kl)
+    health = learner.health(grads)
+    return Descent(losses, health, stop, finite_loss & health["finite"])
+
+
+def _shared_loss(learner: Learner, mb: TensorDictBase, dist: Dist) -> TensorDict:
+    """This process's part of the loss of a minibatch several processes hold: the denominators and the
+    explained variance are the whole minibatch's (one all-reduce)."""
+    counts = loss_counts(mb, factored=True)
+    names = sorted(counts.keys())
+    # one all-reduce: the loss denominators and the sums behind the whole minibatch's explained variance
+    local = torch.cat([torch.stack([counts[k].double() for k in names]), _ev_sums(mb)])
+    summed = dist.all_reduce_sum(local)
+    denominators = summed[: len(names)].float().unbind()
+    losses = learner.loss_fn(mb, TensorDict(dict(zip(names, denominators)), batch_size=[]))
+    ev = _ev_from_sums(summed[len(names) :])
+    losses["explained_variance"] = ev.to(losses["explained_variance"].dtype)
+    return losses
+
+
+def _sum_gradients(
+    params: list[torch.Tensor], kl: torch.Tensor, total: torch.Tensor, dist: Dist
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """One all-reduce of every gradient (zeros where a ``.grad`` is None), the KL and the non-finite
+    flag of ``total``; each ``.grad`` that exists becomes the sum. Returns the summed gradients of
+    every parameter, the summed KL and whether every process's loss was finite."""
+    has = [p.grad is not None for p in params]
+    flat = torch.cat(
+        [(p.grad if h else torch.zeros_like(p)).reshape(-1) for p, h in zip(params, has)]
+        + [kl.detach().float().reshape(1), (~torch.isfinite(total)).float().reshape(1)]
+    )
+    flat = dist.all_reduce_sum(flat)
+    grads, offset = [], 0
+    for p, h in zip(params, has):
+        g = flat[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+        grads.append(g)
+        if h:
+            p.grad = g.clone()
+    return grads, flat[-2], flat[-1] == 0
 
 
 def group_index(policy: FactoredRecurrentActorCritic) -> list[int]:
@@ -254,8 +289,9 @@ def _ev_from_sums(sums: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, 1.0 - var_r / torch.where(ok, var_t, 1.0), 0.0)
 
 
-def total_loss(losses: TensorDict, coef: float | torch.Tensor) -> torch.Tensor:
-    """What the update minimizes: the per-head-weighted entropy term scaled by the annealed coefficient."""
+def annealed_loss(losses: TensorDict, coef: float | torch.Tensor) -> torch.Tensor:
+    """What the update minimizes: :func:`esper.core.total_loss` with the (per-head-weighted) entropy term
+    scaled by the annealed coefficient ``coef``."""
     return losses["loss_objective"] + losses["loss_critic"] + coef * losses["loss_entropy"]
 
 
@@ -285,13 +321,15 @@ def step_metrics(losses: TensorDict, health: TensorDict, coef: float | torch.Ten
 __all__ = [
     "GRAD_GROUPS",
     "CompiledStep",
+    "Descent",
     "EagerStep",
     "Learner",
     "MinibatchStep",
     "SharedStep",
+    "annealed_loss",
+    "descend",
     "group_index",
     "local_rows",
     "make_step",
     "step_metrics",
-    "total_loss",
 ]

@@ -75,7 +75,7 @@ from esper.core.normalize import (
     scale,
 )
 from esper.core.spec import HEADS, KEYS, ActionSpec
-from esper.shell.agent.agent import Agent, build_agent, load_stats
+from esper.shell.agent.agent import Agent, build_agent
 from esper.shell.agent.collective import (
     advantage_stats,
     check_finite_everywhere,
@@ -324,14 +324,13 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------------- checkpoint
     def state_dict(self, *, replay: bool = True) -> dict:
-        """The learner's state. ``replay`` (``ppo.replay``'s kept rollouts) is stored whole, every
-        process's envs in global order, so a checkpoint resumes on any number of processes; with several
-        processes gathering it is a collective, which every process must call together (``replay=False``
-        leaves it out, for a copy that needs only the policy, e.g. rank 0's held-out check)."""
+        """The learner's state, what resuming training needs besides the agent's
+        (:meth:`esper.shell.agent.agent.Agent.state_dict`): a checkpoint's ``learner`` entry. ``replay``
+        (``ppo.replay``'s kept rollouts) is stored whole, every process's envs in global order, so a
+        checkpoint resumes on any number of processes; with several processes gathering it is a
+        collective, which every process must call together (``replay=False`` leaves it out)."""
         return {
-            "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "obs_stats": self.agent.obs_stats.to_dict(),
             "reward_stats": self.state.reward_stats.to_dict(),
             "updates": self.state.updates,
             "generator": self.generator.get_state(),
@@ -339,14 +338,14 @@ class PPOTrainer:
         }
 
     def load_state_dict(self, sd: dict) -> None:
-        self.policy.load_state_dict(sd["policy"])
+        """Restore the learner's state (:meth:`state_dict`; the agent's is
+        :meth:`esper.shell.agent.agent.Agent.load`)."""
         self.optimizer.load_state_dict(sd["optimizer"])
         # The saved moments carry over; the hyperparameters are this config's (a resume with another
         # --ppo.lr must use it: load_state_dict would bring back the saved one).
         for group, decay in zip(self.optimizer.param_groups, (0.0, self.cfg.critic_weight_decay)):
             group.update(lr=self.cfg.lr, eps=self.cfg.adam_eps, weight_decay=decay)
         device = next(self.policy.parameters()).device
-        self.agent.obs_stats = load_stats(sd["obs_stats"], self.agent.obs_stats, device)
         self.state.reward_stats = TensorDict(sd["reward_stats"], batch_size=[]).to(device)
         self.state.updates = int(sd["updates"])
         self.generator.set_state(sd["generator"])
@@ -465,8 +464,9 @@ def build_learner(
     dist: Dist = SINGLE, germination_cost: torch.Tensor | None = None, raw_obs_dim: int | None = None,
 ) -> tuple[Agent, PPOTrainer]:  # fmt: skip
     """A fresh agent for an action space (:func:`~esper.shell.agent.agent.build_agent`) and its PPO
-    trainer, whose minibatch order is drawn from ``seed``'s generator; load a checkpoint's ``trainer``
-    entry into the trainer to restore both."""
+    trainer, whose minibatch order is drawn from ``seed``'s generator; load a checkpoint's ``agent`` entry
+    into the agent (:meth:`~esper.shell.agent.agent.Agent.load`) and its ``learner`` entry into the
+    trainer (:meth:`PPOTrainer.load_state_dict`) to restore both."""
     agent = build_agent(ppo, spec, device=device, germination_cost=germination_cost, raw_obs_dim=raw_obs_dim)
     trainer = PPOTrainer(
         agent, ppo, compile=compile, generator=torch.Generator().manual_seed(seed + 1), dist=dist

@@ -1,11 +1,17 @@
 """Checkpoints: versioned, written atomically, verified on load, loaded without unpickling code
 (finding P7).
 
-A checkpoint file is one header line, ``ESPER-CHECKPOINT 2 sha256=HEX``, followed by the ``torch.save``
+A checkpoint file is one header line, ``ESPER-CHECKPOINT 3 sha256=HEX``, followed by the ``torch.save``
 serialization of the payload; ``HEX`` is the SHA-256 of those bytes. Loading checks the header and the
 hash before it unpickles anything, so a flipped byte anywhere in the file is refused with one line
 instead of training on damaged weights. Files of version 1 (a plain ``torch.save`` of ``{"version": 1,
 **payload}``, no hash) still load, unverified, with a warning.
+
+A run's payload (:mod:`esper.shell.runtime.training`) holds ``agent`` (the policy's weights and the
+observation statistics: what a controller needs to act) and ``learner`` (the optimizer, the reward
+statistics, the update count, the minibatch generator and the kept rollouts: what resuming training
+needs). Versions 1 and 2 held both in one ``trainer`` entry; :func:`load_checkpoint` splits it
+(:func:`upgrade_payload`), so every reader sees the current layout.
 
 The payload may contain only what ``torch.load(weights_only=True)`` accepts: tensors, ``str``/``bytes``,
 ``int``/``float``/``bool``/``complex``/``None``, ``torch.Size``/``dtype``/``device``, and ``dict``/
@@ -40,8 +46,13 @@ from typing import Any
 import numpy as np
 import torch
 
-#: Bump when the layout of the file changes; loading an unknown version fails with a clear error.
-CHECKPOINT_VERSION = 2
+#: Bump when the layout of the file or of a run's payload changes; loading an unknown version fails with
+#: a clear error. 3: ``agent`` and ``learner`` entries (2: one ``trainer`` entry; 1: no header, no hash).
+CHECKPOINT_VERSION = 3
+#: Versions with the header and hash of this module (2 upgraded on load, :func:`upgrade_payload`).
+_HASHED_VERSIONS = (2, CHECKPOINT_VERSION)
+#: The entries of version 2's ``trainer`` that are the agent's; the rest are the learner's.
+_AGENT_ENTRIES = ("policy", "obs_stats")
 #: The layout before the integrity hash: a plain ``torch.save`` of ``{"version": 1, **payload}``.
 _UNHASHED_VERSION = 1
 _MAGIC = b"ESPER-CHECKPOINT "
@@ -125,7 +136,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
     if header is None:
         raise ValueError(f"checkpoint {path} is damaged: its header line is unreadable")
     version, digest = int(header.group(1)), header.group(2).decode()
-    if version != CHECKPOINT_VERSION:
+    if version not in _HASHED_VERSIONS:
         _refuse_version(path, version)
     body = memoryview(raw)[header.end() :]
     if hashlib.sha256(body).hexdigest() != digest:
@@ -133,7 +144,18 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
             f"checkpoint {path} is damaged (truncated or altered): its content does not match the sha256 "
             "in its header; refused"
         )
-    return _load(io.BytesIO(body), path, map_location)
+    return upgrade_payload(_load(io.BytesIO(body), path, map_location), version)
+
+
+def upgrade_payload(payload: dict[str, Any], version: int) -> dict[str, Any]:
+    """``payload``, of a checkpoint of ``version``, in the current layout (in place; returned): a
+    ``trainer`` entry of versions 1 and 2 becomes ``agent`` (its ``policy`` and ``obs_stats``) and
+    ``learner`` (the rest). A payload of the current version, or without ``trainer``, is unchanged."""
+    if version < 3 and isinstance(payload.get("trainer"), dict):
+        old = payload.pop("trainer")
+        payload["agent"] = {k: v for k, v in old.items() if k in _AGENT_ENTRIES}
+        payload["learner"] = {k: v for k, v in old.items() if k not in _AGENT_ENTRIES}
+    return payload
 
 
 def _load_unhashed(path: Path, raw: bytes, map_location: Any) -> dict[str, Any]:
@@ -150,14 +172,14 @@ def _load_unhashed(path: Path, raw: bytes, map_location: Any) -> dict[str, Any]:
     if version != _UNHASHED_VERSION:
         _refuse_version(path, version)
     warnings.warn(f"checkpoint {path} has version 1 (no integrity hash); loaded unverified", stacklevel=3)
-    return obj
+    return upgrade_payload(obj, _UNHASHED_VERSION)
 
 
 def _refuse_version(path: Path, version: Any) -> None:
     which = "newer" if isinstance(version, int) and version > CHECKPOINT_VERSION else "older or unknown"
     raise ValueError(
         f"checkpoint {path} has version {version!r} ({which}); this esper reads versions "
-        f"{_UNHASHED_VERSION} and {CHECKPOINT_VERSION}"
+        f"{_UNHASHED_VERSION} to {CHECKPOINT_VERSION}"
     )
 
 
@@ -300,4 +322,5 @@ __all__ = [
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "upgrade_payload",
 ]

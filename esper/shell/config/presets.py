@@ -24,7 +24,9 @@ from esper.shell.env.config import TASKS, EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.telemetry.anomaly import AnomalyConfig
 
-POLICIES = ("ppo", "heuristic")
+#: The run's controller (``--policy``; the PPO network is ``--ppo.policy``,
+#: :data:`esper.shell.agent.config.PPO_POLICIES`).
+RUN_POLICIES = ("ppo", "heuristic")
 #: A run name is one directory name: at most this many characters ...
 NAME_MAX = 100
 #: ... of letters, digits and these (no path separator, no leading dot: nothing outside --run_dir).
@@ -109,8 +111,8 @@ class RunConfig:
         for f in dataclasses.fields(self):  # the core sections too (they cannot import this checker)
             if dataclasses.is_dataclass(section := getattr(self, f.name)):
                 check_fields(section, f.name)
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.policy not in RUN_POLICIES:
+            raise ValueError(f"policy must be one of {RUN_POLICIES}, got {self.policy!r}")
         if self.eval_episodes == 1:
             raise ValueError(f"eval_episodes must be 0 or >= 2, got {self.eval_episodes}")
         if not self.run_dir.strip():
@@ -385,4 +387,4 @@ _ONE_WAY = (
 )
 
 
-__all__ = ["NAME_MAX", "POLICIES", "PRESETS", "TASK_SIZE_FIELDS", "RunConfig", "check_run_name", "preset"]
+__all__ = ["NAME_MAX", "PRESETS", "RUN_POLICIES", "TASK_SIZE_FIELDS", "RunConfig", "check_run_name", "preset"]

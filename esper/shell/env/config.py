@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import torch
 
 from esper.shell.common.fields import check_fields, doc
-from esper.shell.env.tasks import DEEP_BLOCKS, Task, make_task
+from esper.shell.env.tasks import DEEP_BLOCKS, TASK_FACTORIES, Task, make_task
 
-TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "recall", "digits", "digits_shallow",
-         "stdlib_text", "cifar10", "tinystories")  # fmt: skip
+#: The task names (``env.task``), in the order of :data:`esper.shell.env.tasks.TASK_FACTORIES`.
+TASKS = tuple(TASK_FACTORIES)
 #: Tasks whose data is generated from a seed (``env.data_seed``: another seed, a fresh draw of every
 #: split). The others are fixed datasets: their test split is the only held-out draw.
 GENERATED_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "recall")

@@ -54,7 +54,7 @@ DIGITS_SHALLOW_SIZE = 32
 class Task:
     """What the shell needs to know about a task, and the factories for its pieces."""
 
-    #: Task name (a key of :data:`PRESETS`: "mnist1d", "longrange", "digits", "stdlib_text", ...).
+    #: Task name (a key of :data:`TASK_FACTORIES`: "mnist1d", "longrange", "digits", "stdlib_text", ...).
     name: str
     #: Host family, "cnn", "cnn1d" or "transformer" (selects the blueprint registry).
     family: str
@@ -409,8 +409,9 @@ def tinystories_task(
     )  # fmt: skip
 
 
-#: Preset name -> task factory (keyword arguments only; unknown keywords raise TypeError).
-PRESETS: dict[str, Callable[..., Task]] = {
+#: Task name -> task factory (keyword arguments only; unknown keywords raise TypeError); the task names
+#: are :data:`esper.shell.env.config.TASKS`.
+TASK_FACTORIES: dict[str, Callable[..., Task]] = {
     "mnist1d": mnist1d_task,
     "mnist1d_deep": mnist1d_deep_task,
     "longrange": longrange_task,
@@ -426,16 +427,16 @@ PRESETS: dict[str, Callable[..., Task]] = {
 
 def make_task(name: str, **kwargs) -> Task:
     """Build preset ``name`` with keyword overrides, e.g. ``make_task("cifar10", path="/data/c10")``."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown task {name!r}; presets: {', '.join(PRESETS)}")
-    return PRESETS[name](**kwargs)
+    if name not in TASK_FACTORIES:
+        raise ValueError(f"unknown task {name!r}; presets: {', '.join(TASK_FACTORIES)}")
+    return TASK_FACTORIES[name](**kwargs)
 
 
 __all__ = [
     "DEEP_BLOCKS",
     "DIGITS_SHALLOW_SIZE",
     "GROW_ALL_BLUEPRINT",
-    "PRESETS",
+    "TASK_FACTORIES",
     "Task",
     "cifar10_task",
     "digits_shallow_task",

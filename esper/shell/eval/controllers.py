@@ -81,7 +81,7 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         agent = build_agent(
             cfg.ppo, env.spec, device=device, germination_cost=env.germination_cost, raw_obs_dim=env.obs_dim
         )
-        agent.load(checkpoint["trainer"])
+        agent.load(checkpoint["agent"])
         agent.policy.eval()
         generator = torch.Generator(device=device).manual_seed(seed)
         return PPOController(agent, generator=generator, deterministic=PPO_READOUTS[name][0], learns=False,

@@ -176,8 +176,8 @@ def compare_controllers(
         if not ckpt.is_file():
             raise FileNotFoundError(f"{ckpt} not found: evaluate a run that finished an update")
         checkpoint = load_checkpoint(ckpt, map_location=cfg.env.device)
-        if "trainer" not in checkpoint:
-            raise ValueError(f"{ckpt} has no 'trainer' entry: not a checkpoint of python -m esper.shell.run")
+        if "agent" not in checkpoint:
+            raise ValueError(f"{ckpt} has no 'agent' entry: not a checkpoint of python -m esper.shell.run")
         if task is not None:
             where = f"--task {task}: run {run_dir}"
             check_controller_fits(run_cfg, checkpoint, cfg.env.build_task(), run=where)

@@ -87,7 +87,7 @@ def check_controller_fits(run_cfg: RunConfig, checkpoint: dict[str, Any], task: 
         agent = build_agent(run_cfg.ppo, spec, device="cpu", germination_cost=host.germination_cost(),
                             raw_obs_dim=_describe(host, seed_grads)["observation"])  # fmt: skip
     try:
-        agent.load(checkpoint["trainer"])
+        agent.load(checkpoint["agent"])
     except (RuntimeError, KeyError, ValueError) as e:
         raise ValueError(f"{run}: its controller does not load for this host: {load_error_line(e)}") from None
 

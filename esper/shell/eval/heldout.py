@@ -20,12 +20,12 @@ from esper.shell.eval.stats import mean_ci95
 HELDOUT_SEED = 7_000_000
 
 
-def heldout_check(cfg: RunConfig, run_dir: Path, trainer_state: dict, task: Task) -> dict:
-    """The trained controller (``trainer_state``: the trainer's state after the run's last update) and
+def heldout_check(cfg: RunConfig, run_dir: Path, agent_state: dict, task: Task) -> dict:
+    """The trained controller (``agent_state``: the agent's state after the run's last update) and
     the static host on ``cfg.eval_episodes`` fresh hosts of ``task`` (evaluation seeds of their own,
     the same for both): did growth pay on data neither ever saw? Returns the line to print
     (``"text"``) and the fields of the ``heldout_check`` event; ``run_dir`` is named in the line."""
-    checkpoint = {"trainer": trainer_state, "progress": {"update": cfg.updates}}
+    checkpoint = {"agent": agent_state, "progress": {"update": cfg.updates}}
     # the learned controller is read twice: sampled as trained, and by its most likely actions
     greedy = ["ppo_greedy"] if cfg.policy == "ppo" else []
     res = compare_on_config(

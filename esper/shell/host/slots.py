@@ -47,7 +47,7 @@ what blending it in would do), and ``force_alpha(0)`` returns ``h`` exactly.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -91,17 +91,54 @@ class Gate(nn.Module):
         return torch.sigmoid(self.fc2(F.relu(self.fc1(x))))  # [N, L, 1]
 
 
+#: The blend kinds, in the order a mixed blend adds their terms: the term each adds to ``h`` is
+#: ``alpha · d`` (``add``), ``alpha · h · tanh(d)`` (``mul``) or ``alpha · g · d`` (``gate``).
+BLEND_KINDS = ("add", "mul", "gate")
+#: Each style's blend kind (the table above).
+BLEND = {
+    Style.LINEAR_ADD: "add", Style.SIGMOID_ADD: "add", Style.LINEAR_MULTIPLY: "mul", Style.GATED_GATE: "gate"
+}  # fmt: skip
+
+
+def blend(
+    h: torch.Tensor, d: torch.Tensor, alpha: Mapping[str, float | torch.Tensor | None],
+    g: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """The composed output of the table above for both host paths: the seed slot's (one style, a float
+    alpha) and the stacked hosts' (:mod:`esper.shell.host.stacked`, a group of envs, each with its style:
+    per kind a tensor of each env's alpha, zero where the env's style is another kind). ``alpha`` maps a
+    blend kind to its weight (None or left out: the kind is absent). One kind alone is composed as the
+    table writes it; several add each kind's term to ``h`` in :data:`BLEND_KINDS` order. ``g``: the gate
+    value, needed with ``gate``."""
+    a = {k: alpha.get(k) for k in BLEND_KINDS}
+    if a["gate"] is not None and g is None:
+        raise ValueError("blend: GATED_GATE needs the gate value g")
+    present = [k for k in BLEND_KINDS if a[k] is not None]
+    if present == ["add"]:
+        return h + a["add"] * d
+    if present == ["mul"]:
+        return h * (1.0 + a["mul"] * torch.tanh(d))
+    if present == ["gate"]:
+        return h + a["gate"] * g * d
+    y = h
+    if a["add"] is not None:
+        y = y + a["add"] * d
+    if a["mul"] is not None:
+        y = y + a["mul"] * h * torch.tanh(d)
+    if a["gate"] is not None:
+        y = y + a["gate"] * g * d
+    return y
+
+
 def compose(style: Style, h: torch.Tensor, d: torch.Tensor, alpha: float, g: torch.Tensor | None = None):
-    """The composed output of the table above (``g`` only for GATED_GATE)."""
-    if style in (Style.LINEAR_ADD, Style.SIGMOID_ADD):
-        return h + alpha * d
-    if style == Style.LINEAR_MULTIPLY:
-        return h * (1.0 + alpha * torch.tanh(d))
-    if style == Style.GATED_GATE:
-        if g is None:
-            raise ValueError("compose: GATED_GATE needs the gate value g")
-        return h + alpha * g * d
-    raise ValueError(f"compose: unknown style {style!r}")
+    """The composed output of one seed of ``style`` (:func:`blend`; ``g`` only for GATED_GATE)."""
+    try:
+        kind = BLEND[Style(style)]
+    except (KeyError, ValueError):
+        raise ValueError(f"compose: unknown style {style!r}") from None
+    if kind == "gate" and g is None:
+        raise ValueError("compose: GATED_GATE needs the gate value g")
+    return blend(h, d, {kind: alpha}, g)
 
 
 def _check_alpha(alpha: float, where: str) -> float:
@@ -217,4 +254,13 @@ class SeedSlot(nn.Module):
         )
 
 
-__all__ = ["DETACHED_INPUT_STAGES", "INCUBATING_STAGES", "Gate", "SeedSlot", "compose"]
+__all__ = [
+    "BLEND",
+    "BLEND_KINDS",
+    "DETACHED_INPUT_STAGES",
+    "INCUBATING_STAGES",
+    "Gate",
+    "SeedSlot",
+    "blend",
+    "compose",
+]

@@ -38,7 +38,7 @@ from torch import nn
 from esper.core.spec import Style
 from esper.shell.host.blueprints import NormSeed, PositionAttention, SqueezeExcite, Zero
 from esper.shell.host.hosts import CNN1dHost, CNNHost, Host
-from esper.shell.host.slots import DETACHED_INPUT_STAGES, Gate, SeedSlot
+from esper.shell.host.slots import BLEND, BLEND_KINDS, DETACHED_INPUT_STAGES, Gate, SeedSlot, blend
 
 #: Host classes whose envs can run as one batch.
 BATCHED_HOSTS = (CNNHost, CNN1dHost)
@@ -240,8 +240,6 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 
 
 # ------------------------------------------------------------------------------------------ the plan
-_ADDS = (Style.LINEAR_ADD, Style.SIGMOID_ADD)
-
 
 @dataclass(frozen=True)
 class SeedGroup:
@@ -262,9 +260,8 @@ class SeedGroup:
         object.__setattr__(self, "rows", t(self.envs, dtype=torch.long))
         object.__setattr__(self, "attached_mask", t(self.attached, dtype=torch.bool))
         per_style = {}
-        kinds = (("add", _ADDS), ("mul", (Style.LINEAR_MULTIPLY,)), ("gate", (Style.GATED_GATE,)))
-        for kind, styles in kinds:
-            coef = [a if s in styles else 0.0 for a, s in zip(self.alpha, self.styles)]
+        for kind in BLEND_KINDS:
+            coef = [a if BLEND[s] == kind else 0.0 for a, s in zip(self.alpha, self.styles)]
             per_style[kind] = t(coef, dtype=torch.float32) if any(coef) else None
         object.__setattr__(self, "coef", per_style)
         gated = [i for i, s in enumerate(self.styles) if s == Style.GATED_GATE]
@@ -320,25 +317,8 @@ def plan(
 
 
 def _compose(group: SeedGroup, h: torch.Tensor, d: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
-    """:func:`esper.shell.host.slots.compose` for every env of the group, each with its style and alpha.
-    A group of one style uses that style's formula as written there; a mixed group adds each style's
-    term where it applies (zero elsewhere)."""
-    coef = {k: None if v is None else _bcast(v.to(h.dtype), h) for k, v in group.coef.items()}
-    present = [k for k, v in coef.items() if v is not None]
-    if present == ["add"]:
-        return h + coef["add"] * d
-    if present == ["mul"]:
-        return h * (1.0 + coef["mul"] * torch.tanh(d))
-    if present == ["gate"]:
-        return h + coef["gate"] * g * d
-    y = h
-    if coef["add"] is not None:
-        y = y + coef["add"] * d
-    if coef["mul"] is not None:
-        y = y + coef["mul"] * h * torch.tanh(d)
-    if coef["gate"] is not None:
-        y = y + coef["gate"] * g * d
-    return y
+    """:func:`esper.shell.host.slots.blend` for every env of the group, each with its style and alpha."""
+    return blend(h, d, {k: None if v is None else _bcast(v.to(h.dtype), h) for k, v in group.coef.items()}, g)
 
 
 def apply_slot(hosts: Sequence[Host], s: int, groups: Sequence[SeedGroup], h: torch.Tensor) -> torch.Tensor:

@@ -46,8 +46,11 @@ from esper.shell.telemetry.report import write_report
 PROG = "python -m esper.shell.run"
 CHECKPOINT = "checkpoint.pt"
 EVENTS = "events.jsonl"
-#: What a checkpoint of this module holds (a file without one of them is refused when resuming).
-PAYLOAD_KEYS = ("trainer", "detector", "rng", "config", "progress")
+#: What a checkpoint of this module holds (a file without one of them is refused when resuming): ``agent``
+#: (what the controller needs to act), ``learner`` (what resuming training needs besides), the anomaly
+#: detector, the RNG states, the config and the progress. An older checkpoint's ``trainer`` entry loads
+#: as ``agent`` and ``learner`` (:func:`esper.shell.common.checkpoint.upgrade_payload`).
+PAYLOAD_KEYS = ("agent", "learner", "detector", "rng", "config", "progress")
 
 
 def provenance(cfg: RunConfig, dist: Dist = SINGLE) -> dict:
@@ -127,7 +130,8 @@ class TrainingRun:
                 "not written by python -m esper.shell.run"
             )
         try:
-            self.trainer.load_state_dict(ckpt["trainer"])
+            self.agent.load(ckpt["agent"])
+            self.trainer.load_state_dict(ckpt["learner"])
             self.detector.load_state_dict(ckpt["detector"])
             set_rng_state(ckpt["rng"])
             self.start = int(ckpt["progress"]["update"])
@@ -156,7 +160,8 @@ class TrainingRun:
         """The checkpoint payload of the state right now, which must be an update boundary (``update``
         updates done), copied to the CPU so the run can go on changing its own state."""
         payload = {
-            "trainer": self.trainer.state_dict(),
+            "agent": self.agent.state_dict(),
+            "learner": self.trainer.state_dict(),
             "detector": self.detector.state_dict(),
             "rng": rng_state(),
             "config": to_dict(self.cfg),
@@ -305,8 +310,7 @@ class TrainingRun:
         table = summary_table(self.rows, [c for c in SUMMARY_COLUMNS if any(c in r for r in self.rows)])
         print(table)
         check = (
-            heldout_check(cfg.for_task(cfg.env.task), self.dir, self.trainer.state_dict(replay=False),
-                          self.env.task)
+            heldout_check(cfg.for_task(cfg.env.task), self.dir, self.agent.state_dict(), self.env.task)
             if cfg.eval_episodes else None
         )  # fmt: skip
         if check is not None:
@@ -377,7 +381,7 @@ def init_agent_from(agent: Agent, run_dir: Path, policy: str) -> None:
             f"pass --ppo.policy {theirs}"
         )
     try:
-        agent.load(ckpt["trainer"])
+        agent.load(ckpt["agent"])
     except (KeyError, RuntimeError, ValueError) as e:
         why = f"init_from {run_dir}: its controller does not load into this run's: {load_error_line(e)}"
         raise ValueError(why) from None

@@ -107,21 +107,6 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-#: The event kinds of the schema above, in the order a run emits them.
-EVENT_KINDS = (
-    "run_start",
-    "epoch",
-    "episode",
-    "lifecycle",
-    "ppo_update",
-    "ppo_detail",
-    "anomaly",
-    "note",
-    "governor",
-    "checkpoint",
-    "run_end",
-)
-
 
 # ------------------------------------------------------------------------------------------ event log
 def jsonable(value: Any) -> Any:
@@ -361,7 +346,6 @@ def finite_number(v: Any) -> bool:
 
 
 __all__ = [
-    "EVENT_KINDS",
     "EventLog",
     "RunEvents",
     "discarded_path",

@@ -44,8 +44,8 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, dict[str, Any]]:
     if not ckpt.is_file():
         raise FileNotFoundError(f"{ckpt} not found: grow with a run that finished an update")
     checkpoint = load_checkpoint(ckpt, map_location="cpu")
-    if "trainer" not in checkpoint:
-        raise ValueError(f"{ckpt} has no 'trainer' entry: not a checkpoint of python -m esper.shell.run")
+    if "agent" not in checkpoint:
+        raise ValueError(f"{ckpt} has no 'agent' entry: not a checkpoint of python -m esper.shell.run")
     return from_dict(RunConfig, json.loads(cfg_path.read_text())), checkpoint
 
 

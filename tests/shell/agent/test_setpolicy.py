@@ -325,9 +325,10 @@ def test_checkpoint_round_trip_and_a_flat_checkpoint_is_refused_in_one_line():
     trainer = _trainer(agent)
     layout = LAYOUTS["cnn1d-5"]
     trainer.update(_rollout(agent, layout, T=3))
-    sd = trainer.state_dict()
+    sd = agent.state_dict()
     fresh = _agent(seed=7)
-    _trainer(fresh).load_state_dict(sd)
+    fresh.load(sd)
+    _trainer(fresh).load_state_dict(trainer.state_dict())
     td = _rollout(agent, layout, E=2, T=3, seed=9)
     args = (td["observation"], agent.policy.initial_state(2), td["op", "action"], td["slot", "action"])
     a, b = agent.policy.rescore(*args), fresh.policy.rescore(*args)
@@ -443,10 +444,12 @@ def test_a_set_policy_checkpoint_round_trips_through_the_checkpoint_file(tmp_pat
     agent = _agent()
     trainer = _trainer(agent)
     trainer.update(_rollout(agent, LAYOUTS["cnn1d-3"], T=3))
-    save_checkpoint(tmp_path / "checkpoint.pt", {"trainer": trainer.state_dict()})
+    payload = {"agent": agent.state_dict(), "learner": trainer.state_dict()}
+    save_checkpoint(tmp_path / "checkpoint.pt", payload)
     loaded = load_checkpoint(tmp_path / "checkpoint.pt")
     fresh = _agent(seed=5)
-    _trainer(fresh).load_state_dict(loaded["trainer"])
+    fresh.load(loaded["agent"])
+    _trainer(fresh).load_state_dict(loaded["learner"])
     layout = LAYOUTS["cnn1d-5"]
     td = _rollout(agent, layout, E=2, T=3, seed=13)
     args = (td["observation"], agent.policy.initial_state(2), td["op", "action"], td["slot", "action"])

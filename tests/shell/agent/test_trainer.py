@@ -90,6 +90,19 @@ def _make(cfg: PPOConfig | None = None, seed: int = 0):
     return policy, PPOTrainer(_agent(policy, cfg), cfg, generator=torch.Generator().manual_seed(seed))
 
 
+def resume_state(trainer: PPOTrainer) -> dict:
+    """What a checkpoint holds of ``trainer`` and its agent (``agent`` and ``learner``), copied as
+    ``torch.load`` would give it (no shared tensors: ``Optimizer.load_state_dict`` keeps the very tensors)."""
+    return copy.deepcopy({"agent": trainer.agent.state_dict(), "learner": trainer.state_dict()})
+
+
+def resume(trainer: PPOTrainer, state: dict) -> None:
+    """Restore :func:`resume_state`'s ``state`` into ``trainer`` and its agent."""
+    state = copy.deepcopy(state)
+    trainer.agent.load(state["agent"])
+    trainer.load_state_dict(state["learner"])
+
+
 def test_update_runs_and_reports_the_ppo_update_event():
     policy, trainer = _make()
     before = [p.detach().clone() for p in policy.parameters()]
@@ -387,9 +400,9 @@ def test_bad_ppo_config_is_refused():
 def test_checkpoint_state_round_trip():
     policy, trainer = _make()
     trainer.update(make_rollout(policy, trainer))
-    sd = copy.deepcopy(trainer.state_dict())  # as torch.load gives: no shared tensors
+    sd = resume_state(trainer)
     policy2, trainer2 = _make(seed=3)
-    trainer2.load_state_dict(sd)
+    resume(trainer2, sd)
     for a, b in zip(policy.parameters(), policy2.parameters()):
         assert torch.equal(a, b)
     assert trainer2.state.updates == 1
@@ -568,11 +581,11 @@ def test_a_replayed_rollout_is_rescored_by_the_current_policy_critic_and_statist
     old = make_rollout(policy, trainer, seed=20)
     trainer.update(old.clone())  # the policy moves (lr 0.05) and the statistics change
     new = make_rollout(policy, trainer, seed=21)
-    snapshot = copy.deepcopy(trainer.state_dict())
+    snapshot = resume_state(trainer)
     trainer.state.replay = []
     plain = trainer.prepare(new.clone())
     _, trainer2 = _make(cfg, seed=3)
-    trainer2.load_state_dict(copy.deepcopy(snapshot))
+    resume(trainer2, snapshot)
     batch = trainer2.prepare(new.clone(), replayed=[old])
     assert batch.batch_size[0] == 8
     for key in ("advantage", "value_target", "state_value", ("next", "reward")):
@@ -621,8 +634,7 @@ def test_replay_round_trips_through_the_checkpoint():
     for i in range(2):
         trainer.update(make_rollout(policy, trainer, seed=40 + i))
     policy2, trainer2 = _make(_replay_cfg(), seed=3)
-    # a copy, as torch.save / torch.load would give: Optimizer.load_state_dict keeps the very tensors
-    trainer2.load_state_dict(copy.deepcopy(trainer.state_dict()))
+    resume(trainer2, resume_state(trainer))
     assert len(trainer2.state.replay) == 2
     for a, b in zip(trainer.state.replay, trainer2.state.replay):
         assert (a == b).all()
@@ -684,10 +696,10 @@ def test_host_groups_take_each_envs_advantage_against_the_others_of_its_group():
     policy, trainer = _make(dataclasses.replace(base, host_group=2))
     old = make_rollout(policy, trainer, seed=30)
     new = make_rollout(policy, trainer, seed=31)
-    snapshot = copy.deepcopy(trainer.state_dict())
+    snapshot = resume_state(trainer)
     grouped = trainer.prepare(new.clone(), replayed=[old.clone()])
     _, plain = _make(base)
-    plain.load_state_dict(copy.deepcopy(snapshot))
+    resume(plain, snapshot)
     ungrouped = plain.prepare(new.clone(), replayed=[old.clone()])
     torch.testing.assert_close(grouped["value_target"], ungrouped["value_target"])
     for part in (slice(0, 4), slice(4, 8)):

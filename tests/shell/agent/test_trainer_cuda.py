@@ -12,7 +12,6 @@ default, which moves the re-scored values by ~1e-3 relative on its own).
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 
 import pytest
@@ -21,7 +20,7 @@ import torch
 from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
 from esper.shell.agent.trainer import PPOTrainer
-from tests.shell.agent.test_trainer import RAW, SPEC, _agent, make_rollout
+from tests.shell.agent.test_trainer import RAW, SPEC, _agent, make_rollout, resume, resume_state
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -61,7 +60,7 @@ def test_replayed_batch_on_the_gpu_is_the_cpus():
     old = make_rollout(p_cpu, cpu, seed=20)
     cpu.update(old.clone())
     _, gpu = _trainer(cfg, "cuda", seed=3)
-    gpu.load_state_dict(copy.deepcopy(cpu.state_dict()))
+    resume(gpu, resume_state(cpu))
     assert len(gpu.state.replay) == 1 and gpu.state.replay[0].device.type == "cuda"
 
     new = make_rollout(p_cpu, cpu, seed=21)
@@ -86,11 +85,11 @@ def test_a_gpu_checkpoint_with_kept_rollouts_resumes_on_the_cpu():
     for i in range(2):
         gpu.update(make_rollout(p_ref, ref, seed=40 + i).to("cuda"))
     buf = io.BytesIO()
-    torch.save(gpu.state_dict(), buf)
+    torch.save(resume_state(gpu), buf)
     buf.seek(0)
     sd = torch.load(buf, map_location="cpu", weights_only=True)
     _, cpu = _trainer(cfg, "cpu", seed=5)
-    cpu.load_state_dict(sd)
+    resume(cpu, sd)
     assert len(cpu.state.replay) == 2
     for a, b in zip(gpu.state.replay, cpu.state.replay):
         assert b.device.type == "cpu" and (a.cpu() == b).all()

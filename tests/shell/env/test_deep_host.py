@@ -126,7 +126,7 @@ def test_evaluation_and_report_work_on_five_slots(task, tmp_path):
     env = _env(cfg, task)
     _, trainer = _ppo(cfg, env)
     env.close()
-    checkpoint = {"trainer": trainer.state_dict(replay=False)}
+    checkpoint = {"agent": trainer.agent.state_dict()}
     for name in ("ppo", "heuristic", "random", "grow_all"):
         records = run_episodes(cfg, task, name, [0, 1], eval_seed=5, checkpoint=checkpoint)
         summary = summarize(records)

@@ -6,7 +6,7 @@ import torch
 from esper.core.spec import Stage, Style
 from esper.shell.host.blueprints import build_blueprint
 from esper.shell.host.hosts import CNNHost, TransformerHost
-from esper.shell.host.slots import Gate, SeedSlot
+from esper.shell.host.slots import BLEND, BLEND_KINDS, Gate, SeedSlot, blend, compose
 
 BLENDED = (Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED, Stage.PRUNED)
 
@@ -195,3 +195,23 @@ def test_set_validates_stage_and_alpha():
             slot.force_alpha(bad).__enter__()
     slot.remove()
     assert slot.seed is None and slot.stage == Stage.DORMANT and list(slot.parameters()) == []
+
+
+def test_one_blend_serves_one_seed_and_a_mixed_group_of_envs():
+    """The stacked hosts' form of the blend (per kind a tensor of each env's alpha, zero for the envs of
+    another kind) composes every env as :func:`compose` does for that env's style alone."""
+    g = torch.Generator().manual_seed(3)
+    styles, alphas = list(Style), [0.3, 0.7, 1.0, 0.5]
+    h, d = torch.randn(len(styles), 5, 6, generator=g), torch.randn(len(styles), 5, 6, generator=g)
+    gate = torch.rand(len(styles), 1, 6, generator=g)
+    weights = {
+        k: torch.tensor([a if BLEND[s] == k else 0.0 for s, a in zip(styles, alphas)]).reshape(-1, 1, 1)
+        for k in BLEND_KINDS
+    }
+    mixed = blend(h, d, weights, gate)
+    for e, (style, alpha) in enumerate(zip(styles, alphas)):
+        alone = compose(style, h[e], d[e], alpha, gate[e])
+        torch.testing.assert_close(mixed[e], alone)
+        assert torch.equal(blend(h[e], d[e], {BLEND[style]: alpha}, gate[e]), alone)
+    with pytest.raises(ValueError, match="gate value"):
+        compose(Style.GATED_GATE, h, d, 0.5)

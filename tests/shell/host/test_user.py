@@ -213,7 +213,7 @@ def test_error_slot_never_reached_mixed_families_missing_family_wrapped_twice():
 
 
 def _checkpoint(run_cfg, task) -> dict:
-    """A checkpoint's ``trainer`` entry of an untrained controller for ``task``'s host."""
+    """A checkpoint (its ``agent`` entry) of an untrained controller for ``task``'s host."""
     host = task.make_host()
     names = host.blueprint_names
     from esper.core.observation import obs_dim
@@ -223,7 +223,7 @@ def _checkpoint(run_cfg, task) -> dict:
     raw = obs_dim(host.n_slots, len(names), seed_grads=run_cfg.lifecycle.seed_grad_features)
     agent = build_agent(run_cfg.ppo, spec, device="cpu", germination_cost=host.germination_cost(),
                         raw_obs_dim=raw)  # fmt: skip
-    return {"trainer": {"policy": agent.policy.state_dict(), "obs_stats": agent.obs_stats.to_dict()}}
+    return {"agent": agent.state_dict()}
 
 
 def test_error_run_whose_controller_cannot_act_on_the_host():

@@ -175,7 +175,7 @@ def test_a_flipped_byte_anywhere_is_refused_in_one_line(tmp_path):
     model, opt = _trained()
     path = save_checkpoint(tmp_path / "c.pt", {"policy": model.state_dict(), "optimizer": opt.state_dict()})
     raw = path.read_bytes()
-    assert raw.startswith(b"ESPER-CHECKPOINT 2 sha256=")
+    assert raw.startswith(f"ESPER-CHECKPOINT {CHECKPOINT_VERSION} sha256=".encode())
     rng = random.Random(0)
     positions = sorted({0, 20, len(raw) // 2, len(raw) - 1, *(rng.randrange(len(raw)) for _ in range(60))})
     bad = tmp_path / "bad.pt"
@@ -202,14 +202,51 @@ def test_version_1_checkpoints_still_load_unverified(tmp_path):
         assert torch.equal(load_checkpoint(p)["w"], torch.ones(2))
 
 
+def write_version_2(path: Path, payload: dict) -> Path:
+    """``payload`` written as version 2 wrote it: the header (version 2) and hash, then the bytes."""
+    import hashlib
+    import io
+
+    body = io.BytesIO()
+    torch.save(dict(payload), body)
+    data = body.getvalue()
+    path.write_bytes(f"ESPER-CHECKPOINT 2 sha256={hashlib.sha256(data).hexdigest()}\n".encode() + data)
+    return path
+
+
+def test_the_trainer_entry_of_versions_1_and_2_loads_as_agent_and_learner(tmp_path):
+    """Versions 1 and 2 held a run's policy, observation statistics and training state in one
+    ``trainer`` entry; they load as version 3's ``agent`` (policy, obs_stats) and ``learner`` (the rest),
+    the other entries as they were. A payload without ``trainer`` is left alone."""
+    model, opt = _trained()
+    trainer = {"policy": model.state_dict(), "optimizer": opt.state_dict(),
+               "obs_stats": {"count": torch.ones(())}, "updates": 4, "replay": []}  # fmt: skip
+    old = {"trainer": trainer, "progress": {"update": 4}}
+    v2 = write_version_2(tmp_path / "v2.pt", old)
+    v1 = tmp_path / "v1.pt"
+    torch.save({"version": 1, **old}, v1)
+    with pytest.warns(UserWarning, match="no integrity hash"):
+        loaded = [load_checkpoint(v2), load_checkpoint(v1)]
+    for got in loaded:
+        assert got.keys() == {"agent", "learner", "progress"}
+        assert got["agent"].keys() == {"policy", "obs_stats"}
+        assert got["learner"].keys() == {"optimizer", "updates", "replay"}
+        _assert_equal(got["agent"]["policy"], model.state_dict())
+        _assert_equal(got["learner"]["optimizer"], opt.state_dict())
+        assert got["progress"] == {"update": 4}
+    assert load_checkpoint(write_version_2(tmp_path / "plain.pt", {"w": torch.ones(2)})).keys() == {"w"}
+    new = save_checkpoint(tmp_path / "v3.pt", {"trainer": {"policy": {}}})  # version 3 is never rewritten
+    assert load_checkpoint(new).keys() == {"trainer"}
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_a_checkpoint_is_never_written_with_nonfinite_tensors(tmp_path, bad):
     path = save_checkpoint(tmp_path / "c.pt", {"w": torch.ones(3)})
     before = path.read_bytes()
     w = torch.ones(2, 3)
     w[1, 2] = bad
-    with pytest.raises(FloatingPointError, match=r"payload\['trainer'\]\['policy'\]\['w'\] holds NaN or Inf"):
-        save_checkpoint(path, {"trainer": {"policy": {"w": w, "b": torch.zeros(2)}}, "n": torch.tensor(3)})
+    with pytest.raises(FloatingPointError, match=r"payload\['agent'\]\['policy'\]\['w'\] holds NaN or Inf"):
+        save_checkpoint(path, {"agent": {"policy": {"w": w, "b": torch.zeros(2)}}, "n": torch.tensor(3)})
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
 

@@ -49,7 +49,7 @@ def events(run_dir: Path, kind: str) -> list[dict]:
 
 
 def policy(run_dir: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(run_dir / "checkpoint.pt")["trainer"]["policy"]
+    return load_checkpoint(run_dir / "checkpoint.pt")["agent"]["policy"]
 
 
 def assert_same_policy(a: Path, b: Path) -> None:
@@ -80,13 +80,15 @@ def test_two_processes_run_the_same_envs_and_update_as_one(runs):
     assert u1["minibatch_steps"] == u2["minibatch_steps"] == 4  # both kinds of minibatch ran
     for key in ("kl_approx", "loss_objective", "loss_critic", "explained_variance", "grad_norm"):
         assert u2[key] == pytest.approx(u1[key], rel=1e-4, abs=1e-6), key
-    s1, s2 = (load_checkpoint(r / "checkpoint.pt")["trainer"] for r in (one, two))
+    c1, c2 = (load_checkpoint(r / "checkpoint.pt") for r in (one, two))
+    o1, o2 = c1["agent"]["obs_stats"], c2["agent"]["obs_stats"]
+    r1, r2 = c1["learner"]["reward_stats"], c2["learner"]["reward_stats"]
     # merged over the processes: the whole batch's (the set policy's observation statistics are two
     # groups, global and slot, each with its mean, var and count)
-    for stats in (s1["obs_stats"]["global"], s1["obs_stats"]["slot"], s1["reward_stats"]):
+    for stats in (o1["global"], o1["slot"], r1):
         assert set(stats) >= {"mean", "var", "count"}
-    torch.testing.assert_close(s1["obs_stats"], s2["obs_stats"], rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(s1["reward_stats"], s2["reward_stats"], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(o1, o2, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(r1, r2, rtol=1e-9, atol=1e-9)
     prov = json.loads((two / "provenance.json").read_text())
     assert prov["world_size"] == 2 and "gloo" in prov["backend"]
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())  # rank 0 wrote
@@ -120,7 +122,7 @@ def test_replay_on_two_processes_updates_as_on_one_and_resumes_on_one(tmp_path):
     for key in ("kl_approx", "loss_objective", "loss_critic", "grad_norm"):
         assert u2[key] == pytest.approx(u1[key], rel=1e-4), key
     assert_same_policy(one, two)
-    kept = [load_checkpoint(r / "checkpoint.pt")["trainer"]["replay"] for r in (one, two)]
+    kept = [load_checkpoint(r / "checkpoint.pt")["learner"]["replay"] for r in (one, two)]
     assert len(kept[0]) == len(kept[1]) == 1
     a, b = (TensorDict(k[0], batch_size=k[0]["is_init"].shape) for k in kept)
     assert a.batch_size[0] == b.batch_size[0] == 4  # every env, not rank 0's two

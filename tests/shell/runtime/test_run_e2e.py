@@ -88,8 +88,8 @@ def test_tiny_run_end_to_end_then_resume(tmp_path):
 
     ckpt = load_checkpoint(run / "checkpoint.pt")
     assert ckpt["progress"]["update"] == 3
-    saved_policy = {k: v.clone() for k, v in ckpt["trainer"]["policy"].items()}
-    saved_count = float(ckpt["trainer"]["obs_stats"]["global"]["count"])  # the set policy's: global and slot
+    saved_policy = {k: v.clone() for k, v in ckpt["agent"]["policy"].items()}
+    saved_count = float(ckpt["agent"]["obs_stats"]["global"]["count"])  # the set policy's: global and slot
 
     resumed = _run(["--resume", str(run), "--updates", "5"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -99,10 +99,10 @@ def test_tiny_run_end_to_end_then_resume(tmp_path):
     assert [u["update"] for u in events if u["event"] == "ppo_update"] == [1, 2, 3, 4, 5]
     ckpt2 = load_checkpoint(run / "checkpoint.pt")
     assert ckpt2["progress"]["update"] == 5
-    count = float(ckpt2["trainer"]["obs_stats"]["global"]["count"])
+    count = float(ckpt2["agent"]["obs_stats"]["global"]["count"])
     assert count > saved_count, "statistics continued, not restarted"
-    assert ckpt2["trainer"]["updates"] == 5
-    moved = any(not torch.equal(saved_policy[k], v) for k, v in ckpt2["trainer"]["policy"].items())
+    assert ckpt2["learner"]["updates"] == 5
+    moved = any(not torch.equal(saved_policy[k], v) for k, v in ckpt2["agent"]["policy"].items())
     assert moved
 
 

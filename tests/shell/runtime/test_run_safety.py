@@ -150,7 +150,7 @@ def test_damaged_or_foreign_checkpoints_are_refused_in_one_line(done_run, capsys
     for i in range(len(good) // 3, len(good), len(good) // 401):  # ~270 bytes flipped
         flipped[i] ^= 0x5A
     payload = load_checkpoint(path)
-    no_trainer = {k: v for k, v in payload.items() if k != "trainer"}
+    no_agent = {k: v for k, v in payload.items() if k != "agent"}
     cases = [(bytes(flipped), "is damaged"), (good[: len(good) // 2], "is damaged"), (b"junk", "not a torch")]
     for data, message in cases:
         path.write_bytes(data)
@@ -158,14 +158,14 @@ def test_damaged_or_foreign_checkpoints_are_refused_in_one_line(done_run, capsys
         status, err = cli(capsys, "--resume", done_run, "--updates", "3")
         assert status == 2 and message in error_line(err)
         assert snapshot(done_run) == before
-    save_checkpoint(path, no_trainer)
+    save_checkpoint(path, no_agent)
     status, err = cli(capsys, "--resume", done_run, "--updates", "3")
-    assert status == 2 and "has no 'trainer' entry" in error_line(err)
+    assert status == 2 and "has no 'agent' entry" in error_line(err)
     from esper.shell.evaluate import main as evaluate_main
 
     assert evaluate_main([str(done_run), "--episodes", "2", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "has no 'trainer' entry" in err and len(err.strip().splitlines()) == 1
+    assert "has no 'agent' entry" in err and len(err.strip().splitlines()) == 1
 
 
 # ------------------------------------------------------------------------------------- item 3: lock
@@ -191,7 +191,7 @@ def test_a_run_that_cannot_continue_stops_in_one_line_and_resumes_with_saner_opt
     ckpt = load_checkpoint(run_dir / "checkpoint.pt")  # loads: finite by construction
     done = ckpt["progress"]["update"]
     assert done == 2  # ppo.max_bad_updates = 3: updates 1 and 2 rolled back, the 3rd stopped the run
-    assert all(torch.isfinite(v).all() for v in ckpt["trainer"]["policy"].values())
+    assert all(torch.isfinite(v).all() for v in ckpt["agent"]["policy"].values())
     updates = read_events(run_dir / "events.jsonl", "ppo_update")
     assert [u["rolled_back"] for u in updates] == [True] * 3
     assert len(read_events(run_dir / "events.jsonl", "anomaly")) >= 3
@@ -239,7 +239,7 @@ def test_a_full_disk_stops_in_one_line_and_the_previous_checkpoint_survives(tmp_
 
 # -------------------------------------------------- item 6: checkpoints at update boundaries, the log
 def _final_policy(run_dir) -> dict[str, torch.Tensor]:
-    return load_checkpoint(run_dir / "checkpoint.pt")["trainer"]["policy"]
+    return load_checkpoint(run_dir / "checkpoint.pt")["agent"]["policy"]
 
 
 def test_ctrl_c_mid_update_saves_the_last_boundary_and_resume_reproduces(tmp_path, capsys, monkeypatch):
@@ -260,8 +260,8 @@ def test_ctrl_c_mid_update_saves_the_last_boundary_and_resume_reproduces(tmp_pat
     assert status == 130 and "interrupted" in err and "checkpoint of update 1" in err
     monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
     saved = load_checkpoint(tmp_path / "cut" / "checkpoint.pt")
-    assert saved["progress"]["update"] == 1 and saved["trainer"]["updates"] == 1
-    assert {int(s["step"]) for s in saved["trainer"]["optimizer"]["state"].values()} == {4}
+    assert saved["progress"]["update"] == 1 and saved["learner"]["updates"] == 1
+    assert {int(s["step"]) for s in saved["learner"]["optimizer"]["state"].values()} == {4}
     first = read_events(tmp_path / "straight" / "events.jsonl", "ppo_update")[0]
     assert first["minibatch_steps"] == 4
     status, err = cli(capsys, "--resume", tmp_path / "cut")

@@ -45,7 +45,7 @@ def test_several_tasks_take_turns_and_one_set_policy_learns_on_hosts_of_3_and_5_
     assert [u["replayed_envs"] for u in updates] == [0, 0, 2]  # update 3 replays update 1's 3-slot rollout
     assert all(u["minibatch_steps"] > 0 for u in updates)
     ckpt = load_checkpoint(tmp_path / "r" / "checkpoint.pt")
-    kept = ckpt["trainer"]["replay"]
+    kept = ckpt["learner"]["replay"]
     assert sorted(d["observation"]["slots"].shape[2] for d in kept) == [3, 5]
     summary = (tmp_path / "r" / "summary.txt").read_text()
     assert "task" in summary.splitlines()[0] and "mnist1d_deep" in summary
@@ -77,7 +77,7 @@ def test_init_from_starts_the_controller_from_another_run_s_checkpoint(tmp_path,
     update counted), here fine-tuned on a host of another shape; refusals are one line each."""
     status, err = cli(capsys, *SET, "--updates", "1", "--run_dir", tmp_path, "--name", "a")
     assert status == 0, err[-3000:]
-    a = load_checkpoint(tmp_path / "a" / "checkpoint.pt")["trainer"]
+    a = load_checkpoint(tmp_path / "a" / "checkpoint.pt")["agent"]
     cfg = preset("smoke", {"ppo.policy": "set", "env.task": "mnist1d_deep", "init_from": str(tmp_path / "a")})
     run = TrainingRun(cfg, tmp_path / "b")
     for k, v in run.agent.policy.state_dict().items():

@@ -291,10 +291,10 @@ def _carried(capsys, argv: list[str], runs, archive):
 
 def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_path, monkeypatch, capsys):
     """``--carry`` keeps a trained, unfinished seed's state (the run's files, its run_end, the checkpoint
-    without the optimizer's state and the replay buffer, the cached searches and evaluations) in the
-    archive; an untrained one is not kept. A later run with its run directories gone puts the state back
-    before it trains, so the finished training is kept, and once the seed is kept whole its partial
-    state goes."""
+    without its ``learner`` entry: the optimizer's state, the replay buffer, ...; the cached searches and
+    evaluations) in the archive; an untrained one is not kept. A later run with its run directories gone
+    puts the state back before it trains, so the finished training is kept, and once the seed is kept
+    whole its partial state goes."""
     import torch
 
     from esper.shell.common.checkpoint import load_checkpoint, save_checkpoint
@@ -311,10 +311,10 @@ def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_
     (done / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ended))
     (done / "provenance.json").write_text(json.dumps({"git_rev": "3" * 40}))
     policy = {"w": torch.arange(6.0).view(2, 3)}
-    trainer = {"policy": policy, "obs_stats": {"n": torch.ones(1)}, "optimizer": {"state": {}},
-               "replay": [torch.zeros(100)]}  # fmt: skip
-    save_checkpoint(done / "checkpoint.pt", {"trainer": trainer, "progress": {"update": 2}})
-    save_checkpoint(half / "checkpoint.pt", {"trainer": trainer, "progress": {"update": 1}})
+    agent = {"policy": policy, "obs_stats": {"n": torch.ones(1)}}
+    learner = {"optimizer": {"state": {}}, "replay": [torch.zeros(100)]}
+    save_checkpoint(done / "checkpoint.pt", {"agent": agent, "learner": learner, "progress": {"update": 2}})
+    save_checkpoint(half / "checkpoint.pt", {"agent": agent, "learner": learner, "progress": {"update": 1}})
     (done / "search" / f"{plan_name(0.25)}.json").write_text('{"chosen": "b0=norm"}')
     (done / DIAG).mkdir()
     (done / DIAG / "results.json").write_text('{"controllers": {}}')
@@ -323,8 +323,8 @@ def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_
     partial = _carried(capsys, argv, runs, archive)
     assert not (archive / "longrange" / "seed4.partial").exists()  # not trained: nothing to carry
     ck = load_checkpoint(partial / "checkpoint.pt")
-    assert set(ck["trainer"]) == {"policy", "obs_stats"}
-    assert torch.equal(ck["trainer"]["policy"]["w"], policy["w"])
+    assert set(ck) == {"agent", "progress"} and set(ck["agent"]) == {"policy", "obs_stats"}
+    assert torch.equal(ck["agent"]["policy"]["w"], policy["w"])
     assert ck["progress"] == {"update": 2}
     assert (partial / "search" / f"{plan_name(0.25)}.json").read_text() == '{"chosen": "b0=norm"}'
     assert (partial / DIAG / "results.json").exists() and not (partial / EVAL_DIR).exists()

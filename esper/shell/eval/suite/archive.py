@@ -107,8 +107,8 @@ def partial_path(archive: Path, task: str, k: int) -> Path:
 
 #: What of a run directory the rest of a seed's evaluation reads, besides its checkpoint and caches.
 RUN_FILES = ("config.json", "provenance.json")
-#: Trainer entries evaluation does not load (only a resumed training needs them).
-TRAINING_ONLY = ("optimizer", "replay")
+#: Checkpoint entries evaluation does not load (only a resumed training needs them).
+TRAINING_ONLY = ("learner",)
 
 
 def run_end(run_dir: Path) -> dict[str, Any] | None:
@@ -148,7 +148,8 @@ def carry(archive: Path, task: str, k: int, run_dir: Path, evaluations: tuple[st
         (tmp / "events.jsonl").write_text(json.dumps(run_end(run_dir)) + "\n")
         ck = load_checkpoint(run_dir / "checkpoint.pt")
         ck.pop("version", None)
-        ck["trainer"] = {key: v for key, v in ck["trainer"].items() if key not in TRAINING_ONLY}
+        for key in TRAINING_ONLY:
+            ck.pop(key, None)
         save_checkpoint(tmp / "checkpoint.pt", ck)
     for cache in caches:
         (tmp / cache.parent.name).mkdir(exist_ok=True)
