@@ -70,6 +70,9 @@ class RunConfig:
         ge=0,
     )
     progress: bool = doc(True, "show a progress bar on stderr")
+    warnings: bool = doc(
+        True, "print a line on stderr for each legal but suspicious setting (esper.shell.config.advice)"
+    )
     threads: int = doc(
         0, "torch intra-op threads of the process (0: the cores / env.workers, at least 1)", ge=0
     )
