@@ -68,7 +68,7 @@ from esper.shell.runtime.training import CHECKPOINT, PROG, TrainingRun, provenan
 #: the anomaly thresholds. Anything else (task, host, lifecycle, reward, governor, seed, policy) defines
 #: the problem the saved controller learns; changing it is a new run.
 RESUMABLE = ("updates", "progress", "report", "eval_episodes", "threads", "checkpoint_every", "compile",
-             "warnings", "run_dir", "name", "env.workers", "env.device", "env.devices", "env.amp",
+             "warnings", "profile", "run_dir", "name", "env.workers", "env.device", "env.devices", "env.amp",
              "env.data_path", "ppo.", "anomaly.")  # fmt: skip
 #: ... except these, which fix the shapes of the saved tensors.
 SHAPE_FIELDS = ("ppo.hidden", "ppo.head_hidden", "ppo.policy")

@@ -40,6 +40,7 @@ from esper.shell.eval.heldout import heldout_check
 from esper.shell.telemetry.anomaly import AnomalyDetector
 from esper.shell.telemetry.console import progress, summary_table
 from esper.shell.telemetry.events import EventLog, rewind_events
+from esper.shell.telemetry.profiling import UpdateProfiler
 from esper.shell.telemetry.report import write_report
 
 #: The command that trains (the one-line errors of a stopped run start with it).
@@ -195,11 +196,19 @@ class TrainingRun:
         several = len(runners) > 1
         last = self.boundary(self.start)  # the state a stop falls back to
         update = self.start
+        profiler = (
+            UpdateProfiler(self.dir, cfg.profile, self.env.device)
+            if cfg.profile and self.dist.is_main
+            else None
+        )
+        if profiler is not None:
+            profiler.start()
         try:
             for update in range(self.start, cfg.updates):
                 t0 = time.perf_counter()
                 task = cfg.task_of(update)
-                result = self._gather(runners[task].run(update))
+                with torch.profiler.record_function("esper.rollout"):
+                    result = self._gather(runners[task].run(update))
                 tagged = {"task": task} if several else {}  # several tasks: each episode and row says its own
                 for ep in result.episodes:
                     ep.update(tagged)
@@ -211,7 +220,8 @@ class TrainingRun:
                 self._anomalies(update + 1, self.detector.check_rewards(flags, steps, update=update + 1), bar)
                 if self.controller.learns:
                     detail = self.detector.detail_due(update + 1)  # an anomaly not long ago: more detail
-                    metrics = self.trainer.update(result.rollout, detail=detail)
+                    with torch.profiler.record_function("esper.ppo_update"):
+                        metrics = self.trainer.update(result.rollout, detail=detail)
                     steps_and_envs = metrics.pop("detail", None)
                     self._event("ppo_update", update=update + 1, **metrics)
                     if steps_and_envs is not None:
@@ -232,6 +242,10 @@ class TrainingRun:
                 due = (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates
                 if due and self.dist.is_main:
                     self.save(last)
+                if profiler is not None and (profiled := profiler.update_done()) is not None:
+                    self._event("profile", update=update + 1, **profiled)
+            if profiler is not None and profiler.running:  # fewer updates than --profile asked for
+                self._event("profile", update=update + 1, **profiler.finish())
             bar.close()
             return self._finish()
         except KeyboardInterrupt as e:
@@ -249,6 +263,9 @@ class TrainingRun:
         except PeerLost as e:  # another process died: this one must not wait for it forever
             bar.close()
             return self._stop(last, STOPPED, f"stopped during update {update + 1}: {e}", "")
+        finally:
+            if profiler is not None:
+                profiler.stop()  # a run that stopped early: nothing written
 
     def _anomalies(self, update: int, found: list, bar) -> None:
         """Log each finding of ``update`` (an alarm as an ``anomaly`` event, a note as a ``note``) and say

@@ -71,6 +71,11 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``update``, ``epoch``, ``env``, ``reason`` (nonfinite, lobotomy, spike).
 ``checkpoint``
     ``update``, ``path``.
+``profile``
+    with ``--profile N``, once the N-th update is done (or the run, if sooner): ``update``, ``updates``
+    (profiled), ``trace`` and ``table`` (paths in the run directory), ``sort_by`` and ``top`` (the operators
+    that took most time by themselves: ``name``, ``calls``, ``self_ms``, ``total_ms``;
+    :mod:`esper.shell.telemetry.profiling`).
 ``log_rewound``
     ``update`` (the checkpoint a resumed run starts from), ``discarded`` (event lines of later updates
     and torn lines moved to ``events.discarded.jsonl``), ``path``.
@@ -119,6 +124,7 @@ EVENT_KINDS = (
     "note",
     "governor",
     "checkpoint",
+    "profile",
     "run_end",
 )
 
@@ -334,6 +340,7 @@ class RunEvents:
         self.governor = by_kind["governor"]
         self.checkpoints = by_kind["checkpoint"]
         self.heldout = by_kind["heldout_check"][-1] if by_kind["heldout_check"] else None
+        self.profile = by_kind["profile"][-1] if by_kind["profile"] else None
 
     def per_update(self, field: str) -> dict[int, list[float]]:
         """``{update: [field of each episode]}`` (finite values only), updates in order."""
