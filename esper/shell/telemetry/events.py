@@ -20,7 +20,11 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``slot``, ``blueprint`` (names of the action taken), ``hacking`` and ``ransomware`` (bool: the
     step's reward raised the flag); [env][slot]: ``stage`` (Stage names), ``alpha`` (after the
     action), ``contribution`` (points of validation accuracy the seed was worth when measured) and
-    ``grad_ratio`` (its measured seed/host gradient ratio), null where the slot held no seed;
+    ``grad_ratio`` (its measured seed/host gradient ratio), and its gradient health from the epoch's last
+    training batch (:func:`esper.core.health.seed_grad_health`): ``seed_grad_norm`` (L2 norm of the seed's
+    gradients), ``seed_grad_vanishing`` and ``seed_grad_exploding`` (the share of its parameter tensors
+    whose gradient norm is under 1e-7, over 100) and ``seed_grad_health`` (``1 - 0.5 vanishing - 0.8
+    exploding``, 0 for a non-finite norm), null where the slot held no seed;
     ``slot_names`` (list of str); ``timings`` (dict of seconds by phase).
 ``episode``
     ``update``, ``env``, ``host_seed`` (the seed the env's host was built from), ``return``,
