@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from esper.core.lifecycle import (
     record_signals,
 )
 from esper.core.observation import init_history, observe, split_observation, update_history
+from esper.core.reward_config import with_loss_calibration
 from esper.core.rewards import RewardConfig, RewardFamily, RewardMode, compute_reward
 from esper.core.spec import AlphaCurve, Op, Stage, Tempo
 from tests.core.test_lifecycle import N_BP, make_action, make_signals
@@ -115,7 +117,7 @@ def test_observe_and_history_compile(compile_check):
     [
         RewardConfig(),
         RewardConfig(mode=RewardMode.SHAPED),
-        RewardConfig(mode=RewardMode.SHAPED, family=RewardFamily.LOSS),
+        with_loss_calibration(RewardConfig(mode=RewardMode.SHAPED, family=RewardFamily.LOSS), math.log(10)),
         RewardConfig(mode=RewardMode.SPARSE),
         RewardConfig(mode=RewardMode.MINIMAL),
     ],
