@@ -203,6 +203,7 @@ class TrainingRun:
         )
         if profiler is not None:
             profiler.start()
+        graphs_before = seen_graphs = compiled_graphs()
         try:
             for update in range(self.start, cfg.updates):
                 t0 = time.perf_counter()
@@ -244,6 +245,9 @@ class TrainingRun:
                     self.save(last)
                 if profiler is not None and (profiled := profiler.update_done()) is not None:
                     self._event("profile", update=update + 1, **profiled)
+                if (graphs := compiled_graphs()) != seen_graphs:  # --compile: each graph compiled, logged
+                    new, seen_graphs = graphs - seen_graphs, graphs
+                    self._event("compile", update=update + 1, graphs=graphs - graphs_before, new=new)
             if profiler is not None and profiler.running:  # fewer updates than --profile asked for
                 self._event("profile", update=update + 1, **profiler.finish())
             bar.close()
@@ -352,6 +356,16 @@ class TrainingRun:
         for ep in result.episodes:
             self._event("episode", update=update + 1, **ep)
         self._event("timings", update=update + 1, **result.timings)
+
+
+def compiled_graphs() -> int:
+    """The graphs ``torch.compile`` has compiled in this process so far (dynamo's own count). Every compile
+    of the run is ``fullgraph=True``: a graph break or a code object past ``recompile_limit`` raises, so
+    nothing falls back to eager unseen; a recompile (a new shape, a new constant) is logged as a
+    ``compile`` event by the update that caused it."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _cpu_copy(obj):

@@ -75,6 +75,12 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``update``, ``epoch``, ``env``, ``reason`` (nonfinite, lobotomy, spike).
 ``checkpoint``
     ``update``, ``path``.
+``compile``
+    after an update during which ``torch.compile`` compiled graphs (``--compile``: the first update's,
+    then each recompile: a new batch size while ``ppo.replay`` fills, another task's host shape):
+    ``update``, ``graphs`` (compiled by the run so far), ``new`` (by this update). Every compile is
+    ``fullgraph=True``, so a graph break or a function past ``recompile_limit`` raises instead of
+    falling back to eager.
 ``profile``
     with ``--profile N``, once the N-th update is done (or the run, if sooner): ``update``, ``updates``
     (profiled), ``trace`` and ``table`` (paths in the run directory), ``sort_by`` and ``top`` (the operators
@@ -128,6 +134,7 @@ EVENT_KINDS = (
     "note",
     "governor",
     "checkpoint",
+    "compile",
     "profile",
     "run_end",
 )
