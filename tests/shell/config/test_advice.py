@@ -59,3 +59,12 @@ def test_print_warnings_returns_what_it_printed(capsys):
     cfg = preset("smoke", {"ppo.gamma": 0.5})
     lines = print_warnings(cfg)
     assert capsys.readouterr().err.splitlines() == lines and len(lines) == 1
+
+
+def test_a_run_with_a_suspicious_setting_says_so_once_and_goes_on(tmp_path, capsys):
+    args = ["--preset", "smoke", "--updates", "1", "--ppo.gamma", "0.85", "--run_dir", str(tmp_path)]
+    args += ["--name", "w"]
+    assert run.main(args) == 0
+    err = capsys.readouterr().err
+    assert err.count("esper: warning: ppo.gamma 0.85") == 1
+    assert (tmp_path / "w" / "checkpoint.pt").is_file()
