@@ -10,7 +10,7 @@ from esper.core.distributions import (
     normalized_entropy,
     sample,
 )
-from esper.core.health import GradHealthConfig, grad_health, lstm_health
+from esper.core.health import GradHealthConfig, grad_health, lstm_health, seed_grad_health
 from esper.core.lifecycle import (
     LifecycleConfig,
     alpha_at,
@@ -99,6 +99,7 @@ __all__ = [
     "running_stats",
     "sample",
     "scale",
+    "seed_grad_health",
     "slot_mask",
     "total_loss",
     "update_history",

@@ -1,4 +1,5 @@
-"""Gradient and LSTM health statistics, returned as tensors in a TensorDict.
+"""Gradient and LSTM health statistics, returned as tensors in a TensorDict, and the seeds' gradient
+health score (:func:`seed_grad_health`).
 
 Everything is vectorized over the list of gradients: the gradients are viewed flat and joined into
 one vector (``torch.cat``), each tensor's squared norm is a segment sum over it (``index_add``), and
@@ -206,6 +207,35 @@ def lstm_health(
     )
 
 
+#: The seed health score's weights (the original system's): ``1 - 0.5 vanishing - 0.8 exploding``.
+SEED_HEALTH_VANISHING = 0.5
+SEED_HEALTH_EXPLODING = 0.8
+
+
+def seed_grad_health(
+    norm: torch.Tensor, vanishing: torch.Tensor, exploding: torch.Tensor, live: torch.Tensor
+) -> TensorDict:
+    """The gradient health of every slot's seed, ``[*E, S]``, from what host training measured of it
+    (:func:`esper.shell.host.model.seed_grad_stats`): ``norm``, the L2 norm of the seed's gradients,
+    and ``vanishing`` / ``exploding``, the share of its parameter tensors whose gradient norm is below /
+    above the seed thresholds. ``live``: bool, the slot held a seed when measured.
+
+    Returns a TensorDict ``[*E, S]`` of float32: ``norm``, ``vanishing``, ``exploding`` (as given, the
+    shares clamped to [0, 1]) and ``health``, the original system's score ``1 - 0.5 vanishing - 0.8
+    exploding`` clamped to [0, 1]; a NaN share reads as the worst case (1), and a non-finite norm makes
+    the health 0 (a NaN gradient is no healthy seed, whatever the shares say); 0 everywhere a slot has
+    no seed. Elementwise: no sync, no branch on values.
+    """
+    check_kind(live, "live", kind="bool", where="seed_grad_health")
+    f32 = lambda x: x.to(torch.float32)
+    share = lambda x: torch.nan_to_num(f32(x), nan=1.0).clamp(0.0, 1.0)
+    v, e = share(vanishing), share(exploding)
+    score = (1.0 - SEED_HEALTH_VANISHING * v - SEED_HEALTH_EXPLODING * e).clamp(0.0, 1.0)
+    score = torch.where(torch.isfinite(norm), score, 0.0)
+    out = {"norm": f32(norm), "vanishing": v, "exploding": e, "health": score}
+    return TensorDict({k: torch.where(live, x, 0.0) for k, x in out.items()}, batch_size=live.shape)
+
+
 def _mean(x: torch.Tensor) -> torch.Tensor:
     return x.sum() / max(x.numel(), 1)
 
@@ -215,4 +245,4 @@ def _max(x: torch.Tensor) -> torch.Tensor:
     return x.new_zeros(()) if x.numel() == 0 else x.amax()
 
 
-__all__ = ["GradHealthConfig", "grad_health", "lstm_health"]
+__all__ = ["GradHealthConfig", "grad_health", "lstm_health", "seed_grad_health"]

@@ -40,6 +40,7 @@ import math
 import torch
 from tensordict import TensorDict
 
+from esper.core.health import seed_grad_health
 from esper.core.lifecycle import LifecycleConfig, clean_acc, clean_contribution, gate_readiness, is_live
 from esper.core.masks import legal_masks, op_slot_legality
 from esper.core.spec import ALPHA_SPEED_STEPS, TEMPO_EPOCHS, ActionSpec, Op, Stage, Style
@@ -404,17 +405,16 @@ def _global_features(
 def _seed_grad_features(signals: TensorDict, live: torch.Tensor, on: bool) -> list[torch.Tensor]:
     """The :data:`SEED_GRAD_FEATURES` of every slot ``[*E, S]`` each (none when ``on`` is False): the
     seed's gradient norm on a log scale, the original's health score ``1 - 0.5 vanishing - 0.8
-    exploding`` and the two shares; 0 for a slot without a seed, NaN read as the worst case."""
+    exploding`` and the two shares (:func:`esper.core.health.seed_grad_health`); 0 for a slot without a
+    seed, NaN read as the worst case."""
     if not on:
         return []
     sig = signals["slots"]
-    share = lambda k, nan: torch.nan_to_num(sig[k].float(), nan=nan).clamp(0.0, 1.0)
+    h = seed_grad_health(sig["seed_grad_norm"], sig["seed_grad_vanishing"], sig["seed_grad_exploding"], live)
     big = _SEED_GRAD_NORM_SCALE
-    norm = torch.nan_to_num(sig["seed_grad_norm"].float(), nan=big, posinf=big)
-    vanishing, exploding = share("seed_grad_vanishing", 1.0), share("seed_grad_exploding", 1.0)
-    health = (1.0 - 0.5 * vanishing - 0.8 * exploding).clamp(0.0, 1.0)
+    norm = torch.nan_to_num(h["norm"], nan=big, posinf=big)
     scaled = (torch.log1p(norm.clamp(min=0.0)) / math.log1p(_SEED_GRAD_NORM_SCALE)).clamp(0.0, 1.0)
-    return [torch.where(live, x, 0.0) for x in (scaled, health, vanishing, exploding)]
+    return [torch.where(live, scaled, 0.0), h["health"], h["vanishing"], h["exploding"]]
 
 
 def controller_inputs(

@@ -162,8 +162,16 @@ class RewardConfig:
     loss_rent_cap: float = _f(5.0, "LOSS: rent cap")
     loss_rent_grace: int = _f(3, "LOSS: epochs without rent")
     loss_pbrs_weight: float = _f(0.1, "LOSS: weight of the potential-based shaping")
-    loss_baseline: float = _f(2.3, "LOSS: val loss worth 0 at the end (CIFAR-10: ln 10)")
-    loss_target: float = _f(0.3, "LOSS: val loss worth 1 at the end")
+    loss_baseline: float | None = _f(
+        None,
+        "LOSS: val loss worth 0 at the end (none: the task's chance loss, ln(classes): 2.30 on a 10-class "
+        "task, 5.55 on a byte-level LM; resolved per task by the shell, with_loss_calibration)",
+    )
+    loss_target: float | None = _f(
+        None,
+        "LOSS: val loss worth 1 at the end (none: LOSS_TARGET_SHARE, 0.13, of the baseline: the reference's "
+        "CIFAR-10 calibration, 0.3 of ln 10, on every task; resolved by with_loss_calibration)",
+    )
 
     def __post_init__(self) -> None:
         where = "RewardConfig"
@@ -199,7 +207,8 @@ class RewardConfig:
             raise ValueError(
                 f"{where}.fossilize_bonus_epochs must be >= 1, got {self.fossilize_bonus_epochs}"
             )
-        if not self.loss_baseline > self.loss_target:
+        both = self.loss_baseline is not None and self.loss_target is not None
+        if both and not self.loss_baseline > self.loss_target:  # type: ignore[operator]
             raise ValueError(f"{where}: loss_baseline ({self.loss_baseline}) must be > loss_target")
 
 
@@ -215,6 +224,36 @@ def with_param_budget(cfg: RewardConfig, grow_all_params: float) -> RewardConfig
     return dataclasses.replace(cfg, param_budget=budget, param_budget_share=0.0)
 
 
+#: The LOSS terminal's target as a share of its baseline where the user gives none: the reference's
+#: CIFAR-10 calibration (target 0.3 below a baseline of ln 10 = 2.30) carried to every task in
+#: proportion to its chance loss (0.72 on a byte-level LM's ln 256 = 5.55).
+LOSS_TARGET_SHARE = 0.3 / math.log(10)
+
+
+def with_loss_calibration(cfg: RewardConfig, chance_loss: float) -> RewardConfig:
+    """``cfg`` with the LOSS family's terminal calibrated to a task whose chance loss (the loss of a
+    uniform prediction, ``ln(classes)``) is ``chance_loss``: ``loss_baseline``, where not given, that
+    loss, and ``loss_target``, where not given, :data:`LOSS_TARGET_SHARE` of the baseline. Values the
+    user gave stay. Review 001 M4: a fixed CIFAR-10 baseline (ln 10) left a byte-level LM, which starts
+    near ln 256 = 5.55, a terminal term of 0 until its loss fell below 2.3.
+
+    Raises:
+        ValueError: ``chance_loss`` not > 0, or a given target not below the resolved baseline."""
+    if cfg.loss_baseline is not None and cfg.loss_target is not None:
+        return cfg
+    if not chance_loss > 0 or not math.isfinite(chance_loss):
+        raise ValueError(f"with_loss_calibration: the chance loss must be finite and > 0, got {chance_loss}")
+    baseline = cfg.loss_baseline if cfg.loss_baseline is not None else float(chance_loss)
+    target = cfg.loss_target if cfg.loss_target is not None else LOSS_TARGET_SHARE * baseline
+    if not baseline > target:
+        raise ValueError(
+            f"reward.loss_target ({target:g}) must be below the loss baseline ({baseline:g}"
+            + (", the task's chance loss ln(classes))" if cfg.loss_baseline is None else ")")
+        )
+    return dataclasses.replace(cfg, loss_baseline=baseline, loss_target=target)
+
+
 __all__ = [
-    "COMPONENTS", "FLAGS", "PARAM_SHARES", "RewardConfig", "RewardFamily", "RewardMode", "with_param_budget",
+    "COMPONENTS", "FLAGS", "LOSS_TARGET_SHARE", "PARAM_SHARES", "RewardConfig", "RewardFamily", "RewardMode",
+    "with_loss_calibration", "with_param_budget",
 ]  # fmt: skip

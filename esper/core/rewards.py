@@ -87,7 +87,8 @@ LOSS family (SHAPED only): ``loss_progress`` = loss_delta_weight x (x if x > 0 e
 x) with x = clip(loss_delta / loss_std, +-5) and loss_delta = prev - cur (**positive = better**: the
 reference's sign bug is fixed, a lower loss gives a higher reward); rent -min(loss_rent_weight ln(1 +
 ratio), loss_rent_cap) after ``loss_rent_grace`` epochs; pbrs with ``loss_pbrs_weight``; terminal
-clip((baseline - val_loss) / (baseline - target), 0, 1). Other components 0.
+clip((baseline - val_loss) / (baseline - target), 0, 1), baseline and target calibrated to the task
+(:func:`esper.core.reward_config.with_loss_calibration`). Other components 0.
 
 **SPARSE**: terminal only, at the last epoch: ``sparse_scale`` x clip(best_val_acc / 100 -
 sparse_param_weight x seed params / sparse_param_budget, +-1). The scale is applied after the clip,
@@ -407,6 +408,8 @@ def _loss_terms(
     delta = torch.nan_to_num(history["val_loss_delta"].float(), nan=0.0)
     x = (delta / cfg.loss_std).clamp(-5.0, 5.0)
     rent = _rent(slots, signals["host_params"], cfg.loss_rent_weight, cfg.loss_rent_cap)
+    if cfg.loss_baseline is None or cfg.loss_target is None:  # a config value: no graph break
+        raise ValueError("compute_reward: LOSS needs loss_baseline, loss_target: with_loss_calibration")
     span = cfg.loss_baseline - cfg.loss_target
     term = ((cfg.loss_baseline - clean_loss(signals["val_loss"])) / span).clamp(0.0, 1.0)
     return {

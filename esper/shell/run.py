@@ -58,6 +58,7 @@ from esper.shell.common.distributed import DEFAULT_TIMEOUT, SINGLE, Dist, PeerLo
 from esper.shell.common.fields import fields_flat, from_dict, to_dict, with_overrides
 from esper.shell.common.memory import tune_allocator
 from esper.shell.common.rundir import RunDirBusy, RunDirLock, StopSignals, Terminated
+from esper.shell.config.advice import print_warnings
 from esper.shell.config.presets import PRESETS, RunConfig, preset
 from esper.shell.env.config import check_devices
 from esper.shell.runtime.training import CHECKPOINT, PROG, TrainingRun, provenance
@@ -67,8 +68,8 @@ from esper.shell.runtime.training import CHECKPOINT, PROG, TrainingRun, provenan
 #: the anomaly thresholds. Anything else (task, host, lifecycle, reward, governor, seed, policy) defines
 #: the problem the saved controller learns; changing it is a new run.
 RESUMABLE = ("updates", "progress", "report", "eval_episodes", "threads", "checkpoint_every", "compile",
-             "run_dir", "name", "env.workers", "env.device", "env.devices", "env.amp", "env.data_path",
-             "ppo.", "anomaly.")  # fmt: skip
+             "warnings", "profile", "run_dir", "name", "env.workers", "env.device", "env.devices", "env.amp",
+             "env.data_path", "ppo.", "anomaly.")  # fmt: skip
 #: ... except these, which fix the shapes of the saved tensors.
 SHAPE_FIELDS = ("ppo.hidden", "ppo.head_hidden", "ppo.policy")
 
@@ -163,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.print_config:
             checkpoint = _read_checkpoint(parser, Path(args.resume)) if args.resume else None
-            print(json.dumps(to_dict(_config(parser, args, checkpoint)), indent=2))
+            cfg = _config(parser, args, checkpoint)
+            print_warnings(cfg)
+            print(json.dumps(to_dict(cfg), indent=2))
             return 0
         try:
             dist = init(timeout=args.dist_timeout)
@@ -297,6 +300,8 @@ def _start_locked(parser, args, signals: StopSignals, dist: Dist, held: contextl
             lambda: Path(cfg.run_dir) / (cfg.name or f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
         )
         step.main(lambda: _refuse_existing(run_dir))
+    if dist.is_main:
+        print_warnings(cfg)  # legal but suspicious settings, one line each, once (--warnings false: none)
     step.all(lambda: _check(check_devices, cfg.env))
     step.all(lambda: _check(dist.shard, cfg.env.n_envs))
     torch.set_num_threads(cfg.torch_threads(dist.local_world))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from esper.core.observation import (
     split_observation,
     update_history,
 )
+from esper.core.reward_config import with_loss_calibration
 from esper.core.rewards import RewardConfig, RewardFamily, RewardMode, compute_reward
 from esper.core.spec import ActionSpec, AlphaCurve, Op, Stage, Tempo
 from tests.core.test_lifecycle import N_BP, make_action, make_signals
@@ -139,7 +141,7 @@ def test_controller_inputs_compile_and_are_observe_and_the_legal_masks(compile_c
     [
         RewardConfig(),
         RewardConfig(mode=RewardMode.SHAPED),
-        RewardConfig(mode=RewardMode.SHAPED, family=RewardFamily.LOSS),
+        with_loss_calibration(RewardConfig(mode=RewardMode.SHAPED, family=RewardFamily.LOSS), math.log(10)),
         RewardConfig(mode=RewardMode.SPARSE),
         RewardConfig(mode=RewardMode.MINIMAL),
     ],

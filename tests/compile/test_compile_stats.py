@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from esper.core.health import GradHealthConfig, grad_health, lstm_health
+from esper.core.health import GradHealthConfig, grad_health, lstm_health, seed_grad_health
 from esper.core.normalize import normalize, running_stats, scale, update_running_stats
 from tests.core.test_health import assert_matches_ref, random_grads, ref_grad_health
 
@@ -109,3 +109,13 @@ def test_batch_stats_and_their_merge_compile_fullgraph(compile_check):
     prior = update_running_stats(running_stats((3,)), torch.randn(20, 3))
     compile_check(lambda p, x: merge_running_stats(p, batch_stats(x, 1)), prior, x)
     compile_check(lambda p, x: merge_running_stats(p, batch_stats(x, 1), momentum=0.9), prior, x)
+
+
+def test_seed_grad_health_compiles_fullgraph(compile_check):
+    g = torch.Generator().manual_seed(0)
+    norm = torch.rand(4, 3, generator=g)
+    norm[0, 1], norm[2, 2] = float("nan"), float("inf")
+    vanishing, exploding = torch.rand(4, 3, generator=g), torch.rand(4, 3, generator=g)
+    vanishing[1, 0] = float("nan")
+    live = torch.rand(4, 3, generator=g) < 0.6
+    compile_check(seed_grad_health, norm, vanishing, exploding, live)

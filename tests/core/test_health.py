@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from esper.core.health import GradHealthConfig, grad_health, lstm_health
+from esper.core.health import GradHealthConfig, grad_health, lstm_health, seed_grad_health
 
 NAN, INF = float("nan"), float("inf")
 
@@ -253,3 +253,44 @@ def test_grad_health_refuses_gradients_on_several_devices():
     cfg = GradHealthConfig()
     with pytest.raises(ValueError, match="one device"):
         grad_health([torch.ones(2), torch.ones(2, device="meta")], cfg=cfg)
+
+
+# ------------------------------------------------------------------------------------ seed health
+def ref_seed_grad_health(norm, vanishing, exploding, live):
+    """Slot by slot in Python: the original's score ``1 - 0.5 v - 0.8 e``, the worst case for NaN."""
+    out = {k: [] for k in ("norm", "vanishing", "exploding", "health")}
+    for n, v, e, on in zip(norm.tolist(), vanishing.tolist(), exploding.tolist(), live.tolist()):
+        v = 1.0 if math.isnan(v) else min(max(v, 0.0), 1.0)
+        e = 1.0 if math.isnan(e) else min(max(e, 0.0), 1.0)
+        h = min(max(1.0 - 0.5 * v - 0.8 * e, 0.0), 1.0) if math.isfinite(n) else 0.0
+        for k, x in (("norm", n), ("vanishing", v), ("exploding", e), ("health", h)):
+            out[k].append(x if on else 0.0)
+    return out
+
+
+@given(seed=st.integers(0, 2**16), n=st.integers(1, 12))
+def test_seed_grad_health_matches_a_slot_by_slot_reference(seed, n):
+    g = torch.Generator().manual_seed(seed)
+    norm = torch.rand(n, generator=g) * 10 ** float(torch.randint(-9, 3, (), generator=g))
+    vanishing = torch.rand(n, generator=g).round(decimals=1)
+    exploding = torch.rand(n, generator=g).round(decimals=1)
+    live = torch.rand(n, generator=g) < 0.7
+    pick = torch.rand(n, generator=g)
+    norm = torch.where(pick < 0.1, NAN, torch.where(pick > 0.9, INF, norm))
+    vanishing = torch.where((pick > 0.4) & (pick < 0.5), NAN, vanishing)
+    out = seed_grad_health(norm, vanishing, exploding, live)
+    for k, v in ref_seed_grad_health(norm, vanishing, exploding, live).items():
+        torch.testing.assert_close(out[k], torch.tensor(v, dtype=torch.float32), equal_nan=True, msg=k)
+
+
+def test_seed_grad_health_shapes_and_the_original_score():
+    live = torch.tensor([[True, False, True], [True, True, False]])
+    norm = torch.full((2, 3), 0.5)
+    vanishing = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 0.0]])
+    exploding = torch.tensor([[0.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    out = seed_grad_health(norm, vanishing, exploding, live)
+    assert out.batch_size == torch.Size([2, 3]) and all(out[k].dtype == torch.float32 for k in out.keys())
+    torch.testing.assert_close(out["health"], torch.tensor([[1.0, 0.0, 0.5], [0.75, 0.2, 0.0]]))
+    torch.testing.assert_close(out["norm"], torch.where(live, 0.5, 0.0))
+    with pytest.raises(TypeError, match="'live' must be torch.bool"):
+        seed_grad_health(norm, vanishing, exploding, live.float())

@@ -13,7 +13,7 @@ from tensordict import TensorDict
 
 from esper.core.lifecycle import LifecycleConfig, init_slots, lifecycle_step
 from esper.core.observation import init_history, update_history
-from esper.core.reward_config import with_param_budget
+from esper.core.reward_config import LOSS_TARGET_SHARE, with_loss_calibration, with_param_budget
 from esper.core.rewards import (
     COMPONENTS,
     FLAGS,
@@ -100,7 +100,7 @@ def assert_all_finite(out):
         ({"rent_weight": -1.0}, "rent_weight"),
         ({"pbrs_weight": float("inf")}, "pbrs_weight"),
         ({"stage_potentials": (0.0, 1.0)}, "stage_potentials"),
-        ({"loss_baseline": 0.1}, "loss_baseline"),
+        ({"loss_baseline": 0.1, "loss_target": 0.3}, "loss_baseline"),
         ({"loss_std": 0.0}, "loss_std"),
         ({"hacking_ratio": 0.0}, "hacking_ratio"),
         ({"fossilize_bonus_epochs": 0}, "fossilize_bonus_epochs"),
@@ -385,7 +385,7 @@ def test_op_shaping_per_op():
 # ------------------------------------------------------------------------------------------- LOSS
 def test_loss_family_rewards_a_lower_loss():
     """The reference treated loss_delta with the wrong sign; here prev - cur > 0 (better) pays more."""
-    cfg = RewardConfig(mode=SHAPED, family=RewardFamily.LOSS)
+    cfg = with_loss_calibration(RewardConfig(mode=SHAPED, family=RewardFamily.LOSS), math.log(10))
     slots = init_slots(1, [True] * 3)
     progress = []
     for cur in (2.5, 2.1, 2.0, 1.99, 1.9, 1.5):
@@ -399,7 +399,7 @@ def test_loss_family_rewards_a_lower_loss():
     assert one(better, "loss_progress") == pytest.approx(5.0 * 2.0)  # x = 0.1 / 0.05 = 2
     assert one(worse, "loss_progress") == pytest.approx(-5.0 * 0.5 * 2.0)  # regressions at half weight
     end, _, _ = reward(slots, val_loss=1.3, epoch=25, cfg=cfg)
-    assert one(end, "terminal") == pytest.approx((2.3 - 1.3) / 2.0)
+    assert one(end, "terminal") == pytest.approx((math.log(10) - 1.3) / (math.log(10) - 0.3))
 
 
 # ---------------------------------------------------------------------------------------- finite
@@ -430,7 +430,7 @@ def reward_configs(draw):
         kw[name] = draw(_coef)
     kw["stage_potentials"] = tuple(draw(st.lists(st.floats(-50, 50), min_size=8, max_size=8)))
     kw["loss_std"] = draw(st.floats(1e-6, 10.0))
-    return RewardConfig(**kw)
+    return with_loss_calibration(RewardConfig(**kw), draw(st.floats(1e-3, 20.0)))
 
 
 @given(
@@ -745,3 +745,31 @@ def test_episode_rewards_take_any_env_dims_and_check_shapes():
         episode_rewards(terms, meas, final, panicked[:, :3], cfg=cfg, rollback_penalty=2.0)
     with pytest.raises(ValueError, match="final"):
         episode_rewards(terms, meas, final[:2], panicked, cfg=cfg, rollback_penalty=2.0)
+
+
+# ------------------------------------------------------------------------ LOSS calibration (M4)
+def test_M4_loss_terminal_is_calibrated_to_the_tasks_chance_loss():
+    """Review 001 M4: the LOSS terminal's baseline was CIFAR-10's ln 10, so a byte-level LM (ln 256 = 5.55
+    at the start) read 0 until its loss fell below 2.3. Unset, the baseline is the task's chance loss and
+    the target LOSS_TARGET_SHARE of it (0.3 on a 10-class task, the reference's); given, they stay."""
+    base = RewardConfig(mode=SHAPED, family=RewardFamily.LOSS)
+    assert base.loss_baseline is None and base.loss_target is None
+    ten = with_loss_calibration(base, math.log(10))
+    assert ten.loss_baseline == pytest.approx(math.log(10)) and ten.loss_target == pytest.approx(0.3)
+    lm = with_loss_calibration(base, math.log(256))
+    assert lm.loss_baseline == pytest.approx(math.log(256))
+    assert lm.loss_target == pytest.approx(LOSS_TARGET_SHARE * math.log(256))
+    slots = init_slots(1, [True] * 3)
+    end, _, _ = reward(slots, val_loss=4.0, epoch=25, cfg=lm)  # above ln 10: the old calibration read 0
+    assert one(end, "terminal") == pytest.approx((math.log(256) - 4.0) / (math.log(256) - lm.loss_target))
+    assert 0.0 < one(end, "terminal") < 1.0
+    given = RewardConfig(mode=SHAPED, family=RewardFamily.LOSS, loss_baseline=3.0, loss_target=1.0)
+    assert with_loss_calibration(given, math.log(256)) is given
+    half = with_loss_calibration(RewardConfig(loss_target=1.0), math.log(256))
+    assert (half.loss_baseline, half.loss_target) == (pytest.approx(math.log(256)), 1.0)
+    with pytest.raises(ValueError, match="loss_target .* below the loss baseline"):
+        with_loss_calibration(RewardConfig(loss_target=3.0), math.log(10))
+    with pytest.raises(ValueError, match="chance loss"):
+        with_loss_calibration(base, 0.0)
+    with pytest.raises(ValueError, match="with_loss_calibration"):
+        reward(slots, val_loss=4.0, epoch=25, cfg=base)

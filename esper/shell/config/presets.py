@@ -72,6 +72,13 @@ class RunConfig:
         ge=0,
     )
     progress: bool = doc(True, "show a progress bar on stderr")
+    warnings: bool = doc(
+        True, "print a line on stderr for each legal but suspicious setting (esper.shell.config.advice)"
+    )
+    profile: int = doc(
+        0, "profile the first N updates with torch.profiler: a trace and the top operators' table in "
+        "RUN_DIR/profile/, the table also in report.md (0: off)", ge=0,
+    )  # fmt: skip
     threads: int = doc(
         0, "torch intra-op threads of the process (0: the cores / env.workers, at least 1)", ge=0
     )

@@ -38,6 +38,7 @@ from typing import Protocol
 import torch
 from tensordict import TensorDict
 
+from esper.core.health import seed_grad_health
 from esper.core.lifecycle import is_live
 from esper.core.rewards import COMPONENTS, FLAGS, episode_rewards, objective
 from esper.core.spec import HEADS, Op, Stage
@@ -77,9 +78,12 @@ class EpisodeResult:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase, whole batch
 
 
+#: The seed gradient health an ``epoch`` event carries per slot (:func:`esper.core.health.seed_grad_health`
+#: of what host training measured, :data:`esper.shell.host.model.SEED_GRAD_KEYS`).
+SEED_GRAD_FIELDS = ("seed_grad_norm", "seed_grad_vanishing", "seed_grad_exploding", "seed_grad_health")
 #: Fields of an ``epoch`` event that hold one value per env, in env order.
 PER_ENV_FIELDS = ("val_acc", "val_loss", "train_loss", "reward", "op", "slot", "blueprint", "stage", "alpha",
-                  "contribution", "grad_ratio", *FLAGS, "reasons")  # fmt: skip
+                  "contribution", "grad_ratio", *SEED_GRAD_FIELDS, *FLAGS, "reasons")  # fmt: skip
 
 
 def merge_results(parts: list[EpisodeResult]) -> EpisodeResult:
@@ -114,16 +118,17 @@ def epoch_events(
 ) -> list[dict]:  # fmt: skip
     """The ``epoch`` events of an episode from its telemetry ``[E, T]`` (``val_acc``, ``val_loss``,
     ``train_loss``, ``op``, ``slot``, ``blueprint``, the reward's ``hacking`` and ``ransomware`` flags,
-    and per slot the post-step ``stage`` and ``alpha``, the measured ``contribution`` and ``grad_ratio``
-    and ``measured``, whether the slot held a seed when measured) and its rewards ``[E, T]``;
-    ``timings`` and ``reasons`` are per step. A slot without a seed has no contribution or gradient
-    ratio (``None``). One host sync."""
+    and per slot the post-step ``stage`` and ``alpha``, the measured ``contribution``, ``grad_ratio`` and
+    :data:`SEED_GRAD_FIELDS`, and ``measured``, whether the slot held a seed when measured) and its
+    rewards ``[E, T]``; ``timings`` and ``reasons`` are per step. A slot without a seed has no
+    contribution or gradient figures (``None``). One host sync."""
     scalars = torch.stack(
         [telemetry[k].float() for k in ("val_acc", "val_loss", "train_loss")] + [rewards.float()]
         + [telemetry[k].float() for k in ("op", "slot", "blueprint", *FLAGS)]
     ).transpose(1, 2).tolist()  # sync point: the episode's telemetry, once; [field][t][env]
     per_slot = torch.stack(
-        [telemetry[k].float() for k in ("stage", "alpha", "contribution", "grad_ratio", "measured")]
+        [telemetry[k].float() for k in ("stage", "alpha", "contribution", "grad_ratio", "measured",
+                                        *SEED_GRAD_FIELDS)]
     ).transpose(1, 2).tolist()  # fmt: skip
     seeded = lambda rows, live: [[v if on else None for v, on in zip(r, m)] for r, m in zip(rows, live)]
     events = []
@@ -144,6 +149,7 @@ def epoch_events(
             "alpha": per_slot[1][t],
             "contribution": seeded(per_slot[2][t], live),
             "grad_ratio": seeded(per_slot[3][t], live),
+            **{k: seeded(per_slot[5 + j][t], live) for j, k in enumerate(SEED_GRAD_FIELDS)},
             "timings": timings[t],
         }
         if reasons[t] is not None:  # a rule-based controller explains each choice
@@ -214,15 +220,21 @@ class EpisodeRunner:
     def _telemetry(ts, action: TensorDict, tr) -> TensorDict:
         """What the epoch event shows of one step ``[E]``: the measurement it acted on (per slot the
         contribution and gradient ratio, and whether the slot held a seed then), the action, the
-        reward's flags, and the slots right after it (stage, alpha ``[E, S]``)."""
+        reward's flags, and the slots right after it (stage, alpha ``[E, S]``), and the seeds' gradient
+        health (:data:`SEED_GRAD_FIELDS`)."""
         m = ts.measurement
+        live = is_live(ts.obs.slots["stage"])
+        grads = m["slots"]
+        health = seed_grad_health(grads["seed_grad_norm"], grads["seed_grad_vanishing"],
+                                  grads["seed_grad_exploding"], live)  # fmt: skip
         return TensorDict(
             {**{k: m[k] for k in ("val_acc", "val_loss", "train_loss")},
              **{h: action[h] for h in ("op", "slot", "blueprint")},
              **{flag: tr.reward_terms[flag] for flag in FLAGS},
              "stage": tr.slots["stage"], "alpha": tr.slots["alpha"],
              "contribution": m["slots", "contribution"], "grad_ratio": m["slots", "grad_ratio"],
-             "measured": is_live(ts.obs.slots["stage"])},
+             "measured": live,
+             **{f"seed_grad_{k}": health[k] for k in ("norm", "vanishing", "exploding", "health")}},
             batch_size=m.batch_size,
         )  # fmt: skip
 
@@ -319,4 +331,5 @@ class EpisodeRunner:
         ]
 
 
-__all__ = ["PER_ENV_FIELDS", "Controller", "EpisodeResult", "EpisodeRunner", "epoch_events", "merge_results"]
+__all__ = ["PER_ENV_FIELDS", "SEED_GRAD_FIELDS", "Controller", "EpisodeResult", "EpisodeRunner",
+           "epoch_events", "merge_results"]  # fmt: skip

@@ -38,7 +38,7 @@ from esper.core.lifecycle import (
     record_signals,
 )
 from esper.core.observation import controller_inputs, init_history, obs_dim, update_history
-from esper.core.reward_config import with_param_budget
+from esper.core.reward_config import with_loss_calibration, with_param_budget
 from esper.core.rewards import RewardConfig, compute_reward
 from esper.core.spec import ActionSpec, Stage, Style, Tempo
 from esper.shell.common.seeding import train_host_seeds
@@ -100,15 +100,18 @@ class VecEnv:
         self.enabled = tuple((i in cfg.slots) if cfg.slots else True for i in range(probe.n_slots))
         #: The seed parameters ``grow_all`` adds here: the unit of the budgets stated as a share of it.
         self.grow_all_params = grow_all_params(self.task, probe, tuple(cfg.slots))
-        #: The reward's configuration, its budget in parameters of this task (``param_budget_share``).
-        self.reward_cfg = with_param_budget(reward or RewardConfig(), self.grow_all_params)
+        self.random_guess_loss = float(torch.log(torch.tensor(float(self.task.n_classes))))
+        #: The reward's configuration, its budget in parameters of this task (``param_budget_share``) and
+        #: the LOSS terminal calibrated to its chance loss (``loss_baseline``, ``loss_target``).
+        self.reward_cfg = with_loss_calibration(
+            with_param_budget(reward or RewardConfig(), self.grow_all_params), self.random_guess_loss
+        )
         #: The host's shape-free description (:mod:`esper.shell.host.descriptors`), on every step.
         self.layout = describe_host(probe, self.germination_cost, self.grow_all_params).to(self.device)
         #: Length of the raw observation (:func:`esper.core.observation.obs_dim` of this host and config).
         self.obs_dim = obs_dim(
             self.spec.n_slots, self.spec.n_blueprints, seed_grads=lifecycle.seed_grad_features
         )
-        self.random_guess_loss = float(torch.log(torch.tensor(float(self.task.n_classes))))
         self.governor = Governor(governor, self.n, self.random_guess_loss)
         self.hosts = make_bank(cfg, self.task, self.device)
         self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]

@@ -40,6 +40,7 @@ from esper.shell.eval.heldout import heldout_check
 from esper.shell.telemetry.anomaly import AnomalyDetector
 from esper.shell.telemetry.console import progress, summary_table
 from esper.shell.telemetry.events import EventLog, rewind_events
+from esper.shell.telemetry.profiling import UpdateProfiler
 from esper.shell.telemetry.report import write_report
 
 #: The command that trains (the one-line errors of a stopped run start with it).
@@ -200,11 +201,20 @@ class TrainingRun:
         several = len(runners) > 1
         last = self.boundary(self.start)  # the state a stop falls back to
         update = self.start
+        profiler = (
+            UpdateProfiler(self.dir, cfg.profile, self.env.device)
+            if cfg.profile and self.dist.is_main
+            else None
+        )
+        if profiler is not None:
+            profiler.start()
+        graphs_before = seen_graphs = compiled_graphs()
         try:
             for update in range(self.start, cfg.updates):
                 t0 = time.perf_counter()
                 task = cfg.task_of(update)
-                result = self._gather(runners[task].run(update))
+                with torch.profiler.record_function("esper.rollout"):
+                    result = self._gather(runners[task].run(update))
                 tagged = {"task": task} if several else {}  # several tasks: each episode and row says its own
                 for ep in result.episodes:
                     ep.update(tagged)
@@ -216,7 +226,8 @@ class TrainingRun:
                 self._anomalies(update + 1, self.detector.check_rewards(flags, steps, update=update + 1), bar)
                 if self.controller.learns:
                     detail = self.detector.detail_due(update + 1)  # an anomaly not long ago: more detail
-                    metrics = self.trainer.update(result.rollout, detail=detail)
+                    with torch.profiler.record_function("esper.ppo_update"):
+                        metrics = self.trainer.update(result.rollout, detail=detail)
                     steps_and_envs = metrics.pop("detail", None)
                     self._event("ppo_update", update=update + 1, **metrics)
                     if steps_and_envs is not None:
@@ -237,6 +248,13 @@ class TrainingRun:
                 due = (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates
                 if due and self.dist.is_main:
                     self.save(last)
+                if profiler is not None and (profiled := profiler.update_done()) is not None:
+                    self._event("profile", update=update + 1, **profiled)
+                if (graphs := compiled_graphs()) != seen_graphs:  # --compile: each graph compiled, logged
+                    new, seen_graphs = graphs - seen_graphs, graphs
+                    self._event("compile", update=update + 1, graphs=graphs - graphs_before, new=new)
+            if profiler is not None and profiler.running:  # fewer updates than --profile asked for
+                self._event("profile", update=update + 1, **profiler.finish())
             bar.close()
             return self._finish()
         except KeyboardInterrupt as e:
@@ -254,6 +272,9 @@ class TrainingRun:
         except PeerLost as e:  # another process died: this one must not wait for it forever
             bar.close()
             return self._stop(last, STOPPED, f"stopped during update {update + 1}: {e}", "")
+        finally:
+            if profiler is not None:
+                profiler.stop()  # a run that stopped early: nothing written
 
     def _anomalies(self, update: int, found: list, bar) -> None:
         """Log each finding of ``update`` (an alarm as an ``anomaly`` event, a note as a ``note``) and say
@@ -339,6 +360,16 @@ class TrainingRun:
         for ep in result.episodes:
             self._event("episode", update=update + 1, **ep)
         self._event("timings", update=update + 1, **result.timings)
+
+
+def compiled_graphs() -> int:
+    """The graphs ``torch.compile`` has compiled in this process so far (dynamo's own count). Every compile
+    of the run is ``fullgraph=True``: a graph break or a code object past ``recompile_limit`` raises, so
+    nothing falls back to eager unseen; a recompile (a new shape, a new constant) is logged as a
+    ``compile`` event by the update that caused it."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _cpu_copy(obj):

@@ -20,7 +20,11 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``slot``, ``blueprint`` (names of the action taken), ``hacking`` and ``ransomware`` (bool: the
     step's reward raised the flag); [env][slot]: ``stage`` (Stage names), ``alpha`` (after the
     action), ``contribution`` (points of validation accuracy the seed was worth when measured) and
-    ``grad_ratio`` (its measured seed/host gradient ratio), null where the slot held no seed;
+    ``grad_ratio`` (its measured seed/host gradient ratio), and its gradient health from the epoch's last
+    training batch (:func:`esper.core.health.seed_grad_health`): ``seed_grad_norm`` (L2 norm of the seed's
+    gradients), ``seed_grad_vanishing`` and ``seed_grad_exploding`` (the share of its parameter tensors
+    whose gradient norm is under 1e-7, over 100) and ``seed_grad_health`` (``1 - 0.5 vanishing - 0.8
+    exploding``, 0 for a non-finite norm), null where the slot held no seed;
     ``slot_names`` (list of str); ``timings`` (dict of seconds by phase).
 ``episode``
     ``update``, ``env``, ``host_seed`` (the seed the env's host was built from), ``return``,
@@ -71,6 +75,17 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``update``, ``epoch``, ``env``, ``reason`` (nonfinite, lobotomy, spike).
 ``checkpoint``
     ``update``, ``path``.
+``compile``
+    after an update during which ``torch.compile`` compiled graphs (``--compile``: the first update's,
+    then each recompile: a new batch size while ``ppo.replay`` fills, another task's host shape):
+    ``update``, ``graphs`` (compiled by the run so far), ``new`` (by this update). Every compile is
+    ``fullgraph=True``, so a graph break or a function past ``recompile_limit`` raises instead of
+    falling back to eager.
+``profile``
+    with ``--profile N``, once the N-th update is done (or the run, if sooner): ``update``, ``updates``
+    (profiled), ``trace`` and ``table`` (paths in the run directory), ``sort_by`` and ``top`` (the operators
+    that took most time by themselves: ``name``, ``calls``, ``self_ms``, ``total_ms``;
+    :mod:`esper.shell.telemetry.profiling`).
 ``log_rewound``
     ``update`` (the checkpoint a resumed run starts from), ``discarded`` (event lines of later updates
     and torn lines moved to ``events.discarded.jsonl``), ``path``.
@@ -319,6 +334,7 @@ class RunEvents:
         self.governor = by_kind["governor"]
         self.checkpoints = by_kind["checkpoint"]
         self.heldout = by_kind["heldout_check"][-1] if by_kind["heldout_check"] else None
+        self.profile = by_kind["profile"][-1] if by_kind["profile"] else None
 
     def per_update(self, field: str) -> dict[int, list[float]]:
         """``{update: [field of each episode]}`` (finite values only), updates in order."""

@@ -4,8 +4,9 @@ A run's plots (:data:`PLOTS`, drawn by :func:`esper.shell.telemetry.report.write
 ``RUN_DIR/plots/``) read a :class:`~esper.shell.telemetry.events.RunEvents`: the episode returns, the
 final hosts' accuracy and the parameters added, each head's entropy, the PPO losses, the update's health
 (gradient norm, explained variance, the advantages), the LSTM's health, the last update's seed
-lifecycle, each slot's contribution over time, the blueprints germinated per slot, what each head
-chose where it counted, and the reward's hacking and ransomware flags. An evaluation's plots
+lifecycle, each slot's contribution and its seed's gradient health over time, the blueprints germinated
+per slot, what each head chose where it counted, and the reward's hacking and ransomware flags. An
+evaluation's plots
 (:mod:`esper.shell.eval.output`) and the growth bench's draw on :func:`new_figure` and
 :func:`finish_figure`. Plots without data are skipped (their function returns None). Everything uses
 matplotlib's object API on the Agg canvas: no pyplot, no global backend state.
@@ -373,13 +374,16 @@ def plot_lstm_health(run: RunEvents, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def contributions(run: RunEvents) -> tuple[list[str], dict[int, dict[int, list[float]]]]:
+def contributions(
+    run: RunEvents, field: str = "contribution"
+) -> tuple[list[str], dict[int, dict[int, list[float]]]]:
     """The slot names and ``{slot: {(update, epoch): [contribution of each env's seed]}}``: every
-    measured contribution the epoch events carry (slots without a seed carry none)."""
+    measured contribution the epoch events carry (slots without a seed carry none); ``field``: another
+    per-slot figure of the epoch events instead (``seed_grad_health``, ...)."""
     names: list[str] = []
     out: dict[int, dict[tuple[int, int], list[float]]] = defaultdict(lambda: defaultdict(list))
     for e in run.epochs:
-        rows = e.get("contribution")
+        rows = e.get(field)
         if not isinstance(rows, list):
             continue
         names = e.get("slot_names") or names
@@ -414,6 +418,47 @@ def plot_contribution(run: RunEvents, path: Path) -> Path | None:
     axes[0, 1].set(title="Seed contribution per update", xlabel="update", ylabel="points (mean)")
     for ax in axes.flat:
         ax.axhline(0.0, color="0.6", lw=0.8)
+        ax.legend(loc="best", fontsize="small")
+    return _save(fig, path)
+
+
+def plot_seed_grad_health(run: RunEvents, path: Path) -> Path | None:
+    """Each slot's seed gradient health over time (:func:`esper.core.health.seed_grad_health`, from the
+    epoch events): the health score and the gradient norm along the last update's episodes, epoch by
+    epoch (mean over the envs whose slot held a seed), and per update (mean over every epoch and env),
+    with the shares of vanishing and exploding parameter tensors where any was."""
+    names, health = contributions(run, "seed_grad_health")
+    if not health:
+        return None
+    norms = contributions(run, "seed_grad_norm")[1]
+    bad = {k: contributions(run, f"seed_grad_{k}")[1] for k in ("vanishing", "exploding")}
+    last = max(u for per in health.values() for u, _ in per)
+    fig, axes = _figure(2, 2, size=(11.0, 7.0))
+    for s in sorted(health):
+        label = names[s] if s < len(names) else f"slot{s}"
+        for row, data in ((0, health[s]), (1, norms.get(s, {}))):
+            epochs = sorted(ep for u, ep in data if u == last)
+            if epochs:
+                axes[row, 0].plot(epochs, [np.mean(data[last, ep]) for ep in epochs], marker=".", label=label)
+            updates = sorted({u for u, _ in data})
+            means = [np.mean([v for (u, _), vs in data.items() if u == up for v in vs]) for up in updates]
+            axes[row, 1].plot(updates, means, marker="." if len(updates) < 50 else None, label=label)
+        for kind, style in (("vanishing", ":"), ("exploding", "--")):
+            per = bad[kind].get(s, {})
+            updates = sorted({u for u, _ in per})
+            means = [np.mean([v for (u, _), vs in per.items() if u == up for v in vs]) for up in updates]
+            if any(m > 0 for m in means):
+                axes[0, 1].plot(updates, means, ls=style, label=f"{label} {kind} share")
+    axes[0, 0].set(title=f"Seed gradient health, update {last}", xlabel="epoch", ylabel="score (env mean)",
+                   ylim=(-0.02, 1.02))  # fmt: skip
+    axes[0, 1].set(title="Seed gradient health per update", xlabel="update", ylabel="score (mean)",
+                   ylim=(-0.02, 1.02))  # fmt: skip
+    axes[1, 0].set(title=f"Seed gradient norm, update {last}", xlabel="epoch", ylabel="L2 norm (env mean)")
+    axes[1, 1].set(title="Seed gradient norm per update", xlabel="update", ylabel="L2 norm (mean)")
+    for ax in axes[1]:
+        if any(line.get_ydata().size and np.nanmin(line.get_ydata()) > 0 for line in ax.get_lines()):
+            ax.set_yscale("log")
+    for ax in axes.flat:
         ax.legend(loc="best", fontsize="small")
     return _save(fig, path)
 
@@ -466,6 +511,7 @@ PLOTS = (
     ("lstm_health.png", plot_lstm_health),
     ("seed_timeline.png", plot_seed_timeline),
     ("contribution.png", plot_contribution),
+    ("seed_grad_health.png", plot_seed_grad_health),
     ("blueprints.png", plot_blueprints),
     ("reward_flags.png", plot_reward_flags),
 )

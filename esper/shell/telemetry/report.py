@@ -168,6 +168,7 @@ def summary_markdown(run: RunEvents, run_dir: Path, plots: Sequence[Path]) -> st
         lines += [f"| {_fmt(a.get('update'))} | {_fmt(a.get('kind'))} | {_fmt(a.get('value'))} | "
                   f"{_fmt(a.get('threshold'))} | {_fmt(a.get('detail'))} |"
                   for a in run.notes[:50]]  # fmt: skip
+    lines += _profile_lines(run.profile)
     if plots:
         lines += ["", "## Plots", ""]
         lines += [f"![{p.stem}](plots/{p.name})" for p in plots]
@@ -175,6 +176,20 @@ def summary_markdown(run: RunEvents, run_dir: Path, plots: Sequence[Path]) -> st
         lines += ["", "## Run end summary", "", "| key | value |", "|---|---|"]
         lines += [f"| `{k}` | {_fmt(v)} |" for k, v in _flatten(run.end["summary"]).items()]
     return "\n".join(lines) + "\n"
+
+
+def _profile_lines(profile: dict | None) -> list[str]:
+    """The ``--profile`` section: where the trace is, and the operators that took most time."""
+    if not profile or not isinstance(profile.get("top"), list):
+        return []
+    where = "GPU" if "device" in str(profile.get("sort_by")) else "CPU"
+    lines = ["", f"## Profile ({_fmt(profile.get('updates'))} update(s))", "",
+             f"Trace: `{_fmt(profile.get('trace'))}` (open it in ui.perfetto.dev); the full table: "
+             f"`{_fmt(profile.get('table'))}`. The operators that took most {where} time by themselves:", "",
+             "| operator | calls | self ms | total ms |", "|---|---:|---:|---:|"]  # fmt: skip
+    row = lambda r: [f"`{r.get('name')}`", *(_fmt(r.get(k)) for k in ("calls", "self_ms", "total_ms"))]
+    lines += ["| " + " | ".join(row(r)) + " |" for r in profile["top"] if isinstance(r, dict)]
+    return lines
 
 
 def _env_steps(run: RunEvents) -> int:
