@@ -30,6 +30,7 @@ from esper.core.masks import (
     within_param_cap,
 )
 from esper.core.minibatch import env_minibatches
+from esper.core.offline import bc_loss, iql_losses
 from esper.core.normalize import (
     batch_stats,
     merge_running_stats,
@@ -64,6 +65,7 @@ __all__ = [
     "action_masks",
     "alpha_at",
     "batch_stats",
+    "bc_loss",
     "clear_seeds",
     "compute_reward",
     "decouple",
@@ -76,6 +78,7 @@ __all__ = [
     "head_relevance",
     "init_history",
     "init_slots",
+    "iql_losses",
     "k3_kl",
     "legal_masks",
     "lifecycle_step",
