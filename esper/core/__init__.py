@@ -30,7 +30,6 @@ from esper.core.masks import (
     within_param_cap,
 )
 from esper.core.minibatch import env_minibatches
-from esper.core.offline import bc_loss, iql_losses
 from esper.core.normalize import (
     batch_stats,
     merge_running_stats,
@@ -40,6 +39,7 @@ from esper.core.normalize import (
     update_running_stats,
 )
 from esper.core.observation import init_history, obs_dim, observe, update_history
+from esper.core.offline import bc_loss, iql_losses
 from esper.core.rewards import (
     RewardConfig,
     RewardFamily,
