@@ -184,7 +184,13 @@ def _policy_terms(
         counted = torch.ones_like(greedy) if w is None else w > 0
         matched = matched & (greedy | ~counted)
         head_ll = _wmean(lp, w, w_sum)
-        weighted = head_ll if step_weight is None else _wmean(step_weight * lp, w, w_sum)
+        # the step weight multiplies the head's weight, never lp itself: an irrelevant head's stored
+        # action may be illegal (lp the dtype's minimum), and weight * lp would overflow before the 0
+        weighted = (
+            head_ll
+            if step_weight is None
+            else _wmean(lp, step_weight if w is None else step_weight * w, w_sum)
+        )
         head_ent = _wmean(ent, w, w_sum)
         objective = -weighted if objective is None else objective - weighted
         entropy = head_ent if entropy is None else entropy + head_ent

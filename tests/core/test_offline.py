@@ -17,10 +17,12 @@ from esper.core.spec import HEADS, RELEVANCE, ActionSpec, Op
 from tests.core.test_loss import factored_batch
 
 
-def offline_batch(E: int, T: int, *, spec: ActionSpec | None = None, seed: int = 0, grad: bool = True):
+def offline_batch(
+    E: int, T: int, *, spec: ActionSpec | None = None, seed: int = 0, grad: bool = True, ops=None
+):
     """A factored batch (tests.core.test_loss.factored_batch) with a reward, a terminal last step and a
     target critic's V(s')."""
-    td = factored_batch(E, T, spec=spec, seed=seed, grad=grad)
+    td = factored_batch(E, T, spec=spec, seed=seed, grad=grad, ops=ops)
     g = torch.Generator().manual_seed(seed + 1)
     terminated = torch.zeros(E, T, 1, dtype=torch.bool)
     terminated[:, -1] = torch.rand(E, 1, generator=g) > 0.5
@@ -215,3 +217,17 @@ def test_bad_coefficients_and_missing_keys_fail_in_one_line():
     del td["current", "slot"]
     with pytest.raises(KeyError, match="bc_loss: mismatched head sets"):
         bc_loss(td)
+
+
+def test_an_irrelevant_heads_illegal_stored_action_leaves_the_losses_finite():
+    """A rule stores 0 for the heads its op ignores, which may be a masked choice (``noop``): the
+    weighted log-likelihood must not turn its -huge log-prob times a weight times 0 into NaN."""
+    td = offline_batch(3, 4, seed=7, ops=[int(Op.WAIT)] * 4)
+    td["blueprint", "action_mask"][..., 0] = False
+    td["blueprint", "action"].zero_()
+    td["next", "reward"] = td["next", "reward"] * 10.0  # large advantages: large weights
+    for out in (iql_losses(td, temperature=3.0), bc_loss(td)):
+        total = total_loss(out)
+        assert torch.isfinite(total)
+        grads = torch.autograd.grad(total, [td["current", h, "logits"] for h in HEADS], allow_unused=True)
+        assert all(g is None or torch.isfinite(g).all() for g in grads)
