@@ -13,7 +13,7 @@ import torch
 
 from esper.core.rewards import RewardConfig, parameter_cost
 from esper.shell.config.presets import RunConfig
-from esper.shell.env.rollout import Controller, EpisodeRunner
+from esper.shell.env.rollout import Controller, EpisodeResult, EpisodeRunner
 from esper.shell.env.tasks import Task
 from esper.shell.env.vecenv import VecEnv
 
@@ -23,10 +23,13 @@ MakeController = Callable[[VecEnv, int], Controller]
 
 
 def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequence[int], *,
-              on_epoch=None) -> list[dict]:  # fmt: skip
+              on_epoch=None,
+              on_result: Callable[[EpisodeResult], None] | None = None) -> list[dict]:  # fmt: skip
     """One episode on each host of ``host_seeds`` (host init, seed modules and data order), ``cfg.env.n_envs``
     side by side, each batch's controller from ``make``. Returns one record per host, in order: the
-    episode's summary, its ``test_objective`` and its validation accuracy over the epochs."""
+    episode's summary, its ``test_objective`` and its validation accuracy over the epochs. ``on_result``
+    receives each batch's :class:`EpisodeResult` (episodes kept as a dataset:
+    :mod:`esper.shell.eval.dataset`)."""
     records: list[dict] = []
     width = cfg.env.n_envs
     for start in range(0, len(host_seeds), width):
@@ -40,6 +43,8 @@ def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequ
         try:
             runner = EpisodeRunner(env, make(env, start), on_epoch=on_epoch)
             result = runner.run(start, host_seeds=chunk)
+            if on_result is not None:
+                on_result(result)
         finally:
             env.close()
         curves = np.array([ev["val_acc"] for ev in result.epochs]).T  # [E, T]
