@@ -23,6 +23,7 @@ from esper.shell.common.fields import from_dict
 from esper.shell.config.presets import RunConfig
 from esper.shell.eval.dataset import layout_of, load_dataset
 from esper.shell.eval.episodes import compare_controllers
+from esper.shell.evaluate import main
 
 pytestmark = pytest.mark.e2e
 
@@ -128,11 +129,13 @@ def test_load_dataset_refuses_what_it_cannot_read(saved, tmp_path):
         OfflineConfig(algo="cql")
 
 
-def test_save_episodes_refuses_an_existing_dataset(saved):
+def test_save_episodes_refuses_an_existing_dataset_in_one_line(saved, capsys):
     root, _ = saved
-    with pytest.raises(ValueError, match="exists"):
-        compare_controllers(root / "r", episodes=2, seed=3, controllers=["heuristic"], show_progress=False,
-                            threads=1, save_episodes=root / "ds")  # fmt: skip
+    args = [str(root / "r"), "--episodes", "2", "--controllers", "heuristic", "--no-progress"]
+    assert main([*args, "--save-episodes", str(root / "ds")]) != 0
+    err = capsys.readouterr().err
+    assert "--save-episodes: " in err and "exists; choose another directory" in err
+    assert len(err.splitlines()) == 1
 
 
 def test_run_offline_then_evaluate_and_run_pretrain(saved):
