@@ -74,6 +74,14 @@ def test_the_dataset_holds_what_the_trainer_reads(saved):
     assert data["final", "raw_observation"].shape == (4, meta["obs_dim"])
 
 
+def test_keeping_the_episodes_changes_none_of_them(saved, tmp_path):
+    root, results = saved
+    plain = compare_controllers(root / "r", episodes=4, seed=3, controllers=["heuristic", "ppo_greedy"],
+                                show_progress=False, threads=1, out=tmp_path)  # fmt: skip
+    for name in ("heuristic", "ppo_greedy"):
+        assert plain["controllers"][name]["per_episode"] == results["controllers"][name]["per_episode"]
+
+
 def test_rescoring_a_greedy_controllers_episodes_from_the_zero_state_reproduces_its_choices(saved):
     """The input rebuilt from the raw observation, the op bits and the layout, re-scored from the zero
     state (every stored sequence is a whole episode), is what the controller acted on: its greedy
