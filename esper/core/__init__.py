@@ -39,6 +39,7 @@ from esper.core.normalize import (
     update_running_stats,
 )
 from esper.core.observation import init_history, obs_dim, observe, update_history
+from esper.core.offline import bc_loss, iql_losses
 from esper.core.rewards import (
     RewardConfig,
     RewardFamily,
@@ -65,6 +66,7 @@ __all__ = [
     "action_masks",
     "alpha_at",
     "batch_stats",
+    "bc_loss",
     "clear_seeds",
     "compute_reward",
     "decouple",
@@ -78,6 +80,7 @@ __all__ = [
     "head_relevance",
     "init_history",
     "init_slots",
+    "iql_losses",
     "k3_kl",
     "legal_masks",
     "lifecycle_step",

@@ -43,6 +43,10 @@ training nor the controller ever reads) and the parameters the controller added.
 - ``report.md`` and ``plots/``: test accuracy against parameters added (one point per episode), and
   validation accuracy over the epochs per controller.
 
+``--save-episodes DIR`` also keeps every controller's episodes as a dataset, ``DIR/<controller>/``
+(:mod:`esper.shell.eval.dataset`), for ``python -m esper.shell.run --pretrain DIR`` (behaviour cloning
+before PPO) or ``--offline DIR`` (training from the episodes alone).
+
 The controllers are :mod:`esper.shell.eval.controllers`'s, the episodes and their summary
 :mod:`esper.shell.eval.episodes`'s, the files :mod:`esper.shell.eval.output`'s; this module is the
 command line.
@@ -94,6 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help="where results.json, report.md and plots/ go (default RUN_DIR/eval, "
                         "RUN_DIR/eval-TASK with --task)")  # fmt: skip
+    p.add_argument("--save-episodes", type=Path, default=None, metavar="DIR",
+                   help="also write every controller's evaluation episodes as a dataset, DIR/<controller>/ "
+                        "(observations, masks, actions, rewards, done flags: what python -m esper.shell.run "
+                        "--pretrain DIR or --offline DIR learns from)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.threads < 0:
@@ -105,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = compare_controllers(args.run_dir, episodes=args.episodes, seed=args.seed,
                                       controllers=names, show_progress=not args.no_progress,
                                       threads=args.threads, out=args.out,
-                                      data_seed=args.data_seed, task=args.task)  # fmt: skip
+                                      data_seed=args.data_seed, task=args.task,
+                                      save_episodes=args.save_episodes)  # fmt: skip
     except (OSError, ValueError) as e:
         return report(PROG, e)
     for name, s in results["controllers"].items():
@@ -121,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(repeat_line(args.seed, results["meta"]["torch_threads"]))
     default = Path(args.run_dir) / ("eval" if args.task is None else f"eval-{args.task}")
     print(f"results: {(args.out or default) / 'results.json'}")
+    for path in results["meta"].get("saved_episodes", []):
+        print(f"episodes: {path}")
     return 0
 
 

@@ -314,7 +314,7 @@ def _start_locked(parser, args, signals: StopSignals, dist: Dist, held: contextl
         shape = f"{cfg.env.n_envs} envs x {cfg.lifecycle.max_epochs} epochs"
         if dist.active:
             shape += f" over {dist.world} processes"
-        todo = f"{cfg.updates - run.start} update(s)"
+        todo = f"{cfg.updates - run.start} update(s)" if not cfg.offline else f"offline {cfg.offline_rl.algo}"
         tasks = ", ".join(cfg.training_tasks) + (" in turn" if len(cfg.training_tasks) > 1 else "")
         print(f"esper: {cfg.policy} on {tasks}, {shape}, {todo} -> {run_dir}", file=sys.stderr)
     return run.train()

@@ -19,6 +19,7 @@ from typing import Any
 from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig
 from esper.shell.agent.config import PPOConfig
+from esper.shell.agent.pretrain import OfflineConfig
 from esper.shell.common.fields import check_fields, doc, with_overrides
 from esper.shell.env.config import TASKS, EnvConfig
 from esper.shell.env.governor import GovernorConfig
@@ -93,8 +94,19 @@ class RunConfig:
         "statistics; a fresh optimizer, none of its updates): fine-tuning a trained controller on this run's "
         "task (empty: a fresh controller)",
     )  # fmt: skip
+    pretrain: str = doc(
+        "", "warm-start the learned controller by behaviour cloning on the episodes of this dataset (a "
+        "directory of python -m esper.shell.evaluate --save-episodes; comma-separated for several) for "
+        "offline_rl.pretrain_epochs passes before its first PPO update (empty: none)",
+    )  # fmt: skip
+    offline: str = doc(
+        "", "train the learned controller from this dataset's episodes alone (offline_rl.algo, "
+        "offline_rl.epochs passes): no episode of its own, no PPO update; the run then writes its "
+        "checkpoint and runs its held-out check, and evaluate reads it as any run's (empty: PPO)",
+    )  # fmt: skip
     env: EnvConfig = field(default_factory=EnvConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    offline_rl: OfflineConfig = field(default_factory=OfflineConfig)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     governor: GovernorConfig = field(default_factory=GovernorConfig)
@@ -128,6 +140,10 @@ class RunConfig:
         self._check_tasks()
         if self.init_from and self.policy != "ppo":
             raise ValueError(f"init_from starts a learned controller; policy {self.policy} has none")
+        if (self.pretrain or self.offline) and self.policy != "ppo":
+            raise ValueError(f"pretrain and offline train the ppo controller; policy {self.policy} has none")
+        if self.pretrain and self.offline:
+            raise ValueError("pretrain (before PPO) and offline (instead of PPO): give one")
         if self.env.n_envs % self.ppo.host_group:
             raise ValueError(
                 f"ppo.host_group={self.ppo.host_group} must divide env.n_envs={self.env.n_envs} (whole "

@@ -44,6 +44,7 @@ from esper.shell.eval.controllers import (
     fixed_plan,
     make_controller,
 )
+from esper.shell.eval.dataset import EpisodeDataset, dataset_name
 from esper.shell.eval.fits import check_controller_fits
 from esper.shell.eval.output import write_eval
 from esper.shell.eval.runner import run_hosts
@@ -58,19 +59,22 @@ EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "
 
 
 def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int], *, eval_seed: int,
-                 checkpoint: dict | None, on_epoch=None,
-                 searched: dict | None = None, keep=None) -> list[dict]:  # fmt: skip
+                 checkpoint: dict | None, on_epoch=None, searched: dict | None = None, keep=None,
+                 dataset: EpisodeDataset | None = None) -> list[dict]:  # fmt: skip
     """Run controller ``name`` on evaluation episodes ``episodes`` (indices; host seeds from
     ``eval_seed``), ``cfg.env.n_envs`` at a time. Returns one record per episode, in order.
     ``searched``: the search's result, for ``heuristic_tuned`` and ``plan_search``; ``keep``: as
-    :func:`~esper.shell.eval.runner.run_hosts` takes it."""
+    :func:`~esper.shell.eval.runner.run_hosts` takes it; ``dataset``: the episodes also go to this
+    dataset (:mod:`esper.shell.eval.dataset`)."""
     episodes = list(episodes)
 
     def make(env, start: int):
-        return make_controller(name, cfg, env, checkpoint=checkpoint, seed=eval_seed + start,
-                               searched=searched)  # fmt: skip
+        ctl = make_controller(name, cfg, env, checkpoint=checkpoint, seed=eval_seed + start,
+                              searched=searched)  # fmt: skip
+        return ctl if dataset is None else dataset.wrap(name, ctl, env)
 
-    records = run_hosts(cfg, task, make, eval_host_seeds(eval_seed, episodes), on_epoch=on_epoch, keep=keep)
+    records = run_hosts(cfg, task, make, eval_host_seeds(eval_seed, episodes), on_epoch=on_epoch, keep=keep,
+                        on_result=None if dataset is None else dataset.take)  # fmt: skip
     return [{"controller": name, "episode": e, **rec} for e, rec in zip(episodes, records, strict=True)]
 
 
@@ -134,6 +138,7 @@ def compare_controllers(
     out: str | Path | None = None,
     data_seed: int | None = None,
     task: str | None = None,
+    save_episodes: str | Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate the run in ``run_dir`` (as :mod:`esper.shell.evaluate` describes) and write ``out``
     (``RUN_DIR/eval/`` by default); returns the results dict. ``threads``: torch intra-op threads to
@@ -144,7 +149,9 @@ def compare_controllers(
     choices are kept in ``RUN_DIR/search/``. ``task``: evaluate on another task (the run's config on that
     task, :meth:`RunConfig.for_task`, its own data draw for the searches: zero-shot transfer; the
     controller is checked to act on its host, :func:`esper.shell.eval.fits.check_controller_fits`; written to
-    ``RUN_DIR/eval-TASK/``, the searches' choices to ``RUN_DIR/search-TASK/``)."""
+    ``RUN_DIR/eval-TASK/``, the searches' choices to ``RUN_DIR/search-TASK/``). ``save_episodes``: every
+    controller's evaluation episodes are also written there as a dataset, ``save_episodes/<controller>/``
+    (:mod:`esper.shell.eval.dataset`)."""
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.json"
     if not cfg_path.is_file():
@@ -182,9 +189,17 @@ def compare_controllers(
             where = f"--task {task}: run {run_dir}"
             check_controller_fits(run_cfg, checkpoint, cfg.env.build_task(), run=where)
     suffix = f"-{task}" if task is not None else ""
+    dataset = None
+    if save_episodes is not None:
+        taken = [p for c in controllers if (p := Path(save_episodes) / dataset_name(c)).exists()]
+        if taken:  # refused before any episode runs
+            raise ValueError(f"--save-episodes: {taken[0]} exists; choose another directory")
+        dataset = EpisodeDataset(eval_cfg, eval_seed=seed)
     results = compare_on_config(eval_cfg, controllers, episodes=episodes, seed=seed, checkpoint=checkpoint,
                                 show_progress=show_progress, selection_cfg=cfg,
-                                search_cache=run_dir / f"search{suffix}")  # fmt: skip
+                                search_cache=run_dir / f"search{suffix}", dataset=dataset)  # fmt: skip
+    if dataset is not None:
+        results["meta"]["saved_episodes"] = [str(p) for p in dataset.save(Path(save_episodes))]
     results["meta"]["run_dir"] = str(run_dir)
     results["meta"]["trained_on"] = list(run_cfg.training_tasks)
     results["meta"]["git_rev"] = git_revision()
@@ -217,11 +232,13 @@ def compute_host_epochs(name: str, cfg: RunConfig, checkpoint: dict | None, sear
 def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int, seed: int,
                       checkpoint: dict | None = None, show_progress: bool = True,
                       task: Task | None = None, selection_cfg: RunConfig | None = None,
-                      search_cache: Path | None = None) -> dict[str, Any]:  # fmt: skip
+                      search_cache: Path | None = None,
+                      dataset: EpisodeDataset | None = None) -> dict[str, Any]:  # fmt: skip
     """Run ``controllers`` on ``episodes`` evaluation episodes of the task ``cfg`` describes and
     summarize (the ``results.json`` layout, without writing it). ``heuristic_tuned`` and ``plan_search``
     first search on the training hosts and data draw of ``selection_cfg`` (default ``cfg``; its choice
-    cached in ``search_cache`` when given)."""
+    cached in ``search_cache`` when given). ``dataset``: every controller's episodes also go to this
+    dataset (a controller that grows the same fixed plan as an earlier one is not run again, nor kept)."""
     task = task if task is not None else cfg.env.build_task()
     selection_cfg = selection_cfg if selection_cfg is not None else cfg
     t0 = time.perf_counter()
@@ -246,7 +263,7 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
             on_epoch = lambda ev: bar.update(ev["envs"])
             records[name] = run_episodes(cfg, task, name, range(episodes), eval_seed=seed,
                                          checkpoint=checkpoint, on_epoch=on_epoch,
-                                         searched=searched.get(name))  # fmt: skip
+                                         searched=searched.get(name), dataset=dataset)  # fmt: skip
     with torch.random.fork_rng(devices=[]):  # a fresh host draws its init: leave the caller's stream
         grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
     summaries = {}

@@ -14,7 +14,7 @@ import torch
 
 from esper.core.rewards import RewardConfig, parameter_cost
 from esper.shell.config.presets import RunConfig
-from esper.shell.env.rollout import Controller, EpisodeRunner
+from esper.shell.env.rollout import Controller, EpisodeResult, EpisodeRunner
 from esper.shell.env.tasks import Task
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.host.hosts import Host
@@ -25,11 +25,13 @@ MakeController = Callable[[VecEnv, int], Controller]
 
 
 def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequence[int], *,
-              on_epoch=None, keep: Callable[[Host], Any] | None = None) -> list[dict]:  # fmt: skip
+              on_epoch=None, keep: Callable[[Host], Any] | None = None,
+              on_result: Callable[[EpisodeResult], None] | None = None) -> list[dict]:  # fmt: skip
     """One episode on each host of ``host_seeds`` (host init, seed modules and data order), ``cfg.env.n_envs``
     side by side, each batch's controller from ``make``. Returns one record per host, in order: the
     episode's summary, its ``test_objective`` and its validation accuracy over the epochs; with ``keep``,
-    ``kept``: what ``keep`` makes of the final host (e.g. the grown network)."""
+    ``kept``: what ``keep`` makes of the final host (e.g. the grown network). ``on_result`` receives each
+    batch's :class:`EpisodeResult` (episodes kept as a dataset: :mod:`esper.shell.eval.dataset`)."""
     records: list[dict] = []
     width = cfg.env.n_envs
     for start in range(0, len(host_seeds), width):
@@ -44,6 +46,8 @@ def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequ
             runner = EpisodeRunner(env, make(env, start), on_epoch=on_epoch)
             result = runner.run(start, host_seeds=chunk)
             kept = [keep(env.hosts.host(i)) for i in range(env.n)] if keep is not None else None
+            if on_result is not None:
+                on_result(result)
         finally:
             env.close()
         curves = np.array([ev["val_acc"] for ev in result.epochs]).T  # [E, T]

@@ -20,10 +20,12 @@ from pathlib import Path
 
 import torch
 
+from esper.core.observation import obs_dim
 from esper.core.rewards import FLAGS
 from esper.shell.agent.agent import Agent, load_error_line
 from esper.shell.agent.controller import PPOController
 from esper.shell.agent.policy import prior_choices
+from esper.shell.agent.pretrain import OfflineLearner
 from esper.shell.agent.trainer import build_learner
 from esper.shell.baselines.heuristic import HeuristicController
 from esper.shell.common.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -36,6 +38,7 @@ from esper.shell.config.presets import RunConfig
 from esper.shell.env.config import EnvConfig
 from esper.shell.env.rollout import EpisodeResult, EpisodeRunner, merge_results
 from esper.shell.env.vecenv import VecEnv
+from esper.shell.eval.dataset import layout_of, load_dataset
 from esper.shell.eval.heldout import heldout_check
 from esper.shell.telemetry.anomaly import AnomalyDetector
 from esper.shell.telemetry.console import progress, summary_table
@@ -110,6 +113,12 @@ class TrainingRun:
         self.controller = self.controllers[cfg.env.task]
         if cfg.init_from and checkpoint is None:
             init_agent_from(self.agent, Path(cfg.init_from), cfg.ppo.policy)
+        #: The episodes of ``pretrain`` or ``offline`` (data, meta) until they are learned from.
+        self.dataset = None
+        if cfg.offline and checkpoint is not None:
+            raise ValueError("an offline run has nothing to resume: evaluate it, or start a new run")
+        if (cfg.pretrain or cfg.offline) and checkpoint is None:
+            self.dataset = dataset_for(cfg, self.env)
         self.detector = AnomalyDetector(
             cfg.anomaly, target_kl=cfg.ppo.target_kl, updates=cfg.updates, entropy_coef=cfg.ppo.entropy_coef,
             priors=prior_choices(cfg.ppo.blend_bias),
@@ -191,6 +200,19 @@ class TrainingRun:
         cfg = self.cfg
         if self.log is None and self.dist.is_main:
             self.open_log(resume=False)
+        if self.dataset is not None:
+            phase = "offline" if cfg.offline else "pretrain"
+            try:
+                self._learn_offline(phase)
+            except FloatingPointError as e:  # nothing was saved: the run starts again from scratch
+                print(f"{PROG}: error: {phase} stopped: {e}; no checkpoint was written: start the run "
+                      "again with saner options (e.g. a lower --offline_rl.lr)", file=sys.stderr)  # fmt: skip
+                self._event("run_end", interrupted=True, updates=0, status=STOPPED, reason=str(e))
+                return STOPPED
+            if cfg.offline:
+                if self.dist.is_main:
+                    self.save(self.boundary(self.start))
+                return self._finish()
         T = cfg.lifecycle.max_epochs
         bar = progress(
             (cfg.updates - self.start) * T, desc=f"{cfg.policy} {'+'.join(cfg.training_tasks)}",
@@ -275,6 +297,27 @@ class TrainingRun:
         finally:
             if profiler is not None:
                 profiler.stop()  # a run that stopped early: nothing written
+
+    def _learn_offline(self, phase: str) -> None:
+        """``pretrain`` (behaviour cloning before the first PPO update) or ``offline`` (the whole run) on
+        the run's dataset (:mod:`esper.shell.agent.pretrain`): one ``offline_epoch`` event per epoch, and
+        the PPO trainer continues from the scaled returns' statistics the learner kept."""
+        cfg = self.cfg.offline_rl
+        data, meta = self.dataset
+        algo, epochs = ("bc", cfg.pretrain_epochs) if phase == "pretrain" else (cfg.algo, cfg.epochs)
+        learner = OfflineLearner(self.agent, self.cfg.ppo, cfg, seed=self.cfg.seed)
+        batch = learner.prepare(data, layout_of(data, meta))
+        self._event("offline_start", phase=phase, algo=algo, epochs=epochs, episodes=meta["episodes"],
+                    controllers=meta["controllers"], paths=meta["paths"])  # fmt: skip
+        log = lambda epoch, m: self._event("offline_epoch", phase=phase, **m)
+        reports = learner.fit(batch, algo, epochs, log)
+        self.trainer.state.reward_stats = learner.reward_stats
+        self.dataset = None
+        if self.dist.is_main:
+            last = reports[-1]
+            print(f"esper: {phase}: {epochs} epochs of {algo} on {meta['episodes']} episodes of "
+                  f"{', '.join(meta['controllers'])}: log-likelihood {last['log_likelihood']:.3f}, "
+                  f"greedy accuracy {last['accuracy']:.3f}", file=sys.stderr)  # fmt: skip
 
     def _anomalies(self, update: int, found: list, bar) -> None:
         """Log each finding of ``update`` (an alarm as an ``anomaly`` event, a note as a ``note``) and say
@@ -396,6 +439,25 @@ def build_envs(cfg: RunConfig, env_cfg: EnvConfig, first: int) -> dict[str, VecE
     }  # fmt: skip
     check_shapes(cfg, envs)
     return envs
+
+
+def dataset_for(cfg: RunConfig, env: VecEnv) -> tuple:
+    """The episodes ``pretrain`` or ``offline`` names (:func:`esper.shell.eval.dataset.load_dataset`),
+    refused in one line where this run's learner cannot read them: the flat policy reads one host's
+    observation and heads, so a dataset of another shape; either policy, another observation layout."""
+    data, meta = load_dataset(cfg.pretrain or cfg.offline)
+    where = "pretrain" if cfg.pretrain else "offline"
+    same = meta["slot_names"] == list(env.slot_names) and meta["blueprint_names"] == list(env.blueprint_names)
+    if cfg.ppo.policy == "flat" and not (same and meta["obs_dim"] == env.obs_dim):
+        raise ValueError(
+            f"{where}: the dataset's episodes ran on another host ({meta['task']}, {len(meta['slot_names'])} "
+            "slots); the flat policy reads one host's shape: pass --ppo.policy set, or a dataset of this task"
+        )
+    theirs = meta["obs_dim"] - obs_dim(len(meta["slot_names"]), len(meta["blueprint_names"]))
+    if theirs != env.obs_dim - obs_dim(env.spec.n_slots, env.spec.n_blueprints):
+        raise ValueError(f"{where}: the dataset's observation layout differs from this run's "
+                         "(lifecycle.seed_grad_features)")  # fmt: skip
+    return data, meta
 
 
 def init_agent_from(agent: Agent, run_dir: Path, policy: str) -> None:
