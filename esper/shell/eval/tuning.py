@@ -13,9 +13,10 @@ threshold of 0) is at its **natural bound**. The sweeps repeat until one changes
 :data:`MAX_PASSES`). A **categorical** axis (a blueprint, a score) is swept whole and has no edge.
 
 The result records, per axis, the values tried, the choice and where it sits (``interior``, ``bound``: a
-natural bound, or ``edge``: the widenings ran out), and ``interior``: whether every ordered axis's choice
-is inside its values or at a natural bound. Every setting tried is an episode on each host:
-``compute_host_epochs`` = settings × hosts × ``max_epochs``.
+natural bound, or ``edge``: the widenings ran out) and whether the axis was ``flat`` there (every value
+scored the same with the others at the choice: it did not matter, and its position says nothing), and
+``interior``: whether every ordered axis's choice is inside its values or at a natural bound. Every
+setting tried is an episode on each host: ``compute_host_epochs`` = settings × hosts × ``max_epochs``.
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ def coordinate_search(axes: Sequence[Axis], start: dict[str, Any], evaluate: Eva
             converged = True
             break
     where = {a.name: {"values": list(a.values), "chosen": best[a.name],
-                      "position": _position(a, best[a.name])} for a in axes}  # fmt: skip
+                      "position": _position(a, best[a.name]), "flat": _flat(a, best, scored, key)}
+             for a in axes}  # fmt: skip
     return {
         "chosen": best,
         "axes": where,
@@ -150,6 +152,15 @@ def coordinate_search(axes: Sequence[Axis], start: dict[str, Any], evaluate: Eva
         "settings_tried": len(order),
         "points": [scored[k] for k in order],
     }
+
+
+def _flat(axis: Axis, best: dict[str, Any], scored: dict, key) -> bool | None:
+    """Whether every value of ``axis`` scored the same with the other axes at ``best`` (the axis did not
+    matter there, so where its choice sits says nothing); None where that line was not all tried."""
+    line = [scored.get(key({**best, axis.name: v})) for v in axis.values]
+    if any(r is None for r in line):
+        return None
+    return len({r["val_acc_mean"] for r in line}) == 1
 
 
 def _side(axis: Axis, value: Any) -> int:

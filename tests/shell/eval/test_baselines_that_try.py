@@ -198,7 +198,8 @@ def test_coordinate_search_says_where_a_choice_is_stuck():
     assert edge["chosen"] == {"x": 8.0} and edge["axes"]["x"]["position"] == "edge" and not edge["interior"]
     flat = U.coordinate_search([U.Axis("x", [1, 2, 3], U.steps(0, 9))], {"x": 2},
                                lambda ps: [{"val_acc_mean": 0.0} for _ in ps])  # fmt: skip
-    assert flat["chosen"] == {"x": 2}  # a tie keeps the setting it had
+    assert flat["chosen"] == {"x": 2} and flat["axes"]["x"]["flat"]  # a tie keeps the setting it had
+    assert bound["axes"]["x"]["flat"] is False
     assert U.shares([0.25, 0.5, 0.0], 1) is None and U.shares([0.25, 0.5, 0.0], -1) == 0.125
     with pytest.raises(ValueError, match="one of its values"):
         U.coordinate_search([U.Axis("x", [1, 2], U.steps(0, 9))], {"x": 7}, higher)
