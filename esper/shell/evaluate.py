@@ -15,13 +15,21 @@ blend and fossilize as fast as the gates allow) — each run the **same** episod
 from ``--seed`` under a purpose of their own (:func:`esper.shell.common.seeding.eval_host_seeds`), so no
 evaluation host is a training host, and every controller meets the same hosts and data orders.
 
-``heuristic_tuned`` (the heuristic's thresholds chosen by a grid) and ``plan_search`` (the best fixed
-plan found within a budget of host epochs: ``plan_search`` the learned controller's training compute,
-``plan_search@H`` H host epochs, ``plan_search@Kx`` K times it) first search on the run's **training**
-hosts and data draw, by validation accuracy (:mod:`esper.shell.eval.search`; their choices are kept in
-``RUN_DIR/search/``). ``--data-seed S`` evaluates on a fresh draw of generated data (the tasks
-``mnist1d``, ``mnist1d_deep``, ``longrange``, ``retrieval``); a fixed dataset (``digits``, ...) refuses
-it: its test split is the only held-out draw.
+``heuristic_tuned`` (the heuristic's thresholds chosen by a grid), ``heuristic_tuned_wide`` (its timing,
+blueprint and budget chosen by a grid that widens where its choice lands on an edge), ``probe`` (a greedy
+probe: candidates incubate at alpha 0, the best by what-if gain per parameter grows while it clears a
+threshold and fits the learned controller's budget; its settings searched) and ``plan_search`` (the best
+fixed plan found within a budget of host epochs: ``plan_search`` the learned controller's training
+compute, ``plan_search@H`` H host epochs, ``plan_search@Kx`` K times it; ``plan_search_timed`` the same
+over schedules with their timing and blend style) first search on the run's **training** hosts and data
+draw, by validation accuracy (:mod:`esper.shell.eval.search`; their choices are kept in
+``RUN_DIR/search/``). ``born_big`` is the static network at ``grow_all``'s final size (its seeds
+fossilized at alpha 1 from epoch 0, trained with the host); ``born_big:b0=conv_heavy+b2=self_attention``
+any plan's, ``born_big:ppo_greedy`` the plan ``ppo_greedy`` ended with most often in this evaluation.
+
+``--data-seed S`` evaluates on a fresh draw of generated data (the tasks ``mnist1d``, ``mnist1d_deep``,
+``longrange``, ``retrieval``); a fixed dataset (``digits``, ...) refuses it: its test split is the only
+held-out draw.
 
 ``--task T`` evaluates on another task: the run's settings with T's task (:meth:`RunConfig.for_task`), T's
 own data draw for the searches and ``--data-seed`` for a fresh one, the results in ``RUN_DIR/eval-T/``:
@@ -81,9 +89,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"comma-separated subset of {','.join(CONTROLLERS)}, or ppo_mixed (samples when and "
                         "where, takes the most likely blueprint and blend); grow_all:BLUEPRINT grows "
                         "another blueprint than the task's best; grow:b0=conv_heavy+b2=depthwise grows only "
-                        "those slots, each with its blueprint; either may end in @STYLE, @TEMPO, @ALPHA to "
+                        "those slots, each with its blueprint, and grow:b0=conv_heavy:3+b2=depthwise:8 each "
+                        "from that epoch on; either may end in @STYLE, @TEMPO, @ALPHA to "
                         "blend otherwise than LINEAR_ADD, FAST, 1.0 (grow_all@LINEAR_MULTIPLY, "
-                        "grow:b0=conv_heavy@STANDARD@0.7)")  # fmt: skip
+                        "grow:b0=conv_heavy@STANDARD@0.7); born_big is the static network at grow_all's "
+                        "final size (its seeds fossilized at alpha 1 from epoch 0), born_big:PLAN at that "
+                        "plan's, born_big:CONTROLLER at the plan CONTROLLER (named before it) ended with "
+                        "most often; searched on training hosts first, their compute counted: "
+                        "heuristic_tuned, heuristic_tuned_wide (timing, blueprint and budget on a "
+                        "widening grid), probe (a greedy what-if probe), plan_search[@H|@Kx], "
+                        "plan_search_cap[@H|@Kx], plan_search_timed[@H|@Kx] (schedules with their timing "
+                        "and blend style)")  # fmt: skip
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (0, the default: as the run would, the cores over its env "
                         "workers); the numbers repeat at the same --seed and thread count")  # fmt: skip
@@ -122,7 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name:>10}: test acc {s['test_acc_mean']:5.1f} % [{lo:5.1f}, {hi:5.1f}]  "
               f"params added {s['params_added_mean']:7.0f}  return {s['return_mean']:6.2f}  "
               f"host epochs spent {s['compute_host_epochs']}")  # fmt: skip
-        if "search" in s:
+        if "search" in s and "from" in s["search"]:  # born_big:CONTROLLER
+            src, plan = s["search"]["from"], s["search"]["chosen"] or "none"
+            print(f"{'':>10}  grew {src}'s most frequent plan: {plan}")
+        elif "search" in s:
             print(f"{'':>10}  chose {s['search']['chosen']} on training hosts")
     meta = results["meta"]
     draw = "a fixed dataset's test split" if meta["data_seed"] is None else f"data seed {meta['data_seed']}"

@@ -8,7 +8,11 @@ Per env, each epoch (the original system's heuristic, adapted to ADVANCE-driven 
   under 0.5 points each), into the first empty slot, with the next blueprint of a rotation (heavier
   convolutions first, then attention, norm, depthwise, ...; never ``noop``) that skips blueprints
   recently pruned (a prune adds 2 to a blueprint's penalty, which halves every epoch; skipped at 3).
-  Blend style SIGMOID_ADD, standard tempo, alpha target 1.0.
+  Blend style SIGMOID_ADD, standard tempo, alpha target 1.0. Two settings the reference does not
+  have (:class:`HeuristicThresholds`; ``heuristic_tuned_wide`` searches them): ``blueprint``, germinate
+  only that blueprint instead of the rotation, and ``budget_share``, germinate only a blueprint that
+  keeps the seeds' parameters within that share of what ``grow_all`` adds (the next in the rotation that
+  fits; WAIT when none does).
 - **GERMINATED** (the step after GERMINATE; G1 makes it TRAINING at this step's end). WAIT.
 - **TRAINING / BLENDING.** PRUNE a seed that has lost more than 2 points over 5 epochs in its stage;
   otherwise ADVANCE once the stage's minimum dwell passed (and, in BLENDING, the ramp finished) —
@@ -63,6 +67,11 @@ class HeuristicThresholds:
     #: loss fell, by less than ``calm_fall`` of itself; no germination before.
     stable_epochs: int = 3
     calm_fall: float = 0.03
+    #: ``""``: germinate the rotation's blueprints in turn (the reference); a blueprint's name: only it.
+    blueprint: str = ""
+    #: Germinate only a seed that keeps the seeds' parameters within this share of what ``grow_all``
+    #: adds (0: no budget, the reference). Needs the seeds' costs (:class:`HeuristicController`).
+    budget_share: float = 0.0
 
     def changed(self) -> dict[str, float]:
         """The thresholds that differ from the reference's, by name (``{}``: the reference's rules)."""
@@ -81,7 +90,9 @@ class HeuristicController(FixedController):
         lifecycle: LifecycleConfig,
         *,
         per_env: Sequence[HeuristicThresholds] | None = None,
-        **thresholds: float,
+        costs: Sequence[Sequence[float]] | None = None,
+        grow_all_params: float = 0.0,
+        **thresholds: float | str,
     ) -> None:
         self.names = blueprint_names
         self.lc = lifecycle
@@ -92,6 +103,13 @@ class HeuristicController(FixedController):
         order = [n for n in ROTATION if n in blueprint_names]
         order += [n for n in blueprint_names if n not in order and n != "noop"]
         self.rotation = [blueprint_names.index(n) for n in order] or [0]
+        #: ``costs[s][b]``: the seed parameters blueprint b adds in slot s; the unit of ``budget_share``.
+        self.costs, self.grow_all_params = costs, float(grow_all_params)
+        for t in self.per_env or [self.thresholds]:
+            if t.blueprint and (t.blueprint not in blueprint_names or t.blueprint == "noop"):
+                raise ValueError(f"HeuristicController: no blueprint {t.blueprint!r}")
+            if t.budget_share and (costs is None or not self.grow_all_params > 0):
+                raise ValueError("HeuristicController: a budget_share needs the seeds' costs and grow_all's")
         self.last_reasons: list[str] = []
         self.begin(0)
 
@@ -114,7 +132,7 @@ class HeuristicController(FixedController):
         host = {  # sync point: the heuristic reads its inputs once per step
             k: slots[k].tolist()
             for k in ("stage", "epochs_in_stage", "contribution", "acc_at_stage_start", "acc_at_germination",
-                      "ramp_pos", "ramp_len", "enabled", "blueprint")
+                      "ramp_pos", "ramp_len", "enabled", "blueprint", "seed_params")
         }  # fmt: skip
         val_acc, val_loss, epoch = sig["val_acc"].tolist(), sig["val_loss"].tolist(), sig["epoch"].tolist()
         legal = step.legal["slot_by_op"].tolist()
@@ -203,21 +221,35 @@ class HeuristicController(FixedController):
         empty = [k for k, g in enumerate(stages) if g == Stage.DORMANT and s["enabled"][i][k]]
         if not empty:
             return Op.WAIT, 0, 0, "no empty slot"
-        bp = self._next_blueprint(st)
+        fits = None
+        if t.budget_share:  # the seeds' parameters stay within the budget
+            left = t.budget_share * self.grow_all_params - sum(s["seed_params"][i])
+            fits = lambda b: self.costs[empty[0]][b] <= left
+        bp = self._next_blueprint(st, self._order(t), fits)
+        if bp is None:
+            return Op.WAIT, 0, 0, "no blueprint fits the budget"
         return Op.GERMINATE, empty[0], bp, f"plateau {st['plateau']}: germinate {self.names[bp]}"
+
+    def _order(self, t: HeuristicThresholds) -> list[int]:
+        """The blueprints germinated in turn: the rotation, or only ``t.blueprint``."""
+        return [self.names.index(t.blueprint)] if t.blueprint else self.rotation
 
     def _penalize(self, i: int, blueprint: int) -> None:
         """A pruned blueprint is skipped by the rotation for a few epochs."""
         name = self.names[blueprint]
         self.env_state[i]["penalty"][name] = self.env_state[i]["penalty"].get(name, 0.0) + 2.0
 
-    def _next_blueprint(self, st: dict) -> int:
-        for _ in range(len(self.rotation)):
-            bp = self.rotation[st["next_bp"] % len(self.rotation)]
+    def _next_blueprint(self, st: dict, rotation: list[int], fits=None) -> int | None:
+        """The next blueprint of ``rotation`` not recently pruned (and, with ``fits``, one that fits; None
+        where none does)."""
+        for _ in range(len(rotation)):
+            bp = rotation[st["next_bp"] % len(rotation)]
             st["next_bp"] += 1
-            if st["penalty"].get(self.names[bp], 0.0) < 3.0:
+            if st["penalty"].get(self.names[bp], 0.0) < 3.0 and (fits is None or fits(bp)):
                 return bp
-        return self.rotation[0]
+        if fits is None:
+            return rotation[0]
+        return next((b for b in rotation if fits(b)), None)
 
     def _track(self, st: dict, acc: float, loss: float, t: HeuristicThresholds) -> None:
         prev_loss, prev_acc = st["prev_loss"], st["prev_acc"]

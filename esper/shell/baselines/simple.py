@@ -10,7 +10,10 @@
   (G2 or G3) would pass, GERMINATE into an empty slot; else WAIT. Given a *plan* (slot -> blueprint,
   ``grow:b0=conv_heavy+b2=depthwise`` in :mod:`esper.shell.eval.controllers`) it grows only the planned
   slots, each with its own blueprint: the fixed placements a learned controller can be held against.
+- :class:`BornBigController` (``born_big``): a plan's seeds present from epoch 0, FOSSILIZED at alpha 1,
+  trained with the host: the static network at the plan's final size.
 - ``heuristic``: the reference's rules, :class:`esper.shell.baselines.heuristic.HeuristicController`.
+- ``probe``: a greedy what-if probe, :class:`esper.shell.baselines.probe.ProbeController`.
 
 All act from the same :class:`~esper.shell.env.step.StepInput` as the policy, legal actions only, and
 are vectorized over envs (no per-env Python loop).
@@ -72,6 +75,21 @@ class StaticController(FixedController):
         return _actions({"op": wait, "slot": _first(legal[:, int(Op.WAIT)])}, n, legal.device)
 
 
+class BornBigController(StaticController):
+    """``born_big``: the plan's final network from the start. Its seeds (``{slot index: blueprint
+    index}``) are built into every fresh host before the first epoch, FOSSILIZED at alpha 1
+    (:attr:`esper.shell.env.vecenv.VecEnv.born`, set by :meth:`prepare_env`): part of the network from
+    epoch 0, reading the host's live activation, so host and seeds train together for every epoch, as a
+    static network of the final size would. Then it always WAITs."""
+
+    def __init__(self, plan: Mapping[int, int]) -> None:
+        self.plan = {int(s): int(b) for s, b in plan.items()}
+
+    def prepare_env(self, env) -> None:
+        """Every env of ``env`` (a :class:`~esper.shell.env.vecenv.VecEnv`) is born with the plan."""
+        env.born = [dict(self.plan) for _ in range(env.n)]
+
+
 class RandomController(FixedController):
     """Uniform over legal actions, drawn from its own CPU generator: reproducible for a seed, and the
     same draws whatever device the envs are on (the draws are made on the CPU, then moved)."""
@@ -99,21 +117,27 @@ class GrowAllController(FixedController):
 
     ``blueprint``: one blueprint index for every slot, or a plan ``{slot index: blueprint index}``:
     only the planned slots are grown, each with its own blueprint (in slot order, one per step); or a
-    list of plans, one per env (a plan search runs its candidates side by side)."""
+    list of plans, one per env (a plan search runs its candidates side by side).
+
+    ``at`` (a timed plan, ``grow:b0=conv_heavy:3``): ``{slot index: epoch}``, or one such per env with a
+    list of plans: no germination in that slot before that epoch (the epoch of the measurement it acts
+    on, 1 the first; a slot not named: 1, as fast as the gates allow). ``style``, ``tempo`` and
+    ``alpha_target`` may each be a list, one per env, with a list of plans."""
 
     def __init__(
         self,
         blueprint: int | Mapping[int, int] | Sequence[Mapping[int, int]],
         lifecycle: LifecycleConfig,
         *,
-        style: Style | int = DEFAULT_BLEND["style"],
-        tempo: Tempo | int = DEFAULT_BLEND["tempo"],
-        alpha_target: float = ALPHA_TARGETS[DEFAULT_BLEND["alpha_target"]],
+        style: Style | int | Sequence[Style | int] = DEFAULT_BLEND["style"],
+        tempo: Tempo | int | Sequence[Tempo | int] = DEFAULT_BLEND["tempo"],
+        alpha_target: float | Sequence[float] = ALPHA_TARGETS[DEFAULT_BLEND["alpha_target"]],
+        at: Mapping[int, int] | Sequence[Mapping[int, int]] | None = None,
     ) -> None:
         self.plans: list[dict[int, int]] | None = None
         self.blueprint: int | None = None
         self.per_env = False
-        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         if isinstance(blueprint, Mapping) or (isinstance(blueprint, Sequence) and blueprint):
             plans = [blueprint] if isinstance(blueprint, Mapping) else list(blueprint)
             for plan in plans:
@@ -127,33 +151,61 @@ class GrowAllController(FixedController):
         else:
             self.blueprint = int(blueprint)
         self.lc = lifecycle
-        self.style, self.tempo = int(style), int(tempo)
-        self.alpha_target = ALPHA_TARGETS.index(alpha_target)
+        listed = [isinstance(v, Sequence) for v in (style, tempo, alpha_target)]
+        listed.append(at is not None and not isinstance(at, Mapping))
+        if any(listed) and not self.per_env:
+            raise ValueError("GrowAllController: per-env blends or timings go with a list of plans")
+        self.style = [int(v) for v in style] if listed[0] else int(style)
+        self.tempo = [int(v) for v in tempo] if listed[1] else int(tempo)
+        self.alpha_target = ([ALPHA_TARGETS.index(v) for v in alpha_target] if listed[2]
+                             else ALPHA_TARGETS.index(alpha_target))  # fmt: skip
+        #: Per env (or for every env), each slot's first epoch of germination.
+        self.at: list[dict[int, int]] | dict[int, int] = (
+            {} if at is None else [dict(a) for a in at] if listed[3] else dict(at)
+        )
 
     @property
     def plan(self) -> dict[int, int] | None:
         """The plan every env follows (None: one blueprint everywhere, or a plan per env)."""
         return self.plans[0] if self.plans is not None and not self.per_env else None
 
-    def _planned(self, n_envs: int, n_slots: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(allowed [E, S] bool, blueprint [E, S] int64)`` of the plans (every slot, one blueprint
-        without)."""
+    def _planned(self, n_envs: int, n_slots: int,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """``(allowed [E, S] bool, blueprint [E, S] int64, first epoch [E, S] int64)`` of the plans (every
+        slot, one blueprint without)."""
+        shape = (n_envs, n_slots)
+        at = torch.zeros(shape, dtype=torch.int64)
+        timings = self.at if isinstance(self.at, list) else [self.at] * n_envs
+        if len(timings) != n_envs:
+            raise ValueError(f"GrowAllController: {len(timings)} timings for {n_envs} envs")
+        for e, timing in enumerate(timings):
+            for slot, epoch in timing.items():
+                at[e, slot] = epoch
         if self.blueprint is not None:
-            shape = (n_envs, n_slots)
             return (torch.ones(shape, dtype=torch.bool, device=device),
-                    torch.full(shape, self.blueprint, dtype=torch.int64, device=device))  # fmt: skip
+                    torch.full(shape, self.blueprint, dtype=torch.int64, device=device),
+                    at.to(device))  # fmt: skip
         assert self.plans is not None
         plans = self.plans * n_envs if not self.per_env else self.plans
         if len(plans) != n_envs:
             raise ValueError(f"GrowAllController: {len(plans)} plans for {n_envs} envs")
         if (top := max(max(p) for p in plans)) >= n_slots:
             raise ValueError(f"GrowAllController: plan names slot {top}, the host has {n_slots}")
-        allowed = torch.zeros(n_envs, n_slots, dtype=torch.bool)
-        bps = torch.zeros(n_envs, n_slots, dtype=torch.int64)
+        allowed = torch.zeros(shape, dtype=torch.bool)
+        bps = torch.zeros(shape, dtype=torch.int64)
         for e, plan in enumerate(plans):
             for slot, bp in plan.items():
                 allowed[e, slot], bps[e, slot] = True, bp
-        return allowed.to(device), bps.to(device)
+        return allowed.to(device), bps.to(device), at.to(device)
+
+    def _blend(self, name: str, n: int, device: torch.device) -> torch.Tensor:
+        """``[E]`` int64 of one blend head: the same choice for every env, or each env's own."""
+        v = getattr(self, name)
+        if isinstance(v, list):
+            if len(v) != n:
+                raise ValueError(f"GrowAllController: {len(v)} {name} choices for {n} envs")
+            return torch.tensor(v, dtype=torch.int64, device=device)
+        return torch.full((n,), v, dtype=torch.int64, device=device)
 
     def act(self, step: StepInput) -> TensorDict:
         legal = step.legal["slot_by_op"]  # [E, N_OPS, S]
@@ -164,8 +216,10 @@ class GrowAllController(FixedController):
         key = (n, legal.shape[-1], device)
         if key not in self._cache:
             self._cache[key] = self._planned(n, legal.shape[-1], device)
-        allowed, plan_bp = self._cache[key]
+        allowed, plan_bp, at = self._cache[key]
         germinate = legal[:, int(Op.GERMINATE)] & allowed
+        if self.at:  # a timed plan: a slot germinates from its epoch on
+            germinate = germinate & (step.signals["epoch"].to(device).unsqueeze(-1) >= at)
         wait = legal[:, int(Op.WAIT)]
         op = torch.full((n,), int(Op.WAIT), dtype=torch.int64, device=device)
         slot = _first(wait)
@@ -173,15 +227,12 @@ class GrowAllController(FixedController):
             any_ = mask.any(-1)  # later entries take precedence
             op = torch.where(any_, int(o), op)
             slot = torch.where(any_, _first(mask), slot)
-        full = lambda v: torch.full((n,), v, dtype=torch.int64, device=device)
         return _actions(
             {
                 "op": op,
                 "slot": slot,
                 "blueprint": plan_bp.gather(1, slot[:, None]).squeeze(1),
-                "style": full(self.style),
-                "tempo": full(self.tempo),
-                "alpha_target": full(self.alpha_target),
+                **{h: self._blend(h, n, device) for h in ("style", "tempo", "alpha_target")},
             },
             n,
             device,
@@ -189,5 +240,5 @@ class GrowAllController(FixedController):
 
 
 __all__ = [
-    "FixedController", "GrowAllController", "RandomController", "StaticController"
+    "BornBigController", "FixedController", "GrowAllController", "RandomController", "StaticController"
 ]

@@ -40,7 +40,7 @@ from esper.core.lifecycle import (
 from esper.core.observation import controller_inputs, init_history, obs_dim, update_history
 from esper.core.reward_config import with_loss_calibration, with_param_budget
 from esper.core.rewards import RewardConfig, compute_reward
-from esper.core.spec import ActionSpec, Stage, Style, Tempo
+from esper.core.spec import DEFAULT_BLEND, ActionSpec, Stage, Style, Tempo
 from esper.shell.common.seeding import train_host_seeds
 from esper.shell.env.config import EnvConfig, check_devices, lr_scale
 from esper.shell.env.governor import Governor, GovernorConfig
@@ -122,6 +122,13 @@ class VecEnv:
         #: lifecycle and reward, apply, final evaluation).
         self.timings: Counter = Counter()
         self._last: TimeStep | None = None
+        #: Per env, seeds every reset builds in before the first epoch (slot -> blueprint index), FOSSILIZED
+        #: at alpha 1: part of the network from epoch 0, trained with the host (the ``born_big``
+        #: baseline; None or an empty plan: none).
+        self.born: Sequence[dict[int, int]] | None = None
+        #: Measure every incubating seed's what-if gain even where G2 does not read it (``g2_evidence
+        #: host``): for a controller that reads it (the ``probe`` baseline); validation only.
+        self.measure_whatif = False
 
     @property
     def host_seeds(self) -> list[int]:
@@ -139,12 +146,14 @@ class VecEnv:
         if len(host_seeds) != self.n:
             raise ValueError(f"VecEnv.reset: {len(host_seeds)} host seeds for {self.n} envs")
         self.hosts.reset(host_seeds)
+        self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
+        self.slots = init_slots(self.n, self.enabled, device=self.device)
+        if self.born:
+            self._plant(self.born)
         for i in range(self.n):
             self.governor.reset(i)
             if self.governor.should_snapshot(0):
                 self.governor.snapshot(i, self.hosts.snapshot_state(i))
-        self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
-        self.slots = init_slots(self.n, self.enabled, device=self.device)
         self.history = init_history(self.n, device=self.device)
         self.epoch = 0
         self.timings = Counter()
@@ -182,8 +191,9 @@ class VecEnv:
         scale = lr_scale(self.cfg.lr_schedule, self.epoch, self.lifecycle.max_epochs)
         life = self.lifecycle
         measured = self.hosts.measure(
-            scale, whatif=life.g2_evidence != "host", whatif_statistics=life.whatif_statistics
-        )
+            scale, whatif=life.g2_evidence != "host" or self.measure_whatif,
+            whatif_statistics=life.whatif_statistics,
+        )  # fmt: skip
         self.timings.update(self.hosts.timings)
         t0 = time.perf_counter()
         E, S = self.n, self.spec.n_slots
@@ -298,6 +308,35 @@ class VecEnv:
             happened.append(env_events)
         self.slots = slots
         return happened
+
+    def _plant(self, born: Sequence[dict[int, int]]) -> None:
+        """Build ``born``'s seeds (per env, slot -> blueprint) into the fresh hosts, FOSSILIZED at alpha 1
+        with the default blend's style, and write them into the slot state as a seed fossilized at alpha 1
+        (its ramp ended, no age): the lifecycle then treats each as any fossilized seed, and its module
+        reads the host's live activation, so it trains with the host from the first epoch. Built as a
+        germination at epoch 0 would be (its own generator seed)."""
+        if len(born) != self.n:
+            raise ValueError(f"VecEnv.born: {len(born)} plans for {self.n} envs")
+        mask = torch.zeros(self.n, self.spec.n_slots, dtype=torch.bool)
+        bps = torch.zeros(self.n, self.spec.n_slots, dtype=torch.int64)
+        style = int(DEFAULT_BLEND["style"])
+        for i, plan in enumerate(born):
+            for s, bp in sorted(plan.items()):
+                if not self.enabled[s]:
+                    raise ValueError(f"VecEnv.born: slot {self.slot_names[s]} is not enabled (env.slots)")
+                self.seed_params[i][s] = self.hosts.germinate(i, s, int(bp), style, 0)
+                self.hosts.set_slot(i, s, alpha=1.0, stage=int(Stage.FOSSILIZED))
+                mask[i, s], bps[i, s] = True, int(bp)
+        mask, bps = mask.to(self.device), bps.to(self.device)
+        fields = {k: self.slots[k].clone() for k in self.slots.keys()}
+        for k in ("stage", "prev_stage"):
+            fields[k] = torch.where(mask, int(Stage.FOSSILIZED), fields[k])
+        fields["blueprint"] = torch.where(mask, bps, fields["blueprint"])
+        fields["style"] = torch.where(mask, style, fields["style"])
+        fields["tempo"] = torch.where(mask, int(DEFAULT_BLEND["tempo"]), fields["tempo"])
+        for k in ("alpha", "alpha_target", "ramp_from", "ramp_to"):
+            fields[k] = torch.where(mask, 1.0, fields[k])
+        self.slots = TensorDict(fields, batch_size=self.slots.batch_size, device=self.device)
 
     # --------------------------------------------------------------------------------------- helpers
     def _host_params_tensor(self) -> torch.Tensor:

@@ -1,12 +1,16 @@
 """The controllers an evaluation runs, by name: the trained controller's readouts (``ppo``,
 ``ppo_greedy``, ``ppo_mixed``), the baselines (``static``, ``random``, ``heuristic``, ``grow_all``),
-the baselines that search on training hosts first (``heuristic_tuned``, ``plan_search[@BUDGET]``:
-:mod:`esper.shell.eval.search`) and fixed placements (``grow:SLOT=BLUEPRINT+...``), any fixed schedule
-with its own blend (``@STYLE@TEMPO@ALPHA``). :func:`make_controller` builds one for an env;
-``--controllers`` of ``python -m esper.shell.evaluate`` takes these names.
+the baselines that search on training hosts first (``heuristic_tuned``, ``heuristic_tuned_wide``,
+``probe``, ``plan_search[@BUDGET]``, ``plan_search_timed[@BUDGET]``: :mod:`esper.shell.eval.search`),
+fixed placements (``grow:SLOT=BLUEPRINT+...``) and schedules (``grow:SLOT=BLUEPRINT:EPOCH+...``), any
+fixed schedule with its own blend (``@STYLE@TEMPO@ALPHA``), and the static network at a plan's final
+size (``born_big[:PLAN|:CONTROLLER]``). :func:`make_controller` builds one for an env; ``--controllers``
+of ``python -m esper.shell.evaluate`` takes these names.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -14,10 +18,16 @@ from esper.core.spec import ALPHA_TARGETS, HEADS, Style, Tempo
 from esper.shell.agent.agent import build_agent
 from esper.shell.agent.controller import PPOController
 from esper.shell.baselines.heuristic import HeuristicController
-from esper.shell.baselines.simple import GrowAllController, RandomController, StaticController
+from esper.shell.baselines.probe import ProbeController
+from esper.shell.baselines.simple import (
+    BornBigController,
+    GrowAllController,
+    RandomController,
+    StaticController,
+)
 from esper.shell.config.presets import RunConfig
 from esper.shell.env.vecenv import VecEnv
-from esper.shell.eval.search import HEURISTIC_TUNED, is_searched
+from esper.shell.eval.search import HEURISTIC_TUNED, HEURISTIC_TUNED_WIDE, PROBE, is_searched, seed_costs
 
 #: The heads ``ppo_mixed`` takes the mode of.
 MIXED_MODE_HEADS = tuple(h for h in HEADS if h not in ("op", "slot"))
@@ -49,31 +59,64 @@ PPO_CONTROLLERS = tuple(PPO_READOUTS)
 CONTROLLERS = ("ppo", "ppo_greedy", "static", "random", "heuristic", "grow_all")
 #: Fixed placements: ``grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]`` grows only those slots, each with its
 #: blueprint, as fast as the gates allow (:class:`~esper.shell.baselines.simple.GrowAllController`
-#: with a plan).
+#: with a plan). A fixed schedule also says when: ``SLOT=BLUEPRINT:EPOCH`` germinates that slot at that
+#: epoch (1, the first measurement's, to ``max_epochs``), or as soon after as the gates allow.
 PLAN_PREFIX = "grow:"
+#: Between a planned slot's blueprint and its first epoch of germination (``b0=conv_heavy:3``).
+EPOCH_SEP = ":"
+#: ``born_big`` (``grow_all``'s plan), ``born_big:PLAN`` or ``born_big:CONTROLLER``: the plan's seeds
+#: present from epoch 0, FOSSILIZED at alpha 1, trained with the host
+#: (:class:`~esper.shell.baselines.simple.BornBigController`): the static network at the plan's final
+#: size. ``CONTROLLER`` (a name without ``=``, evaluated earlier in the same evaluation, e.g.
+#: ``born_big:ppo_greedy``): that controller's most frequent final plan there.
+BORN_BIG = "born_big"
 #: A fixed schedule blends as :data:`~esper.core.spec.DEFAULT_BLEND` says (LINEAR_ADD, FAST, alpha 1.0)
 #: unless its name ends in settings, each after an ``@``: any of a style, a tempo and an alpha target, in
 #: any order (``--controllers`` is comma-separated): ``grow:b0=conv_heavy@GATED_GATE``,
 #: ``grow:b0=conv_heavy@STANDARD@0.7``.
 STYLE_SEP = "@"
 EXTRA_CONTROLLERS = (
-    "ppo_mixed, ppo_greedy_fossilize, heuristic_tuned, plan_search[@HOST_EPOCHS|@Kx], "
-    "plan_search_cap[@HOST_EPOCHS|@Kx] (within the learned controller's cap), grow_all:BLUEPRINT, "
-    "grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...], either with @STYLE@TEMPO@ALPHA (any)"
+    "ppo_mixed, ppo_greedy_fossilize, heuristic_tuned, heuristic_tuned_wide, probe, "
+    "plan_search[@HOST_EPOCHS|@Kx], plan_search_cap[@HOST_EPOCHS|@Kx] (within the learned controller's cap), "
+    "plan_search_timed[@HOST_EPOCHS|@Kx], grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[:EPOCH][+SLOT=BLUEPRINT"
+    "[:EPOCH]...], either with @STYLE@TEMPO@ALPHA (any), born_big[:SLOT=BLUEPRINT+...|:CONTROLLER]"
 )
+
+
+def born_source(name: str) -> str | None:
+    """The controller whose most frequent plan ``born_big:CONTROLLER`` grows from the start (None for any
+    other name)."""
+    base, colon, rest = name.partition(":")
+    return rest if base == BORN_BIG and colon and rest and "=" not in rest else None
+
+
+def is_born_big(name: str) -> bool:
+    """``born_big``, ``born_big:PLAN`` or ``born_big:CONTROLLER`` (blend settings after it are refused)."""
+    base = name.partition(STYLE_SEP)[0]
+    return base == BORN_BIG or base.startswith(BORN_BIG + ":")
 
 
 def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict | None, seed: int,
                     searched: dict | None = None):  # fmt: skip
     """A fresh controller ``name`` for ``env`` (the PPO ones restored from ``checkpoint`` and frozen;
-    ``heuristic_tuned`` and ``plan_search`` from their search's result, ``searched``:
-    :func:`esper.shell.eval.search.search`)."""
+    ``heuristic_tuned``, ``heuristic_tuned_wide``, ``probe`` and the plan searches from their search's
+    result, ``searched``: :func:`esper.shell.eval.search.search`; ``born_big:CONTROLLER`` from its plan,
+    ``searched["chosen"]``)."""
+    if is_born_big(name):
+        return _born_big(name, env, searched)
     if is_searched(name):
         if searched is None:
             raise ValueError(f"controller {name!r} needs its search's result (esper.shell.eval.search)")
         if name == HEURISTIC_TUNED:
             return HeuristicController(env.blueprint_names, cfg.lifecycle, **searched["chosen"])
-        return GrowAllController(parse_plan(PLAN_PREFIX + searched["chosen"], env), cfg.lifecycle)
+        if name == HEURISTIC_TUNED_WIDE:
+            return HeuristicController(env.blueprint_names, cfg.lifecycle, costs=seed_costs(env.task),
+                                       grow_all_params=env.grow_all_params, **searched["chosen"])  # fmt: skip
+        if name == PROBE:
+            budget = math.inf if searched["budget_params"] is None else searched["budget_params"]
+            return ProbeController(env.blueprint_names, cfg.lifecycle, seed_costs(env.task), budget=budget,
+                                   unit=searched["unit_params"], **searched["chosen"])  # fmt: skip
+        return _schedule(PLAN_PREFIX + searched["chosen"], cfg, env)
     if name in PPO_CONTROLLERS:
         if checkpoint is None:
             raise ValueError(f"controller {name!r} needs the run's checkpoint")
@@ -93,12 +136,12 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
     if name == "heuristic":
         return HeuristicController(env.blueprint_names, cfg.lifecycle)
     base, at, settings = name.partition(STYLE_SEP)
-    blend = parse_blend(name, settings) if at else {}
     if base == "grow_all" or base.startswith("grow_all:"):
+        blend = parse_blend(name, settings) if at else {}
         blueprint = base.partition(":")[2] or env.task.grow_all
         return GrowAllController(_blueprint_index(name, blueprint, env), cfg.lifecycle, **blend)
     if base.startswith(PLAN_PREFIX):
-        return GrowAllController(parse_plan(base, env), cfg.lifecycle, **blend)
+        return _schedule(name, cfg, env)
     if at:
         raise ValueError(f"{name}: only grow_all and grow: placements take {STYLE_SEP}BLEND settings")
     raise ValueError(
@@ -106,15 +149,44 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
     )
 
 
+def _schedule(name: str, cfg: RunConfig, env: VecEnv) -> GrowAllController:
+    """A ``grow:`` placement or schedule, with its blend settings."""
+    base, at, settings = name.partition(STYLE_SEP)
+    blend = parse_blend(name, settings) if at else {}
+    plan, when = parse_schedule(base, env, max_epochs=cfg.lifecycle.max_epochs)
+    return GrowAllController(plan, cfg.lifecycle, **blend, **({"at": when} if when else {}))
+
+
+def _born_big(name: str, env: VecEnv, searched: dict | None) -> BornBigController:
+    """``born_big`` (``grow_all``'s plan in every enabled slot), ``born_big:PLAN``, or ``born_big:CONTROLLER``
+    with that controller's plan in ``searched["chosen"]``."""
+    if STYLE_SEP in name:
+        raise ValueError(f"{name}: born_big takes no {STYLE_SEP}BLEND settings (its seeds are in at alpha 1)")
+    if name == BORN_BIG:
+        blueprint = _blueprint_index(name, env.task.grow_all, env)
+        return BornBigController({s: blueprint for s, on in enumerate(env.enabled) if on})
+    source = born_source(name)
+    if source is None:
+        return BornBigController(parse_plan(PLAN_PREFIX + name.partition(":")[2], env))
+    if searched is None or "chosen" not in searched:
+        raise ValueError(f"{name}: needs {source}'s plan: evaluate {source} before it, in one evaluation")
+    plan = searched["chosen"]
+    return BornBigController(parse_plan(PLAN_PREFIX + plan, env) if plan else {})
+
+
 def fixed_plan(name: str, searched: dict | None = None) -> frozenset[str] | None:
     """The fixed plan controller ``name`` grows with the default blend, as its set of ``SLOT=BLUEPRINT``
     parts (``grow:PLAN``, or a plan search's choice from ``searched``); None for any other controller,
-    and for a placement with blend settings. Two controllers with the same fixed plan are the same
-    controller: on the same hosts and draw their episodes are the same, number for number."""
-    if is_searched(name) and name != HEURISTIC_TUNED:
-        return frozenset(searched["chosen"].split("+")) if searched else None
+    and for a placement with blend settings or timing. Two controllers with the same fixed plan are the
+    same controller: on the same hosts and draw their episodes are the same, number for number."""
+    if is_searched(name) and name not in (HEURISTIC_TUNED, HEURISTIC_TUNED_WIDE, PROBE):
+        chosen = searched["chosen"] if searched else None
+        if chosen is None or STYLE_SEP in chosen or EPOCH_SEP in chosen:
+            return None
+        return frozenset(chosen.split("+"))
     if name.startswith(PLAN_PREFIX) and STYLE_SEP not in name:
-        return frozenset(p for p in name.removeprefix(PLAN_PREFIX).split("+") if p)
+        parts = [p for p in name.removeprefix(PLAN_PREFIX).split("+") if p]
+        return None if any(EPOCH_SEP in p for p in parts) else frozenset(parts)
     return None
 
 
@@ -159,20 +231,40 @@ def _blend_setting(token: str) -> tuple[str | None, Style | Tempo | float | None
 
 def parse_plan(name: str, env: VecEnv) -> dict[int, int]:
     """``grow:b0=conv_heavy+b2=depthwise`` -> ``{0: index of conv_heavy, 2: index of depthwise}``:
-    the slots a fixed placement grows, each with its blueprint (one-line errors name what is wrong)."""
+    the slots a fixed placement grows, each with its blueprint (one-line errors name what is wrong; a
+    timed schedule is :func:`parse_schedule`'s)."""
+    plan, at = parse_schedule(name, env)
+    if at:
+        raise ValueError(f"{name}: a plan here says what, not when: no {EPOCH_SEP}EPOCH")
+    return plan
+
+
+def parse_schedule(name: str, env: VecEnv, *,
+                   max_epochs: int | None = None) -> tuple[dict[int, int], dict[int, int]]:  # fmt: skip
+    """``grow:b0=conv_heavy:3+b2=depthwise`` -> ``({0: conv_heavy, 2: depthwise}, {0: 3})`` (blueprint
+    indices): the slots a fixed schedule grows, each with its blueprint, and the epoch from which each
+    slot with an ``:EPOCH`` germinates (an integer from 1, at most ``max_epochs`` where given)."""
     body = name.removeprefix(PLAN_PREFIX)
     plan: dict[int, int] = {}
+    at: dict[int, int] = {}
     for part in body.split("+") if body else []:
-        slot, eq, blueprint = part.partition("=")
+        slot, eq, rest = part.partition("=")
         if not eq or slot not in env.slot_names:
             slots = ", ".join(env.slot_names)
-            raise ValueError(f"{name}: {part!r} is not SLOT=BLUEPRINT with a slot of {slots}")
+            form = f"SLOT=BLUEPRINT[{EPOCH_SEP}EPOCH]"
+            raise ValueError(f"{name}: {part!r} is not {form} with a slot of {slots}")
         index = env.slot_names.index(slot)
         if index in plan:
             raise ValueError(f"{name}: slot {slot} planned twice")
         if not env.enabled[index]:
             raise ValueError(f"{name}: slot {slot} is not enabled (env.slots)")
+        blueprint, colon, epoch = rest.partition(EPOCH_SEP)
         plan[index] = _blueprint_index(name, blueprint, env)
+        if colon:
+            top = f" to {max_epochs}" if max_epochs is not None else ""
+            if not epoch.isdigit() or int(epoch) < 1 or (max_epochs is not None and int(epoch) > max_epochs):
+                raise ValueError(f"{name}: {part!r}: the epoch after {EPOCH_SEP} is an integer from 1{top}")
+            at[index] = int(epoch)
     if not plan:
         raise ValueError(f"{name}: an empty plan; write e.g. {PLAN_PREFIX}b0=conv_heavy+b2=depthwise")
-    return plan
+    return plan, at

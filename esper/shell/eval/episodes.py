@@ -41,14 +41,16 @@ from esper.shell.eval.controllers import (
     PPO_CONTROLLERS,
     PPO_READOUTS,
     STYLE_SEP,
+    born_source,
     fixed_plan,
+    is_born_big,
     make_controller,
 )
 from esper.shell.eval.dataset import EpisodeDataset, dataset_name
 from esper.shell.eval.fits import check_controller_fits
 from esper.shell.eval.output import write_eval
 from esper.shell.eval.runner import run_hosts
-from esper.shell.eval.search import is_searched, learned_compute, plan_budget, search
+from esper.shell.eval.search import is_searched, learned_compute, plan_budget, plan_kind, search
 from esper.shell.eval.stats import mean_ci95, spearman
 from esper.shell.telemetry.console import progress
 
@@ -212,17 +214,35 @@ def check_names(controllers: Sequence[str]) -> None:
     """Refuse (one line) controller names evaluation does not know, and an empty list."""
     extra = ("grow_all:", "grow_all" + STYLE_SEP, PLAN_PREFIX)
     known = (*CONTROLLERS, *PPO_CONTROLLERS)
-    unknown = [c for c in controllers if c not in known and not c.startswith(extra) and not is_searched(c)]
+    named = lambda c: c in known or c.startswith(extra) or is_searched(c) or is_born_big(c)
+    unknown = [c for c in controllers if not named(c)]
     if unknown or not controllers:
         raise ValueError(
             f"unknown controller(s) {unknown}; choose from {', '.join(CONTROLLERS)} (or {EXTRA_CONTROLLERS})"
         )
+    check_born_sources(controllers)
+
+
+def check_born_sources(controllers: Sequence[str]) -> None:
+    """Refuse a ``born_big:CONTROLLER`` whose source is not evaluated before it."""
+    for k, c in enumerate(controllers):
+        if (source := born_source(c)) is not None and source not in controllers[:k]:
+            raise ValueError(f"{c}: grows {source}'s most frequent plan: name {source} before it in the "
+                             "same --controllers")  # fmt: skip
+
+
+def most_frequent_plan(records: list[dict]) -> str:
+    """The final plan (``grown``) most episodes of ``records`` ended with, the first by name on a tie
+    (``""``: nothing grown)."""
+    counts = Counter(r["grown"] for r in records)
+    return min(counts, key=lambda plan: (-counts[plan], plan))
 
 
 def compute_host_epochs(name: str, cfg: RunConfig, checkpoint: dict | None, searched: dict | None) -> int:
     """The host epochs controller ``name`` spent before it was evaluated: the learned controller's
     training (its updates × ``n_envs`` × ``max_epochs``), a search's episodes × ``max_epochs``, 0 for a
-    fixed rule."""
+    fixed rule (``born_big`` of ``grow_all``'s plan or of a plan given); ``born_big:CONTROLLER``'s is its
+    source's, whose plan it grows (in ``searched``)."""
     if name in PPO_CONTROLLERS:
         updates = int(checkpoint["progress"]["update"]) if checkpoint else cfg.updates
         return updates * cfg.env.n_envs * cfg.lifecycle.max_epochs
@@ -237,8 +257,11 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
     """Run ``controllers`` on ``episodes`` evaluation episodes of the task ``cfg`` describes and
     summarize (the ``results.json`` layout, without writing it). ``heuristic_tuned`` and ``plan_search``
     first search on the training hosts and data draw of ``selection_cfg`` (default ``cfg``; its choice
-    cached in ``search_cache`` when given). ``dataset``: every controller's episodes also go to this
-    dataset (a controller that grows the same fixed plan as an earlier one is not run again, nor kept)."""
+    cached in ``search_cache`` when given). ``born_big:CONTROLLER`` grows, from the start, the plan its
+    source (named earlier) ended with most often here (its ``search``: ``chosen``, ``from``).
+    ``dataset``: every controller's episodes also go to this dataset (a controller that grows the same
+    fixed plan as an earlier one is not run again, nor kept)."""
+    check_born_sources(controllers)
     task = task if task is not None else cfg.env.build_task()
     selection_cfg = selection_cfg if selection_cfg is not None else cfg
     t0 = time.perf_counter()
@@ -252,6 +275,10 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
     with progress(len(controllers) * episodes * T, desc="evaluate", enabled=show_progress) as bar:
         for name in controllers:
             bar.set_postfix(controller=name)
+            if (source := born_source(name)) is not None:  # the source ran earlier (check_names)
+                plan = most_frequent_plan(records[source])
+                spent = compute_host_epochs(source, cfg, checkpoint, searched.get(source))
+                searched[name] = {"chosen": plan, "from": source, "compute_host_epochs": spent}
             plan = fixed_plan(name, searched.get(name))
             if plan is not None and plan in first_of:  # the same controller: its episodes, not run again
                 same_as[name] = first_of[plan]
@@ -289,9 +316,7 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
             "data_seed": task.data_seed,
             "selection_data_seed": selection_task.data_seed,
             "learned_compute_host_epochs": learned_compute(cfg),
-            "plan_search_budgets": {
-                n: plan_budget(n, cfg) for n in controllers if is_searched(n) and n != "heuristic_tuned"
-            },
+            "plan_search_budgets": {n: plan_budget(n, cfg) for n in controllers if plan_kind(n) is not None},
             "ppo_acts": "; ".join(f"{name} {how}" for name, (_, how) in PPO_READOUTS.items()),
             "grow_all_blueprint": task.grow_all,
             "param_weight": cfg.reward.param_weight,

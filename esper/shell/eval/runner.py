@@ -20,7 +20,9 @@ from esper.shell.env.vecenv import VecEnv
 from esper.shell.host.hosts import Host
 
 #: ``make(env, start) -> controller`` for the envs of one batch: ``start`` is the batch's first index
-#: into the host list (a search maps it to the candidates of the batch).
+#: into the host list (a search maps it to the candidates of the batch). A controller with a
+#: ``prepare_env(env)`` method is handed the env before its episodes (``born_big`` builds its seeds in,
+#: ``probe`` asks for what-if readings).
 MakeController = Callable[[VecEnv, int], Controller]
 
 
@@ -43,7 +45,10 @@ def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequ
         )  # fmt: skip
         reward = env.reward_cfg  # its budget in this task's parameters
         try:
-            runner = EpisodeRunner(env, make(env, start), on_epoch=on_epoch)
+            controller = make(env, start)
+            if (prepare := getattr(controller, "prepare_env", None)) is not None:
+                prepare(env)  # what the controller needs of the env: seeds born in, what-if readings
+            runner = EpisodeRunner(env, controller, on_epoch=on_epoch)
             result = runner.run(start, host_seeds=chunk)
             kept = [keep(env.hosts.host(i)) for i in range(env.n)] if keep is not None else None
             if on_result is not None:

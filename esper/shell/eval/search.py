@@ -13,6 +13,17 @@
   controller's parameter cap (``ppo.param_cap``, or ``ppo.param_cap_share`` of what ``grow_all`` adds;
   :func:`learner_cap`), so that the search and the controller look for the best plan under one budget.
   ``plan_search`` has no cap: where the controller has one, the two answer different questions.
+- ``plan_search_timed`` (``@H``, ``@Kx`` alike): the same search over fixed schedules that say when and
+  how as well as what (:func:`timed_space`): each planned slot germinated from one of
+  :func:`timed_epochs` (``b0=conv_heavy:7``: not before epoch 7), blended in one of the styles
+  (``@GATED_GATE``). Its first candidates are ``plan_search``'s (each blueprint everywhere, as fast as the
+  gates allow, LINEAR_ADD), then every other schedule in an order drawn from the run seed.
+  ``plan_search`` itself is unchanged: its results repeat.
+- ``heuristic_tuned_wide`` and ``probe``: settings chosen by a grid that widens where its choice lands
+  on an edge (:mod:`esper.shell.eval.tuning`): the heuristic's timing, blueprint and budget; the greedy
+  probe's threshold, incubation and score (:class:`~esper.shell.baselines.probe.ProbeController`), within
+  the learned controller's budget (:func:`learner_budget`). Each setting tried runs on the same
+  :data:`TUNE_HOSTS` training hosts.
 
 **The selection rule.** Both score a candidate by the mean final **validation** accuracy of its hosts,
 on **training hosts** (the learned controller's own: :func:`esper.shell.common.seeding.train_host_seeds`
@@ -46,6 +57,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from esper.core.reward_config import with_param_budget
+from esper.core.spec import DEFAULT_BLEND, Style
 from esper.shell.agent.config import param_cap_on
 from esper.shell.baselines.heuristic import HeuristicController, HeuristicThresholds
 from esper.shell.baselines.simple import GrowAllController
@@ -54,13 +67,22 @@ from esper.shell.common.seeding import derive_seed, train_host_seeds
 from esper.shell.config.presets import RunConfig
 from esper.shell.env.tasks import Task, grow_all_params, seed_params, written_plan
 from esper.shell.eval.runner import run_hosts
+from esper.shell.eval.tuning import tune_heuristic_wide, tune_probe
 from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.hosts import Host
 
 HEURISTIC_TUNED = "heuristic_tuned"
+#: The heuristic with its timing, blueprint and budget chosen by a widening grid.
+HEURISTIC_TUNED_WIDE = "heuristic_tuned_wide"
+#: The greedy what-if probe, its settings chosen by a widening grid.
+PROBE = "probe"
 PLAN_SEARCH = "plan_search"
 #: ``plan_search`` within the learned controller's parameter cap.
 PLAN_SEARCH_CAP = "plan_search_cap"
+#: ``plan_search`` over fixed schedules with their timing and blend style.
+PLAN_SEARCH_TIMED = "plan_search_timed"
+#: The searches that tune a rule's settings (no budget in their name).
+TUNED = (HEURISTIC_TUNED, HEURISTIC_TUNED_WIDE, PROBE)
 #: ``plan_search@H`` (host epochs) or ``plan_search@Kx`` (K times the learned controller's compute).
 BUDGET_SEP = "@"
 #: The thresholds ``heuristic_tuned`` tries: every combination, the reference's values first. They
@@ -80,14 +102,20 @@ SEARCH_VERSION = 1
 
 def is_searched(name: str) -> bool:
     """Whether controller ``name`` searches on training hosts before it is evaluated."""
-    return name == HEURISTIC_TUNED or _plan_kind(name) is not None
+    return name in TUNED or _plan_kind(name) is not None
 
 
 def _plan_kind(name: str) -> str | None:
-    """``plan_search`` or ``plan_search_cap`` for a plan search's name (with or without a budget), else
-    None."""
+    """``plan_search``, ``plan_search_cap`` or ``plan_search_timed`` for a plan search's name (with or
+    without a budget), else None."""
     kind = name.partition(BUDGET_SEP)[0]
-    return kind if kind in (PLAN_SEARCH, PLAN_SEARCH_CAP) else None
+    return kind if kind in (PLAN_SEARCH, PLAN_SEARCH_CAP, PLAN_SEARCH_TIMED) else None
+
+
+def plan_kind(name: str) -> str | None:
+    """The plan search ``name`` is (:data:`PLAN_SEARCH`, :data:`PLAN_SEARCH_CAP`,
+    :data:`PLAN_SEARCH_TIMED`), with or without a budget; None for any other controller."""
+    return _plan_kind(name)
 
 
 def learner_cap(cfg: RunConfig, task: Task) -> float:
@@ -102,6 +130,27 @@ def learner_cap(cfg: RunConfig, task: Task) -> float:
     with torch.random.fork_rng(devices=[]):  # a host draws its init: leave the caller's stream
         grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
     return float(param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, grow_all))
+
+
+def learner_budget(cfg: RunConfig, task: Task) -> float:
+    """The seed parameters the learned controller may add on ``task``'s host: its hard cap
+    (:func:`learner_cap`) where it has one, else its reward's budget (``reward.param_budget``, or
+    ``reward.param_budget_share`` of what ``grow_all`` adds) where that is set, else ``math.inf``."""
+    if cfg.ppo.has_param_cap:
+        return learner_cap(cfg, task)
+    with torch.random.fork_rng(devices=[]):
+        grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
+    budget = with_param_budget(cfg.reward, grow_all).param_budget
+    return float(budget) if budget > 0 else math.inf
+
+
+def seed_costs(task: Task) -> list[list[float]]:
+    """``[S][n_blueprints]``: the seed parameters each blueprint adds in each slot of ``task``'s host,
+    gates not counted (:func:`~esper.shell.env.tasks.seed_params`; the caller's random stream untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        host = task.make_host()
+    names = host.blueprint_names
+    return [[float(seed_params(task, host, {s: b})) for b in names] for s in range(host.n_slots)]
 
 
 def learned_compute(cfg: RunConfig) -> int:
@@ -159,14 +208,17 @@ def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path |
     t0 = time.perf_counter()
     if name == HEURISTIC_TUNED:
         result = tune_heuristic(cfg, task)
+    elif name in (HEURISTIC_TUNED_WIDE, PROBE):
+        result = _tune(name, cfg, task)
     elif _plan_kind(name) is not None:
         store = PlanEpisodes(cache / EPISODES_FILE, cfg, task) if cache is not None else None
         cap = learner_cap(cfg, task) if _plan_kind(name) == PLAN_SEARCH_CAP else None
-        result = search_plans(cfg, task, plan_budget(name, cfg), cap=cap, store=store)
+        result = search_plans(cfg, task, plan_budget(name, cfg), cap=cap, store=store,
+                              timed=_plan_kind(name) == PLAN_SEARCH_TIMED)  # fmt: skip
     else:
         raise ValueError(
-            f"{name}: not a searched controller ({HEURISTIC_TUNED}, {PLAN_SEARCH}[@BUDGET], "
-            f"{PLAN_SEARCH_CAP}[@BUDGET])"
+            f"{name}: not a searched controller ({', '.join(TUNED)}, {PLAN_SEARCH}[@BUDGET], "
+            f"{PLAN_SEARCH_CAP}[@BUDGET], {PLAN_SEARCH_TIMED}[@BUDGET])"
         )
     result["seconds"] = time.perf_counter() - t0
     if path is not None:
@@ -178,8 +230,26 @@ def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path |
 def _key(name: str, cfg: RunConfig) -> dict[str, Any]:
     """What a cached search depends on: the controller (and its budget), the rule's version, the run seed
     and every config field but the ones that cannot change the hosts it runs."""
-    budget = plan_budget(name, cfg) if name != HEURISTIC_TUNED else None
+    budget = plan_budget(name, cfg) if name not in TUNED else None
     return {"name": name, "version": SEARCH_VERSION, "budget": budget, "config": _config_digest(cfg)}
+
+
+def _tune(name: str, cfg: RunConfig, task: Task) -> dict[str, Any]:
+    """``heuristic_tuned_wide`` or ``probe``: :mod:`esper.shell.eval.tuning`'s search on the first
+    :data:`TUNE_HOSTS` training hosts, with its compute and selection."""
+    host_seeds = selection_host_seeds(cfg, TUNE_HOSTS)
+    costs = seed_costs(task)
+    with torch.random.fork_rng(devices=[]):
+        host = task.make_host()
+        grow_all = grow_all_params(task, host, tuple(cfg.env.slots))
+    if name == HEURISTIC_TUNED_WIDE:
+        result = tune_heuristic_wide(cfg, task, host_seeds, costs, grow_all)
+    else:
+        enabled = len(cfg.env.slots) or host.n_slots
+        result = tune_probe(cfg, task, host_seeds, costs, grow_all / enabled, learner_budget(cfg, task))
+    episodes = result["settings_tried"] * len(host_seeds)
+    return {**result, "episodes": episodes, "compute_host_epochs": episodes * cfg.lifecycle.max_epochs,
+            **_selection(cfg, task, host_seeds)}  # fmt: skip
 
 
 def _config_digest(cfg: RunConfig) -> str:
@@ -219,9 +289,14 @@ def tune_heuristic(cfg: RunConfig, task: Task, grid: dict[str, Sequence[float]] 
                      "params_added_mean": float(np.mean([r["params_added"] for r in recs]))})  # fmt: skip
     best = max(range(len(rows)), key=lambda i: (rows[i]["val_acc_mean"], -i))
     chosen = candidates[best]
+    # where the choice sits in the grid: inside each axis's values, or on an edge (every axis of two values
+    # is all edges; heuristic_tuned_wide widens its grid where the choice lands there)
+    edges = [n for n in names if len(grid[n]) < 3 or getattr(chosen, n) in (min(grid[n]), max(grid[n]))]
     return {
         "chosen": {f: getattr(chosen, f) for f in chosen.__slots__},
         "changed": chosen.changed(),
+        "interior": not edges,
+        "on_edge": edges,
         "candidates": rows,
         "episodes": len(pairs),
         "compute_host_epochs": len(pairs) * cfg.lifecycle.max_epochs,
@@ -253,6 +328,60 @@ def plan_space(task: Task, slot_names: Sequence[str], enabled: Sequence[bool], s
     return uniform + rest
 
 
+#: ``plan_search_timed``'s germination epochs, as shares of ``max_epochs`` after the first epoch
+#: (:func:`timed_epochs`).
+TIMED_SHARES = (0.0, 0.25, 0.5)
+#: A timed candidate's first epoch of germination after its blueprint (``b0=conv_heavy:7``), and its
+#: style after the plan (``...@GATED_GATE``): the grammar of ``grow:`` controllers.
+EPOCH_SEP, STYLE_SEP = ":", "@"
+
+
+def timed_epochs(max_epochs: int) -> list[int]:
+    """The epochs a timed candidate may germinate a slot from: ``1 + int(share × max_epochs)`` for each
+    of :data:`TIMED_SHARES` (1, 7 and 13 of 25), each once."""
+    return sorted({1 + int(share * max_epochs) for share in TIMED_SHARES})
+
+
+def timed_space(task: Task, slot_names: Sequence[str], enabled: Sequence[bool], seed: int,
+                max_epochs: int) -> list[str]:  # fmt: skip
+    """``plan_search_timed``'s candidates in the order it tries them: :func:`plan_space`'s first ones (each
+    blueprint in every enabled slot, as fast as the gates allow, the default blend), then every other
+    schedule (a plan of :func:`plan_space`, each of its slots from one of :func:`timed_epochs`, one blend
+    style) in an order drawn from ``seed``. Written as ``grow:`` controllers are, the first epoch left out
+    where it is 1 and the style where it is the default's:
+    ``b0=conv_heavy:7+b2=self_attention@GATED_GATE``."""
+    plans = plan_space(task, slot_names, enabled, seed)
+    epochs = timed_epochs(max_epochs)
+    default = Style(DEFAULT_BLEND["style"])
+    n_uniform = sum(1 for b in BLUEPRINTS[task.family] if b != "noop")
+    first = plans[:n_uniform]
+    rest = []
+    for plan in plans:
+        parts = plan.split("+")
+        for when in itertools.product(epochs, repeat=len(parts)):
+            body = "+".join(p if e == 1 else f"{p}{EPOCH_SEP}{e}" for p, e in zip(parts, when))
+            for style in Style:
+                name = body if style == default else f"{body}{STYLE_SEP}{style.name}"
+                if name not in first:
+                    rest.append(name)
+    random.Random(derive_seed("plan_search_timed", seed)).shuffle(rest)
+    return first + rest
+
+
+def schedule_of(candidate: str, slot_names: Sequence[str],
+                blueprint_names: Sequence[str]) -> tuple[dict[int, int], dict[int, int], int]:  # fmt: skip
+    """A written (timed) candidate -> ``(plan {slot: blueprint}, first epochs {slot: epoch}, style)``
+    (indices)."""
+    body, _, style = candidate.partition(STYLE_SEP)
+    plan, at = {}, {}
+    for slot, part in written_plan(body, slot_names).items():
+        blueprint, _, epoch = part.partition(EPOCH_SEP)
+        plan[slot] = list(blueprint_names).index(blueprint)
+        if epoch:
+            at[slot] = int(epoch)
+    return plan, at, int(Style[style]) if style else int(DEFAULT_BLEND["style"])
+
+
 def halving_schedule(budget_episodes: int, n_space: int) -> list[tuple[int, int]]:
     """Successive halving within ``budget_episodes``: ``[(candidates, episodes each), ...]`` per round.
     The first round tries as many candidates as the budget allows when every round gets the same share
@@ -275,17 +404,23 @@ def halving_schedule(budget_episodes: int, n_space: int) -> list[tuple[int, int]
 
 
 def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = None,
-                 store: PlanEpisodes | None = None) -> dict[str, Any]:  # fmt: skip
+                 store: PlanEpisodes | None = None, timed: bool = False) -> dict[str, Any]:  # fmt: skip
     """The best fixed plan within ``budget`` host epochs (:func:`halving_schedule` over
     :func:`plan_space`), candidates side by side on the same training hosts in each round. With ``cap``
     (seed parameters), only the plans that add at most ``cap`` are candidates, in the same order. With
     ``store``, a (plan, host) episode kept there is read, not run, and each episode run is kept there
-    (``episodes_reused`` counts the ones read; ``episodes`` counts every one scored)."""
+    (``episodes_reused`` counts the ones read; ``episodes`` counts every one scored). With ``timed``, the
+    candidates are :func:`timed_space`'s schedules (no ``cap``)."""
     T = cfg.lifecycle.max_epochs
     probe = task.make_host()
     slot_names = tuple(probe.slot_names)
     enabled = [not cfg.env.slots or i in cfg.env.slots for i in range(len(slot_names))]
-    space = plan_space(task, slot_names, enabled, derive_seed("plan_search", cfg.seed))
+    if timed:
+        if cap is not None:
+            raise ValueError(f"{PLAN_SEARCH_TIMED}: no cap")
+        space = timed_space(task, slot_names, enabled, derive_seed("plan_search", cfg.seed), T)
+    else:
+        space = plan_space(task, slot_names, enabled, derive_seed("plan_search", cfg.seed))
     if cap is not None:
         space = plans_within(space, task, probe, cap)
         if not space:
@@ -351,13 +486,18 @@ def plans_within(plans: Sequence[str], task: Task, host: Host, cap: float) -> li
 
 def run_plans(cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]],
               slot_names: Sequence[str]) -> list[dict]:  # fmt: skip
-    """One episode of each ``(plan, host seed)`` pair (plans written on ``slot_names``), ``cfg.env.n_envs``
-    side by side in their order: :func:`~esper.shell.eval.runner.run_hosts`'s records."""
+    """One episode of each ``(plan, host seed)`` pair (plans written on ``slot_names``, timed ones too:
+    :func:`schedule_of`), ``cfg.env.n_envs`` side by side in their order:
+    :func:`~esper.shell.eval.runner.run_hosts`'s records."""
 
     def make(env, start: int):
         plans = [p for p, _ in pairs[start : start + env.n]]
-        return GrowAllController([_plan_indices(p, slot_names, env.blueprint_names) for p in plans],
-                                 cfg.lifecycle)  # fmt: skip
+        if not any(EPOCH_SEP in p or STYLE_SEP in p for p in plans):
+            return GrowAllController([_plan_indices(p, slot_names, env.blueprint_names) for p in plans],
+                                     cfg.lifecycle)  # fmt: skip
+        made = [schedule_of(p, slot_names, env.blueprint_names) for p in plans]  # timed schedules
+        return GrowAllController([m[0] for m in made], cfg.lifecycle, at=[m[1] for m in made],
+                                 style=[m[2] for m in made])  # fmt: skip
 
     return run_hosts(cfg, task, make, [h for _, h in pairs])
 
@@ -422,8 +562,9 @@ def _plan_indices(plan: str, slot_names: Sequence[str], blueprint_names: Sequenc
 
 
 __all__ = [
-    "EPISODES_FILE", "HEURISTIC_TUNED", "PLAN_SEARCH", "PLAN_SEARCH_CAP", "TUNE_GRID", "TUNE_HOSTS",
-    "PlanEpisodes", "halving_schedule", "is_searched", "learned_compute", "learner_cap", "plan_budget",
-    "plan_space", "plans_within", "run_plans", "search", "search_plans", "selection_host_seeds",
-    "tune_heuristic",
+    "EPISODES_FILE", "HEURISTIC_TUNED", "HEURISTIC_TUNED_WIDE", "PLAN_SEARCH", "PLAN_SEARCH_CAP",
+    "PLAN_SEARCH_TIMED", "PROBE", "TIMED_SHARES", "TUNED", "TUNE_GRID", "TUNE_HOSTS", "PlanEpisodes",
+    "halving_schedule", "is_searched", "learned_compute", "learner_budget", "learner_cap", "plan_budget",
+    "plan_kind", "plan_space", "plans_within", "run_plans", "schedule_of", "search", "search_plans",
+    "seed_costs", "selection_host_seeds", "timed_epochs", "timed_space", "tune_heuristic",
 ]  # fmt: skip

@@ -70,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--beside", type=Path, default=None, metavar="DIR",
                    help="with --controller-from: another arm's kept runs, whose ppo and ppo_greedy join the "
                         "table as ppo_greedy[NAME] (they judge nothing)")  # fmt: skip
+    p.add_argument("--trying", action="store_true",
+                   help="also evaluate the baselines that try harder (issue 89: born_big, probe, "
+                        "heuristic_tuned_wide, plan_search_timed@1x, and born_big of ppo_greedy's most grown "
+                        "plan), into RUN_DIR/eval-suite-trying; without it the suite runs and renders as "
+                        "before")  # fmt: skip
     p.add_argument("--status", action="store_true",
                    help="print where each (task, seed) of --runs stands (training, searches, evaluations) "
                         "and exit; runs nothing")  # fmt: skip
@@ -88,7 +93,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     if args.beside is not None and args.controller_from is None:
         raise ValueError("--beside names an arm shown beside the one --controller-from joins: give both")
     suite = run_suite(tasks, *sizes, archive=_archive(args), controller_from=args.controller_from,
-                      beside=args.beside)  # fmt: skip
+                      beside=args.beside, trying=args.trying)  # fmt: skip
     return merged(suite, args.merge)
 
 

@@ -26,6 +26,7 @@ from esper.shell.eval.suite.archive import (
 )
 from esper.shell.eval.suite.pooling import best_plan, joined_correlations, most_grown, pool_task, scored_plans
 from esper.shell.eval.suite.tasks import (
+    BORN_OWN,
     CAP_SEARCH,
     CONTROLLERS,
     EVAL_DIR,
@@ -35,6 +36,8 @@ from esper.shell.eval.suite.tasks import (
     LEARNED,
     OWN_PLAN,
     SUITE,
+    TRYING,
+    TRYING_DIR,
     beside_name,
     controllers_for,
     final_data_seed,
@@ -47,12 +50,13 @@ from esper.shell.suite import launch
 
 
 def _one(task: str, k: int, episodes: int, runs: Path, jobs: int, archive: Path | None = None,
-         controller_from: Path | None = None,
-         beside: Path | None = None) -> tuple[str, int, dict, float]:  # fmt: skip
+         controller_from: Path | None = None, beside: Path | None = None,
+         trying: bool = False) -> tuple[str, int, dict, float]:  # fmt: skip
     """Train and evaluate training seed ``k`` of ``task`` (one the ``archive`` does not keep:
     :func:`run_suite` reads those); with an ``archive``, the seed evaluated here is kept there. With
     ``controller_from`` no controller is trained: the one kept there (:mod:`esper.shell.suite.confirm`) is
-    joined to the baselines evaluated here (:func:`with_kept_controller`)."""
+    joined to the baselines evaluated here (:func:`with_kept_controller`). With ``trying``, the baselines
+    that try harder join too (:func:`with_trying`)."""
     root = runs / task
     if archive is not None:
         restore(archive, task, k, root / f"seed{k}")  # a state in progress kept from another machine
@@ -60,6 +64,9 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int, archive: Path 
     if controller_from is not None:
         results, train_s = with_kept_controller(task, k, episodes, root / f"seed{k}", jobs, controller_from,
                                                 beside)  # fmt: skip
+        if trying:
+            extra = ["--threads", "1"] if jobs > 1 else []
+            with_trying(results, root / f"seed{k}", k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
         if archive is not None:
             save_seed(archive, task, k, results, train_s)
         return task, k, results, train_s
@@ -70,9 +77,35 @@ def _one(task: str, k: int, episodes: int, runs: Path, jobs: int, archive: Path 
                               data_seed=final_data_seed(task, k), extra=extra)  # fmt: skip
     with_diagnostics(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
     with_plan_in_cap(results, task, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
+    if trying:
+        with_trying(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
     if archive is not None:
         save_seed(archive, task, k, results, train_s)
     return task, k, results, train_s
+
+
+def with_trying(results: dict, run_dir: Path, k: int, episodes: int, out: str, data_seed: int | None,
+                extra: Sequence[str]) -> dict:  # fmt: skip
+    """Add the baselines that try harder (:data:`TRYING`) to seed ``k``'s ``results``, evaluated on the same
+    hosts and draw into ``RUN_DIR/OUT-trying`` (kept when there), after every other row, and
+    :data:`BORN_OWN`: the learned controller's most grown plan (``ppo_greedy``'s) present from the start
+    (``born_big:PLAN``; none where it grew nothing or is not in the results), its compute the learned
+    controller's, whose plan it grows. Their searches are cached in ``RUN_DIR/search`` as the others'."""
+    greedy = results["controllers"].get("ppo_greedy")
+    plan = most_grown(greedy) if greedy else ""
+    names = {n: n for n in TRYING}
+    if plan:
+        names[BORN_OWN] = f"born_big:{plan}"
+    folder = out.replace(EVAL_DIR, TRYING_DIR)
+    got = launch.evaluate(run_dir, k, episodes, list(names.values()), out=folder, data_seed=data_seed,
+                          extra=extra)["controllers"]  # fmt: skip
+    for row, name in names.items():
+        results["controllers"][row] = got[name]
+    if plan:  # the controller's plan: its compute
+        spent = greedy.get("compute_host_epochs", 0)
+        row = {**got[names[BORN_OWN]], "plan": plan, "compute_host_epochs": spent}
+        results["controllers"][BORN_OWN] = row
+    return results
 
 
 def kept_elsewhere(kept: dict, task: str, k: int, episodes: int, controller_from: Path | None) -> str | None:
@@ -199,11 +232,14 @@ def with_plan_in_cap(results: dict, task: str, run_dir: Path, k: int, episodes: 
 
 def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
               log: Callable[[str], None] = print, archive: Path | None = None,
-              controller_from: Path | None = None, beside: Path | None = None) -> dict[str, Any]:  # fmt: skip
+              controller_from: Path | None = None, beside: Path | None = None,
+              trying: bool = False) -> dict[str, Any]:  # fmt: skip
     """Every (task, seed) trained and evaluated (``jobs`` at a time), each task's seeds pooled; with an
     ``archive`` (:mod:`esper.shell.eval.suite.archive`), seeds kept there are read, and seeds evaluated here
     kept; with ``controller_from``, the controllers kept there are joined to the baselines, not trained
-    (and ``beside``'s learned rows beside them)."""
+    (and ``beside``'s learned rows beside them); with ``trying``, the baselines that try harder join each
+    seed evaluated here (:func:`with_trying`; a seed read from the archive keeps the rows it was kept with,
+    and a row missing from one seed is left out of its task's table)."""
     unknown = [t for t in tasks if t not in SUITE]
     if unknown or not tasks:
         raise ValueError(f"unknown suite task(s) {unknown}; tasks: {', '.join(SUITE)}")
@@ -224,7 +260,7 @@ def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, 
     def one(pair: tuple[str, int]) -> tuple[str, int, dict, float]:
         if (r := kept.get(pair)) is not None:
             return *pair, r, r["meta"].get("train_seconds", 0.0)
-        out = _one(*pair, episodes, runs, jobs, archive, controller_from, beside)
+        out = _one(*pair, episodes, runs, jobs, archive, controller_from, beside, trying)
         log(f"{pair[0]} seed {pair[1]}: done")
         return out
 
@@ -243,7 +279,8 @@ def carry_suite(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, a
     whole (:func:`esper.shell.eval.suite.archive.carry`); the folders written. Run it before a machine
     goes."""
     pairs = [(task, k) for task in tasks for k in range(first_seed, first_seed + seeds)]
-    kept = [carry(archive, task, k, runs / task / f"seed{k}", EVALUATIONS) for task, k in pairs]
+    folders = (*EVALUATIONS, TRYING_DIR)
+    kept = [carry(archive, task, k, runs / task / f"seed{k}", folders) for task, k in pairs]
     return [dest for dest in kept if dest is not None]
 
 

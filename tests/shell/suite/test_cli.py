@@ -520,3 +520,23 @@ def test_a_seed_kept_for_another_controller_is_refused_before_anything_runs(tmp_
     # the folder it was made with: read back, nothing runs
     assert main([*argv, "--runs", str(tmp_path / "elsewhere"), "--controller-from", str(arm)]) == 0
     assert trained == [] and len(evaluated) == n_eval
+
+
+def test_the_baselines_that_try_run_only_with_trying_and_join_each_seed(tmp_path, monkeypatch):
+    """``--trying`` (issue 89) evaluates ``born_big``, ``probe``, ``heuristic_tuned_wide`` and
+    ``plan_search_timed@1x`` on each seed's hosts and draw into ``eval-suite-trying``, and ``born_big`` of
+    ``ppo_greedy``'s most grown plan, whose compute is the controller's; without it nothing of them runs
+    (the schema test above)."""
+    from esper.shell.eval.suite.tasks import BORN_OWN, TRYING, TRYING_DIR
+
+    assert not set(TRYING) & set(CONTROLLERS) and BORN_OWN not in CONTROLLERS
+    _, evaluated = _mock_runs(monkeypatch)
+    out = tmp_path / "results"
+    assert main(["--tasks", "longrange", "--seeds", "1", "--first-seed", "3", "--episodes", "2", "--trying",
+                 "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0  # fmt: skip
+    assert [(k, o, d, n) for k, o, d, n, _ in evaluated][-1] == (
+        3, TRYING_DIR, FINAL_DATA_SEED + 3, (*TRYING, "born_big:b0=conv_heavy"))  # fmt: skip
+    entry = json.loads(next(out.glob("*.json")).read_text())["tasks"]["longrange"]["controllers"]
+    assert set(entry) == {*CONTROLLERS, OWN_PLAN, FOSSILIZING, IN_CAP, *TRYING, BORN_OWN}
+    assert entry[BORN_OWN]["compute_host_epochs"] == entry["ppo_greedy"]["compute_host_epochs"]
+    assert "| born_big |" in next(out.glob("*.md")).read_text()

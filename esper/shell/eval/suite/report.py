@@ -315,10 +315,15 @@ def _search_view_lines(view: dict[str, dict]) -> list[str]:
 
 
 def _thresholds(chosen: dict) -> str:
+    """A tuned rule's choice in words: the heuristic's settings that differ from the reference's, or
+    another rule's settings (``probe``'s) as they are."""
     from esper.shell.baselines.heuristic import HeuristicThresholds
 
+    if not set(chosen) <= set(HeuristicThresholds.__slots__):
+        return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in chosen.items())
     changed = HeuristicThresholds(**chosen).changed()
-    return ", ".join(f"{k} {v:g}" for k, v in changed.items()) or "the reference's"
+    return ", ".join(f"{k} {v:g}" if not isinstance(v, str) else f"{k} {v}"
+                     for k, v in changed.items()) or "the reference's"  # fmt: skip
 
 
 def _goal_lines(g: dict[str, Any]) -> list[str]:

@@ -44,6 +44,16 @@ FOSSILIZING = "ppo_greedy_fossilize"
 IN_CAP = "plan_search_in_cap"
 #: The evaluations of a seed, by folder: the table's, the diagnosis rows, the plan within the cap.
 EVALUATIONS = (EVAL_DIR, f"{EVAL_DIR}-diagnosis", f"{EVAL_DIR}-in-cap")
+#: Baselines that try harder (issue 89), evaluated only with ``python -m esper.shell.suite --trying``, into
+#: ``RUN_DIR/eval-suite-trying`` (:data:`TRYING_DIR`), so that a run without it evaluates, pools and renders
+#: as before: the static network at ``grow_all``'s final size, the greedy what-if probe, the heuristic with
+#: a widened grid, and the plan search over schedules with their timing and blend at equal compute.
+TRYING = ("born_big", "probe", "heuristic_tuned_wide", "plan_search_timed@1x")
+#: The row of ``--trying`` that grows the learned controller's most grown plan from the start
+#: (``born_big:PLAN`` of ``ppo_greedy``'s plan on the seed; its compute the controller's).
+BORN_OWN = "born_big:ppo_greedy"
+#: Where a seed's ``--trying`` rows are evaluated.
+TRYING_DIR = f"{EVAL_DIR}-trying"
 
 
 def plan_name(multiple: float) -> str:
@@ -91,7 +101,8 @@ def beside_readout(row: str) -> str | None:
 
 
 __all__ = [
-    "BASELINES", "CAP_SEARCH", "CONTROLLERS", "EVALUATIONS", "EVAL_DIR", "EVAL_EPISODES", "FINAL_DATA_SEED",
-    "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "beside_name",
+    "BASELINES", "BORN_OWN", "CAP_SEARCH", "CONTROLLERS", "EVALUATIONS", "EVAL_DIR", "EVAL_EPISODES",
+    "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "TRYING",
+    "TRYING_DIR", "beside_name",
     "beside_readout", "controllers_for", "final_data_seed", "kept_has_cap", "plan_name",
 ]  # fmt: skip
