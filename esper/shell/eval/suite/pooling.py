@@ -15,7 +15,7 @@ from esper.shell.config.presets import preset
 from esper.shell.env.tasks import Task, seed_params
 from esper.shell.eval.stats import grouped_mean_ci95, spearman
 from esper.shell.eval.suite.archive import train_machine, train_revision
-from esper.shell.eval.suite.tasks import PLAN_MULTIPLES, SUITE, plan_name
+from esper.shell.eval.suite.tasks import LEARNED, ORACLE, PLAN_MULTIPLES, SUITE, beside_readout, plan_name
 from esper.shell.host.hosts import Host
 
 
@@ -121,13 +121,38 @@ def most_grown(controller: dict) -> str:
     return next(iter(controller.get("grown_counts", {})), "")
 
 
-def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
+#: The keys of a family's pre-check (issue 89), as its entry records them: the hosts it ran on, the per-host
+#: oracle's points above the best constant plan, and the share of hosts whose best plan is not that one.
+PRECHECK_KEYS = ("hosts", "oracle_minus_best_constant", "share_best_differs")
+
+
+def family_fields(precheck: dict[str, Any]) -> dict[str, Any]:
+    """What a family's task entry carries beside its rows: ``"family": true`` and its ``"precheck"`` (the
+    :data:`PRECHECK_KEYS`, and any other record it keeps, such as the draws and hosts it used)."""
+    missing = [k for k in PRECHECK_KEYS if k not in precheck]
+    if missing:
+        raise ValueError(f"a family's pre-check records {', '.join(PRECHECK_KEYS)}; "
+                         f"missing {', '.join(missing)}")  # fmt: skip
+    return {"family": True, "precheck": dict(precheck)}
+
+
+def plans_per_seed(runs: list[dict[str, list[dict]]], name: str) -> list[list[str]] | None:
+    """The plan each evaluation episode of ``name`` ended with (``""``: none), per training seed in order,
+    episode by episode (one fresh host each); None where the episodes do not record it."""
+    plans = [[e.get("grown") for e in r[name]] for r in runs]
+    return None if any(p is None for seed in plans for p in seed) else plans
+
+
+def pool_task(task: str, per_seed: dict[int, dict], precheck: dict[str, Any] | None = None) -> dict[str, Any]:
     """One task's entry from its training seeds' evaluations (``per_seed[k]``: seed k's ``results.json``):
-    per controller the mean over seeds with a 95 % interval over seeds, the parameters added, the host
-    epochs spent (their mean over seeds), what the searches chose, and what it grew (``grown``: each
-    plan's count of evaluation episodes over all seeds, most grown first); per seed, the revisions that
+    per controller the mean over seeds with a 95 % interval over seeds, each seed's mean
+    (``per_seed_test_acc``, in ``training_seeds`` order, the same for every row), the parameters added, the
+    host epochs spent (their mean over seeds), what the searches chose, and what it grew (``grown``: each
+    plan's count of evaluation episodes over all seeds, most grown first; for the learned readouts and the
+    per-host oracle, each episode's plan too, ``plans_per_seed``); per seed, the revisions that
     trained and evaluated it (``revisions``); and the controller's settings that depart from the task's preset
-    (``controller_settings``, :func:`controller_settings`)."""
+    (``controller_settings``, :func:`controller_settings`). A family's task (issue 89) passes its
+    ``precheck`` and carries :func:`family_fields`."""
     seeds = sorted(per_seed)
     names = [n for n in per_seed[seeds[0]]["controllers"]
              if all(n in per_seed[k]["controllers"] for k in seeds)]  # fmt: skip
@@ -147,6 +172,9 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
             "per_seed_test_acc": c["per_seed_test_acc"],
             "episodes": c["episodes"],
         }
+        if n in (*LEARNED, ORACLE) or beside_readout(n):
+            if (plans := plans_per_seed(runs, n)) is not None:
+                controllers[n]["plans_per_seed"] = plans
         fates = seed_fates(runs, n)
         if fates is not None:
             controllers[n]["seed_fates"] = fates
@@ -159,6 +187,7 @@ def pool_task(task: str, per_seed: dict[int, dict]) -> dict[str, Any]:
     meta = [per_seed[k]["meta"] for k in seeds]
     return {
         "preset": SUITE.get(task),
+        **({} if precheck is None else family_fields(precheck)),
         "controllers": controllers,
         "return_vs_test_acc": corr["return_vs_test_acc"],
         "data": {
@@ -236,6 +265,7 @@ def revisions(meta: dict) -> dict[str, str | None]:
 
 
 __all__ = [
-    "RECORDED_SETTINGS", "best_plan", "controller_settings", "joined_correlations", "most_grown", "pool_task",
+    "PRECHECK_KEYS", "RECORDED_SETTINGS", "best_plan", "controller_settings", "family_fields",
+    "joined_correlations", "most_grown", "plans_per_seed", "pool_task",
     "revisions", "scored_plans", "search_view", "seed_fates", "shares", "summarize_runs",
 ]  # fmt: skip

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from esper.shell.eval.output import COLORS
+from esper.shell.eval.suite import verdict
 from esper.shell.eval.suite.pooling import shares
 from esper.shell.eval.suite.tasks import (
     CAP_SEARCH,
@@ -184,13 +185,16 @@ def markdown(info: dict, suite: dict[str, Any], command: str, plot_files: dict[s
         "search; an episode is `max_epochs` host epochs per env).",
         "",
     ]
-    if len(suite["tasks"]) > 1:
+    protocol = verdict.protocol_of(suite)
+    if protocol >= 2:  # issue 89's claims (esper.shell.eval.suite.verdict)
+        lines += verdict.verdict_lines(verdict.judge(suite))
+    elif len(suite["tasks"]) > 1:  # issue 45's goals: the runs judged before protocol 2 render as they did
         lines += verdict_lines(suite_verdict(suite["tasks"]))
         for v in beside_verdicts(suite["tasks"]).values():
             lines += verdict_lines(v)
     for task, t in suite["tasks"].items():
         src = [f"Pooled earlier, as in `{t['merged_from']}` (`--merge`).", ""] if t.get("merged_from") else []
-        lines += _section(f"## {task} (preset `{t['preset']}`)", t, src, plot_files.get(task, []))
+        lines += _section(f"## {task} (preset `{t['preset']}`)", t, src, plot_files.get(task, []), protocol)
     for task, t in suite.get("transfer", {}).items():
         am = t.get("amortization") or {}
         trained = ", ".join(f"`{x}`" for x in t.get("trained_on", []))
@@ -217,8 +221,11 @@ def markdown(info: dict, suite: dict[str, Any], command: str, plot_files: dict[s
     return "\n".join(lines) + "\n"
 
 
-def _section(title: str, t: dict[str, Any], intro: list[str], plot_files: list[Path]) -> list[str]:
-    """One task's (or one held-out task's) table, its goals and its plots."""
+def _section(title: str, t: dict[str, Any], intro: list[str], plot_files: list[Path],
+             protocol: int = 1) -> list[str]:  # fmt: skip
+    """One task's (or one held-out task's) table, its goals (protocol 1) or, under protocol 2, its
+    pre-check where it is a family, its rows paired by seed against each readout and its budgets, and
+    its plots."""
     ctl = t["controllers"]
     d = t["data"]
     seeds = next(iter(ctl.values()))["training_seeds"] if ctl else []
@@ -248,7 +255,12 @@ def _section(title: str, t: dict[str, Any], intro: list[str], plot_files: list[P
             f"{f' (+{len(picks) - 3} more)' if len(picks) > 3 else ''} | {_grown(c.get('grown', {}))} |"
         )
     view = _search_view_lines(t.get("search_view", {}))
-    lines += ["", *_goal_lines(goals(ctl)), *_fates_lines(ctl), *view, ""]
+    if protocol >= 2:
+        blocks = [b for b in (verdict.family_lines(t), verdict.paired_lines(t), verdict.budget_lines(t)) if b]
+        judged = [ln for i, b in enumerate(blocks) for ln in ([""] if i else []) + b]
+    else:
+        judged = _goal_lines(goals(ctl))
+    lines += ["", *judged, *_fates_lines(ctl), *view, ""]
     lines += [f"![{p.stem}]({p.name})" for p in plot_files]
     lines.append("")
     return lines

@@ -19,6 +19,12 @@ SUITE: dict[str, str] = {
     "digits_shallow": "digits_shallow",
     "recall": "recall",
 }
+#: The default task: the one every earlier result is on, judged at each budget beside the families (issue 89).
+DEFAULT_TASK = next(task for task, name in SUITE.items() if name == "default")
+#: A family's per-host oracle (issue 89): on each fresh host the best of the family's enumerated fixed plans,
+#: evaluated on that host. What no constant plan can beat, so what a controller that reads the host can
+#: close the gap to.
+ORACLE = "oracle_per_host"
 #: The learned controller's readouts: sampled as trained, and each head's most likely action.
 LEARNED = ("ppo", "ppo_greedy")
 #: Baselines that spend nothing before the evaluation, and the tuned heuristic (which searches).
@@ -101,8 +107,8 @@ def beside_readout(row: str) -> str | None:
 
 
 __all__ = [
-    "BASELINES", "BORN_OWN", "CAP_SEARCH", "CONTROLLERS", "EVALUATIONS", "EVAL_DIR", "EVAL_EPISODES",
-    "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP", "LEARNED", "OWN_PLAN", "PLAN_MULTIPLES", "SUITE", "TRYING",
-    "TRYING_DIR", "beside_name",
+    "BASELINES", "BORN_OWN", "CAP_SEARCH", "CONTROLLERS", "DEFAULT_TASK", "EVALUATIONS", "EVAL_DIR",
+    "EVAL_EPISODES", "FINAL_DATA_SEED", "FOSSILIZING", "IN_CAP", "LEARNED", "ORACLE", "OWN_PLAN",
+    "PLAN_MULTIPLES", "SUITE", "TRYING", "TRYING_DIR", "beside_name",
     "beside_readout", "controllers_for", "final_data_seed", "kept_has_cap", "plan_name",
 ]  # fmt: skip

@@ -47,3 +47,30 @@ def test_a_controller_without_a_cap_has_no_best_plan_within_one_in_the_search_vi
     three, four = (ln for ln in _search_view_lines(view) if ln.startswith("- seed"))
     assert "within the controller's cap of 720" in three
     assert "cap" not in four and "the controller's: `b0=conv_heavy` 78.0 %" in four
+
+
+def test_each_row_keeps_its_seeds_means_in_seed_order_and_a_family_its_precheck():
+    """Issue 89's schema: every row's ``per_seed_test_acc`` in the same training seed order (whatever
+    order the seeds came in), each episode's plan for the learned readouts and the per-host oracle
+    (``plans_per_seed``), and a family's ``"family": true`` with its pre-check; a task that is no family
+    carries neither."""
+    import pytest
+
+    from esper.shell.eval.suite.pooling import family_fields, pool_task
+    from esper.shell.eval.suite.tasks import ORACLE
+
+    names = ("ppo", "ppo_greedy", "static", ORACLE)
+    per_seed = {k: _results(k, FINAL_DATA_SEED + k, names) for k in (4, 3)}
+    precheck = {"hosts": 40, "oracle_minus_best_constant": 5.2, "share_best_differs": 0.4, "eval_seeds": [9]}
+    entry = pool_task("longrange", per_seed, precheck=precheck)
+    for i, name in enumerate(names):
+        c = entry["controllers"][name]
+        assert c["training_seeds"] == [3, 4]
+        assert c["per_seed_test_acc"] == pytest.approx([40.0 + i + 3.5, 40.0 + i + 4.5])
+        plans = [["b0=conv_heavy+b1=norm", ""]] * 2
+        assert c.get("plans_per_seed") == (None if name == "static" else plans)
+    assert entry["family"] is True and entry["precheck"] == precheck
+    plain = pool_task("longrange", per_seed)
+    assert "family" not in plain and "precheck" not in plain
+    with pytest.raises(ValueError, match="missing oracle_minus_best_constant, share_best_differs"):
+        family_fields({"hosts": 30})
