@@ -18,6 +18,7 @@ from esper.shell.eval.suite import finetune
 from esper.shell.eval.suite.report import beside_verdicts, goals, markdown, plots, suite_verdict
 from esper.shell.eval.suite.status import status, status_lines
 from esper.shell.eval.suite.tasks import EVAL_EPISODES, SUITE
+from esper.shell.eval.suite.verdict import PROTOCOL, TRAINING_SEEDS, judge
 from esper.shell.suite.runs import carry_suite, restore_suite, run_finetune, run_suite, run_transfer
 
 #: The command, as the results files record it.
@@ -75,6 +76,11 @@ def _parser() -> argparse.ArgumentParser:
                         "heuristic_tuned_wide, plan_search_timed@1x, and born_big of ppo_greedy's most grown "
                         "plan), into RUN_DIR/eval-suite-trying; without it the suite runs and renders as "
                         "before")  # fmt: skip
+    p.add_argument("--protocol", type=int, choices=(1, PROTOCOL), default=PROTOCOL,
+                   help=f"the rule the tables are judged by: {PROTOCOL} (default; issue 89's claims, paired "
+                        f"by seed, Holm-corrected, equivalence by TOST, on {TRAINING_SEEDS} training seeds: "
+                        "esper.shell.eval.suite.verdict) or 1 (issue 45's goals: to pool again a run judged "
+                        "by them, as it was)")  # fmt: skip
     p.add_argument("--status", action="store_true",
                    help="print where each (task, seed) of --runs stands (training, searches, evaluations) "
                         "and exit; runs nothing")  # fmt: skip
@@ -128,7 +134,11 @@ def _write(args: argparse.Namespace, suite: dict[str, Any], info: dict[str, Any]
         when = f"{info['date']}, {info.get('host')}, revision {info.get('git')}"
         head = [f"# Fine-tuning after transfer ({when})", "", f"`{command}`", ""]
         text = "\n".join([*head, *finetune.markdown(args.finetune, curves, png)])
-    else:
+    elif args.transfer is None and args.protocol >= 2:  # the claims new runs are judged by (issue 89)
+        suite["protocol"] = args.protocol
+        suite["verdict"] = judge(suite)
+        text = markdown(info, suite, command, plots(args.out, stem, suite))
+    else:  # issue 45's goals (and issue 46's, for a transfer run), as the runs before protocol 2 were judged
         for t in (*suite["tasks"].values(), *suite.get("transfer", {}).values()):
             t["goals"] = goals(t["controllers"])
         if len(suite["tasks"]) > 1:

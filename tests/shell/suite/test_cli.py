@@ -89,7 +89,15 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     assert entry["ppo_greedy"]["test_acc_mean"] == pytest.approx(40.0 + i + 3.5 + 0.5)
     assert entry["ppo_greedy"]["compute_host_epochs"] == 100 * i
     assert entry[plan_name(1)]["chosen"] == {"3": "b0=conv_heavy", "4": "b0=conv_heavy"}
-    assert saved["tasks"]["longrange"]["goals"]["ppo"]["all_disjoint_above"] in (True, False)
+    # judged by protocol 2 (issue 89): each row's per-seed means in seed order, each episode's plan for the
+    # learned readouts; the verdict of the claims, not issue 45's goals
+    assert saved["protocol"] == 2 and "goals" not in saved["tasks"]["longrange"]
+    assert entry["ppo_greedy"]["per_seed_test_acc"] == pytest.approx([40.0 + i + 3.5, 40.0 + i + 4.5])
+    assert entry["ppo_greedy"]["plans_per_seed"] == [["b0=conv_heavy+b1=norm", ""]] * 2
+    assert "plans_per_seed" not in entry["static"]
+    verdict = saved["verdict"]
+    assert verdict["checks"]["training_seeds"]["per_task"] == {"longrange": 2} and verdict["met"] is False
+    assert verdict["compute"]["longrange"]["rows"][plan_name(1)]["budget_host_epochs"] == 4400
     # what each controller grew, pooled over seeds (most grown first), and each seed's revisions
     assert entry["ppo_greedy"]["grown"] == {"b0=conv_heavy": 3, "": 1}
     # episode 0: one of its two seeds in the host unfossilized; episode 1: its one seed lost
@@ -115,9 +123,24 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     assert ("Trained at `3333333` (seeds 3), `4444444` (seeds 4); evaluated at `eeeeeee` (seeds 3, 4); "
             "trained on Test CPU, 2 cores (seeds 3), unrecorded (seeds 4).") in md  # no evaluation has one
     assert "## longrange (preset `longrange`)" in md and "| plan_search@1x |" in md
+    assert "**The verdict (protocol 2, issue 89" in md and "Paired by training seed" in md
     assert "selection draw: data seed 42" in md and "`min_epoch 1`" in md
     assert any(f.endswith("-longrange-acc-vs-params.png") for f in files)
     assert any(f.endswith("-longrange-acc-vs-compute.png") for f in files)
+
+
+def test_protocol_1_pools_a_run_again_as_issue_45s_goals_judged_it(tmp_path, monkeypatch):
+    """``--protocol 1``: the goals each task's table was judged by before protocol 2, in the JSON and the
+    table, and no protocol field, so the file renders as the runs before it did."""
+    _mock_runs(monkeypatch)
+    out = tmp_path / "results"
+    assert main(["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
+                 "--protocol", "1", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0  # fmt: skip
+    saved = json.loads(next(out.glob("*.json")).read_text())
+    assert "protocol" not in saved
+    assert saved["tasks"]["longrange"]["goals"]["ppo"]["all_disjoint_above"] in (True, False)
+    md = next(out.glob("*.md")).read_text()
+    assert "against `plan_search` at equal compute" in md and "protocol 2" not in md
 
 
 def test_suite_final_draws_and_refusals(tmp_path):
@@ -396,7 +419,7 @@ def test_a_kept_controller_is_joined_to_baselines_evaluated_on_its_hosts(tmp_pat
     assert list(entry)[list(entry).index(plan_name(1)) + 1] == IN_CAP
     assert saved["revisions"]["3"] == {"train": "ccccccc", "evaluate": "eeeeeee", "train_machine": None,
                                        "evaluate_machine": None}  # fmt: skip
-    assert "all_disjoint_above" in saved["goals"]["ppo_greedy"]
+    assert "per_seed_test_acc" in entry["ppo_greedy"] and "goals" not in saved  # judged by protocol 2
     # kept in the suite's archive like any seed, then read back: by default beside the runs (RUNS/seeds),
     # not among the results files, whose folder would grow by a file a seed
     assert (runs / "seeds" / "longrange" / "seed4.json.gz").is_file() and not (out / "seeds").exists()
