@@ -129,7 +129,8 @@ def precheck_verdict(entry: dict[str, Any]) -> dict[str, Any]:
 
 def budgets(entry: dict[str, Any]) -> list[tuple[str | None, dict[str, dict]]]:
     """A task's budgets: ``(label, controllers)`` of each entry of its ``budgets`` (the controller evaluated
-    with the budget as an input, beside the searches within it), else its own rows as one (label None)."""
+    with the budget as an input, beside the searches within it; the task's own rows are then no budget of
+    their own), else its own rows as one (label None)."""
     if entry.get("budgets"):
         return [(label, b["controllers"]) for label, b in entry["budgets"].items()]
     return [(None, entry["controllers"])]
@@ -249,7 +250,9 @@ def not_dominated(readout: str, task: str, budget: str | None, ctl: dict[str, di
 def _decide(row: dict[str, Any]) -> bool:
     """A tested claim's verdict from its Holm-adjusted p-value (and, for ``family_gain``, its estimate)."""
     ok = row["p_holm"] <= ALPHA
-    return ok and row["estimate"] >= GAIN_OVER_CONSTANT if row["claim"] == "family_gain" else ok
+    if row["claim"] == "family_gain":
+        return ok and row["estimate"] >= GAIN_OVER_CONSTANT
+    return ok
 
 
 def _correct(rows: list[dict[str, Any]]) -> None:
