@@ -16,8 +16,10 @@ each task is there):
    (kept: a re-run evaluates only what is missing) (:mod:`~esper.shell.eval.suite.tasks`);
 3. **pool** the seeds (:mod:`~esper.shell.eval.suite.pooling`): per controller the mean test accuracy
    with a 95 % interval over training seeds (Student-t of the per-seed means), the parameters added, and
-   the host epochs spent on training or search (``compute_host_epochs``); and read the issue's goals off
-   each task's table and over the suite (:mod:`~esper.shell.eval.suite.report`).
+   the host epochs spent on training or search (``compute_host_epochs``); and judge it: a new run by
+   protocol 2's claims, paired by seed, Holm-corrected, equivalence by TOST
+   (:mod:`~esper.shell.eval.suite.verdict`, issue 89), the runs before it by issue 45's goals, read off each
+   task's table and over the suite (:mod:`~esper.shell.eval.suite.report`).
 
 **The selection rule** (written before any suite run): whatever is chosen (the learned controller's
 weights, ``heuristic_tuned``'s thresholds, ``plan_search``'s plan) is chosen on the training seed's
