@@ -8,7 +8,10 @@ and ``heuristic`` on the same fresh evaluation hosts with the option off, on (``
 default scale 0.1) and on at the blueprints' own near-zero size (scale 0.01: the projection's direction
 alone), and ``heuristic_gain`` with it on; each pair of conditions is compared host by host (final test
 accuracy, mean validation accuracy over the episode, parameters added, the epoch each seed blended in),
-with Student-t 95 % intervals, and written to ``OUT/<date>-<host>-grad-init.{md,json}``.
+with Student-t 95 % intervals, and written to ``OUT/<date>-vm-grad-init.{md,json}``. ``--stage training
+--runs OFF_DIR ON_DIR`` reads two training runs of the default preset, one seed, with the option off and on
+(``lifecycle.grad_init`` and ``lifecycle.grad_gain_features``): each trained controller, sampled and by its
+most likely actions, on the reading's hosts, paired by host, added to that file pair.
 
 One thread, the default preset's hosts one batch at a time (``env.workers 1``): a shared 2-core VM.
 """
@@ -34,9 +37,11 @@ from esper.shell.common.seeding import eval_host_seeds
 from esper.shell.config.presets import RunConfig, preset
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.eval.controllers import make_controller
+from esper.shell.eval.episodes import compare_on_config
 from esper.shell.eval.runner import run_hosts
 from esper.shell.eval.search import selection_host_seeds
 from esper.shell.eval.stats import mean_ci95
+from esper.shell.user.grow import load_run
 
 #: The conditions: the lifecycle settings on top of the default preset.
 CONDITIONS: dict[str, dict[str, Any]] = {
@@ -125,6 +130,33 @@ def run(condition: str, controller: str, episodes: int, seed: int) -> dict[str, 
     return {"condition": condition, "controller": controller, "seconds": wall, "hosts": rows}
 
 
+def training(run_dirs: list[Path], episodes: int, seed: int) -> dict[str, Any]:
+    """Each run's controller (``ppo_greedy``, ``ppo``) on the evaluation hosts of ``seed``, with the run's
+    own settings (its observation included); the second run minus the first, host by host."""
+    out: dict[str, Any] = {"runs": []}
+    for d in run_dirs:
+        cfg, checkpoint = load_run(d)
+        t0 = time.perf_counter()
+        res = compare_on_config(cfg, ["ppo_greedy", "ppo"], episodes=episodes, seed=seed,
+                                checkpoint=checkpoint, show_progress=False)  # fmt: skip
+        lc, keep = cfg.lifecycle, ("host_seed", "final_test_acc", "params_added")
+        out["runs"].append({
+            "run_dir": str(d), "seed": cfg.seed, "updates": int(checkpoint["progress"]["update"]),
+            "grad_init": lc.grad_init, "grad_gain_features": lc.grad_gain_features,
+            "seconds": time.perf_counter() - t0,
+            "controllers": {name: {"hosts": [{k: e[k] for k in keep} for e in c["per_episode"]]}
+                            for name, c in res["controllers"].items()},
+        })  # fmt: skip
+    a, b = out["runs"]
+    out["difference"] = {}
+    for name in ("ppo_greedy", "ppo"):
+        pairs = list(zip(b["controllers"][name]["hosts"], a["controllers"][name]["hosts"], strict=True))
+        assert all(x["host_seed"] == y["host_seed"] for x, y in pairs)
+        out["difference"][name] = {k: _ci([x[k] - y[k] for x, y in pairs])
+                                   for k in ("final_test_acc", "params_added")}  # fmt: skip
+    return out
+
+
 def _ci(values: list[float]) -> dict[str, Any]:
     m, (lo, hi) = mean_ci95(values)
     return {"mean": m, "ci95": [lo, hi], "n": len(values)}
@@ -195,19 +227,45 @@ def write(out: Path, results: dict[str, Any]) -> Path:
         lines += ["", f"`heuristic_gain`'s trigger: {results['gain_trigger']} (predicted decrease per "
                   f"parameter); on {len(cal['host_seeds'])} training hosts under `static` the largest slot's "
                   f"reading from epoch 5 on had quartiles {q[0]:.4f} / {q[1]:.4f} / {q[2]:.4f}."]  # fmt: skip
+    tr = results.get("training")
+    if tr:
+        lines += ["", "## One training run each, option off and on (the same seed)", "",
+                  "`python -m esper.shell.run --seed S --threads 1 --env.workers 1` (the default preset), "
+                  "and the same with `--lifecycle.grad_init true --lifecycle.grad_gain_features true`; each "
+                  "run's controller on the hosts above, with the run's own settings.", "",
+                  "| run | controller | test acc % [95 % CI] | params added |",
+                  "|---|---|---|---:|"]  # fmt: skip
+        for r in tr["runs"]:
+            label = f"seed {r['seed']}, " + ("on" if r["grad_init"] else "off")
+            for name, c in r["controllers"].items():
+                acc = _ci([h["final_test_acc"] for h in c["hosts"]])
+                lo, hi = acc["ci95"]
+                lines.append(f"| {label} | {name} | {acc['mean']:.1f} [{lo:.1f}, {hi:.1f}] | "
+                             f"{np.mean([h['params_added'] for h in c['hosts']]):.0f} |")  # fmt: skip
+        lines += ["", "| controller | on minus off, test acc (points) | params added |", "|---|---|---|"]
+        for name, d in tr["difference"].items():
+            lines.append(f"| {name} | {_fmt(d['final_test_acc'])} | {_fmt(d['params_added'], 0)} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return stem
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.grad_init", description=__doc__.split("\n\n")[0])
-    p.add_argument("--stage", choices=("calibrate", "reading"), default="reading")
+    p.add_argument("--stage", choices=("calibrate", "reading", "training"), default="reading")
+    p.add_argument("--runs", type=Path, nargs=2, metavar=("OFF_DIR", "ON_DIR"), help="--stage training")
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--seed", type=int, default=9105)
     p.add_argument("--calibration-hosts", type=int, default=8)
     p.add_argument("--out", type=Path, default=Path("bench/results/growth"))
     a = p.parse_args(argv)
     torch.set_num_threads(1)
+    if a.stage == "training":
+        path = sorted(a.out.glob("*-vm-grad-init.json"))[-1]
+        results = json.loads(path.read_text())
+        results["training"] = training(list(a.runs), results["episodes"], results["seed"])
+        results["training"]["revision"] = git_revision()
+        print(f"wrote {write(a.out, results)}.{{md,json}}")
+        return 0
     cal = calibrate(a.calibration_hosts)
     print(f"calibration: median {cal['median_from_epoch_5']:.4f}, quartiles {cal['quartiles_from_epoch_5']}")
     if a.stage == "calibrate":
