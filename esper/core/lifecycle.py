@@ -208,7 +208,7 @@ class LifecycleConfig:
         "gradient-informed seeds: the last grad_init_batches training batches of every epoch keep each "
         "slot's input and output gradient, and a germinated seed's projection (its last layer) starts along "
         "the top singular directions of their cross-covariance (GradMax style), at its usual small size, "
-        "instead of its default direction (esper.shell.host.gradinit; docs/grow-your-model.md: what it did)",
+        "instead of its default direction (esper.shell.host.gradinit; docs/controller.md: what it did)",
     )
     grad_init_batches: int = config_field(
         4, "training batches (the epoch's last) whose slot statistics grad_init and grad_gain_features read"

@@ -117,8 +117,10 @@ class SlotStats:
 
 class SlotRecorder:
     """Forward hooks on a host's slots that fill a :class:`SlotStats` while :meth:`recording` is active (the
-    host pass of a training step; never the what-if pass). ``scale``: the factor the loss was scaled by
-    before its backward (an AMP GradScaler's), divided out of ``g``. :meth:`close` removes the hooks."""
+    host pass of a training step; never the what-if pass): each slot's input, and through a hook on its
+    output the gradient that reaches it in the backward. ``recording(scale)``: ``scale()`` is the factor
+    the loss was scaled by before its backward (an AMP GradScaler's), divided out of ``g``. :meth:`close`
+    removes the hooks."""
 
     def __init__(self, slots: Sequence[SeedSlot], stats: SlotStats) -> None:
         self.stats = stats
