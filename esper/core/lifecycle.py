@@ -203,6 +203,32 @@ class LifecycleConfig:
         "health score, the shares of its parameter tensors whose gradient vanished or exploded); off until "
         "the growth bench on fresh seeds shows it costs nothing (docs/experiment-log.md)",
     )
+    grad_init: bool = config_field(
+        False,
+        "gradient-informed seeds: the last grad_init_batches training batches of every epoch keep each "
+        "slot's input and output gradient, and a germinated seed's projection (its last layer) starts along "
+        "the top singular directions of their cross-covariance (GradMax style), at its usual small size, "
+        "instead of its default direction (esper.shell.host.gradinit; docs/controller.md: what it did)",
+    )
+    grad_init_batches: int = config_field(
+        4, "training batches (the epoch's last) whose slot statistics grad_init and grad_gain_features read"
+    )
+    grad_init_scale: float = config_field(
+        0.1,
+        "grad_init: the projection's norm over that of its layer's default init (the blueprints shrink that "
+        "by 0.01: 0.01 changes the direction alone, 0.1 is ten times the usual near-zero start)",
+    )
+    grad_gain_features: bool = config_field(
+        False,
+        "the observation also shows each slot's predicted first-order loss decrease from growing there (2 "
+        "features per slot, from the slot statistics of grad_init, measured with this on too): its size on a "
+        "log scale and its share of the env's largest",
+    )
+
+    @property
+    def grad_stats(self) -> bool:
+        """Whether the hosts keep the slot statistics (``grad_init`` or ``grad_gain_features``)."""
+        return self.grad_init or self.grad_gain_features
 
     @property
     def prune_floor(self) -> float | None:
@@ -219,11 +245,14 @@ class LifecycleConfig:
             "embargo_epochs": 0,
             "min_prune_age": 0,
             "max_seeds": 0,
+            "grad_init_batches": 1,
         }
         for name, low in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{where}.{name} must be an integer >= {low}, got {v!r}")
+        if not (math.isfinite(self.grad_init_scale) and self.grad_init_scale > 0):
+            raise ValueError(f"{where}.grad_init_scale must be finite and > 0, got {self.grad_init_scale}")
         for name in ("g2_min_gain", "g2_min_grad_ratio", "g5_min_contribution", "grad_ratio_cap"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{where}.{name} must be finite, got {getattr(self, name)}")

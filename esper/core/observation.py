@@ -27,7 +27,10 @@ Layout (:func:`observation_layout` names every column; :func:`obs_dim` is its le
   from this epoch's signals, ``seed_grad_norm`` (``log1p(norm) / log1p(100)``, cap 1),
   ``seed_grad_health`` (``1 - 0.5 vanishing - 0.8 exploding``, the original's score),
   ``seed_grad_vanishing`` and ``seed_grad_exploding`` (shares of the seed's parameter tensors, all 0
-  without a seed); ``param_frac`` (seed params / all params); ``blueprint_<i>``,
+  without a seed); with ``lifecycle.grad_gain_features`` the slot's predicted first-order loss decrease
+  from growing there (:mod:`esper.shell.host.gradinit`), ``grad_gain`` (``log1p(gain / 0.1) /
+  log1p(10)``, cap 1) and ``grad_gain_share`` (its decrease per parameter over the largest of the env's
+  enabled slots; 0 on a disabled slot); ``param_frac`` (seed params / all params); ``blueprint_<i>``,
   ``style_<i>``, ``tempo_<i>`` one-hots (all 0 without a seed); gate readiness ``g2_ready``,
   ``g3_ready``, ``g5_ready`` (:func:`esper.core.lifecycle.gate_readiness`), ``prunable`` (PRUNE legal);
   ``embargo_left`` (/embargo_epochs).
@@ -58,6 +61,12 @@ _STAGE_EPOCHS_SCALE = 10.0
 _SEED_GRAD_NORM_SCALE = 100.0
 #: The per-slot gradient-health features of ``lifecycle.seed_grad_features`` (after ``grad_ratio``).
 SEED_GRAD_FEATURES = ("seed_grad_norm", "seed_grad_health", "seed_grad_vanishing", "seed_grad_exploding")
+#: The per-slot predicted-decrease features of ``lifecycle.grad_gain_features`` (after those).
+GRAD_GAIN_FEATURES = ("grad_gain", "grad_gain_share")
+#: ``grad_gain`` reads ``log1p(gain / _GRAD_GAIN_UNIT) / log1p(_GRAD_GAIN_CAP / _GRAD_GAIN_UNIT)``: a
+#: predicted decrease of 1 (loss per unit step) reads 1; the default task's slots measure about 0.02-0.6.
+_GRAD_GAIN_UNIT = 0.1
+_GRAD_GAIN_CAP = 1.0
 
 
 def clean_loss(x: torch.Tensor) -> torch.Tensor:
@@ -158,16 +167,18 @@ _SLOT_TAIL = ("g2_ready", "g3_ready", "g5_ready", "prunable", "embargo_left")
 
 
 def observation_layout(
-    n_slots: int, n_blueprints: int, *, window: int = 5, seed_grads: bool = False
+    n_slots: int, n_blueprints: int, *, window: int = 5, seed_grads: bool = False, grad_gain: bool = False
 ) -> tuple[str, ...]:
     """The name of every observation column, in order (``slot<k>.<feature>`` for slot features);
-    ``seed_grads``: with the gradient-health features (``lifecycle.seed_grad_features``)."""
+    ``seed_grads``: with the gradient-health features (``lifecycle.seed_grad_features``); ``grad_gain``:
+    with the predicted-decrease features (``lifecycle.grad_gain_features``)."""
     if n_slots < 1 or n_blueprints < 1 or window < 1:
         raise ValueError(f"observation_layout: sizes must be >= 1, got {n_slots}, {n_blueprints}, {window}")
     hist = (*(f"val_loss_hist_{i}" for i in range(window)), *(f"val_acc_hist_{i}" for i in range(window)))
     per_slot = (
         *_SLOT_HEAD,
         *(SEED_GRAD_FEATURES if seed_grads else ()),
+        *(GRAD_GAIN_FEATURES if grad_gain else ()),
         "param_frac",
         *(f"blueprint_{i}" for i in range(n_blueprints)),
         *(f"style_{s.name}" for s in Style),
@@ -178,9 +189,18 @@ def observation_layout(
     return (*_BASE, *hist, *_BASE_TAIL, *slots)
 
 
-def obs_dim(n_slots: int, n_blueprints: int, *, window: int = 5, seed_grads: bool = False) -> int:
+def obs_dim(
+    n_slots: int, n_blueprints: int, *, window: int = 5, seed_grads: bool = False, grad_gain: bool = False
+) -> int:
     """Length of the observation vector."""
-    return len(observation_layout(n_slots, n_blueprints, window=window, seed_grads=seed_grads))
+    return len(observation_layout(n_slots, n_blueprints, window=window, seed_grads=seed_grads,
+                                  grad_gain=grad_gain))  # fmt: skip
+
+
+def layout_options(lifecycle_cfg: LifecycleConfig) -> dict[str, bool]:
+    """The optional slot features a config turns on, as :func:`obs_dim`'s (and :func:`observation_layout`'s,
+    :func:`slot_state_names`') keywords."""
+    return {"seed_grads": lifecycle_cfg.seed_grad_features, "grad_gain": lifecycle_cfg.grad_gain_features}
 
 
 def global_dim(*, window: int = 5) -> int:
@@ -188,11 +208,12 @@ def global_dim(*, window: int = 5) -> int:
     return len(_BASE) + 2 * window + len(_BASE_TAIL)
 
 
-def slot_state_names(*, seed_grads: bool = False) -> tuple[str, ...]:
+def slot_state_names(*, seed_grads: bool = False, grad_gain: bool = False) -> tuple[str, ...]:
     """The per-slot features without the blueprint one-hot, in :func:`split_observation`'s order: what
     describes a slot whatever the host's blueprint catalogue."""
     return (
-        *_SLOT_HEAD, *(SEED_GRAD_FEATURES if seed_grads else ()), "param_frac",
+        *_SLOT_HEAD, *(SEED_GRAD_FEATURES if seed_grads else ()), *(GRAD_GAIN_FEATURES if grad_gain else ()),
+        "param_frac",
         *(f"style_{s.name}" for s in Style), *(f"tempo_{i}" for i in range(len(TEMPO_EPOCHS))), *_SLOT_TAIL,
     )  # fmt: skip
 
@@ -202,8 +223,9 @@ def split_observation(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``obs [*L, obs_dim]`` -> its global part ``[*L, global_dim]``, every slot's features without the
     blueprint one-hot ``[*L, S, len(slot_state_names())]`` and the one-hot ``[*L, S, n_blueprints]``
-    (with or without ``lifecycle.seed_grad_features``: read from the length). Shapes that do not depend
-    on the host: what the host-agnostic policy normalizes and reads (views and one copy, no sync)."""
+    (with or without ``lifecycle.seed_grad_features`` and ``lifecycle.grad_gain_features``: read from the
+    length). Shapes that do not depend on the host: what the host-agnostic policy normalizes and reads
+    (views and one copy, no sync)."""
     g = global_dim(window=window)
     rest = obs.shape[-1] - g
     if n_slots < 1 or n_blueprints < 1 or rest <= 0 or rest % n_slots:
@@ -213,7 +235,8 @@ def split_observation(
         )
     per = rest // n_slots
     grads = per - n_blueprints - len(slot_state_names())
-    if grads not in (0, len(SEED_GRAD_FEATURES)):
+    extras = {a * len(SEED_GRAD_FEATURES) + b * len(GRAD_GAIN_FEATURES) for a in (0, 1) for b in (0, 1)}
+    if grads not in extras:
         raise ValueError(
             f"split_observation: {per} features per slot fit no layout of {n_blueprints} blueprints"
         )
@@ -237,7 +260,8 @@ def observe(
     history after :func:`update_history` and the slot state ``[*E, S]`` after
     :func:`esper.core.lifecycle.record_signals`. With ``lifecycle_cfg.seed_grad_features`` the signals'
     ``slots`` also hold ``seed_grad_norm``, ``seed_grad_vanishing`` and ``seed_grad_exploding``
-    ``[*E, S]`` (the hosts' measurement). The global part is :func:`_global_features`, each slot's
+    ``[*E, S]`` (the hosts' measurement), with ``lifecycle_cfg.grad_gain_features`` ``grad_gain`` and
+    ``grad_gain_rms`` ``[*E, S]``. The global part is :func:`_global_features`, each slot's
     :func:`_slot_features`."""
     _check_observe(signals, history, slots, max_epochs, n_blueprints)
     cfg = lifecycle_cfg
@@ -254,7 +278,8 @@ def observe(
     glob = _global_features(signals, history, slots, all_params / host, max_epochs=max_epochs, cfg=cfg)
     out = torch.cat([glob, per_slot.flatten(-2)], dim=-1)
     expected = obs_dim(
-        S, n_blueprints, window=history["val_loss_window"].shape[-1], seed_grads=cfg.seed_grad_features
+        S, n_blueprints, window=history["val_loss_window"].shape[-1], seed_grads=cfg.seed_grad_features,
+        grad_gain=cfg.grad_gain_features,
     )
     if out.shape[-1] != expected:  # static shapes: checked at trace time
         raise AssertionError(f"observe built {out.shape[-1]} features, layout says {expected}")
@@ -348,6 +373,7 @@ def _slot_scalars(
             rel_acc(slots["acc_at_germination"]),
             torch.log1p(grad) / math.log1p(cfg.grad_ratio_cap),
             *_seed_grad_features(signals, live, cfg.seed_grad_features),
+            *_grad_gain_features(signals, slots["enabled"], cfg.grad_gain_features),
             param_frac,
         ],
         dim=-1,
@@ -417,6 +443,22 @@ def _seed_grad_features(signals: TensorDict, live: torch.Tensor, on: bool) -> li
     return [torch.where(live, scaled, 0.0), h["health"], h["vanishing"], h["exploding"]]
 
 
+def _grad_gain_features(signals: TensorDict, enabled: torch.Tensor, on: bool) -> list[torch.Tensor]:
+    """The :data:`GRAD_GAIN_FEATURES` of every slot ``[*E, S]`` each (none when ``on`` is False): the
+    predicted decrease ``grad_gain`` on a log scale, and ``grad_gain_rms`` (per parameter) over the largest
+    of the env's enabled slots; 0 on a disabled slot, NaN read as 0."""
+    if not on:
+        return []
+    sig = signals["slots"]
+    clean = lambda x: torch.where(enabled, torch.nan_to_num(x.to(torch.float32), nan=0.0, posinf=0.0), 0.0)
+    gain, rms = clean(sig["grad_gain"]).clamp(min=0.0), clean(sig["grad_gain_rms"]).clamp(min=0.0)
+    unit = _GRAD_GAIN_UNIT
+    scaled = (torch.log1p(gain / unit) / math.log1p(_GRAD_GAIN_CAP / unit)).clamp(0.0, 1.0)
+    top = rms.amax(dim=-1, keepdim=True)
+    share = torch.where(top > 0, rms / top.clamp(min=1e-12), 0.0)
+    return [scaled, share]
+
+
 def controller_inputs(
     signals: TensorDict,
     history: TensorDict,
@@ -441,12 +483,14 @@ def controller_inputs(
 
 
 __all__ = [
+    "GRAD_GAIN_FEATURES",
     "LOSS_MAX",
     "SEED_GRAD_FEATURES",
     "clean_loss",
     "controller_inputs",
     "global_dim",
     "init_history",
+    "layout_options",
     "obs_dim",
     "observation_layout",
     "observe",

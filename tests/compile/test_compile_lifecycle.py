@@ -117,6 +117,14 @@ def test_observe_and_history_compile(compile_check):
     # its split into the global part, the slot features and the blueprint one-hot (ppo.policy set, issue 46)
     obs = observe(signals, history, slots, max_epochs=25, n_blueprints=N_BP, lifecycle_cfg=on)
     compile_check(lambda x: split_observation(x, slots.batch_size[-1], N_BP), obs)
+    # and with the slots' predicted-decrease features (lifecycle.grad_gain_features, issue 91 item 5)
+    both = dataclasses.replace(on, grad_gain_features=True)
+    signals["slots", "grad_gain"] = torch.rand(signals["slots"].batch_size)
+    signals["slots", "grad_gain_rms"] = torch.rand(signals["slots"].batch_size)
+    fn = lambda g, h, s: observe(g, h, s, max_epochs=25, n_blueprints=N_BP, lifecycle_cfg=both)
+    compile_check(fn, signals, history, slots)
+    obs = observe(signals, history, slots, max_epochs=25, n_blueprints=N_BP, lifecycle_cfg=both)
+    compile_check(lambda x: split_observation(x, slots.batch_size[-1], N_BP), obs)
 
 
 @pytest.mark.parametrize("gate_masks", [False, True])

@@ -12,9 +12,11 @@ from tensordict import TensorDict
 
 from esper.core.lifecycle import LifecycleConfig, init_slots, lifecycle_step, record_signals
 from esper.core.observation import (
+    GRAD_GAIN_FEATURES,
     SEED_GRAD_FEATURES,
     global_dim,
     init_history,
+    layout_options,
     obs_dim,
     observation_layout,
     observe,
@@ -88,16 +90,16 @@ def test_layout_names_are_unique_and_sized():
     assert "slot2.g5_ready" in observation_layout(3, N_BP)
 
 
-@pytest.mark.parametrize("seed_grads", [False, True])
+@pytest.mark.parametrize(("seed_grads", "grad_gain"), [(a, b) for a in (False, True) for b in (False, True)])
 @pytest.mark.parametrize(("S", "nb"), [(1, 1), (3, 8), (5, 7)])
-def test_split_observation_names_every_column_whatever_the_host(S, nb, seed_grads):
+def test_split_observation_names_every_column_whatever_the_host(S, nb, seed_grads, grad_gain):
     """The global part, each slot's features without the blueprint one-hot (their own, host-independent
     names) and the one-hot: every column of the layout lands where its name says, once."""
-    names = observation_layout(S, nb, seed_grads=seed_grads)
+    names = observation_layout(S, nb, seed_grads=seed_grads, grad_gain=grad_gain)
     x = torch.arange(len(names), dtype=torch.float32).expand(2, -1)  # [*L, obs_dim]
     glob, state, onehot = split_observation(x, S, nb)
     assert glob.shape == (2, global_dim()) and [names[int(i)] for i in glob[0]] == list(names[: global_dim()])
-    per = slot_state_names(seed_grads=seed_grads)
+    per = slot_state_names(seed_grads=seed_grads, grad_gain=grad_gain)
     assert state.shape == (2, S, len(per)) and onehot.shape == (2, S, nb)
     for s in range(S):
         assert [names[int(i)] for i in state[1, s]] == [f"slot{s}.{n}" for n in per]
@@ -178,6 +180,40 @@ def test_seed_gradient_features_behind_the_switch():
     # NaN or huge gradients stay finite and in [0, 1]
     bad = _with_seed_grads(sig.clone(), float("nan"), float("nan"), float("inf"))
     x = _obs(bad, h, slots, on)[0][[name(f) for f in SEED_GRAD_FEATURES]]
+    assert torch.isfinite(x).all() and (x >= 0).all() and (x <= 1).all()
+
+
+def test_predicted_decrease_features_behind_the_switch():
+    """Issue 91 item 5: ``lifecycle.grad_gain_features`` adds, per slot after the seed-gradient features,
+    the slot's predicted first-order loss decrease (log scale) and its decrease per parameter over the
+    env's largest; off (the default) the layout and values are the old ones. A disabled slot reads 0."""
+    on = LifecycleConfig(grad_gain_features=True)
+    assert on.grad_stats and LifecycleConfig(grad_init=True).grad_stats and not LifecycleConfig().grad_stats
+    plain, wide = observation_layout(3, N_BP), observation_layout(3, N_BP, grad_gain=True)
+    assert len(wide) == len(plain) + 3 * 2 == obs_dim(3, N_BP, **layout_options(on))
+    assert wide.index("slot0.grad_gain") == wide.index("slot0.grad_ratio") + 1
+    added = [f"slot{k}.{f}" for k in range(3) for f in GRAD_GAIN_FEATURES]
+    assert [n for n in wide if n not in plain] == added
+    both = observation_layout(3, N_BP, seed_grads=True, grad_gain=True)
+    assert both.index("slot0.grad_gain") == both.index("slot0.seed_grad_exploding") + 1
+    slots, h = init_slots(1, [True, True, False]), init_history(1)
+    sig = make_signals(1, 3, epoch=1)
+    sig["slots", "grad_gain"] = torch.tensor([[0.1, 0.3, 5.0]])
+    sig["slots", "grad_gain_rms"] = torch.tensor([[0.01, 0.04, 0.9]])
+    slots = record_signals(slots, sig, on)
+    h = update_history(h, sig)
+    o = _obs(sig, h, slots, on)[0]
+    name = lambda f, k: wide.index(f"slot{k}.{f}")
+    assert float(o[name("grad_gain", 0)]) == pytest.approx(math.log1p(1.0) / math.log1p(10.0))
+    assert float(o[name("grad_gain", 1)]) == pytest.approx(math.log1p(3.0) / math.log1p(10.0))
+    assert [float(o[name("grad_gain_share", k)]) for k in range(3)] == pytest.approx([0.25, 1.0, 0.0])
+    assert float(o[name("grad_gain", 2)]) == 0.0, "slot 2 is disabled"
+    off = _obs(sig, h, slots, LifecycleConfig())[0]
+    torch.testing.assert_close(off, o[[i for i, n in enumerate(wide) if n in plain]])
+    # NaN, infinite or all-zero gains stay finite and in [0, 1]
+    sig["slots", "grad_gain"] = torch.tensor([[float("nan"), float("inf"), 1e9]])
+    sig["slots", "grad_gain_rms"] = torch.zeros(1, 3)
+    x = _obs(sig, h, slots, on)[0][[name(f, k) for f in GRAD_GAIN_FEATURES for k in range(3)]]
     assert torch.isfinite(x).all() and (x >= 0).all() and (x <= 1).all()
 
 

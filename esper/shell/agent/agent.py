@@ -196,12 +196,16 @@ def load_stats(saved: dict, current: TensorDict, device: torch.device) -> Tensor
     return stats
 
 
-def set_stats(*, seed_grads: bool = False, device: torch.device | str | None = None) -> TensorDict:
-    """Empty statistics of the set policy: the observation's global part, and one slot's features."""
+def set_stats(
+    *, seed_grads: bool = False, grad_gain: bool = False, device: torch.device | str | None = None
+) -> TensorDict:
+    """Empty statistics of the set policy: the observation's global part, and one slot's features (with
+    the optional ones :func:`~esper.core.observation.layout_options` names)."""
+    n_slot = len(slot_state_names(seed_grads=seed_grads, grad_gain=grad_gain))
     return TensorDict(
         {
             "global": running_stats((global_dim(),), device=device),
-            "slot": running_stats((len(slot_state_names(seed_grads=seed_grads)),), device=device),
+            "slot": running_stats((n_slot,), device=device),
         },
         batch_size=[],
     )
@@ -215,22 +219,25 @@ def build_agent(
     generator (seed it first), empty observation statistics. ``germination_cost`` (the env's ``[S,
     n_blueprints]``) is needed with ``ppo.size_bias`` or ``ppo.param_cap`` for the flat policy; the set
     policy reads each step's host instead. ``raw_obs_dim`` is the env's observation length
-    (``VecEnv.obs_dim``; None: the default layout's, without ``lifecycle.seed_grad_features``)."""
+    (``VecEnv.obs_dim``; None: the default layout's, without the optional features)."""
     raw_dim = obs_dim(spec.n_slots, spec.n_blueprints) if raw_obs_dim is None else raw_obs_dim
     biases = dict(wait_bias=ppo.wait_bias, germinate_bias=ppo.germinate_bias, blend_bias=ppo.blend_bias,
                   fossilize_bias=ppo.fossilize_bias, slot_order_bias=ppo.slot_order_bias)  # fmt: skip
     device = torch.device(device)
     if ppo.policy == "set":
-        # the slot features' count says whether the layout holds the seeds' gradient features
+        # the slot features' count says which optional features the layout holds
         _, state, _ = split_observation(torch.zeros(raw_dim), spec.n_slots, spec.n_blueprints)
         n_state = state.shape[-1]
-        seed_grads = n_state != len(slot_state_names())
+        layout = next(
+            {"seed_grads": a, "grad_gain": b} for a in (False, True) for b in (False, True)
+            if len(slot_state_names(seed_grads=a, grad_gain=b)) == n_state
+        )  # fmt: skip
         policy = SetRecurrentActorCritic(
             global_dim() + len(Op), n_state + len(SLOT_FEATURES) + len(DESCRIPTOR_FEATURES),
             len(DESCRIPTOR_FEATURES), hidden=ppo.hidden, head_hidden=ppo.head_hidden,
             size_bias=ppo.size_bias, **biases,
         ).to(device)  # fmt: skip
-        stats = set_stats(seed_grads=seed_grads, device=device)
+        stats = set_stats(**layout, device=device)
     else:
         policy = FactoredRecurrentActorCritic(
             policy_input_dim(raw_dim), spec, hidden=ppo.hidden, head_hidden=ppo.head_hidden,

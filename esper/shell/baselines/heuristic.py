@@ -24,6 +24,14 @@ Per env, each epoch (the original system's heuristic, adapted to ADVANCE-driven 
 Every choice is checked against the legality masks (an illegal choice becomes WAIT, and WAIT goes to an
 enabled slot) and explained in ``last_reasons`` (:meth:`HeuristicController.explain`), which the run
 logs with each epoch.
+
+**The predicted-decrease trigger** (``gain_trigger``; evaluation's ``heuristic_gain``, issue 91 item 5).
+With the slot statistics on (``lifecycle.grad_init`` or ``lifecycle.grad_gain_features``) the signals carry
+each slot's predicted first-order loss decrease per parameter (``grad_gain_rms``,
+:mod:`esper.shell.host.gradinit`). Given ``gain_trigger``, the no-live-seed rule germinates, after the
+same cooldown, stabilisation and first-epoch waits, into the empty enabled slot whose predicted decrease
+per parameter is largest, as soon as it reaches ``gain_trigger`` (or, as before, once accuracy has
+plateaued); the blueprint and blend are the reference's.
 """
 
 from __future__ import annotations
@@ -42,6 +50,10 @@ from esper.shell.env.step import StepInput
 #: Preferred germination order; names a host family does not have are skipped.
 ROTATION = ("conv_light", "conv_heavy", "attention", "norm", "depthwise", "bottleneck", "conv_small",
             "mlp", "lora", "lora_large", "mlp_small")  # fmt: skip
+
+#: ``heuristic_gain``'s trigger: a predicted first-order loss decrease per parameter (``grad_gain_rms``)
+#: chosen on training hosts (docs/grow-your-model.md, bench/results/perf/2026-12-06-vm-grad-init.md).
+GAIN_TRIGGER = 0.03
 
 #: Stages whose seed the heuristic manages; while one exists it germinates nothing.
 _SEEDED = (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING)
@@ -92,10 +104,19 @@ class HeuristicController(FixedController):
         per_env: Sequence[HeuristicThresholds] | None = None,
         costs: Sequence[Sequence[float]] | None = None,
         grow_all_params: float = 0.0,
+        gain_trigger: float | None = None,
         **thresholds: float | str,
     ) -> None:
         self.names = blueprint_names
         self.lc = lifecycle
+        if gain_trigger is not None and not lifecycle.grad_stats:
+            raise ValueError(
+                "HeuristicController: gain_trigger reads the slot statistics: turn on lifecycle.grad_init "
+                "(or lifecycle.grad_gain_features)"
+            )
+        #: Germinate where the predicted decrease per parameter is largest once it reaches this (None: the
+        #: reference's plateau trigger and first empty slot alone).
+        self.gain_trigger = gain_trigger
         self.thresholds = HeuristicThresholds(**thresholds)
         if per_env is not None and (thresholds or not per_env):
             raise ValueError("HeuristicController: a non-empty per_env list or keywords, not both")
@@ -134,6 +155,8 @@ class HeuristicController(FixedController):
             for k in ("stage", "epochs_in_stage", "contribution", "acc_at_stage_start", "acc_at_germination",
                       "ramp_pos", "ramp_len", "enabled", "blueprint", "seed_params")
         }  # fmt: skip
+        if self.gain_trigger is not None:
+            host["gain"] = sig["slots", "grad_gain_rms"].tolist()
         val_acc, val_loss, epoch = sig["val_acc"].tolist(), sig["val_loss"].tolist(), sig["epoch"].tolist()
         legal = step.legal["slot_by_op"].tolist()
         actions = {h: [0] * self.n for h in HEADS}
@@ -216,9 +239,11 @@ class HeuristicController(FixedController):
             return Op.WAIT, 0, 0, "host not yet stabilised"
         if epoch < t.min_epoch:
             return Op.WAIT, 0, 0, f"epoch {epoch} < {t.min_epoch}"
+        empty = [k for k, g in enumerate(stages) if g == Stage.DORMANT and s["enabled"][i][k]]
+        if self.gain_trigger is not None and empty:
+            return self._gain_rule(st, t, empty, s["gain"][i])
         if st["plateau"] < t.plateau_epochs:
             return Op.WAIT, 0, 0, f"improving (plateau {st['plateau']} < {t.plateau_epochs})"
-        empty = [k for k, g in enumerate(stages) if g == Stage.DORMANT and s["enabled"][i][k]]
         if not empty:
             return Op.WAIT, 0, 0, "no empty slot"
         fits = None
@@ -233,6 +258,18 @@ class HeuristicController(FixedController):
     def _order(self, t: HeuristicThresholds) -> list[int]:
         """The blueprints germinated in turn: the rotation, or only ``t.blueprint``."""
         return [self.names.index(t.blueprint)] if t.blueprint else self.rotation
+
+    def _gain_rule(self, st: dict, t: HeuristicThresholds, empty: list[int], gain: list[float]) -> tuple:
+        """The predicted-decrease trigger (the module docstring): the empty slot with the largest
+        predicted decrease per parameter, germinated once it reaches :attr:`gain_trigger` or on a plateau."""
+        k = max(empty, key=lambda j: (gain[j], -j))
+        if gain[k] < self.gain_trigger and st["plateau"] < t.plateau_epochs:
+            return Op.WAIT, 0, 0, (f"predicted decrease {gain[k]:.4f} < {self.gain_trigger} and improving "
+                                   f"(plateau {st['plateau']} < {t.plateau_epochs})")  # fmt: skip
+        bp = self._next_blueprint(st, self._order(t))
+        fired = gain[k] >= self.gain_trigger
+        why = f"predicted decrease {gain[k]:.4f}" if fired else f"plateau {st['plateau']}"
+        return Op.GERMINATE, k, bp, f"{why}: germinate {self.names[bp]} in slot {k}"
 
     def _penalize(self, i: int, blueprint: int) -> None:
         """A pruned blueprint is skipped by the rotation for a few epochs."""
@@ -263,4 +300,4 @@ class HeuristicController(FixedController):
         st["prev_loss"], st["prev_acc"] = loss, acc
 
 
-__all__ = ["HeuristicController", "HeuristicThresholds"]
+__all__ = ["GAIN_TRIGGER", "HeuristicController", "HeuristicThresholds"]

@@ -37,7 +37,7 @@ from esper.core.lifecycle import (
     lifecycle_step,
     record_signals,
 )
-from esper.core.observation import controller_inputs, init_history, obs_dim, update_history
+from esper.core.observation import controller_inputs, init_history, layout_options, obs_dim, update_history
 from esper.core.reward_config import with_loss_calibration, with_param_budget
 from esper.core.rewards import RewardConfig, compute_reward
 from esper.core.spec import DEFAULT_BLEND, ActionSpec, Stage, Style, Tempo
@@ -48,6 +48,7 @@ from esper.shell.env.step import BLEND_SETTING_EVENTS, BLEND_SETTINGS, StepInput
 from esper.shell.env.tasks import Task, grow_all_params
 from esper.shell.host.batched import make_bank
 from esper.shell.host.descriptors import describe_host
+from esper.shell.host.gradinit import GRAD_GAIN_KEYS
 from esper.shell.host.model import SEED_GRAD_KEYS
 
 
@@ -109,9 +110,7 @@ class VecEnv:
         #: The host's shape-free description (:mod:`esper.shell.host.descriptors`), on every step.
         self.layout = describe_host(probe, self.germination_cost, self.grow_all_params).to(self.device)
         #: Length of the raw observation (:func:`esper.core.observation.obs_dim` of this host and config).
-        self.obs_dim = obs_dim(
-            self.spec.n_slots, self.spec.n_blueprints, seed_grads=lifecycle.seed_grad_features
-        )
+        self.obs_dim = obs_dim(self.spec.n_slots, self.spec.n_blueprints, **layout_options(lifecycle))
         self.governor = Governor(governor, self.n, self.random_guess_loss)
         self.hosts = make_bank(cfg, self.task, self.device)
         self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
@@ -193,6 +192,7 @@ class VecEnv:
         measured = self.hosts.measure(
             scale, whatif=life.g2_evidence != "host" or self.measure_whatif,
             whatif_statistics=life.whatif_statistics,
+            grad_batches=life.grad_init_batches if life.grad_stats else 0,
         )  # fmt: skip
         self.timings.update(self.hosts.timings)
         t0 = time.perf_counter()
@@ -204,7 +204,7 @@ class VecEnv:
                 "host_params": self._host_params_tensor(),
                 "slots": TensorDict(
                     {k: measured[k] for k in ("contribution", "whatif_gain", *SEED_GRAD_KEYS)}
-                    | self._seed_state(),
+                    | {k: measured[k] for k in self._gain_keys} | self._seed_state(),
                     batch_size=[E, S],
                 ),
             },
@@ -262,6 +262,8 @@ class VecEnv:
                 signals["slots", "contribution"][i] = again["contribution"][k]
                 for key in SEED_GRAD_KEYS:  # the removed seeds' gradients are gone with them
                     signals["slots", key][i] = 0.0
+                for key in self._gain_keys:  # measured on the host before the rollback
+                    signals["slots", key][i] = 0.0
             seeds = self._seed_state()  # the rollback removed seeds: their parameters and alphas go
             for k in ("seed_params", "alpha"):
                 signals["slots", k][panicked] = seeds[k][panicked]
@@ -292,7 +294,8 @@ class VecEnv:
                     self.seed_params[i][s] = 0
                 if fired["germinated"]:
                     self.seed_params[i][s] = self.hosts.germinate(
-                        i, s, int(blueprint[i][s]), int(style[i][s]), self.epoch
+                        i, s, int(blueprint[i][s]), int(style[i][s]), self.epoch,
+                        grad_init=self.lifecycle.grad_init_scale if self.lifecycle.grad_init else None,
                     )
                 self.hosts.set_slot(i, s, alpha=min(max(alpha[i][s], 0.0), 1.0), stage=int(stage[i][s]))
                 for kind in (k for k, on in fired.items() if on):
@@ -339,6 +342,11 @@ class VecEnv:
         self.slots = TensorDict(fields, batch_size=self.slots.batch_size, device=self.device)
 
     # --------------------------------------------------------------------------------------- helpers
+    @property
+    def _gain_keys(self) -> tuple[str, ...]:
+        """The slot statistics' keys in the signals (``lifecycle.grad_init``, ``grad_gain_features``)."""
+        return GRAD_GAIN_KEYS if self.lifecycle.grad_stats else ()
+
     def _host_params_tensor(self) -> torch.Tensor:
         return torch.tensor([float(self.hosts.host_params(i)) for i in range(self.n)], device=self.device)
 

@@ -17,7 +17,7 @@ import torch
 from esper.core.spec import ALPHA_TARGETS, HEADS, Style, Tempo
 from esper.shell.agent.agent import build_agent
 from esper.shell.agent.controller import PPOController
-from esper.shell.baselines.heuristic import HeuristicController
+from esper.shell.baselines.heuristic import GAIN_TRIGGER, HeuristicController
 from esper.shell.baselines.probe import ProbeController
 from esper.shell.baselines.simple import (
     BornBigController,
@@ -57,6 +57,9 @@ PPO_READOUTS: dict[str, tuple[bool | tuple[str, ...], str]] = {
 FOSSILIZING_READOUTS = ("ppo_greedy_fossilize",)
 PPO_CONTROLLERS = tuple(PPO_READOUTS)
 CONTROLLERS = ("ppo", "ppo_greedy", "static", "random", "heuristic", "grow_all")
+#: The heuristic with the predicted-decrease trigger (:data:`~esper.shell.baselines.heuristic.GAIN_TRIGGER`;
+#: needs ``lifecycle.grad_init`` or ``lifecycle.grad_gain_features``).
+HEURISTIC_GAIN = "heuristic_gain"
 #: Fixed placements: ``grow:SLOT=BLUEPRINT[+SLOT=BLUEPRINT...]`` grows only those slots, each with its
 #: blueprint, as fast as the gates allow (:class:`~esper.shell.baselines.simple.GrowAllController`
 #: with a plan). A fixed schedule also says when: ``SLOT=BLUEPRINT:EPOCH`` germinates that slot at that
@@ -76,7 +79,8 @@ BORN_BIG = "born_big"
 #: ``grow:b0=conv_heavy@STANDARD@0.7``.
 STYLE_SEP = "@"
 EXTRA_CONTROLLERS = (
-    "ppo_mixed, ppo_greedy_fossilize, heuristic_tuned, heuristic_tuned_wide, probe, "
+    "ppo_mixed, ppo_greedy_fossilize, heuristic_tuned, heuristic_tuned_wide, probe, heuristic_gain (with "
+    "lifecycle.grad_init), "
     "plan_search[@HOST_EPOCHS|@Kx], plan_search_cap[@HOST_EPOCHS|@Kx] (within the learned controller's cap), "
     "plan_search_timed[@HOST_EPOCHS|@Kx], grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[:EPOCH][+SLOT=BLUEPRINT"
     "[:EPOCH]...], either with @STYLE@TEMPO@ALPHA (any), born_big[:SLOT=BLUEPRINT+...|:CONTROLLER]"
@@ -135,6 +139,8 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         return RandomController(seed=seed)
     if name == "heuristic":
         return HeuristicController(env.blueprint_names, cfg.lifecycle)
+    if name == HEURISTIC_GAIN:
+        return HeuristicController(env.blueprint_names, cfg.lifecycle, gain_trigger=GAIN_TRIGGER)
     base, at, settings = name.partition(STYLE_SEP)
     if base == "grow_all" or base.startswith("grow_all:"):
         blend = parse_blend(name, settings) if at else {}

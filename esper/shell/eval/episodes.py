@@ -37,6 +37,7 @@ from esper.shell.env.tasks import Task, grow_all_params
 from esper.shell.eval.controllers import (
     CONTROLLERS,
     EXTRA_CONTROLLERS,
+    HEURISTIC_GAIN,
     PLAN_PREFIX,
     PPO_CONTROLLERS,
     PPO_READOUTS,
@@ -213,7 +214,7 @@ def compare_controllers(
 def check_names(controllers: Sequence[str]) -> None:
     """Refuse (one line) controller names evaluation does not know, and an empty list."""
     extra = ("grow_all:", "grow_all" + STYLE_SEP, PLAN_PREFIX)
-    known = (*CONTROLLERS, *PPO_CONTROLLERS)
+    known = (*CONTROLLERS, *PPO_CONTROLLERS, HEURISTIC_GAIN)
     named = lambda c: c in known or c.startswith(extra) or is_searched(c) or is_born_big(c)
     unknown = [c for c in controllers if not named(c)]
     if unknown or not controllers:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from esper.core.observation import obs_dim
+from esper.core.observation import layout_options, obs_dim
 from esper.core.spec import ActionSpec
 from esper.shell.agent.agent import build_agent, load_error_line
 from esper.shell.config.presets import RunConfig
@@ -24,20 +24,21 @@ def _fresh_host(task: Task) -> Host:
         return task.make_host()
 
 
-def _describe(host: Host, seed_grads: bool, *, builtin: bool = False) -> dict[str, Any]:
-    """What a controller's sizes depend on, for ``host`` (``builtin``: with its family's built-in
+def _describe(host: Host, layout: dict[str, bool], *, builtin: bool = False) -> dict[str, Any]:
+    """What a controller's sizes depend on, for ``host`` with the observation's optional features
+    ``layout`` (:func:`~esper.core.observation.layout_options`; ``builtin``: with its family's built-in
     catalogue, the one a run trained on, whatever was registered since)."""
     n_blueprints = len(BUILTIN_BLUEPRINTS[host.family] if builtin else host.blueprint_names)
     return {
         "family": host.family,
         "slots": host.n_slots,
         "blueprints": n_blueprints,
-        "observation": obs_dim(host.n_slots, n_blueprints, seed_grads=seed_grads),
+        "observation": obs_dim(host.n_slots, n_blueprints, **layout),
         "slot_names": host.slot_names,
     }
 
 
-def _check_same_shape(run_cfg: RunConfig, task: Task, seed_grads: bool, run: str) -> None:
+def _check_same_shape(run_cfg: RunConfig, task: Task, layout: dict[str, bool], run: str) -> None:
     """A flat controller's check: the run's host and ``task``'s agree in family, slots, blueprints and
     observation length (one-line ValueError naming what differs)."""
     try:
@@ -47,7 +48,7 @@ def _check_same_shape(run_cfg: RunConfig, task: Task, seed_grads: bool, run: str
             f"{run}: cannot rebuild its {run_cfg.env.task} host to check its controller: {e}"
         ) from None
     host = _fresh_host(task)
-    theirs, ours = _describe(run_host, seed_grads, builtin=True), _describe(host, seed_grads)
+    theirs, ours = _describe(run_host, layout, builtin=True), _describe(host, layout)
     diffs = []
     if theirs["family"] != ours["family"]:
         diffs.append(f"family: the run's host is {theirs['family']}, this one {ours['family']} (another "
@@ -76,16 +77,16 @@ def check_controller_fits(run_cfg: RunConfig, checkpoint: dict[str, Any], task: 
     observation's length) between the run's host (rebuilt from ``run_cfg``) and this one, or why the
     checkpoint does not load into a controller for this host. A run of the set policy (``ppo.policy
     set``) acts on any host: only the loading is checked."""
-    seed_grads = run_cfg.lifecycle.seed_grad_features
+    layout = layout_options(run_cfg.lifecycle)
     if run_cfg.ppo.policy == "flat":
-        _check_same_shape(run_cfg, task, seed_grads, run)
+        _check_same_shape(run_cfg, task, layout, run)
     host = _fresh_host(task)
     names = host.blueprint_names
     # the env's action space, as VecEnv builds it (noop masked)
     spec = ActionSpec(host.n_slots, len(names), tuple(i for i, b in enumerate(names) if b == "noop"))
     with torch.random.fork_rng(devices=[]):
         agent = build_agent(run_cfg.ppo, spec, device="cpu", germination_cost=host.germination_cost(),
-                            raw_obs_dim=_describe(host, seed_grads)["observation"])  # fmt: skip
+                            raw_obs_dim=_describe(host, layout)["observation"])  # fmt: skip
     try:
         agent.load(checkpoint["agent"])
     except (RuntimeError, KeyError, ValueError) as e:

@@ -24,6 +24,7 @@ import torch
 from esper.core.spec import Stage, Style
 from esper.shell.common.seeding import derive_seed
 from esper.shell.data.batches import Loaders
+from esper.shell.host.gradinit import GRAD_GAIN_KEYS
 from esper.shell.host.hosts import Host
 from esper.shell.host.model import SEED_GRAD_KEYS, EnvModel
 from esper.shell.host.streams import EnvStreams
@@ -143,29 +144,35 @@ class PerEnvHosts:
 
     # ------------------------------------------------------------------------------------------- epochs
     def measure(
-        self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running"
-    ) -> dict[str, torch.Tensor]:
+        self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running",
+        grad_batches: int = 0,
+    ) -> dict[str, torch.Tensor]:  # fmt: skip
         """Train every env one epoch at ``lr_scale`` times its learning rates, then validate it with
         every live seed's counterfactual (and, with ``whatif``, every incubating seed's what-if gain, read
-        with ``whatif_statistics``): :data:`MEASURED`, stacked over envs on the policy device."""
+        with ``whatif_statistics``): :data:`MEASURED`, stacked over envs on the policy device. With
+        ``grad_batches`` (``lifecycle.grad_init``) the last that many training batches also leave each
+        slot's statistics (:mod:`esper.shell.host.gradinit`), and the result adds
+        :data:`~esper.shell.host.gradinit.GRAD_GAIN_KEYS` ``[E, S]``."""
         t0 = time.perf_counter()
         for model in self.models:
             model.set_lr_scale(lr_scale)
-        train = self._each(lambda i: self.models[i].train_epoch(self.loaders[i].train, **self._amp(i)))
+        kw = {"record": grad_batches} if grad_batches else {}  # off: the call as it was
+        train = self._each(lambda i: self.models[i].train_epoch(self.loaders[i].train, **self._amp(i), **kw))
         t1 = time.perf_counter()
         val = self._each(lambda i: self.models[i].measure_validation(
             self.loaders[i].val, whatif=whatif, whatif_statistics=whatif_statistics
         ))
         t2 = time.perf_counter()
         self.timings = {"host_training": t1 - t0, "validation": t2 - t1}
+        keys = (*MEASURED, *(GRAD_GAIN_KEYS if grad_batches else ()))
         rows = []
         for i in range(self.n):
             tr, v = train[i], val[i]
             parts = [tr["loss"], tr["acc"], v["val_loss"], v["val_acc"], v["contribution"], v["whatif_gain"],
-                     *(tr[k] for k in SEED_GRAD_KEYS)]  # fmt: skip
+                     *(tr[k] for k in SEED_GRAD_KEYS), *(tr[k] for k in keys[len(MEASURED):])]  # fmt: skip
             # cast after the join: a cast is a read, and reads of env i's results wait on its event (S1)
             rows.append([p.float() for p in self.streams.join(i, parts, self.device)])
-        return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(MEASURED)}
+        return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(keys)}
 
     def revalidate(self, envs: Sequence[int]) -> dict[str, torch.Tensor]:
         """``val_loss``, ``val_acc`` ``[len(envs)]`` and ``contribution [len(envs), S]`` of the listed
@@ -190,13 +197,18 @@ class PerEnvHosts:
         return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(keys)}
 
     # -------------------------------------------------------------------------------------------- seeds
-    def germinate(self, i: int, slot: int, blueprint: int, style: Style | int, epoch: int) -> int:
+    def germinate(
+        self, i: int, slot: int, blueprint: int, style: Style | int, epoch: int, *,
+        grad_init: float | None = None,
+    ) -> int:  # fmt: skip
         """Build the seed into env ``i``'s slot (the global generator seeded from the env's host seed,
         the epoch and the slot, and restored after: what is built does not depend on what the other
-        envs drew before, so an env's episode is the same in any process's slice); its parameters."""
+        envs drew before, so an env's episode is the same in any process's slice); its parameters. With
+        ``grad_init`` (a scale) its projection starts from the slot's statistics
+        (:mod:`esper.shell.host.gradinit`)."""
         seed = derive_seed("build", self.host_seeds[i], epoch, slot)
         with self.streams.run(i), seeded(self.env_devices[i], seed):
-            return self.models[i].germinate(slot, blueprint, style)
+            return self.models[i].germinate(slot, blueprint, style, grad_init=grad_init)
 
     def prune(self, i: int, slot: int) -> None:
         self.models[i].prune(slot)
@@ -209,8 +221,9 @@ class PerEnvHosts:
 
     def rollback(self, i: int, snapshot: dict[str, torch.Tensor]) -> list[int]:
         """Remove every seed of env ``i`` that is not fossilized, load ``snapshot`` into the host, clear
-        every optimizer's momentum; returns the slots whose seed was removed."""
+        every optimizer's momentum and the slot statistics; returns the slots whose seed was removed."""
         model = self.models[i]
+        model.slot_stats = None  # measured on the host before the rollback
         removed = []
         for s in range(model.host.n_slots):
             slot = model.host.slot(s)

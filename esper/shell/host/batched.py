@@ -28,6 +28,7 @@ from esper.core.spec import Stage, Style
 from esper.shell.common.seeding import derive_seed
 from esper.shell.data.batches import Loaders
 from esper.shell.host.bank import MEASURED, HostSettings, HostSource, PerEnvHosts, seeded, snapshot_state
+from esper.shell.host.gradinit import GRAD_GAIN_KEYS, SlotStats, init_projection
 from esper.shell.host.hosts import Host
 from esper.shell.host.model import SEED_GRAD_KEYS, seed_grad_stats
 from esper.shell.host.stacked import StackedHosts, plan, stack_inputs, supports
@@ -48,6 +49,8 @@ class BatchedHosts:
         self.optimizer: torch.optim.SGD | None = None
         #: Seconds of the last :meth:`measure`: ``host_training`` and ``validation``.
         self.timings: dict[str, float] = {}
+        #: Per env, the slot statistics of the last epoch trained with ``grad_batches`` (else None).
+        self.slot_stats: list[SlotStats | None] = []
 
     # ----------------------------------------------------------------------------------------- episode
     def reset(self, host_seeds: Sequence[int]) -> None:
@@ -55,6 +58,7 @@ class BatchedHosts:
         on the per-env path), one optimizer over all of them, data order per env."""
         self.host_seeds = [int(s) for s in host_seeds]
         self.hosts, self.loaders = [], []
+        self.slot_stats = [None] * len(self.host_seeds)
         for env_seed in self.host_seeds:
             torch.manual_seed(env_seed)  # host init and seed builds draw from the global RNG
             self.hosts.append(self.task.make_host().to(self.host_device))
@@ -88,18 +92,22 @@ class BatchedHosts:
 
     # ------------------------------------------------------------------------------------------- epochs
     def measure(
-        self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running"
-    ) -> dict[str, torch.Tensor]:
+        self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running",
+        grad_batches: int = 0,
+    ) -> dict[str, torch.Tensor]:  # fmt: skip
         """Train every env one epoch at ``lr_scale`` times its learning rates, then validate it with
         every live seed's counterfactual (and, with ``whatif``, every incubating seed's what-if gain, read
-        with ``whatif_statistics``): :data:`~esper.shell.host.bank.MEASURED`, stacked over envs."""
+        with ``whatif_statistics``): :data:`~esper.shell.host.bank.MEASURED`, stacked over envs; with
+        ``grad_batches``, also each slot's statistics and
+        :data:`~esper.shell.host.gradinit.GRAD_GAIN_KEYS`, as on the per-env path."""
         t0 = time.perf_counter()
-        train = self._train_epoch(lr_scale)
+        train = self._train_epoch(lr_scale, grad_batches)
         t1 = time.perf_counter()
         val = self._validate(counterfactual=True, whatif=whatif, whatif_statistics=whatif_statistics)
         self.timings = {"host_training": t1 - t0, "validation": time.perf_counter() - t1}
         out = {**train, **val}
-        return {k: out[k].float().to(self.device) for k in MEASURED}
+        keys = (*MEASURED, *(GRAD_GAIN_KEYS if grad_batches else ()))
+        return {k: out[k].float().to(self.device) for k in keys}
 
     def revalidate(self, envs: Sequence[int]) -> dict[str, torch.Tensor]:
         """``val_loss``, ``val_acc`` ``[len(envs)]`` and ``contribution [len(envs), S]`` of the listed
@@ -116,7 +124,7 @@ class BatchedHosts:
                "test_acc": test["val_acc"]}  # fmt: skip
         return {k: v.float().to(self.device) for k, v in out.items()}
 
-    def _train_epoch(self, lr_scale: float) -> dict[str, torch.Tensor]:
+    def _train_epoch(self, lr_scale: float, grad_batches: int = 0) -> dict[str, torch.Tensor]:
         cfg, stack, opt = self.cfg, self.stack, self.optimizer
         for group, base in zip(opt.param_groups, (cfg.host_lr, cfg.seed_lr)):
             group["lr"] = base * lr_scale
@@ -135,11 +143,13 @@ class BatchedHosts:
         loss_sum = torch.zeros(self.n, device=self.host_device)
         correct = torch.zeros(self.n, dtype=torch.int64, device=self.host_device)
         n_items = 0
+        stats = [SlotStats(h.n_slots, h.family, grad_batches) for h in self.hosts] if grad_batches else None
+        kw = {"record": self._recorder(stats)} if stats is not None else {}  # off: the call as it was
         for batches in zip(*(ld.train for ld in self.loaders)):
             x, y = stack_inputs(batches)
             opt.zero_grad(set_to_none=True)
             with self._autocast():
-                total, loss, n_correct = stack.loss(x, y, train_plan, whatif)
+                total, loss, n_correct = stack.loss(x, y, train_plan, whatif, **kw)
             total.backward()
             opt.step()
             loss_sum += loss.float() * y.shape[1]
@@ -148,8 +158,33 @@ class BatchedHosts:
         if n_items == 0:
             raise ValueError("BatchedHosts: no training batches")
         grads = [self._seed_grad_stats(e) for e in range(self.n)]
+        gains = {}
+        if stats is not None:
+            self.slot_stats = stats
+            per_env = [st.gain(self.host_device) for st in stats]
+            gains = {k: torch.stack([g[k] for g in per_env]) for k in GRAD_GAIN_KEYS}
         return {"train_loss": loss_sum / n_items, "train_acc": correct.float() * (100.0 / n_items),
-                **{k: torch.stack([g[k] for g in grads]) for k in SEED_GRAD_KEYS}}  # fmt: skip
+                **{k: torch.stack([g[k] for g in grads]) for k in SEED_GRAD_KEYS}, **gains}  # fmt: skip
+
+    @staticmethod
+    def _recorder(stats: list[SlotStats]):
+        """The ``record`` of :meth:`~esper.shell.host.stacked.StackedHosts.loss`: each env's rows of a slot's
+        input and of the gradient at its output, in that env's own layout ``[N, C, *spatial]``, into its
+        :class:`~esper.shell.host.gradinit.SlotStats`."""
+
+        def record(s: int, h: torch.Tensor, out: torch.Tensor) -> None:
+            if not out.requires_grad:
+                return
+            h = h.detach().clone()
+
+            def grad_hook(g: torch.Tensor) -> None:
+                g = g.detach().clone()
+                for e, st in enumerate(stats):
+                    st.push(s, h[e].movedim(-1, 0), g[e].movedim(-1, 0))
+
+            out.register_hook(grad_hook)
+
+        return record
 
     def _seed_grad_stats(self, e: int) -> dict[str, torch.Tensor]:
         """:func:`seed_grad_stats` of env ``e`` after a step: its host parameters lend their ``.grad`` the
@@ -224,11 +259,18 @@ class BatchedHosts:
         return torch.autocast(self.host_device.type, dtype=torch.bfloat16, enabled=on)
 
     # -------------------------------------------------------------------------------------------- seeds
-    def germinate(self, i: int, slot: int, blueprint: int, style: Style | int, epoch: int) -> int:
-        """Build the seed into env ``i``'s slot (seeded as on the per-env path) and give its parameters
-        to the optimizer's seed group (fresh momentum); returns their count."""
+    def germinate(
+        self, i: int, slot: int, blueprint: int, style: Style | int, epoch: int, *,
+        grad_init: float | None = None,
+    ) -> int:  # fmt: skip
+        """Build the seed into env ``i``'s slot (seeded as on the per-env path; with ``grad_init`` its
+        projection from the slot's statistics, as there) and give its parameters to the optimizer's seed
+        group (fresh momentum); returns their count."""
         with seeded(self.host_device, derive_seed("build", self.host_seeds[i], epoch, slot)):
             params = self.hosts[i].germinate(slot, blueprint, style)
+        stats = self.slot_stats[i] if self.slot_stats else None
+        if grad_init is not None and stats is not None:
+            init_projection(self.hosts[i].slot(slot), stats.slot_pairs(slot), grad_init)
         self.optimizer.param_groups[1]["params"].extend(params)
         return sum(p.numel() for p in params)
 
@@ -246,8 +288,10 @@ class BatchedHosts:
     def rollback(self, i: int, snapshot: dict[str, torch.Tensor]) -> list[int]:
         """As :meth:`esper.shell.host.bank.PerEnvHosts.rollback`: every seed of env ``i`` that is not
         fossilized removed, the snapshot loaded (into the shared batch-norm statistics too), every one
-        of the env's parameters' momentum cleared."""
+        of the env's parameters' momentum cleared, its slot statistics dropped."""
         host = self.hosts[i]
+        if self.slot_stats:
+            self.slot_stats[i] = None
         removed = [
             s for s in range(host.n_slots) if host.slot(s).occupied and host.slot(s).stage != Stage.FOSSILIZED
         ]
@@ -317,11 +361,12 @@ class ShardedHosts:
             bank.reset(host_seeds[lo:lo + bank.n])
 
     def measure(
-        self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running"
-    ) -> dict[str, torch.Tensor]:
+        self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running",
+        grad_batches: int = 0,
+    ) -> dict[str, torch.Tensor]:  # fmt: skip
         t0 = time.perf_counter()
         out = self._each(lambda bank: bank.measure(
-            lr_scale, whatif=whatif, whatif_statistics=whatif_statistics
+            lr_scale, whatif=whatif, whatif_statistics=whatif_statistics, grad_batches=grad_batches
         ))
         wall = time.perf_counter() - t0
         # each shard's split of its own wall time between training and validation, scaled to this wall
@@ -350,9 +395,12 @@ class ShardedHosts:
         bank, j = self._bank(i)
         return bank.alphas(j)
 
-    def germinate(self, i: int, slot: int, blueprint: int, style: Style | int, epoch: int) -> int:
+    def germinate(
+        self, i: int, slot: int, blueprint: int, style: Style | int, epoch: int, *,
+        grad_init: float | None = None,
+    ) -> int:  # fmt: skip
         bank, j = self._bank(i)
-        return bank.germinate(j, slot, blueprint, style, epoch)
+        return bank.germinate(j, slot, blueprint, style, epoch, grad_init=grad_init)
 
     def prune(self, i: int, slot: int) -> None:
         bank, j = self._bank(i)

@@ -22,6 +22,7 @@ from torch import nn
 from esper.core.lifecycle import WHATIF_STATISTICS
 from esper.core.spec import Style
 from esper.shell.data.batches import Batch
+from esper.shell.host.gradinit import SlotRecorder, SlotStats, init_projection
 from esper.shell.host.hosts import Host
 
 #: Cap of the parameter-normalized seed/host gradient ratio (as in the reference G2 gate).
@@ -114,15 +115,24 @@ class EnvModel:
         )
         #: slot index -> that seed's optimizer (absent for a seed with no parameters, e.g. noop).
         self.seed_opts: dict[int, torch.optim.SGD] = {}
+        #: The slot statistics of the last epoch trained with ``record`` (``lifecycle.grad_init``), else None.
+        self.slot_stats: SlotStats | None = None
 
     @property
     def device(self) -> torch.device:
         return self._host_params[0].device
 
     # ------------------------------------------------------------------------------- seed lifecycle
-    def germinate(self, slot_index: int, blueprint_index: int, style: Style | int) -> int:
-        """Build a seed into the slot and give it an optimizer; returns its parameter count."""
+    def germinate(
+        self, slot_index: int, blueprint_index: int, style: Style | int, *, grad_init: float | None = None
+    ) -> int:
+        """Build a seed into the slot and give it an optimizer; returns its parameter count. With
+        ``grad_init`` (``lifecycle.grad_init_scale``) its projection is initialised from the last recorded
+        slot statistics at that scale (:func:`esper.shell.host.gradinit.init_projection`; left as built
+        where there are none)."""
         params = self.host.germinate(slot_index, blueprint_index, style)
+        if grad_init is not None and self.slot_stats is not None:
+            init_projection(self.host.slot(slot_index), self.slot_stats.slot_pairs(slot_index), grad_init)
         if params:
             self.seed_opts[slot_index] = torch.optim.SGD(
                 params, lr=self.seed_lr * self.lr_scale, momentum=self.momentum,
@@ -156,6 +166,7 @@ class EnvModel:
         *,
         autocast_dtype: torch.dtype | None = None,
         scaler: torch.amp.GradScaler | None = None,
+        record: int = 0,
     ) -> dict[str, torch.Tensor]:
         """One pass over ``batches`` (train mode): every optimizer steps on every batch.
 
@@ -173,6 +184,11 @@ class EnvModel:
         :func:`seed_grad_stats`): ``grad_ratio`` (``(seed_norm / host_norm) · sqrt(host_params /
         seed_params)``, 0 for an empty or parameterless slot or when ``host_norm < 1e-8``, capped at
         10), ``seed_grad_norm``, ``seed_grad_vanishing`` and ``seed_grad_exploding``.
+
+        ``record`` (``lifecycle.grad_init_batches`` where the slot statistics are on): the host pass of the
+        last ``record`` batches leaves each slot's input and output gradient in :attr:`slot_stats`
+        (:mod:`esper.shell.host.gradinit`; training itself is unchanged), and the result adds each slot's
+        predicted decrease ``grad_gain`` and ``grad_gain_rms`` ``[S]``.
         """
         host, opts = self.host, self.optimizers()
         host.train()
@@ -182,26 +198,36 @@ class EnvModel:
         amp = torch.autocast(self.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
         incubating = host.incubating_slots()
         what_if = [p for i in incubating for p in host.seed_parameters(i)]
-        for batch in batches:
-            for opt in opts:
-                opt.zero_grad(set_to_none=True)
-            with amp:
-                loss, n_correct, n = host.loss_and_correct(batch)
-            _backward(loss, scaler)
-            if what_if:  # incubating seeds learn from a pass with them blended in at alpha 1
-                with host.incubating(incubating), amp:
-                    seed_loss, _, _ = host.loss_and_correct(batch)
-                _backward(seed_loss, scaler, inputs=what_if)
-            if scaler is not None:
+        recorder = SlotRecorder(host.slots, SlotStats(host.n_slots, host.family, record)) if record else None
+        unscale = (lambda: float(scaler.get_scale())) if scaler is not None else None
+        try:
+            for batch in batches:
                 for opt in opts:
-                    scaler.step(opt)
-                scaler.update()
-            else:
-                for opt in opts:
-                    opt.step()
-            loss_sum += loss.detach().float() * n
-            correct += n_correct
-            n_items += n
+                    opt.zero_grad(set_to_none=True)
+                with amp, recorder.recording(unscale) if recorder is not None else nullcontext():
+                    loss, n_correct, n = host.loss_and_correct(batch)
+                _backward(loss, scaler)
+                if what_if:  # incubating seeds learn from a pass with them blended in at alpha 1
+                    with host.incubating(incubating), amp:
+                        seed_loss, _, _ = host.loss_and_correct(batch)
+                    _backward(seed_loss, scaler, inputs=what_if)
+                if scaler is not None:
+                    for opt in opts:
+                        scaler.step(opt)
+                    scaler.update()
+                else:
+                    for opt in opts:
+                        opt.step()
+                loss_sum += loss.detach().float() * n
+                correct += n_correct
+                n_items += n
+        finally:
+            if recorder is not None:
+                recorder.close()
+        gains = {}
+        if recorder is not None:
+            self.slot_stats = recorder.stats
+            gains = self.slot_stats.gain(self.device)
         if n_items == 0:
             raise ValueError("EnvModel.train_epoch: no batches")
         return {
@@ -209,6 +235,7 @@ class EnvModel:
             "acc": correct.float() * (100.0 / n_items),
             "n_items": torch.tensor(n_items, device=self.device),
             **seed_grad_stats(self.host, self._host_params),
+            **gains,
         }
 
     def grad_ratios(self) -> torch.Tensor:

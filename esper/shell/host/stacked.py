@@ -28,7 +28,7 @@ detached activation, a fossilized one the live activation; alpha 0 skips the see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -426,19 +426,22 @@ class StackedHosts:
     # ------------------------------------------------------------------------------------- forward
     def forward(
         self, envs: Sequence[int], x: torch.Tensor, slot_plan: SlotPlan, *, train: bool,
-        host_grad: bool = True, statistics: str = "update",
+        host_grad: bool = True, statistics: str = "update", after: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
         """Logits ``[G, classes, N]`` of the hosts ``envs`` (``G`` of them; ``x [G, C_in, *spatial, N]``),
         and every block's output before its slot composes (what :meth:`resume` starts from). ``train``:
         training mode (batch statistics); ``host_grad``: the hosts' own parameters get gradients;
         ``statistics``: ``"update"`` the running statistics (a training pass), ``"none"`` leave them (the
-        what-if pass), ``"use"`` normalize with them (evaluation)."""
+        what-if pass), ``"use"`` normalize with them (evaluation); ``after``: each slot's output is
+        appended to it."""
         hosts = [self.hosts[e] for e in envs]
         before = []
         for b in range(len(hosts[0].blocks)):
             x = self._block(hosts, envs, b, x, train=train, host_grad=host_grad, statistics=statistics)
             before.append(x)
             x = apply_slot(hosts, b, slot_plan[b], x)
+            if after is not None:
+                after.append(x)
         return self.head(hosts, x, host_grad, self._leaves(envs)), before
 
     def resume(
@@ -500,14 +503,21 @@ class StackedHosts:
     def loss(
         self, x: torch.Tensor, y: torch.Tensor, slot_plan: SlotPlan,
         whatif: tuple[Sequence[int], SlotPlan, int] | None,
+        record: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         """One training step's forward: ``x [E, C_in, ..., N]``, ``y [E, N]``. Returns the loss to
         back-propagate (the sum of every env's mean cross-entropy, plus the what-if pass's over the envs
         ``whatif[0]`` with their plan ``whatif[1]``, from slot ``whatif[2]`` (their first incubating
         slot): gradients only for their incubating seeds), and per env the host pass's loss ``[E]`` and
-        correct count ``[E]``."""
+        correct count ``[E]``. ``record(slot, h, y)`` is called with each slot's input and output in the
+        host pass (the slot statistics of ``lifecycle.grad_init``; the envs' losses are summed, so the
+        gradient reaching env ``e``'s row of ``y`` is that of env ``e``'s own mean loss)."""
         envs = range(self.n)
-        logits, before = self.forward(envs, x, slot_plan, train=True)
+        after: list[torch.Tensor] | None = [] if record is not None else None
+        logits, before = self.forward(envs, x, slot_plan, train=True, after=after)
+        if record is not None:
+            for s, (h, out) in enumerate(zip(before, after, strict=True)):
+                record(s, h, out)
         per_env, correct = _cross_entropy(logits, y)
         total = per_env.sum()
         self.steps.add_(1)  # the batch norms count their steps, as nn.BatchNorm does

@@ -456,7 +456,7 @@ def dataset_for(cfg: RunConfig, env: VecEnv) -> tuple:
     theirs = meta["obs_dim"] - obs_dim(len(meta["slot_names"]), len(meta["blueprint_names"]))
     if theirs != env.obs_dim - obs_dim(env.spec.n_slots, env.spec.n_blueprints):
         raise ValueError(f"{where}: the dataset's observation layout differs from this run's "
-                         "(lifecycle.seed_grad_features)")  # fmt: skip
+                         "(lifecycle.seed_grad_features, lifecycle.grad_gain_features)")  # fmt: skip
     return data, meta
 
 

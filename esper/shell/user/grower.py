@@ -270,6 +270,11 @@ class Grower:
         if epochs is not None:
             changes["lifecycle.max_epochs"] = int(epochs)
         cfg: RunConfig = with_overrides(cfg, {**changes, **(overrides or {})})
+        if cfg.lifecycle.grad_stats:
+            raise ValueError(
+                "Grower: lifecycle.grad_init and lifecycle.grad_gain_features read slot statistics that only "
+                "the env's host training keeps (esper.shell.host.gradinit); the Grower runs without them"
+            )
         return name, cfg, checkpoint, run
 
     @property

@@ -369,3 +369,48 @@ def test_every_action_is_legal_on_random_states():
         action = TensorDict({h: out[h, "action"] for h in HEADS}, batch_size=[4])
         _, events = lifecycle_step(slots, action, s.signals, lc, n_blueprints=len(CNN))
         assert not bool(events["illegal"].any()), (trial, ctl.last_reasons)
+
+
+# ----------------------------------------------------------------------- the predicted-decrease trigger
+GAIN_LC = LifecycleConfig(grad_init=True)
+
+
+def gain_decide(ctl: HeuristicController, slots: TensorDict, gains: list[float], **signals):
+    s = step(slots, **signals, names=ctl.names, lc=ctl.lc)
+    s.signals["slots"] = TensorDict({"grad_gain_rms": torch.tensor([gains])}, batch_size=slots.batch_size)
+    return ctl.act(s), s
+
+
+def test_the_gain_trigger_needs_the_slot_statistics():
+    with pytest.raises(ValueError, match="lifecycle.grad_init"):
+        HeuristicController(CNN, LC, gain_trigger=0.02)
+    HeuristicController(CNN, LifecycleConfig(grad_gain_features=True), gain_trigger=0.02)
+
+
+def test_the_gain_trigger_germinates_where_the_predicted_decrease_per_parameter_is_largest():
+    """Issue 91 item 5: after the same waits, the heuristic with ``gain_trigger`` germinates into the
+    empty slot whose predicted decrease per parameter is largest once it reaches the trigger, while
+    accuracy still improves (no plateau); below it, it waits; a plateau still germinates there."""
+    ctl = HeuristicController(CNN, GAIN_LC, gain_trigger=0.02)
+    ctl.begin(1)
+    slots = slots_of(Stage.DORMANT, Stage.DORMANT, Stage.FOSSILIZED)
+    for epoch, loss in zip(range(1, 5), (1.00, 0.99, 0.98, 0.97), strict=True):  # stabilise, improving
+        out, _ = gain_decide(ctl, slots, [0.5, 0.9, 0.9], acc=40.0 + 2 * epoch, loss=loss, epoch=epoch)
+        assert op_slot(out)[0] == Op.WAIT
+    out, s = gain_decide(ctl, slots, [0.01, 0.015, 0.9], acc=50.0, loss=0.96, epoch=5)  # slot 2 is taken
+    assert op_slot(out)[0] == Op.WAIT and "predicted decrease 0.0150 < 0.02" in ctl.last_reasons[0]
+    out, s = gain_decide(ctl, slots, [0.01, 0.03, 0.9], acc=52.0, loss=0.95, epoch=6)
+    assert_legal(out, s)
+    assert op_slot(out) == (Op.GERMINATE, 1)
+    assert "predicted decrease 0.0300: germinate conv_light in slot 1" in ctl.last_reasons[0]
+    # the plain heuristic, on the same signals, waits for a plateau and takes the first empty slot
+    plain = ready_controller(names=CNN, lc=GAIN_LC)
+    two = slots_of(Stage.DORMANT, Stage.DORMANT)
+    out, _ = gain_decide(plain, two, [0.0, 0.9], acc=50.0, loss=0.96, epoch=5)
+    assert op_slot(out) == (Op.GERMINATE, 0)
+    # on a plateau the gain heuristic germinates below its trigger, in the slot of the largest decrease
+    flat = HeuristicController(CNN, GAIN_LC, gain_trigger=0.02)
+    flat.begin(1)
+    for epoch, loss in zip(range(1, 6), (1.00, 0.99, 0.98, 0.97, 0.96), strict=True):  # calm and flat
+        out, _ = gain_decide(flat, two, [0.001, 0.002], acc=50.0, loss=loss, epoch=epoch)
+    assert op_slot(out) == (Op.GERMINATE, 1) and "plateau" in flat.last_reasons[0]
