@@ -1,5 +1,6 @@
 """Gradient and LSTM health statistics, returned as tensors in a TensorDict, and the seeds' gradient
-health score (:func:`seed_grad_health`).
+health score (:func:`seed_grad_health`), and two learner rules over the gradient-group norms
+(:func:`group_clip_scale`, :func:`adapt_value_coef`).
 
 Everything is vectorized over the list of gradients: the gradients are viewed flat and joined into
 one vector (``torch.cat``), each tensor's squared norm is a segment sum over it (``index_add``), and
@@ -12,6 +13,7 @@ with ``fullgraph=True`` into a graph whose arithmetic does not grow with the num
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -236,6 +238,48 @@ def seed_grad_health(
     return TensorDict({k: torch.where(live, x, 0.0) for k, x in out.items()}, batch_size=live.shape)
 
 
+def group_clip_scale(group_norms: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Per-group gradient clipping (``ppo.clip_per_group``, findings M19 / 000 MED-1): the factor each
+    group's gradients are multiplied by so that no group's norm exceeds ``max_norm``,
+    ``min(1, max_norm / (norm + 1e-6))`` per group (``torch.nn.utils.clip_grad_norm_``'s rule, applied to
+    each group of :func:`grad_health`'s ``group_norms`` alone). ``[n_groups]``, ``group_norms``' dtype;
+    a group under the bound keeps its gradient (factor 1); NaN stays NaN (the step is refused anyway)."""
+    if not (math.isfinite(max_norm) and max_norm > 0):
+        raise ValueError(f"group_clip_scale: max_norm must be finite and > 0, got {max_norm}")
+    return (max_norm / (group_norms + 1e-6)).clamp(max=1.0)
+
+
+def adapt_value_coef(
+    coef: torch.Tensor,
+    value_norm: torch.Tensor,
+    policy_norm: torch.Tensor,
+    *,
+    target: float,
+    rate: float,
+    low: float,
+    high: float,
+) -> torch.Tensor:
+    """The adaptive value coefficient's next value (``ppo.value_coef_adapt``, finding 000 MED-2).
+
+    ``value_norm`` is the gradient norm of the value head's parameters and ``policy_norm`` that of the
+    policy heads' together, both measured on one minibatch whose critic loss was weighted by ``coef``;
+    the value head's gradient is proportional to ``coef`` (only the critic loss reaches it) and the
+    heads' does not depend on it, so ``coef * target / ratio`` (``ratio = value_norm / policy_norm``)
+    would have given the ratio ``target``. The rule moves ``coef`` a share ``rate`` of the way there in
+    log space, ``coef * (target / ratio) ** rate``, clamped to ``[low, high]``; where the ratio is not
+    finite and positive (a minibatch without a gradient on either side) ``coef`` stays. Tensors of any
+    one shape; no sync, no branch on values."""
+    for name, x in (("target", target), ("rate", rate), ("low", low), ("high", high)):
+        if not (math.isfinite(x) and x > 0):
+            raise ValueError(f"adapt_value_coef: {name} must be finite and > 0, got {x}")
+    if not (rate <= 1 and low <= high):
+        raise ValueError(f"adapt_value_coef: need rate <= 1 and low <= high, got {rate}, {low}, {high}")
+    ratio = value_norm.to(coef.dtype) / policy_norm.to(coef.dtype)
+    ok = torch.isfinite(ratio) & (ratio > 0)
+    step = (target / torch.where(ok, ratio, 1.0)).pow(rate)
+    return torch.where(ok, (coef * step).clamp(low, high), coef)
+
+
 def _mean(x: torch.Tensor) -> torch.Tensor:
     return x.sum() / max(x.numel(), 1)
 
@@ -245,4 +289,11 @@ def _max(x: torch.Tensor) -> torch.Tensor:
     return x.new_zeros(()) if x.numel() == 0 else x.amax()
 
 
-__all__ = ["GradHealthConfig", "grad_health", "lstm_health", "seed_grad_health"]
+__all__ = [
+    "GradHealthConfig",
+    "adapt_value_coef",
+    "grad_health",
+    "group_clip_scale",
+    "lstm_health",
+    "seed_grad_health",
+]

@@ -41,10 +41,12 @@ Output: a TensorDict with TorchRL's names — ``loss_objective``, ``loss_critic`
 target_kl``), and per head (factored mode) ``(head, loss_objective | entropy | kl | clip_fraction |
 weight)`` and ``(head, choice_share)`` (``[n]``: the share of the steps where the head counted on which
 the batch's action took each choice, so a low entropy says what it committed to). ``total_loss(out)``
-sums the three ``loss_*`` terms. ``explained_variance`` is one scalar (shape ``[]``) over all valid
-steps, 0 when the target is constant; TorchRL's is ``torch.var(..., dim=0)``, shape ``[1]`` on a flat
-``[B, 1]`` batch (equal to ours there up to its ``eps``), one value per time step on an ``[N, T, 1]``
-batch.
+sums the three ``loss_*`` terms. With ``entropy_floor`` set there is a fourth, ``loss_entropy_floor``:
+``coef * sum_h relu(floor_h - H_h)`` over the heads' masked normalized entropies ``H_h`` (a head below its
+floor gets ``coef`` more entropy bonus per unit; finding 004 P-4), which ``total_loss`` adds too.
+``explained_variance`` is one scalar (shape ``[]``) over all valid steps, 0 when the target is constant;
+TorchRL's is ``torch.var(..., dim=0)``, shape ``[1]`` on a flat ``[B, 1]`` batch (equal to ours there up
+to its ``eps``), one value per time step on an ``[N, T, 1]`` batch.
 
 TorchRL parity (single head, no ``action_mask`` or one with >= 2 legal choices on every step).
 ``ClipPPOLoss(actor, critic, clip_epsilon=e, entropy_coeff=c, critic_coeff=k, loss_critic_type=L,
@@ -85,6 +87,8 @@ def ppo_loss(
     keys: Keys = KEYS,
     categorical: Callable = masked_categorical,
     counts: TensorDictBase | None = None,
+    entropy_floor: float | Mapping[str, float] | None = None,
+    entropy_floor_coef: float = 1.0,
 ) -> TensorDict:
     """PPO loss terms and diagnostics for one (mini)batch. See the module docstring for the contract.
 
@@ -113,11 +117,14 @@ def ppo_loss(
             ``clip_fraction``, ``value_clip_fraction``, ``mean_ratio`` and the per-head terms is
             exactly the whole minibatch's. ``explained_variance``, ``ESS`` and the ratio extremes
             stay this batch's own.
+        entropy_floor: a floor on each head's masked normalized entropy, one float or one per head;
+            None: off. Adds ``loss_entropy_floor`` (:func:`_floor_term`); ``entropy_floor_coef`` weighs it.
     """
     heads = HEADS if factored else (None,)
-    coefs, distance = _check_args(
+    coefs, distance, floors = _check_args(
         td, factored=factored, clip_epsilon=clip_epsilon, value_clip=value_clip, value_coef=value_coef,
         critic_loss=critic_loss, entropy_coef=entropy_coef, target_kl=target_kl, keys=keys, heads=heads,
+        floor=(entropy_floor, entropy_floor_coef, normalize_entropy, counts),
     )  # fmt: skip
     adv = per_step(td, keys.advantage, where=_WHERE, kind="float")
     dtype = compute_dtype(adv.dtype)
@@ -136,6 +143,7 @@ def ppo_loss(
         terms, per_head = _head_terms(
             td, head, keys, adv, valid, relevance, n_steps, n_valid, w_count, categorical=categorical,
             normalize_entropy=normalize_entropy, clip_epsilon=clip_epsilon, entropy_coef=coefs[head],
+            floor=None if floors is None else (floors[head], entropy_floor_coef, counts),
         )  # fmt: skip
         sums = {k: _acc(sums.get(k), v) for k, v in terms.items()}
         if head is not None:
@@ -158,11 +166,14 @@ def _check_args(
     target_kl: float | None,
     keys: Keys,
     heads: tuple,
-) -> tuple[dict, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    floor: tuple,
+) -> tuple[dict, Callable[[torch.Tensor, torch.Tensor], torch.Tensor], dict | None]:
     """:func:`ppo_loss`'s arguments checked (every coefficient a finite Python number in range, NaN and
     inf refused; a batch dim; in factored mode exactly the heads' keys). Returns the entropy coefficient
-    per head and the critic distance function."""
+    per head, the critic distance function and the entropy floor per head (None: no floor). ``floor``:
+    ``(entropy_floor, entropy_floor_coef, normalize_entropy, counts)``."""
     coefs = _entropy_coefs(entropy_coef, heads)
+    floors = _entropy_floors(*floor, heads=heads)
     distance = _critic_distance(critic_loss)
     _check_coef("clip_epsilon", clip_epsilon, positive=True)
     _check_coef("value_coef", value_coef, positive=False)
@@ -179,7 +190,7 @@ def _check_args(
         raise ValueError(f"{_WHERE}: the TensorDict needs at least one batch dim, got batch size []")
     if factored:
         _check_head_sets(td, keys)
-    return coefs, distance
+    return coefs, distance, floors
 
 
 def _head_terms(
@@ -197,11 +208,13 @@ def _head_terms(
     normalize_entropy: bool,
     clip_epsilon: float,
     entropy_coef: float,
+    floor: tuple | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One head's part of the loss: its terms to sum over heads (``objective``, ``loss_entropy``,
-    ``entropy``, the per-step ``kl`` and weighted ``log_ratio``, ``clipped`` and ``weight`` sums) and
-    its own diagnostics (``(head, ...)`` of the module docstring). ``w_count``: the head's summed
-    weight over every process (:func:`loss_counts`), None: this batch's own."""
+    ``entropy``, the per-step ``kl`` and weighted ``log_ratio``, ``clipped`` and ``weight`` sums, and
+    ``floor`` with an entropy floor) and its own diagnostics (``(head, ...)`` of the module docstring).
+    ``w_count``: the head's summed weight over every process (:func:`loss_counts`), None: this batch's
+    own. ``floor``: ``(the head's floor, its coefficient, counts)`` or None."""
     dtype = adv.dtype
     logits, action, old_lp, mask = _head_inputs(td, head, keys, adv.shape)
     lp, ent, kl = categorical(logits, action, mask, old_lp)
@@ -209,7 +222,8 @@ def _head_terms(
         ent = ent * legal_log_count(mask, logits.shape[-1], ent)
     old_lp = old_lp.to(lp.dtype)
     w = _head_weight(valid, mask, logits.shape[-1], relevance, head, adv)
-    w_sum = (n_steps if w is None else w.sum()) if w_count is None else w_count
+    own_w = n_steps if w is None else w.sum()
+    w_sum = own_w if w_count is None else w_count
 
     log_ratio = lp - old_lp
     ratio = log_ratio.exp()
@@ -226,6 +240,9 @@ def _head_terms(
         "clipped": _msum(clipped, w),
         "weight": w_sum,
     }
+    if floor is not None:
+        whole = None if floor[2] is None else floor[2][f"{_count_key(head)}_entropy"].to(dtype)
+        terms["floor"] = _floor_term(head_entropy, own_w, w_sum, whole, floor=floor[0], coef=floor[1])
     per_head = {
         "loss_objective": head_objective.detach(),
         "entropy": head_entropy.detach(),
@@ -249,7 +266,9 @@ def _joint_terms(
     fraction, the joint ratio's mean, extremes and ESS, and ``early_stop``."""
     kl_approx = _msum(sums["kl"], valid) / n_valid
     joint_ratio = sums["log_ratio"].exp()
+    floor = {"loss_entropy_floor": sums["floor"]} if "floor" in sums else {}
     return dict(
+        **floor,
         loss_objective=sums["objective"],
         loss_entropy=sums["loss_entropy"],
         entropy=sums["entropy"],
@@ -263,11 +282,20 @@ def _joint_terms(
     )
 
 
-def loss_counts(td: TensorDictBase, *, factored: bool = False, keys: Keys = KEYS) -> TensorDict:
+def loss_counts(
+    td: TensorDictBase,
+    *,
+    factored: bool = False,
+    keys: Keys = KEYS,
+    entropy: bool = False,
+    categorical: Callable = masked_categorical,
+) -> TensorDict:
     """The denominators of :func:`ppo_loss`'s masked means for ``td`` (the same inputs, ``current``
     logits included): ``steps`` (valid steps) and, per head (``action`` for a single head), the steps
     where the head counted; float scalars, not clamped. Sum them over the parts of a minibatch that
-    several processes hold and pass the sums as ``ppo_loss(counts=...)``."""
+    several processes hold and pass the sums as ``ppo_loss(counts=...)``. ``entropy``: also each head's
+    sum of normalized entropies over the steps where it counted (``{head}_entropy``, no grad), what an
+    entropy floor (``ppo_loss(entropy_floor=...)``) needs to judge the whole minibatch's entropy."""
     heads = HEADS if factored else (None,)
     if factored:
         _check_head_sets(td, keys)
@@ -282,6 +310,10 @@ def loss_counts(td: TensorDictBase, *, factored: bool = False, keys: Keys = KEYS
         logits, _, _, mask = _head_inputs(td, head, keys, adv.shape)
         w = _head_weight(valid, mask, logits.shape[-1], relevance, head, adv)
         out[_count_key(head)] = n_steps if w is None else w.sum()
+        if entropy:
+            logits, action, old_lp, mask = _head_inputs(td, head, keys, adv.shape)
+            ent = categorical(logits.detach(), action, mask, old_lp)[1].to(dtype)
+            out[f"{_count_key(head)}_entropy"] = _msum(ent, w)
     return TensorDict(out, batch_size=[])
 
 
@@ -336,10 +368,13 @@ def decouple(
 
 
 def total_loss(losses: TensorDictBase) -> torch.Tensor:
-    """``loss_objective + loss_critic + loss_entropy`` (the critic term only where present)."""
+    """``loss_objective + loss_critic + loss_entropy`` (the critic term only where present), plus
+    ``loss_entropy_floor`` where an entropy floor is set."""
     total = losses["loss_objective"] + losses["loss_entropy"]
     if "loss_critic" in losses.keys():
         total = total + losses["loss_critic"]
+    if "loss_entropy_floor" in losses.keys():
+        total = total + losses["loss_entropy_floor"]
     return total
 
 
@@ -555,18 +590,70 @@ def _check_coef(name: str, x: float, *, positive: bool, none_ok: bool = False, w
         raise ValueError(f"{where}: {name} must be finite and {rng}{' or None' if none_ok else ''}, got {x}")
 
 
-def _entropy_coefs(entropy_coef: float | Mapping[str, float], heads: tuple) -> dict:
+def _entropy_coefs(
+    entropy_coef: float | Mapping[str, float], heads: tuple, name: str = "entropy_coef"
+) -> dict:
     if isinstance(entropy_coef, Mapping):
         if heads == (None,):
-            raise ValueError(f"{_WHERE}: per-head entropy_coef needs factored=True; pass a float")
+            raise ValueError(f"{_WHERE}: per-head {name} needs factored=True; pass a float")
         if set(entropy_coef) != set(heads):
             raise ValueError(
-                f"{_WHERE}: per-head entropy_coef must name exactly the heads {list(heads)}; "
+                f"{_WHERE}: per-head {name} must name exactly the heads {list(heads)}; "
                 f"missing {sorted(set(heads) - set(entropy_coef))}, "
                 f"unknown {sorted(set(entropy_coef) - set(heads))}"
             )
         return {h: float(entropy_coef[h]) for h in heads}
     return dict.fromkeys(heads, float(entropy_coef))
+
+
+def _entropy_floors(
+    floor: float | Mapping[str, float] | None,
+    coef: float,
+    normalize_entropy: bool,
+    counts: TensorDictBase | None,
+    *,
+    heads: tuple,
+) -> dict | None:
+    """The entropy floor per head, checked (each in ``[0, 1]``, the coefficient ``>= 0``, normalized
+    entropies, entropy sums in ``counts``); None: no floor."""
+    if floor is None:
+        return None
+    _check_coef("entropy_floor_coef", coef, positive=False)
+    if not normalize_entropy:
+        raise ValueError(f"{_WHERE}: entropy_floor is a floor on normalized entropies; set normalize_entropy")
+    floors = _entropy_coefs(floor, heads, name="entropy_floor")
+    for head, f in floors.items():
+        per_head = isinstance(floor, Mapping)
+        _check_coef(f"entropy_floor[{head!r}]" if per_head else "entropy_floor", f, positive=False)
+        if f > 1:
+            raise ValueError(f"{_WHERE}: entropy_floor must be in [0, 1] (normalized entropy), got {f}")
+    if counts is not None and f"{_count_key(heads[0])}_entropy" not in counts.keys():
+        raise KeyError(
+            f"{_WHERE}: entropy_floor with counts needs their entropy sums: loss_counts(entropy=True)"
+        )
+    return floors
+
+
+def _floor_term(
+    ent: torch.Tensor,
+    own: torch.Tensor,
+    w_sum: torch.Tensor,
+    whole: torch.Tensor | None,
+    *,
+    floor: float,
+    coef: float,
+) -> torch.Tensor:
+    """One head's entropy-floor hinge, ``coef * relu(floor - H)`` of its masked mean normalized entropy
+    ``H`` (``ent``, with grad; 0 where the head never counted): below the floor the head's entropy gets an
+    extra bonus of ``coef`` per unit, above it nothing. Under data parallelism (``whole``: the sum of the
+    head's entropies over every process, ``own`` and ``w_sum`` this process's and every process's
+    weights) the hinge is judged on the whole minibatch's ``H`` and written ``coef * active * (floor *
+    own / w_sum - ent)``, ``ent`` this process's share: the processes' terms and gradients then sum to
+    the whole minibatch's."""
+    n = w_sum.clamp(min=1.0)
+    h = ent.detach() if whole is None else whole / n
+    active = ((h < floor) & (w_sum > 0)).to(ent.dtype)
+    return coef * active * (floor * own / n - ent)
 
 
 def kl_early_stop(kl_approx: torch.Tensor, target_kl: float | None) -> torch.Tensor:

@@ -85,3 +85,24 @@ def test_decouple_compiles_fullgraph(compile_check):
 
     td = factored_batch(3, 5, seed=15, grad=False)
     compile_check(lambda td: decouple(td, factored=True), td)
+
+
+def test_entropy_floor_compiles_fullgraph_alone_and_with_summed_counts(compile_check):
+    """``ppo_loss(entropy_floor=...)`` (004 P-4), one process and a part of several (the hinge judged on
+    the summed entropies), values and gradients."""
+    from esper.core.loss import loss_counts
+
+    td = factored_batch(4, 5, seed=22, grad=False)
+    fn = lambda td: ppo_loss(td, factored=True, entropy_floor=0.6, entropy_floor_coef=0.2)
+    compile_check(fn, td)
+    compile_check(lambda td: loss_counts(td, factored=True, entropy=True), td)
+    counts = loss_counts(td, factored=True, entropy=True)
+    compile_check(lambda td, c: ppo_loss(td, factored=True, counts=c, entropy_floor=0.6), td[2:], counts)
+    torch._dynamo.reset()
+    td = factored_batch(3, 5, seed=23)
+    leaves = [td["current", h, "logits"] for h in HEADS]
+    loss = lambda td: total_loss(ppo_loss(td, factored=True, entropy_floor=0.7))
+    eager = torch.autograd.grad(loss(td), leaves)
+    compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(td), leaves)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b)

@@ -119,3 +119,14 @@ def test_seed_grad_health_compiles_fullgraph(compile_check):
     vanishing[1, 0] = float("nan")
     live = torch.rand(4, 3, generator=g) < 0.6
     compile_check(seed_grad_health, norm, vanishing, exploding, live)
+
+
+def test_learner_rules_on_group_norms_compile_fullgraph(compile_check):
+    """``group_clip_scale`` (``ppo.clip_per_group``) and ``adapt_value_coef`` (``ppo.value_coef_adapt``)."""
+    from esper.core.health import adapt_value_coef, group_clip_scale
+
+    norms = torch.tensor([0.1, 3.0, 0.0, 0.7, float("nan")])
+    compile_check(lambda n: group_clip_scale(n, 0.5), norms)
+    fn = lambda c, v, p: adapt_value_coef(c, v, p, target=0.3, rate=0.1, low=0.05, high=5.0)
+    compile_check(fn, torch.tensor(0.5), torch.tensor(2.0), torch.tensor(0.4))
+    compile_check(fn, torch.tensor(0.5), torch.tensor(0.0), torch.tensor(0.4))

@@ -142,3 +142,28 @@ def test_compiled_update_of_the_set_policy_is_one_graph_per_host_shape_and_equal
         for x, y in zip(agents[0].policy.parameters(), agents[1].policy.parameters()):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
     assert graphs == [2, 3, 3], "GAE's graph and one step graph per host shape; nothing more"
+
+
+def test_compiled_update_with_the_learner_options_is_one_graph_and_equals_eager():
+    """``ppo.clip_per_group``, ``ppo.value_coef_adapt`` and ``ppo.entropy_floor`` together: the step still
+    compiles once (the adaptive value coefficient goes in and out as a tensor, so its new value every
+    step recompiles nothing) and every update matches the eager trainer's, the coefficient included."""
+    torch._dynamo.reset()
+    backend = CountingBackend()
+    cfg = PPOConfig(
+        hidden=16, head_hidden=8, n_epochs=2, n_minibatches=2, target_kl=None, lr=1e-2,
+        clip_per_group=0.05, value_coef_adapt=0.2, value_coef_adapt_rate=0.5, entropy_floor=(1.0, 0.5) * 4,
+    )  # fmt: skip
+    (p_eager, eager), (p_comp, comp) = _pair(cfg, backend)
+    graphs = []
+    for i in range(2):
+        rollout = make_rollout(p_eager, eager, seed=80 + i)
+        m_eager, m_comp = eager.update(rollout.clone()), comp.update(rollout.clone())
+        graphs.append(len(backend.graphs))
+        for key in ("loss_objective", "loss_critic", "loss_entropy_floor", "value_coef", "grad_norm"):
+            assert abs(m_comp[key] - m_eager[key]) <= 1e-4 * (1 + abs(m_eager[key])), (i, key)
+        assert m_eager["loss_entropy_floor"] > 0
+        torch.testing.assert_close(comp.learner.value_coef, eager.learner.value_coef, rtol=1e-5, atol=0)
+        _assert_same_policy(p_eager, p_comp)
+    assert float(eager.learner.value_coef) != cfg.value_coef
+    assert graphs == [2, 2], "one graph for the step and one for GAE; nothing recompiled"

@@ -11,6 +11,7 @@ from tensordict import TensorDict
 from esper.core.advantage import normalize_advantage
 from esper.core.loss import loss_counts, ppo_loss, total_loss
 from esper.core.normalize import batch_stats, merge_running_stats, running_stats, update_running_stats
+from esper.core.spec import HEADS
 from tests.core.test_loss import factored_batch
 
 
@@ -73,3 +74,28 @@ def test_advantage_statistics_over_the_parts_equal_the_whole():
     answers = iter([n_sum, ssd] * len(parts))
     out = [normalize_advantage(p, reduce=lambda t: next(answers).to(t.dtype)) for p in parts]
     torch.testing.assert_close(torch.cat(out), whole, rtol=1e-5, atol=1e-6)
+
+
+def test_P4_entropy_floor_of_the_parts_sums_to_the_whole():
+    """With an entropy floor, each process judges the hinge on the whole minibatch's entropy (summed
+    by ``loss_counts(entropy=True)``): the parts' floor terms and gradients sum to the whole's, although
+    each part alone may sit on the other side of the floor."""
+    td = factored_batch(E=5, T=4, seed=4)
+    plain = ppo_loss(td, factored=True)
+    floors = {h: float(plain[h, "entropy"]) + (0.05 if i % 2 else -0.05) for i, h in enumerate(HEADS)}
+    floors = {h: min(max(f, 0.0), 1.0) for h, f in floors.items()}
+    whole = ppo_loss(td, factored=True, entropy_floor=floors, entropy_floor_coef=0.7)
+    params = [v for v in td["current"].values(True, True) if v.requires_grad]
+    g_whole = torch.autograd.grad(total_loss(whole), params)
+    parts = [slice(0, 2), slice(2, 5)]
+    counts = [loss_counts(td[p], factored=True, entropy=True) for p in parts]
+    summed = counts[0] + counts[1]
+    outs = [ppo_loss(td[p], factored=True, counts=summed, entropy_floor=floors, entropy_floor_coef=0.7)
+            for p in parts]  # fmt: skip
+    torch.testing.assert_close(sum(o["loss_entropy_floor"] for o in outs), whole["loss_entropy_floor"])
+    assert float(whole["loss_entropy_floor"]) > 0
+    g_parts = torch.autograd.grad(sum(total_loss(o) for o in outs), params)
+    for a, b in zip(g_parts, g_whole):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(KeyError, match="loss_counts\\(entropy=True\\)"):
+        ppo_loss(td[:2], factored=True, counts=loss_counts(td, factored=True), entropy_floor=0.5)

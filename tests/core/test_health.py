@@ -294,3 +294,59 @@ def test_seed_grad_health_shapes_and_the_original_score():
     torch.testing.assert_close(out["norm"], torch.where(live, 0.5, 0.0))
     with pytest.raises(TypeError, match="'live' must be torch.bool"):
         seed_grad_health(norm, vanishing, exploding, live.float())
+
+
+# ------------------------------------------------------------------------- learner rules on group norms
+def test_M19_group_clip_scale_caps_each_group_alone():
+    """Per-group clipping (``ppo.clip_per_group``; 001 M19, 000 MED-1): each group is scaled to the
+    bound on its own, ``clip_grad_norm_``'s rule per group, so a dominant group no longer takes the
+    others' share of a global clip; a group under the bound keeps its gradient."""
+    from esper.core.health import group_clip_scale
+
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(4, 3, generator=g) * s for s in (0.01, 5.0, 2.0, 0.3, 0.0)]
+    groups = [0, 1, 1, 2, 3]
+    norms = grad_health(grads, groups=groups, n_groups=4, cfg=GradHealthConfig())["group_norms"]
+    scale = group_clip_scale(norms, 0.5)
+    for k in range(4):
+        params = [torch.zeros_like(x, requires_grad=True) for x, gi in zip(grads, groups) if gi == k]
+        for p, x in zip(params, [x for x, gi in zip(grads, groups) if gi == k]):
+            p.grad = x.clone()
+        before = [p.grad.clone() for p in params]
+        torch.nn.utils.clip_grad_norm_(params, 0.5)  # the group clipped alone: scaled by the same factor
+        for p, x in zip(params, before):
+            torch.testing.assert_close(p.grad, x * scale[k], rtol=1e-6, atol=1e-9)
+    clipped = [x * scale[gi] for x, gi in zip(grads, groups)]
+    after = grad_health(clipped, groups=groups, n_groups=4, cfg=GradHealthConfig())["group_norms"]
+    torch.testing.assert_close(after, torch.minimum(norms, torch.tensor(0.5)), rtol=1e-5, atol=1e-6)
+    assert scale[0] == 1 and scale[3] == 1  # under the bound (and an all-zero group): untouched
+    assert torch.isnan(group_clip_scale(torch.tensor([float("nan"), 1.0]), 0.5)[0])
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="max_norm must be finite and > 0"):
+            group_clip_scale(norms, bad)
+
+
+def test_adapt_value_coef_moves_a_share_of_the_way_to_the_target_ratio_in_log_space():
+    """000 MED-2: ``coef * (target / ratio) ** rate`` within ``[low, high]``; a ratio that is not
+    finite and positive leaves the coefficient where it is."""
+    from esper.core.health import adapt_value_coef
+
+    coef = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    value = torch.tensor([2.0, 2.0, 0.1, 0.0, float("nan"), 1.0])
+    policy = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    kw = dict(target=0.5, low=0.05, high=5.0)
+    full = adapt_value_coef(coef, value, policy, rate=1.0, **kw)
+    # rate 1: straight to the coefficient that would have given the target ratio (0.5 * 0.5 / 2)
+    assert full[0] == pytest.approx(0.125) and full[2] == pytest.approx(2.5)
+    part = adapt_value_coef(coef, value, policy, rate=0.5, **kw)
+    assert part[0] == pytest.approx(0.5 * math.sqrt(0.25)) and part[2] == pytest.approx(0.5 * math.sqrt(5.0))
+    assert full[3:].tolist() == [0.5, 0.5, 0.5]  # no value gradient, NaN, no policy gradient: unchanged
+    tight = adapt_value_coef(coef, value, policy, rate=1.0, target=0.5, low=0.2, high=1.0)
+    assert tight[:3].tolist() == pytest.approx([0.2, 0.2, 1.0])  # clamped to [low, high]
+    for kwargs, msg in [
+        (dict(target=0.0, rate=0.1, low=0.1, high=1.0), "target must be finite and > 0"),
+        (dict(target=1.0, rate=1.5, low=0.1, high=1.0), "need rate <= 1 and low <= high"),
+        (dict(target=1.0, rate=0.1, low=2.0, high=1.0), "need rate <= 1 and low <= high"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            adapt_value_coef(coef, value, policy, **kwargs)

@@ -548,3 +548,75 @@ def test_the_kl_stop_rule_has_one_home():
     assert kl_early_stop(torch.tensor(0.16), 0.1).item() is True
     assert kl_early_stop(torch.tensor(0.14), 0.1).item() is False
     assert kl_early_stop(torch.tensor(1e9), None).item() is False
+
+
+# ------------------------------------------------------------------------------------- entropy floor
+def _logits(td: TensorDict) -> list[torch.Tensor]:
+    return [td["current", h, "logits"] for h in HEADS]
+
+
+def test_P4_entropy_floor_is_a_hinge_on_each_heads_masked_normalized_entropy():
+    """004 P-4 (the original's half-built ``get_entropy_floor``): ``loss_entropy_floor = coef * sum_h
+    relu(floor_h - H_h)`` over the masked mean normalized entropies ``ppo_loss`` reports per head, the
+    action masks and head relevance threaded through; its gradient is exactly an entropy bonus of
+    ``coef`` on the heads under their floor and nothing on the others."""
+    td = factored_batch(4, 6, seed=31)
+    plain = ppo_loss(td, factored=True)
+    entropy = {h: float(plain[h, "entropy"]) for h in HEADS}
+    floors = {h: (entropy[h] + 0.1 if i % 2 else entropy[h] - 0.1) for i, h in enumerate(HEADS)}
+    floors = {h: min(max(f, 0.0), 1.0) for h, f in floors.items()}
+    out = ppo_loss(td, factored=True, entropy_floor=floors, entropy_floor_coef=0.3)
+    want = 0.3 * sum(max(0.0, floors[h] - entropy[h]) for h in HEADS)
+    assert float(out["loss_entropy_floor"]) == pytest.approx(want, rel=1e-5)
+    below = {h for h in HEADS if entropy[h] < floors[h]}
+    assert below and below != set(HEADS)
+    grad = torch.autograd.grad(out["loss_entropy_floor"], _logits(td))
+    bonus = ppo_loss(td, factored=True, entropy_coef={h: 0.3 if h in below else 0.0 for h in HEADS})
+    ref = torch.autograd.grad(bonus["loss_entropy"], _logits(td))
+    for h, a, b in zip(HEADS, grad, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=h)
+    # total_loss adds it; every other output is unchanged by the floor
+    torch.testing.assert_close(total_loss(out), total_loss(plain) + out["loss_entropy_floor"])
+    assert "loss_entropy_floor" not in plain.keys()
+    for key in plain.keys(True, True):
+        torch.testing.assert_close(out[key], plain[key], msg=str(key))
+
+
+def test_P4_one_entropy_floor_for_every_head_and_a_floor_under_every_entropy_costs_nothing():
+    td = factored_batch(3, 5, seed=32)
+    plain = ppo_loss(td, factored=True)
+    one = ppo_loss(td, factored=True, entropy_floor=0.8, entropy_floor_coef=0.5)
+    each = ppo_loss(td, factored=True, entropy_floor=dict.fromkeys(HEADS, 0.8), entropy_floor_coef=0.5)
+    torch.testing.assert_close(one["loss_entropy_floor"], each["loss_entropy_floor"])
+    want = 0.5 * sum(max(0.0, 0.8 - float(plain[h, "entropy"])) for h in HEADS)
+    assert float(one["loss_entropy_floor"]) == pytest.approx(want, rel=1e-5)
+    zero = ppo_loss(td, factored=True, entropy_floor=0.0)
+    assert float(zero["loss_entropy_floor"]) == 0.0
+    assert all(g is None or not g.any() for g in torch.autograd.grad(
+        zero["loss_entropy_floor"], _logits(td), allow_unused=True))  # fmt: skip
+
+
+def test_P4_a_head_that_never_counted_pays_no_floor():
+    """Every step WAIT: only ``op`` counts; the other heads' entropies are 0 by the masked mean, and the
+    floor must not charge them for it."""
+    td = factored_batch(2, 4, seed=33, ops=[int(Op.WAIT)] * 4)
+    out = ppo_loss(td, factored=True, entropy_floor=0.5)
+    op_entropy = float(out["op", "entropy"])
+    assert float(out["loss_entropy_floor"]) == pytest.approx(max(0.0, 0.5 - op_entropy), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"entropy_floor": 1.5}, r"entropy_floor must be in \[0, 1\]"),
+        ({"entropy_floor": -0.1}, "entropy_floor must be finite and >= 0"),
+        ({"entropy_floor": math.nan}, "entropy_floor must be finite"),
+        ({"entropy_floor": {"op": 0.5}}, "per-head entropy_floor must name exactly the heads"),
+        ({"entropy_floor": 0.5, "entropy_floor_coef": -1.0}, "entropy_floor_coef must be finite and >= 0"),
+        ({"entropy_floor": 0.5, "normalize_entropy": False}, "floor on normalized entropies"),
+    ],
+)
+def test_P4_entropy_floor_arguments_are_checked_in_one_line(kw, match):
+    td = factored_batch(2, 4, seed=3, grad=False)
+    with pytest.raises(ValueError, match=match):
+        ppo_loss(td, factored=True, **kw)

@@ -59,12 +59,13 @@ def reduce_report(report: TensorDict, dist: Dist) -> TensorDict:
     """The mean step metrics of the whole batch from every process's: sums of the shares (loss
     terms, KL, entropy, clip fractions, ``mean_ratio``), max / min of the ratio extremes, the mean
     over processes of ``ESS`` (an average of the parts', not the whole's); gradient statistics,
-    head weights and the explained variance are already the whole minibatch's everywhere."""
+    head weights, the explained variance and the adaptive value coefficient are already the whole
+    minibatch's everywhere."""
     if not dist.active:
         return report
     for key in report.keys(True, True):
         path = key if isinstance(key, tuple) else (key,)
-        if path[0] == "grad" or path[-1] in ("weight", "explained_variance"):
+        if path[0] == "grad" or path[-1] in ("weight", "explained_variance", "value_coef"):
             continue
         op = {"max_ratio": "max", "min_ratio": "min"}.get(path[-1], "sum")
         value = dist.all_reduce(report[key].clone(), op)

@@ -23,6 +23,20 @@ class PPOConfig:
     clip_epsilon: float = doc(0.2, "surrogate ratio clip", gt=0)
     value_clip: float | None = doc(10.0, "bound on |V_new - V_anchor| in the value loss (none: off)", gt=0)
     value_coef: float = doc(0.5, "weight of the value loss (applied to 0.5 * squared error)", ge=0)
+    value_coef_adapt: float = doc(
+        0.0,
+        "adaptive value coefficient (finding 000 MED-2): the target of the value head's gradient norm over "
+        "the policy heads'; after each minibatch step the coefficient moves value_coef_adapt_rate of the "
+        "way to the one that would have hit it (in log space), from value_coef and within value_coef / 10 "
+        "and x 10 (esper.core.health.adapt_value_coef). 0: off, value_coef fixed",
+        ge=0,
+    )
+    value_coef_adapt_rate: float = doc(
+        0.1,
+        "share of the log-distance to its target the adaptive value coefficient moves per step",
+        gt=0,
+        le=1,
+    )
     entropy_coef: float = doc(0.05, "entropy bonus coefficient at the first update", ge=0)
     entropy_coef_end: float | None = doc(
         None, "entropy coefficient after annealing (none: no annealing)", ge=0
@@ -33,12 +47,29 @@ class PPOConfig:
     head_entropy_weights: tuple[float, ...] = doc(
         (), "per-head entropy weights in HEADS order (empty: all 1)", ge=0
     )
+    entropy_floor: tuple[float, ...] = doc(
+        (),
+        "a floor on each head's normalized entropy (finding 004 P-4): a head whose masked mean entropy "
+        "is below it gets entropy_floor_coef x (floor - entropy) more bonus, not annealed "
+        "(esper.core.ppo_loss's loss_entropy_floor). Empty: off; one value: every head; 8: per head in "
+        "HEADS order",
+        ge=0,
+        le=1,
+    )
+    entropy_floor_coef: float = doc(0.1, "weight of the entropy floor's hinge (ppo.entropy_floor)", ge=0)
     lr: float = doc(3e-4, "AdamW learning rate (at the first update, when annealed)", gt=0)
     lr_end: float | None = doc(None, "AdamW learning rate after annealing (none: constant)", ge=0)
     lr_anneal_updates: int = doc(0, "updates over which the learning rate moves linearly to lr_end", ge=0)
     adam_eps: float = doc(1e-5, "AdamW epsilon", gt=0)
     critic_weight_decay: float = doc(0.0, "weight decay on the value head only", ge=0)
     max_grad_norm: float = doc(0.5, "global gradient-norm clip", gt=0)
+    clip_per_group: float = doc(
+        0.0,
+        "per-group gradient clip (findings M19, 000 MED-1): each parameter group the gradient health "
+        "reports (trunk, the eight heads, value) is scaled to this norm at most, then the global "
+        "max_grad_norm clip applies (0: off, the global clip alone)",
+        ge=0,
+    )
     n_epochs: int = doc(4, "passes over each batch", ge=1)
     n_minibatches: int = doc(
         2, "minibatches per pass; each holds whole env sequences (must divide n_envs)", ge=1
@@ -155,6 +186,19 @@ class PPOConfig:
                 f"ppo.param_cap ({self.param_cap:g}) and ppo.param_cap_share ({self.param_cap_share:g}) both "
                 "set; give the cap one way (set the other to 0)"
             )
+        if len(self.entropy_floor) not in (0, 1, len(HEADS)):
+            raise ValueError(
+                f"ppo.entropy_floor needs 1 value (every head) or {len(HEADS)} ({', '.join(HEADS)}), "
+                f"got {len(self.entropy_floor)}"
+            )
+        if self.entropy_floor and self.entropy_floor_coef == 0:
+            raise ValueError(
+                "ppo.entropy_floor is set with ppo.entropy_floor_coef 0: give the floor a weight > 0"
+            )
+        if self.value_coef_adapt > 0 and self.value_coef == 0:
+            raise ValueError(
+                "ppo.value_coef_adapt needs ppo.value_coef > 0 (its start and the centre of its range)"
+            )
         if self.head_entropy_weights and len(self.head_entropy_weights) != len(HEADS):
             raise ValueError(
                 f"ppo.head_entropy_weights needs {len(HEADS)} values ({', '.join(HEADS)}), "
@@ -166,6 +210,13 @@ class PPOConfig:
         """Whether the learned controller has a parameter cap (``param_cap`` or ``param_cap_share`` set;
         :func:`param_cap_on` says how many parameters on a host)."""
         return self.param_cap > 0 or self.param_cap_share > 0
+
+    def entropy_floors(self) -> dict[str, float] | None:
+        """``ppo.entropy_floor`` per head (None: off), as :func:`esper.core.ppo_loss` takes it."""
+        if not self.entropy_floor:
+            return None
+        floors = self.entropy_floor * len(HEADS) if len(self.entropy_floor) == 1 else self.entropy_floor
+        return dict(zip(HEADS, floors))
 
     def entropy_coef_at(self, update: int) -> float:
         return _anneal(self.entropy_coef, self.entropy_coef_end, self.entropy_anneal_updates, update)

@@ -18,12 +18,13 @@ health, the KL flag (:func:`esper.core.loss.kl_early_stop`) and the finiteness f
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from esper.core.health import GradHealthConfig, grad_health
+from esper.core.health import GradHealthConfig, adapt_value_coef, grad_health, group_clip_scale
 from esper.core.loss import kl_early_stop, loss_counts
 from esper.core.spec import HEADS, KEYS
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
@@ -36,22 +37,50 @@ GRAD_GROUPS = ("trunk", *HEADS, "value")
 StepResult = tuple[bool, bool, TensorDict | None]
 
 
+#: The adaptive value coefficient stays within this factor of ``ppo.value_coef`` either way.
+VALUE_COEF_RANGE = 10.0
+
+
 @dataclass
 class Descent:
     """What :func:`descend` leaves for the step to decide on: the loss terms, the gradient health, and
     the two flags (bool ``[]``): the KL early stop (checked before the step) and whether the loss and
-    every gradient were finite."""
+    every gradient were finite; with an adaptive value coefficient, its value for the next step."""
 
     losses: TensorDict
     health: TensorDict
     stop: torch.Tensor
     finite: torch.Tensor
+    value_coef: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class ValueCoefRule:
+    """``ppo.value_coef_adapt`` (:func:`esper.core.health.adapt_value_coef`): starts at ``start``
+    (``ppo.value_coef``), aims the value head's gradient norm at ``target`` times the policy heads'
+    (the eight heads' groups together) and moves ``rate`` of the way each minibatch step, within
+    :data:`VALUE_COEF_RANGE` of the start."""
+
+    start: float
+    target: float
+    rate: float
+
+    def next(self, coef: torch.Tensor, group_norms: torch.Tensor) -> torch.Tensor:
+        heads = group_norms[GRAD_GROUPS.index(HEADS[0]) : GRAD_GROUPS.index(HEADS[-1]) + 1]
+        low, high = self.start / VALUE_COEF_RANGE, self.start * VALUE_COEF_RANGE
+        value = group_norms[GRAD_GROUPS.index("value")]
+        return adapt_value_coef(
+            coef, value, heads.square().sum().sqrt(), target=self.target, rate=self.rate, low=low, high=high
+        )
 
 
 @dataclass
 class Learner:
     """What a minibatch step works on: the network, its optimizer, the loss and the re-scoring of stored
-    sequences (both closures of the trainer's config), and the gradient-health settings."""
+    sequences (both closures of the trainer's config), the gradient-health settings and the clip, and
+    the learner options: ``clip_per_group`` (``ppo.clip_per_group``, 0: off), ``value_rule``
+    (``ppo.value_coef_adapt``, None: off; :attr:`value_coef` holds the coefficient, a device tensor) and
+    ``counts_fn``, the loss denominators of a minibatch several processes hold."""
 
     policy: FactoredRecurrentActorCritic
     optimizer: torch.optim.Optimizer
@@ -60,13 +89,34 @@ class Learner:
     health_cfg: GradHealthConfig
     max_grad_norm: float
     target_kl: float | None
+    clip_per_group: float = 0.0
+    value_rule: ValueCoefRule | None = None
+    counts_fn: Callable[[TensorDictBase], TensorDict] = field(default=partial(loss_counts, factored=True))
 
     def __post_init__(self) -> None:
         self.params = list(self.policy.parameters())
         self.groups = group_index(self.policy)
+        #: The parameters of each group of GRAD_GROUPS (per-group clipping).
+        pairs = list(zip(self.params, self.groups))
+        self.members = [[p for p, g in pairs if g == k] for k in range(len(GRAD_GROUPS))]
+        rule, device = self.value_rule, self.params[0].device
+        self.value_coef = None if rule is None else torch.tensor(rule.start, device=device)
 
     def health(self, grads: list[torch.Tensor]) -> TensorDict:
         return grad_health(grads, groups=self.groups, n_groups=len(GRAD_GROUPS), cfg=self.health_cfg)
+
+    def clip(self, health: TensorDict) -> None:
+        """The gradients clipped before the step: with ``clip_per_group`` each group's scaled to that norm
+        at most (:func:`esper.core.health.group_clip_scale` of the health's pre-clip ``group_norms``, one
+        ``_foreach_mul_`` per group), then the global norm to ``max_grad_norm``. Several processes call
+        it on the summed gradients, so every process clips the same."""
+        if self.clip_per_group > 0:
+            scale = group_clip_scale(health["group_norms"], self.clip_per_group)
+            for k, members in enumerate(self.members):
+                grads = [p.grad for p in members if p.grad is not None]
+                if grads:
+                    torch._foreach_mul_(grads, scale[k].to(grads[0].dtype))
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
 
 
 class EagerStep:
@@ -83,13 +133,14 @@ class EagerStep:
 
     def __call__(self, batch: TensorDictBase, idx: torch.Tensor, coef: float) -> StepResult:
         lr = self.learner
-        out = descend(lr, batch[idx], coef)
+        out = descend(lr, batch[idx], coef, value_coef=lr.value_coef)
         # sync point: the KL flag (checked before the step) and the finiteness flag, one read
         stopped, ok = torch.stack([out.stop, out.finite]).tolist()
         if stopped or not ok:
             return bool(stopped), bool(ok), None
-        torch.nn.utils.clip_grad_norm_(lr.params, lr.max_grad_norm)
+        lr.clip(out.health)
         lr.optimizer.step()
+        lr.value_coef = out.value_coef
         return False, True, step_metrics(out.losses, out.health, coef)
 
 
@@ -109,25 +160,35 @@ class CompiledStep:
 
     def __call__(self, batch: TensorDictBase, idx: torch.Tensor, coef: float) -> StepResult:
         coef_t = torch.tensor(coef, device=batch.device)  # a tensor: a new value never recompiles
-        metrics, flags = self.graph(batch, idx, coef_t, self.lr_scale)
+        metrics, flags, value_coef = self.graph(batch, idx, coef_t, self.lr_scale, self.learner.value_coef)
+        self.learner.value_coef = value_coef  # None without ppo.value_coef_adapt
         # sync point: the KL and finiteness flags (where either fails, no step was applied)
         stopped, ok = flags.tolist()
         return bool(stopped), bool(ok), (metrics if not stopped and ok else None)
 
     def _body(
-        self, batch: TensorDictBase, idx: torch.Tensor, coef: torch.Tensor, lr_scale: torch.Tensor
-    ) -> tuple[TensorDict, torch.Tensor]:
+        self,
+        batch: TensorDictBase,
+        idx: torch.Tensor,
+        coef: torch.Tensor,
+        lr_scale: torch.Tensor,
+        value_coef: torch.Tensor | None,
+    ) -> tuple[TensorDict, torch.Tensor, torch.Tensor | None]:
         """The compiled graph: gather the envs ``idx`` of ``batch``, re-score, loss, backward, gradient
         health, clip, AdamW at ``lr_scale`` x the optimizer's learning rate (not applied where the KL
-        flag is set or the loss or a gradient is not finite). Returns the step's metrics and the flags
-        ``[early_stop, finite]``. Every ``.grad`` is None on entry and on exit."""
+        flag is set or the loss or a gradient is not finite). Returns the step's metrics, the flags
+        ``[early_stop, finite]`` and the adaptive value coefficient after the step (None when off; kept
+        where the step was not applied). Every ``.grad`` is None on entry and on exit."""
         lr = self.learner
-        out = descend(lr, batch[idx], coef)
-        torch.nn.utils.clip_grad_norm_(lr.params, lr.max_grad_norm)
-        adam_step(lr.optimizer, skip=out.stop | ~out.finite, scale=lr_scale)
+        out = descend(lr, batch[idx], coef, value_coef=value_coef)
+        skip = out.stop | ~out.finite
+        lr.clip(out.health)
+        adam_step(lr.optimizer, skip=skip, scale=lr_scale)
         for p in lr.params:
             p.grad = None
-        return step_metrics(out.losses, out.health, coef), torch.stack([out.stop, out.finite])
+        if value_coef is not None:
+            value_coef = torch.where(skip, value_coef, out.value_coef)
+        return step_metrics(out.losses, out.health, coef), torch.stack([out.stop, out.finite]), value_coef
 
 
 class SharedStep:
@@ -156,12 +217,13 @@ class SharedStep:
         else:  # none of this minibatch is here: a masked-out stand-in adds nothing but joins the sums
             mb = batch[:1].clone()
             mb.set(KEYS.valid, torch.zeros(mb.batch_size, dtype=torch.bool, device=batch.device))
-        out = descend(lr, mb, coef, dist)
+        out = descend(lr, mb, coef, dist, value_coef=lr.value_coef)
         stopped, ok = torch.stack([out.stop, out.finite]).tolist()  # sync point: the shared flags
         if stopped or not ok:
             return bool(stopped), bool(ok), None
-        torch.nn.utils.clip_grad_norm_(lr.params, lr.max_grad_norm)
+        lr.clip(out.health)  # on the summed gradients: the same on every process
         lr.optimizer.step()
+        lr.value_coef = out.value_coef  # from the summed gradients' norms: the same everywhere
         return False, True, step_metrics(out.losses, out.health, coef)
 
 
@@ -182,11 +244,18 @@ def make_step(
 
 
 def descend(
-    learner: Learner, mb: TensorDictBase, coef: float | torch.Tensor, dist: Dist | None = None
+    learner: Learner,
+    mb: TensorDictBase,
+    coef: float | torch.Tensor,
+    dist: Dist | None = None,
+    *,
+    value_coef: torch.Tensor | None = None,
 ) -> Descent:
     """What every minibatch step does before it decides: re-score the minibatch ``mb`` (its
     ``current`` entry), the loss, backward (every ``.grad`` set to None first), the gradient health and
-    the two flags. Traceable into the compiled step's graph.
+    the two flags. Traceable into the compiled step's graph. ``value_coef`` (``ppo.value_coef_adapt``):
+    the critic loss (computed with coefficient 1) is weighted by it, and the rule's next value from this
+    step's gradient norms is returned in the descent (the coefficient used goes to the metrics).
 
     With ``dist`` (several processes, :class:`SharedStep`): one all-reduce before the loss sums its
     denominators and the sums behind the explained variance over the processes, and one after backward
@@ -194,6 +263,9 @@ def descend(
     health and both flags are then the whole minibatch's, the same on every process."""
     mb["current"] = learner.rescore(mb)
     losses = learner.loss_fn(mb) if dist is None else _shared_loss(learner, mb, dist)
+    if value_coef is not None:
+        losses["loss_critic"] = losses["loss_critic"] * value_coef
+        losses["value_coef"] = value_coef.detach()
     total = annealed_loss(losses, coef)
     for p in learner.params:  # the optimizer's zero_grad(set_to_none=True): it holds these parameters
         p.grad = None
@@ -205,13 +277,14 @@ def descend(
         grads, kl, finite_loss = _sum_gradients(learner.params, losses["kl_approx"], total, dist)
         stop = kl_early_stop(kl, learner.target_kl)
     health = learner.health(grads)
-    return Descent(losses, health, stop, finite_loss & health["finite"])
+    after = None if value_coef is None else learner.value_rule.next(value_coef, health["group_norms"])
+    return Descent(losses, health, stop, finite_loss & health["finite"], after)
 
 
 def _shared_loss(learner: Learner, mb: TensorDictBase, dist: Dist) -> TensorDict:
     """This process's part of the loss of a minibatch several processes hold: the denominators and the
     explained variance are the whole minibatch's (one all-reduce)."""
-    counts = loss_counts(mb, factored=True)
+    counts = learner.counts_fn(mb)
     names = sorted(counts.keys())
     # one all-reduce: the loss denominators and the sums behind the whole minibatch's explained variance
     local = torch.cat([torch.stack([counts[k].double() for k in names]), _ev_sums(mb)])
@@ -291,8 +364,12 @@ def _ev_from_sums(sums: torch.Tensor) -> torch.Tensor:
 
 def annealed_loss(losses: TensorDict, coef: float | torch.Tensor) -> torch.Tensor:
     """What the update minimizes: :func:`esper.core.total_loss` with the (per-head-weighted) entropy term
-    scaled by the annealed coefficient ``coef``."""
-    return losses["loss_objective"] + losses["loss_critic"] + coef * losses["loss_entropy"]
+    scaled by the annealed coefficient ``coef``; an entropy floor's hinge (``ppo.entropy_floor``) is not
+    annealed."""
+    total = losses["loss_objective"] + losses["loss_critic"] + coef * losses["loss_entropy"]
+    if "loss_entropy_floor" in losses.keys():
+        total = total + losses["loss_entropy_floor"]
+    return total
 
 
 def step_metrics(losses: TensorDict, health: TensorDict, coef: float | torch.Tensor) -> TensorDict:
@@ -310,6 +387,7 @@ def step_metrics(losses: TensorDict, health: TensorDict, coef: float | torch.Ten
         "ESS",
         *HEADS,
     ]
+    keep += [k for k in ("loss_entropy_floor", "value_coef") if k in losses.keys()]  # learner options
     out = losses.select(*keep).detach().float()
     out["loss_entropy"] = out["loss_entropy"] * coef
     out["grad"] = health.select("global_norm", "group_norms", "nan_count", "inf_count").float()
@@ -320,12 +398,14 @@ def step_metrics(losses: TensorDict, health: TensorDict, coef: float | torch.Ten
 
 __all__ = [
     "GRAD_GROUPS",
+    "VALUE_COEF_RANGE",
     "CompiledStep",
     "Descent",
     "EagerStep",
     "Learner",
     "MinibatchStep",
     "SharedStep",
+    "ValueCoefRule",
     "annealed_loss",
     "descend",
     "group_index",

@@ -14,6 +14,10 @@ every episode ends at T: truncated, or terminal with ``lifecycle.terminal_at_lim
 6. for ``n_epochs``: shuffles *envs* into minibatches of whole sequences (finding C3), re-scores each
    from its stored initial hidden state, computes :func:`esper.core.ppo_loss`, stops on the KL flag
    (checked before the step), clips gradients, steps AdamW (weight decay on the critic only);
+   the learner options, each off by default, act here: ``ppo.clip_per_group`` clips each gradient
+   group before the global clip, ``ppo.value_coef_adapt`` weighs the critic loss by a coefficient that
+   follows the value head's gradient norm, ``ppo.entropy_floor`` adds a hinge below a head's entropy
+   floor (docs/controller.md, "Learner options");
 7. rolls the policy and optimizer back to their state at step 6's start if a loss or gradient was
    not finite (that step is never taken) or the parameters ended non-finite: a non-finite update is
    never applied, so it can never reach a checkpoint.
@@ -60,6 +64,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -68,7 +73,7 @@ from esper import kernels
 from esper.core.advantage import gae, gae_tensors, group_relative, normalize_advantage
 from esper.core.distributions import masked_categorical
 from esper.core.health import GradHealthConfig, lstm_health
-from esper.core.loss import decouple, ppo_loss
+from esper.core.loss import decouple, loss_counts, ppo_loss
 from esper.core.minibatch import env_minibatches
 from esper.core.normalize import (
     running_stats,
@@ -87,7 +92,7 @@ from esper.shell.agent.collective import (
     whole_rollout,
 )
 from esper.shell.agent.config import PPOConfig
-from esper.shell.agent.steps import GRAD_GROUPS, Learner, make_step
+from esper.shell.agent.steps import GRAD_GROUPS, Learner, ValueCoefRule, make_step
 from esper.shell.common.distributed import SINGLE, Dist
 from esper.shell.telemetry.readout import read_scalars
 
@@ -146,13 +151,22 @@ class PPOTrainer:
         self.loss_fn, self.gae_fn, self._categorical = loss_functions(
             cfg, device, compile=compile, backend=compile_backend
         )
-        learner = Learner(
+        rule = None
+        if cfg.value_coef_adapt > 0:
+            rule = ValueCoefRule(cfg.value_coef, cfg.value_coef_adapt, cfg.value_coef_adapt_rate)
+        floor = bool(cfg.entropy_floor)
+        counts = partial(loss_counts, factored=True, entropy=floor, categorical=self._categorical)
+        #: What the minibatch step works on (the network, optimizer, loss, clip and learner options).
+        self.learner = Learner(
             policy, self.optimizer, self.loss_fn, self._rescore,
             GradHealthConfig.for_clipped_ppo(cfg.max_grad_norm, factor=cfg.grad_explode_factor),
-            cfg.max_grad_norm, cfg.target_kl,
+            cfg.max_grad_norm, cfg.target_kl, clip_per_group=cfg.clip_per_group, value_rule=rule,
+            counts_fn=counts,
         )  # fmt: skip
         #: The minibatch step, chosen once: eager, compiled or shared by several processes.
-        self.step = make_step(learner, compile=compile, dist=dist, base_lr=cfg.lr, backend=compile_backend)
+        self.step = make_step(
+            self.learner, compile=compile, dist=dist, base_lr=cfg.lr, backend=compile_backend
+        )
 
     # ----------------------------------------------------------------------------------------- update
     def prepare(self, batch: TensorDictBase, *, replayed: list[TensorDictBase] = ()) -> TensorDictBase:
@@ -305,14 +319,17 @@ class PPOTrainer:
         names = ("return", "value_mean", "adv_mean", "adv_max_abs")
         return TensorDict({k: whole[:, j] for j, k in enumerate(names)}, batch_size=[])
 
-    def _learner_state(self) -> tuple[dict, dict]:
-        """Copies of the policy's and the optimizer's state (to roll an update back)."""
+    def _learner_state(self) -> tuple[dict, dict, torch.Tensor | None]:
+        """Copies of the policy's and the optimizer's state and of the adaptive value coefficient (to
+        roll an update back)."""
         policy = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
-        return policy, copy.deepcopy(self.optimizer.state_dict())
+        coef = self.learner.value_coef
+        return policy, copy.deepcopy(self.optimizer.state_dict()), None if coef is None else coef.clone()
 
-    def _restore_learner(self, state: tuple[dict, dict]) -> None:
+    def _restore_learner(self, state: tuple[dict, dict, torch.Tensor | None]) -> None:
         self.policy.load_state_dict(state[0])
         self.optimizer.load_state_dict(state[1])
+        self.learner.value_coef = state[2]
 
     def _rescore(self, td: TensorDictBase) -> TensorDict:
         """Per-head logits and V of the stored sequences of ``td``, re-scored from their initial
@@ -329,13 +346,16 @@ class PPOTrainer:
         (``ppo.replay``'s kept rollouts) is stored whole, every process's envs in global order, so a
         checkpoint resumes on any number of processes; with several processes gathering it is a
         collective, which every process must call together (``replay=False`` leaves it out)."""
-        return {
+        out = {
             "optimizer": self.optimizer.state_dict(),
             "reward_stats": self.state.reward_stats.to_dict(),
             "updates": self.state.updates,
             "generator": self.generator.get_state(),
             "replay": [whole_rollout(td, self.dist).to_dict() for td in self.state.replay] if replay else [],
         }
+        if self.learner.value_coef is not None:  # ppo.value_coef_adapt: where the coefficient got to
+            out["value_coef"] = self.learner.value_coef.detach().cpu().clone()
+        return out
 
     def load_state_dict(self, sd: dict) -> None:
         """Restore the learner's state (:meth:`state_dict`; the agent's is
@@ -349,6 +369,8 @@ class PPOTrainer:
         self.state.reward_stats = TensorDict(sd["reward_stats"], batch_size=[]).to(device)
         self.state.updates = int(sd["updates"])
         self.generator.set_state(sd["generator"])
+        if self.learner.value_coef is not None and "value_coef" in sd:  # else it starts at ppo.value_coef
+            self.learner.value_coef = sd["value_coef"].to(device=device, dtype=self.learner.value_coef.dtype)
         # a checkpoint from before ppo.replay has none; of a longer one, the newest this config re-uses
         # (of each shape); each is stored whole, and this process keeps its own slice of the envs
         kept = []
@@ -374,16 +396,19 @@ def loss_functions(
     def loss_fn(td: TensorDictBase, counts: TensorDict | None = None) -> TensorDict:
         # entropy_coef is a per-head weight here; the annealed scalar multiplies loss_entropy
         # outside, so a changing coefficient never recompiles the loss.
+        # with ppo.value_coef_adapt the critic loss comes unweighted; the step weighs it (steps.descend)
         return ppo_loss(
             td,
             factored=True,
             clip_epsilon=cfg.clip_epsilon,
             value_clip=cfg.value_clip,
-            value_coef=cfg.value_coef,
+            value_coef=1.0 if cfg.value_coef_adapt > 0 else cfg.value_coef,
             entropy_coef=head_weights,
             target_kl=cfg.target_kl,
             categorical=categorical,
             counts=counts,
+            entropy_floor=cfg.entropy_floors(),
+            entropy_floor_coef=cfg.entropy_floor_coef,
         )
 
     def gae_fn(td: TensorDictBase) -> TensorDictBase:

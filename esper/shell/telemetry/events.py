@@ -57,7 +57,10 @@ entry per env, [env][slot] one per env and slot, in ``slot_names`` order):
     ``lstm_h_norm_mean``, ``lstm_h_norm_max``, ``lstm_c_norm_mean``, ``lstm_c_norm_max``,
     ``lstm_nonfinite``, ``lstm_too_small_frac``, ``lstm_too_large_frac``, ``lstm_h_saturated_frac``,
     ``lstm_c_saturated_frac`` (:func:`esper.core.health.lstm_health`); the advantages before they are
-    normalized: ``adv_mean``, ``adv_std``, ``adv_max_abs``, ``adv_pos_frac``.
+    normalized: ``adv_mean``, ``adv_std``, ``adv_max_abs``, ``adv_pos_frac``. With a learner option on
+    (docs/controller.md, "Learner options"): ``value_coef`` (``ppo.value_coef_adapt``: the mean
+    adaptive value coefficient of the update's steps) and ``loss_entropy_floor``
+    (``ppo.entropy_floor``: the entropy floor's hinge term).
 ``ppo_detail``
     for a few updates after an anomaly (``anomaly.escalate_updates``): ``update``, ``steps`` (dict
     metric → one value per minibatch step, nested names joined with ``/``), ``envs`` (dict → one value

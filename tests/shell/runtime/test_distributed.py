@@ -183,3 +183,24 @@ def test_env_slices_cover_the_global_envs_once():
     assert SINGLE.shard(5) == (0, 5) and SINGLE.is_main and not SINGLE.active
     with pytest.raises(ValueError, match=r"env.n_envs 6 must be a multiple of the number of processes \(4\)"):
         Dist(rank=1, world=4).shard(6)
+
+
+def test_the_learner_options_on_two_processes_update_as_on_one(tmp_path):
+    """``ppo.clip_per_group`` (each process clips the summed gradients), ``ppo.value_coef_adapt`` (the
+    rule reads the summed gradients' norms, so every process moves the coefficient alike) and
+    ``ppo.entropy_floor`` (the hinge judged on the whole minibatch's entropies): the two processes'
+    update is the one process's, the coefficient in the checkpoint included."""
+    options = ["--ppo.clip_per_group", "0.05", "--ppo.value_coef_adapt", "0.2",
+               "--ppo.entropy_floor", "1,0.5,1,0.5,1,0.5,1,0.5"]  # fmt: skip
+    args = [*TINY, *options, "--updates", "1", "--run_dir", str(tmp_path)]
+    assert main([*args, "--name", "one"]) == 0
+    torchrun(2, *args, "--name", "two")
+    one, two = tmp_path / "one", tmp_path / "two"
+    u1, u2 = events(one, "ppo_update")[0], events(two, "ppo_update")[0]
+    assert u1["minibatch_steps"] == u2["minibatch_steps"] == 4
+    assert u1["loss_entropy_floor"] > 0 and u1["value_coef"] != 0.5
+    for key in ("loss_objective", "loss_critic", "loss_entropy_floor", "value_coef", "grad_norm"):
+        assert u2[key] == pytest.approx(u1[key], rel=1e-4, abs=1e-6), key
+    assert_same_policy(one, two)
+    c1, c2 = (load_checkpoint(r / "checkpoint.pt")["learner"]["value_coef"] for r in (one, two))
+    torch.testing.assert_close(c1, c2, rtol=1e-5, atol=0)
