@@ -459,27 +459,33 @@ def _family(task: Task, name: str, member: Callable[[int], dict], **fields) -> T
                    describe_member=member, **fields)  # fmt: skip
 
 
-#: ``mnist1d_where``: the width of its narrow block, the widths its other two blocks draw from (one for
-#: both), and its pools (40 positions through ``b0`` and ``b1``, pooled by 4 after the last block).
-WHERE_NARROW, WHERE_WIDE, WHERE_POOLS = 2, (8, 12), (1, 1, 4)
+#: ``mnist1d_where``: the width of its narrow block and the widths its blocks draw from (one for all).
+WHERE_NARROW, WHERE_WIDE = 2, (8, 12)
+#: ``mnist1d_where``'s two bottlenecks, each on half of the hosts: the first block narrow, the positions
+#: pooled by 4 after the last block (the wide full-resolution slot is ``b1``); or no narrow block, the
+#: positions pooled by 4 after the second (the wide full-resolution slot is ``b0``).
+WHERE_KINDS = {"narrow_first": ((True, False, False), (1, 1, 4)), "pool_early": ((False,) * 3, (1, 4, 1))}
 
 
 def where_member(seed: int) -> dict:
-    """``mnist1d_where``'s host of ``seed``: block 0 or block 1 (one each half of the hosts) is
-    :data:`WHERE_NARROW` channels wide, the other two blocks one width of :data:`WHERE_WIDE`;
-    pointwise kernels, :data:`WHERE_POOLS`."""
+    """``mnist1d_where``'s host of ``seed``: one of :data:`WHERE_KINDS` (each with probability 1/2), its
+    wide blocks one width of :data:`WHERE_WIDE`, its narrow block :data:`WHERE_NARROW`; pointwise
+    kernels."""
     rng = family_draw("mnist1d_where", seed)
-    narrow, wide = rng.randrange(2), rng.choice(WHERE_WIDE)
-    channels = tuple(WHERE_NARROW if i == narrow else wide for i in range(3))
-    return {"channels": channels, "kernels": (1, 1, 1), "pools": WHERE_POOLS}
+    narrow, pools = WHERE_KINDS[rng.choice(sorted(WHERE_KINDS))]
+    wide = rng.choice(WHERE_WIDE)
+    channels = tuple(WHERE_NARROW if n else wide for n in narrow)
+    return {"channels": channels, "kernels": (1, 1, 1), "pools": pools}
 
 
 def mnist1d_where_task(**kwargs) -> Task:
-    """A family of MNIST-1D hosts whose bottleneck sits in a different block per host (issue 89, *where
-    and what under a budget*): three pointwise blocks, the first two at full resolution, one of them only
-    :data:`WHERE_NARROW` channels wide (:func:`where_member`). A seed in the narrow slot is small and
-    weak; the wide full-resolution slot is where spatial context pays, and which one that is differs from
-    host to host. The data is the default's (``kwargs``: :func:`mnist1d_task`'s, not the host's)."""
+    """A family of MNIST-1D hosts whose bottleneck sits in a different place per host (issue 89, *where
+    and what under a budget*): three pointwise blocks, on half of the hosts the first one only
+    :data:`WHERE_NARROW` channels wide with the positions kept whole until the last block, on the other
+    half every block wide with the positions pooled by 4 after the second (:func:`where_member`). Spatial
+    context pays most in a wide slot at full resolution, and which slot that is (``b1`` or ``b0``)
+    differs from host to host. The data is the default's (``kwargs``: :func:`mnist1d_task`'s, not the
+    host's)."""
     for key in ("channels", "kernels", "pools"):
         if key in kwargs:
             raise TypeError(f"mnist1d_where: the family draws each host's {key}; it takes no {key!r}")
@@ -579,6 +585,11 @@ __all__ = [
     "DIGITS_SHALLOW_SIZE",
     "GROW_ALL_BLUEPRINT",
     "TASK_FACTORIES",
+    "WHEN_NOISE",
+    "WHEN_TRAIN",
+    "WHERE_KINDS",
+    "WHERE_NARROW",
+    "WHERE_WIDE",
     "Task",
     "cifar10_task",
     "digits_shallow_task",

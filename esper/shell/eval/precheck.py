@@ -54,10 +54,10 @@ MIN_GAP, MIN_SHARE = 4.0, 0.30
 FAMILY_PLANS: dict[str, dict[str, Any]] = {
     "mnist1d_where": {
         "plans": (
-            "", "b0=conv_light", "b1=conv_light", "b2=conv_light", "b0=depthwise", "b1=depthwise",
-            "b0=conv_small+b1=conv_small", "b0=conv_small+b2=conv_small", "b1=conv_small+b2=conv_small",
+            "", "b0=conv_small", "b1=conv_small", "b2=conv_small", "b0=depthwise", "b1=depthwise",
+            "b2=depthwise", "b0=conv_small+b1=depthwise",
         ),
-        "budget_share": 1 / 3,
+        "budget_share": 1 / 6,
     },
     "mnist1d_when": {
         "plans": (
@@ -199,7 +199,7 @@ def run_precheck(task_name: str, *, hosts: int, eval_seed: int, data_seed: int |
                 continue  # a line cut short
             if rec.get("key") == key:
                 done[int(rec["row"]["host_seed"])] = rec["row"]
-    t0 = time.perf_counter()
+    t0, rev = time.perf_counter(), git_revision()  # the revision it starts at
     rows = []
     if shard is not None and partial is None:
         raise ValueError("precheck: a shard writes its hosts to a partial file; name one")
@@ -237,7 +237,7 @@ def run_precheck(task_name: str, *, hosts: int, eval_seed: int, data_seed: int |
         "settings": "the default preset's (env.workers 1), one host's plans side by side per batch",
         "overrides": overrides or {},
         "torch_threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0,
-        "git_rev": git_revision(), "machine": machine(),
+        "git_rev": rev, "machine": machine(),
     }  # fmt: skip
     return out
 

@@ -11,7 +11,7 @@ from esper.shell.baselines.simple import GrowAllController
 from esper.shell.env.config import FAMILY_TASKS, EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
-from esper.shell.env.tasks import WHERE_NARROW, make_task, when_member, where_member
+from esper.shell.env.tasks import WHERE_KINDS, WHERE_NARROW, make_task, when_member, where_member
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.host.bank import build_host
 
@@ -53,14 +53,18 @@ def test_every_member_has_the_same_slots_and_catalogue(name):
         assert host(x).shape == (4, task.n_classes)
 
 
-def test_where_moves_the_narrow_block_and_the_slot_widths_follow():
+def test_where_moves_the_bottleneck_and_the_slot_widths_follow():
     task = make_task("mnist1d_where", **SMALL)
-    widths = {tuple(s.width for s in task.host_for(seed).slots) for seed in SEEDS}
-    narrow_at = {w.index(WHERE_NARROW) for w in widths}
-    assert narrow_at == {0, 1} and len(widths) > 2  # both places, and more than one wide width
-    for seed in SEEDS:
-        m = where_member(seed)
-        assert tuple(s.width for s in task.host_for(seed).slots) == m["channels"]
+    members = [where_member(seed) for seed in SEEDS]
+    assert {m["pools"] for m in members} == {pools for _, pools in WHERE_KINDS.values()}  # both kinds
+    assert len({m["channels"] for m in members}) > 2  # narrow or not, and more than one wide width
+    for seed, m in zip(SEEDS, members):
+        host = task.host_for(seed)
+        assert tuple(s.width for s in host.slots) == m["channels"]
+        narrow = [w == WHERE_NARROW for w in m["channels"]]
+        assert (narrow, m["pools"]) in [(list(n), p) for n, p in WHERE_KINDS.values()]
+        pools = [b[-1].kernel_size if isinstance(b[-1], torch.nn.MaxPool1d) else 1 for b in host.blocks]
+        assert tuple(pools) == m["pools"]
 
 
 def test_when_draws_each_hosts_data_by_seed():
