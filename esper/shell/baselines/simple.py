@@ -117,7 +117,8 @@ class GrowAllController(FixedController):
 
     ``blueprint``: one blueprint index for every slot, or a plan ``{slot index: blueprint index}``:
     only the planned slots are grown, each with its own blueprint (in slot order, one per step); or a
-    list of plans, one per env (a plan search runs its candidates side by side).
+    list of plans, one per env (a plan search runs its candidates side by side; an empty plan in the
+    list: that env grows nothing).
 
     ``at`` (a timed plan, ``grow:b0=conv_heavy:3``): ``{slot index: epoch}``, or one such per env with a
     list of plans: no germination in that slot before that epoch (the epoch of the measurement it acts
@@ -140,8 +141,10 @@ class GrowAllController(FixedController):
         self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         if isinstance(blueprint, Mapping) or (isinstance(blueprint, Sequence) and blueprint):
             plans = [blueprint] if isinstance(blueprint, Mapping) else list(blueprint)
-            for plan in plans:
-                if not isinstance(plan, Mapping) or not plan or min(plan) < 0 or min(plan.values()) < 0:
+            for plan in plans:  # in a list, an empty plan is an env that grows nothing (the static host)
+                empty_ok = not isinstance(blueprint, Mapping) and isinstance(plan, Mapping) and not plan
+                if not empty_ok and (not isinstance(plan, Mapping) or not plan or min(plan) < 0
+                                     or min(plan.values()) < 0):
                     raise ValueError(f"GrowAllController: a plan maps slot indices to blueprint indices, got "
                                      f"{plan!r}")  # fmt: skip
             self.plans = [dict(p) for p in plans]
@@ -189,7 +192,7 @@ class GrowAllController(FixedController):
         plans = self.plans * n_envs if not self.per_env else self.plans
         if len(plans) != n_envs:
             raise ValueError(f"GrowAllController: {len(plans)} plans for {n_envs} envs")
-        if (top := max(max(p) for p in plans)) >= n_slots:
+        if (top := max((max(p) for p in plans if p), default=-1)) >= n_slots:
             raise ValueError(f"GrowAllController: plan names slot {top}, the host has {n_slots}")
         allowed = torch.zeros(shape, dtype=torch.bool)
         bps = torch.zeros(shape, dtype=torch.int64)

@@ -15,7 +15,11 @@ from esper.shell.env.tasks import DEEP_BLOCKS, TASK_FACTORIES, Task, make_task
 TASKS = tuple(TASK_FACTORIES)
 #: Tasks whose data is generated from a seed (``env.data_seed``: another seed, a fresh draw of every
 #: split). The others are fixed datasets: their test split is the only held-out draw.
-GENERATED_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "recall")
+GENERATED_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "recall", "mnist1d_where",
+                   "mnist1d_when")
+#: Families of hosts (issue 89): tasks whose hosts (and, for some, data) differ by host seed
+#: (:attr:`esper.shell.env.tasks.Task.make_host_for`); each host's widths are the family's draw.
+FAMILY_TASKS = ("mnist1d_where", "mnist1d_when")
 
 
 #: Tasks whose data is read from --env.data_path (nothing is ever downloaded).
@@ -28,7 +32,8 @@ HOST_STEPS = ("auto", "batched", "per_env")
 
 
 #: Tasks whose host is a CNN (``env.channels`` sets its blocks' widths).
-CNN_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "digits", "digits_shallow", "cifar10")
+CNN_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "digits", "digits_shallow", "cifar10",
+             *FAMILY_TASKS)
 #: The 1-D CNN tasks' block counts: their hosts take a kernel and a pool per block, so ``env.channels``
 #: gives exactly this many widths. A 2-D host takes one width per block, as many blocks as its 2×2
 #: pools leave pixels for (``2 ** blocks <= image side``).
@@ -113,6 +118,8 @@ class EnvConfig:
 
     def _bad_channels(self) -> str | None:
         """What is wrong with ``channels`` for the task's host (None: nothing)."""
+        if self.task in FAMILY_TASKS:
+            return f"task {self.task!r} is a family: it draws each host's widths"
         if self.task not in CNN_TASKS:
             return f"for the CNN tasks only ({', '.join(CNN_TASKS)}), not {self.task!r}"
         if min(self.channels) < 1:
@@ -199,6 +206,7 @@ def lr_scale(schedule: str, epoch: int, max_epochs: int) -> float:
 __all__ = [
     "CNN_TASKS",
     "DIGITS_TASKS",
+    "FAMILY_TASKS",
     "GENERATED_TASKS",
     "HOST_STEPS",
     "IMAGE_SIDES",

@@ -10,13 +10,15 @@ and shared (one copy per device). The datasets themselves are in :mod:`esper.she
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
 import torch
 
+from esper.shell.common.seeding import derive_seed
 from esper.shell.data.batches import Batch, Loaders, TensorBatches, WindowBatches
 from esper.shell.data.datasets import (
     LONGRANGE_SPLITS,
@@ -73,11 +75,30 @@ class Task:
     #: The blueprint ``grow_all`` germinates in every slot: the one that gained most on this task (None:
     #: its family's, :data:`GROW_ALL_BLUEPRINT`; :attr:`grow_all` is the one in force).
     grow_all_blueprint: str | None = None
+    #: A task whose hosts differ (issue 89: a *family* of hosts): ``make_host_for(host_seed) -> Host``,
+    #: the host of that seed, its architecture drawn from the family by the seed alone (the same seed,
+    #: the same host; its weights drawn, as any host's, from the global generator the caller seeded).
+    #: ``make_host()`` is then one member (a probe: the slot names and the catalogue, which every member
+    #: shares). None: every host of the task is ``make_host()``'s.
+    make_host_for: Callable[[int], Host] | None = None
+    #: A family's member of a host seed, as its draw states it (``{"channels": ..., "n_train": ...}``):
+    #: for reports only (the pre-check's rows), never an observation. None for a task of one host.
+    describe_member: Callable[[int], dict] | None = None
 
     @property
     def grow_all(self) -> str:
         """The blueprint ``grow_all`` grows on this task: its own, else its family's."""
         return self.grow_all_blueprint or GROW_ALL_BLUEPRINT[self.family]
+
+    @property
+    def varies(self) -> bool:
+        """Whether the hosts of this task differ from host seed to host seed (a family of hosts)."""
+        return self.make_host_for is not None
+
+    def host_for(self, seed: int) -> Host:
+        """The host of host seed ``seed``: the family's member of that seed, else ``make_host()``."""
+        return self.make_host_for(int(seed)) if self.make_host_for is not None else self.make_host()
+
 
 
 def grow_all_params(task: Task, host: Host, slots: tuple[int, ...] = ()) -> int:
@@ -409,11 +430,138 @@ def tinystories_task(
     )  # fmt: skip
 
 
+# ---------------------------------------------------------------------------- families (issue 89)
+# A family task's hosts differ by host seed: each host's architecture (and, for some, its data) is drawn
+# from the family by the seed alone, so a controller meets a different host each episode and can tell
+# them apart only by what any host shows (its slots' widths and descriptors, its training signals, what
+# its seeds measure). Every member has the same slots and the same blueprint catalogue. Nothing in a
+# host, its data or an observation names the family or the member; :attr:`Task.describe_member` is
+# for reports only.
+
+
+def family_draw(name: str, seed: int) -> random.Random:
+    """The generator family ``name`` draws host ``seed``'s member from: its own stream (the host's weights
+    are drawn after, from the global generator), the same for the same family and seed."""
+    return random.Random(derive_seed("family", name, int(seed)))
+
+
+def _family(task: Task, name: str, member: Callable[[int], dict], **fields) -> Task:
+    """``task`` as family ``name``: the host of seed ``s`` is a :class:`CNN1dHost` of ``member(s)``'s
+    ``channels``, ``kernels`` and ``pools`` (the base task's input and classes); ``make_host()`` is seed
+    0's. ``fields``: other :class:`Task` fields to replace (``make_loaders`` for data drawn per host)."""
+    (in_channels, length), n_classes = task.input_shape, task.n_classes
+
+    def host_for(seed: int) -> Host:
+        m = member(seed)
+        return CNN1dHost(in_channels, length, m["channels"], n_classes, m["kernels"], m["pools"])
+
+    return replace(task, name=name, make_host=partial(host_for, 0), make_host_for=host_for,
+                   describe_member=member, **fields)  # fmt: skip
+
+
+#: ``mnist1d_where``: the width of its narrow block and the widths its blocks draw from (one for all).
+WHERE_NARROW, WHERE_WIDE = 2, (8, 12)
+#: ``mnist1d_where``'s two bottlenecks, each on half of the hosts: the first block narrow, the positions
+#: pooled by 4 after the last block (the wide full-resolution slot is ``b1``); or no narrow block, the
+#: positions pooled by 4 after the second (the wide full-resolution slot is ``b0``).
+WHERE_KINDS = {"narrow_first": ((True, False, False), (1, 1, 4)), "pool_early": ((False,) * 3, (1, 4, 1))}
+
+
+def where_member(seed: int) -> dict:
+    """``mnist1d_where``'s host of ``seed``: one of :data:`WHERE_KINDS` (each with probability 1/2), its
+    wide blocks one width of :data:`WHERE_WIDE`, its narrow block :data:`WHERE_NARROW`; pointwise
+    kernels."""
+    rng = family_draw("mnist1d_where", seed)
+    narrow, pools = WHERE_KINDS[rng.choice(sorted(WHERE_KINDS))]
+    wide = rng.choice(WHERE_WIDE)
+    channels = tuple(WHERE_NARROW if n else wide for n in narrow)
+    return {"channels": channels, "kernels": (1, 1, 1), "pools": pools}
+
+
+def mnist1d_where_task(**kwargs) -> Task:
+    """A family of MNIST-1D hosts whose bottleneck sits in a different place per host (issue 89, *where
+    and what under a budget*): three pointwise blocks, on half of the hosts the first one only
+    :data:`WHERE_NARROW` channels wide with the positions kept whole until the last block, on the other
+    half every block wide with the positions pooled by 4 after the second (:func:`where_member`). Spatial
+    context pays most in a wide slot at full resolution, and which slot that is (``b1`` or ``b0``)
+    differs from host to host. The data is the default's (``kwargs``: :func:`mnist1d_task`'s, not the
+    host's)."""
+    for key in ("channels", "kernels", "pools"):
+        if key in kwargs:
+            raise TypeError(f"mnist1d_where: the family draws each host's {key}; it takes no {key!r}")
+    return _family(mnist1d_task(**kwargs), "mnist1d_where", where_member)
+
+
+def _family_loaders(
+    data, name: str, member: Callable[[int], dict], batch_size: int, max_batches: int | None,
+    val_max_batches: int | None, eval_batch_size: int, n_classes: int, seed: int, device=None,
+) -> Loaders:  # fmt: skip
+    """One env's iterators where the family draws the host's data: ``member(seed)``'s ``n_train``
+    training examples of the task's draw (picked by the seed) with a share ``noise`` of their labels
+    replaced by another class, as many of the validation labels; the test split clean. The examples are
+    repeated to the full training split's length, so every host trains the same steps an epoch."""
+    tx, ty, vx, vy, sx, sy = data.get(device)
+    m = member(seed)
+    g = torch.Generator().manual_seed(derive_seed("family-data", name, int(seed)))
+
+    def noisy(y: torch.Tensor) -> torch.Tensor:
+        flip = torch.rand(len(y), generator=g) < m["noise"]
+        shift = torch.randint(1, n_classes, (len(y),), generator=g)
+        return torch.where(flip.to(y.device), (y + shift.to(y.device)) % n_classes, y)
+
+    pick = torch.randperm(len(ty), generator=g)[: m["n_train"]].to(tx.device)
+    x, y = tx[pick], noisy(ty[pick])
+    reps = -(-len(ty) // len(y))
+    x, y = x.repeat(reps, 1, 1)[: len(ty)], y.repeat(reps)[: len(ty)]
+    train = TensorBatches(x, y, batch_size=batch_size, max_batches=max_batches, seed=seed)
+    held = lambda a, b: TensorBatches(a, b, batch_size=eval_batch_size, shuffle=False, drop_last=False,
+                                      max_batches=val_max_batches)  # fmt: skip
+    return Loaders(train, held(vx, noisy(vy)), held(sx, sy))
+
+
+#: ``mnist1d_when``: the training-set sizes and the label-noise shares its hosts draw from.
+WHEN_TRAIN, WHEN_NOISE = (250, 500, 1000, 2000, 4000), (0.0, 0.1, 0.2, 0.3, 0.4)
+
+
+def when_member(seed: int) -> dict:
+    """``mnist1d_when``'s host of ``seed``: the default's host (three pointwise blocks of 8, pools 2, 2,
+    1) on ``n_train`` examples of :data:`WHEN_TRAIN` with a share ``noise`` of :data:`WHEN_NOISE` of
+    their labels (and as many of the validation labels) replaced by another class."""
+    rng = family_draw("mnist1d_when", seed)
+    return {"channels": (8, 8, 8), "kernels": (1, 1, 1), "pools": (2, 2, 1),
+            "n_train": rng.choice(WHEN_TRAIN), "noise": rng.choice(WHEN_NOISE)}  # fmt: skip
+
+
+def mnist1d_when_task(
+    *,
+    batch_size: int = 64,
+    max_batches: int | None = None,
+    val_max_batches: int | None = None,
+    eval_batch_size: int = 1000,
+    splits: tuple[int, int, int] = MNIST1D_SPLITS,
+    data_seed: int = 42,
+) -> Task:
+    """A family of MNIST-1D hosts whose data differs per host (issue 89, *when, and whether to keep*):
+    the default's host trained on a small or large, clean or noisy training set (:func:`when_member`,
+    :func:`_family_loaders`; every host trains the same steps an epoch), read on a clean test split. A
+    large seed pays early on a large clean set; on a small or noisy one it may fit the noise, so when to
+    germinate it, and whether, may differ from host to host."""
+    (tx, ty), (vx, vy), (sx, sy) = load_mnist1d(splits=splits, seed=data_seed)
+    data = _PerDevice((tx, ty, vx, vy, sx, sy))
+    base = mnist1d_task(batch_size=batch_size, eval_batch_size=eval_batch_size, splits=splits,
+                        data_seed=data_seed)  # fmt: skip
+    loaders = partial(_family_loaders, data, "mnist1d_when", when_member, batch_size, max_batches,
+                      val_max_batches, eval_batch_size, 10)  # fmt: skip
+    return _family(base, "mnist1d_when", when_member, make_loaders=loaders)
+
+
 #: Task name -> task factory (keyword arguments only; unknown keywords raise TypeError); the task names
 #: are :data:`esper.shell.env.config.TASKS`.
 TASK_FACTORIES: dict[str, Callable[..., Task]] = {
     "mnist1d": mnist1d_task,
     "mnist1d_deep": mnist1d_deep_task,
+    "mnist1d_where": mnist1d_where_task,
+    "mnist1d_when": mnist1d_when_task,
     "longrange": longrange_task,
     "retrieval": retrieval_task,
     "recall": recall_task,
@@ -437,19 +585,29 @@ __all__ = [
     "DIGITS_SHALLOW_SIZE",
     "GROW_ALL_BLUEPRINT",
     "TASK_FACTORIES",
+    "WHEN_NOISE",
+    "WHEN_TRAIN",
+    "WHERE_KINDS",
+    "WHERE_NARROW",
+    "WHERE_WIDE",
     "Task",
     "cifar10_task",
     "digits_shallow_task",
     "digits_task",
+    "family_draw",
     "grow_all_params",
     "longrange_task",
     "make_task",
     "mnist1d_deep_task",
     "mnist1d_task",
+    "mnist1d_when_task",
+    "mnist1d_where_task",
     "recall_task",
     "retrieval_task",
     "seed_params",
     "stdlib_text_task",
     "tinystories_task",
+    "when_member",
+    "where_member",
     "written_plan",
 ]

@@ -99,16 +99,9 @@ class VecEnv:
                 f"env.slots {bad} out of range: the {self.task.name} host has slots 0..{probe.n_slots - 1}"
             )
         self.enabled = tuple((i in cfg.slots) if cfg.slots else True for i in range(probe.n_slots))
-        #: The seed parameters ``grow_all`` adds here: the unit of the budgets stated as a share of it.
-        self.grow_all_params = grow_all_params(self.task, probe, tuple(cfg.slots))
         self.random_guess_loss = float(torch.log(torch.tensor(float(self.task.n_classes))))
-        #: The reward's configuration, its budget in parameters of this task (``param_budget_share``) and
-        #: the LOSS terminal calibrated to its chance loss (``loss_baseline``, ``loss_target``).
-        self.reward_cfg = with_loss_calibration(
-            with_param_budget(reward or RewardConfig(), self.grow_all_params), self.random_guess_loss
-        )
-        #: The host's shape-free description (:mod:`esper.shell.host.descriptors`), on every step.
-        self.layout = describe_host(probe, self.germination_cost, self.grow_all_params).to(self.device)
+        self._reward = reward or RewardConfig()
+        self._describe(probe)
         #: Length of the raw observation (:func:`esper.core.observation.obs_dim` of this host and config).
         self.obs_dim = obs_dim(self.spec.n_slots, self.spec.n_blueprints, **layout_options(lifecycle))
         self.governor = Governor(governor, self.n, self.random_guess_loss)
@@ -129,6 +122,40 @@ class VecEnv:
         #: host``): for a controller that reads it (the ``probe`` baseline); validation only.
         self.measure_whatif = False
 
+    def _describe(self, probe) -> None:
+        """What the envs' host is, read off ``probe`` (a host of the task): its germination costs (above),
+        what ``grow_all`` adds, the reward's budget and the shape-free description."""
+        self.germination_cost = probe.germination_cost().to(self.device)
+        #: The seed parameters ``grow_all`` adds here: the unit of the budgets stated as a share of it.
+        self.grow_all_params = grow_all_params(self.task, probe, tuple(self.cfg.slots))
+        #: The reward's configuration, its budget in parameters of this task (``param_budget_share``) and
+        #: the LOSS terminal calibrated to its chance loss (``loss_baseline``, ``loss_target``).
+        self.reward_cfg = with_loss_calibration(
+            with_param_budget(self._reward, self.grow_all_params), self.random_guess_loss
+        )
+        #: The host's shape-free description (:mod:`esper.shell.host.descriptors`), on every step.
+        self.layout = describe_host(probe, self.germination_cost, self.grow_all_params).to(self.device)
+
+    def _describe_family(self, host_seeds: Sequence[int]) -> None:
+        """A task whose hosts differ by seed (a family, :attr:`Task.varies`): the batch's hosts must be one
+        member, whose costs, budget and description replace the last batch's. One description stands for
+        every env of a batch; a batch of different members would give some envs another host's, so it is
+        refused (training on a family needs a description per env: issue 89's next step)."""
+        with torch.random.fork_rng(devices=[]):  # a host draws its init: leave the caller's stream
+            members = {s: self.task.host_for(s) for s in dict.fromkeys(int(s) for s in host_seeds)}
+        shapes = {repr(h) for h in members.values()}
+        if len(shapes) > 1:
+            raise ValueError(
+                f"task {self.task.name!r}: its hosts differ by seed, and this batch holds {len(shapes)} "
+                "different ones; one batch must be one host (one description for every env)"
+            )
+        probe = next(iter(members.values()))
+        if (probe.slot_names, probe.blueprint_names) != (self.slot_names, self.blueprint_names):
+            raise ValueError(
+                f"task {self.task.name!r}: a member's slots or catalogue differ from the family's"
+            )
+        self._describe(probe)
+
     @property
     def host_seeds(self) -> list[int]:
         return self.hosts.host_seeds
@@ -144,6 +171,8 @@ class VecEnv:
             host_seeds = train_host_seeds(self.seed, episode, envs, group=self.host_group)
         if len(host_seeds) != self.n:
             raise ValueError(f"VecEnv.reset: {len(host_seeds)} host seeds for {self.n} envs")
+        if self.task.varies:
+            self._describe_family(host_seeds)
         self.hosts.reset(host_seeds)
         self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
         self.slots = init_slots(self.n, self.enabled, device=self.device)

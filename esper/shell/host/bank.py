@@ -37,11 +37,21 @@ MEASURED = ("train_loss", "train_acc", "val_loss", "val_acc", "contribution", "w
 
 
 class HostSource(Protocol):
-    """What host training reads of a task (:class:`esper.shell.env.tasks.Task` is one): a fresh host,
-    and one env's iterators over the three splits."""
+    """What host training reads of a task (:class:`esper.shell.env.tasks.Task` is one): a fresh host
+    (``make_host_for(seed)`` too where the hosts differ by seed: :func:`build_host`), and one env's
+    iterators over the three splits."""
 
     make_host: Callable[[], Host]
     make_loaders: Callable[..., Loaders]
+
+
+def build_host(task: HostSource, seed: int) -> Host:
+    """The host of host seed ``seed``: ``task.make_host_for(seed)`` where the task's hosts differ by seed
+    (a family of hosts, :attr:`esper.shell.env.tasks.Task.make_host_for`), else ``task.make_host()``. Its
+    weights come from the global generator: seed it first (:meth:`PerEnvHosts.reset` seeds it with the
+    host seed)."""
+    make_for = getattr(task, "make_host_for", None)
+    return make_for(int(seed)) if make_for is not None else task.make_host()
 
 
 class HostSettings(Protocol):
@@ -120,7 +130,7 @@ class PerEnvHosts:
         self.models, self.loaders, self.scalers = [], [], []
         for env_seed, dev in zip(self.host_seeds, self.env_devices):
             torch.manual_seed(env_seed)  # host init and seed builds draw from the global RNG
-            host = self.task.make_host().to(dev)
+            host = build_host(self.task, env_seed).to(dev)
             cfg = self.cfg
             self.models.append(
                 EnvModel(host, host_lr=cfg.host_lr, seed_lr=cfg.seed_lr, momentum=cfg.momentum,
@@ -266,4 +276,4 @@ class PerEnvHosts:
         }
 
 
-__all__ = ["MEASURED", "PerEnvHosts", "seeded", "snapshot_state"]
+__all__ = ["MEASURED", "PerEnvHosts", "build_host", "seeded", "snapshot_state"]

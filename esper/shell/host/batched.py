@@ -27,7 +27,15 @@ from esper.core.lifecycle import WHATIF_STATISTICS
 from esper.core.spec import Stage, Style
 from esper.shell.common.seeding import derive_seed
 from esper.shell.data.batches import Loaders
-from esper.shell.host.bank import MEASURED, HostSettings, HostSource, PerEnvHosts, seeded, snapshot_state
+from esper.shell.host.bank import (
+    MEASURED,
+    HostSettings,
+    HostSource,
+    PerEnvHosts,
+    build_host,
+    seeded,
+    snapshot_state,
+)  # fmt: skip
 from esper.shell.host.gradinit import GRAD_GAIN_KEYS, SlotStats, init_projection
 from esper.shell.host.hosts import Host
 from esper.shell.host.model import SEED_GRAD_KEYS, seed_grad_stats
@@ -61,7 +69,7 @@ class BatchedHosts:
         self.slot_stats = [None] * len(self.host_seeds)
         for env_seed in self.host_seeds:
             torch.manual_seed(env_seed)  # host init and seed builds draw from the global RNG
-            self.hosts.append(self.task.make_host().to(self.host_device))
+            self.hosts.append(build_host(self.task, env_seed).to(self.host_device))
             self.loaders.append(self.task.make_loaders(env_seed, device=self.host_device))
         cfg = self.cfg
         if not supports(self.hosts[0]):
