@@ -221,7 +221,7 @@ def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path |
     elif name in (HEURISTIC_TUNED_WIDE, PROBE):
         result = _tune(name, cfg, task)
     elif _plan_kind(name) is not None:
-        store = EpisodeStore(cache / STORE_FILE, cfg, task) if cache is not None else None
+        store = plan_store(cache, cfg, task) if cache is not None else None
         cap = learner_cap(cfg, task) if _plan_kind(name) == PLAN_SEARCH_CAP else None
         result = search_plans(cfg, task, plan_budget(name, cfg), cap=cap, store=store,
                               timed=_plan_kind(name) == PLAN_SEARCH_TIMED)  # fmt: skip
@@ -488,6 +488,16 @@ def plans_within(plans: Sequence[str], task: Task, host: Host, cap: float) -> li
     return [p for p in plans if params(p) <= cap]
 
 
+#: What a plan search reads of an episode, and keeps of it in the run's store.
+SEARCH_FIELDS = ("final_val_acc", "params_added")
+
+
+def plan_store(cache: Path, cfg: RunConfig, task: Task) -> EpisodeStore:
+    """The plan searches' part of the episode store in the search cache ``cache``: :data:`SEARCH_FIELDS`
+    of each episode, on ``cfg``'s settings and ``task``'s draw."""
+    return EpisodeStore(cache / STORE_FILE, cfg, task, fields=SEARCH_FIELDS)
+
+
 def search_width(cfg: RunConfig) -> int:
     """Envs side by side in a plan search's batches: :data:`SEARCH_WIDTH` with the hosts on the CPU (or
     ``n_envs`` where that is more), ``n_envs`` on an accelerator."""
@@ -518,9 +528,9 @@ def run_plans(cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]], slot
 
 __all__ = [
     "HEURISTIC_TUNED", "HEURISTIC_TUNED_WIDE", "PLAN_SEARCH", "PLAN_SEARCH_CAP", "PLAN_SEARCH_TIMED",
-    "PLAN_SEARCH_VERSION", "PROBE", "SEARCH_WIDTH", "TIMED_SHARES", "TUNED", "TUNE_GRID", "TUNE_HOSTS",
-    "candidate_spec", "halving_schedule", "is_searched", "learned_compute", "learner_budget", "learner_cap",
-    "plan_budget", "plan_kind", "plan_space", "plans_within", "run_plans", "schedule_of", "search",
-    "search_plans", "search_width", "seed_costs", "selection_host_seeds", "timed_epochs", "timed_space",
-    "tune_heuristic",
+    "PLAN_SEARCH_VERSION", "PROBE", "SEARCH_FIELDS", "SEARCH_WIDTH", "TIMED_SHARES", "TUNED", "TUNE_GRID",
+    "TUNE_HOSTS", "candidate_spec", "halving_schedule", "is_searched", "learned_compute", "learner_budget",
+    "learner_cap", "plan_budget", "plan_kind", "plan_space", "plan_store", "plans_within", "run_plans",
+    "schedule_of", "search", "search_plans", "search_width", "seed_costs", "selection_host_seeds",
+    "timed_epochs", "timed_space", "tune_heuristic",
 ]  # fmt: skip

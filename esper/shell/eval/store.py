@@ -24,7 +24,10 @@ numbers are the uncached run's, bit for bit (``tests/shell/eval/test_store.py``)
 **On disk.** ``STORE_FILE`` in a run's search cache (``RUN_DIR/search/``, shared by every search, budget
 and evaluation of the run on that task): one JSON line per batch run, under a key of the store's version,
 the config digest, the task, its data draw and the threads. A line of another key is ignored (another
-evaluation draw, other settings, an older store), and so is a last line cut short by a crash.
+evaluation draw, other settings, an older store), and so is a last line cut short by a crash. The
+searches keep only what they read of an episode (its final validation accuracy and parameters added:
+``esper.shell.eval.search.SEARCH_FIELDS``, about 100 bytes a line's episode against 1.5 kB whole), under
+a key of their own.
 """
 
 from __future__ import annotations
@@ -131,12 +134,16 @@ class _Born(StaticController):
 class EpisodeStore:
     """The fixed-plan episodes of one run on one task and data draw, kept in ``path`` (JSON lines, one per
     batch run; see the module). :func:`run_specs` reads and adds to it. ``ran`` and ``read`` count the
-    episodes this instance ran and read."""
+    episodes this instance ran and read. ``fields``: keep only these of each record (a search reads two
+    of an episode's twenty; the evaluation keeps them all); part of the key, so a store of other fields
+    reads none of these lines."""
 
-    def __init__(self, path: Path, cfg: RunConfig, task: Task) -> None:
+    def __init__(self, path: Path, cfg: RunConfig, task: Task, fields: Sequence[str] | None = None) -> None:
         self.path = path
+        self.fields = tuple(fields) if fields is not None else None
+        kept = f":{','.join(self.fields)}" if self.fields is not None else ""
         self.key = (f"v{STORE_VERSION}:{config_digest(cfg)}:{task.name}:{task.data_seed}:"
-                    f"threads{torch.get_num_threads()}")  # fmt: skip
+                    f"threads{torch.get_num_threads()}{kept}")  # fmt: skip
         #: Whether an episode depends on its own (spec, host) alone: the per-env host step.
         self.by_pair = not cfg.env.batched
         self.batches: dict[tuple[tuple[str, int], ...], list[dict]] = {}
@@ -168,6 +175,8 @@ class EpisodeStore:
     def put(self, batch: Sequence[tuple[str, int]], records: Sequence[dict]) -> None:
         """Keep one batch's records (appended to the file at once: a run stopped later keeps it)."""
         batch = tuple((str(s), int(h)) for s, h in batch)
+        if self.fields is not None:
+            records = [{k: r[k] for k in self.fields} for r in records]
         records = json.loads(json.dumps(list(records)))  # as they will be read back
         self._index(batch, records)
         self.path.parent.mkdir(parents=True, exist_ok=True)

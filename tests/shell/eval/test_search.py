@@ -291,7 +291,7 @@ def test_a_search_stopped_part_way_resumes_from_its_last_batch(cfg, task, tmp_pa
     done = [p for c in calls for p in c]
     assert [len(c) for c in calls] == [4, 2] and len(path.read_text().splitlines()) == 2
     elsewhere = dataclasses.replace(cfg, seed=cfg.seed + 1)
-    assert ST.EpisodeStore(path, elsewhere, task).batches == {}  # another key
+    assert S.plan_store(tmp_path, elsewhere, task).batches == {}  # another key
     with path.open("a") as f:
         f.write('{"key": "cut sho')
     again = _fake_episodes(monkeypatch)
@@ -299,7 +299,7 @@ def test_a_search_stopped_part_way_resumes_from_its_last_batch(cfg, task, tmp_pa
     rerun = [p for c in again for p in c]
     assert not set(rerun) & set(done) and res["episodes_reused"] == len(done) == 6
     assert res["episodes"] == len(done) + len(rerun) == 18 and res["compute_host_epochs"] == 18 * T
-    kept = ST.EpisodeStore(path, cfg, task).batches
+    kept = S.plan_store(tmp_path, cfg, task).batches
     assert sum(len(b) for b in kept) == 18  # the line after the cut one is whole
 
 
@@ -329,10 +329,10 @@ def test_plan_episode_store_keys_on_the_task_data_seed_not_the_configs(cfg, task
     _fake_episodes(monkeypatch, ran=ran)  # an episode's numbers depend on the draw it ran on
     other = dataclasses.replace(cfg.env, data_seed=task.data_seed + 1).build_task()
     assert cfg.env.data_seed is None and other.name == task.name and other.data_seed != task.data_seed
-    path, budget = tmp_path / ST.STORE_FILE, 4 * cfg.lifecycle.max_epochs
+    budget = 4 * cfg.lifecycle.max_epochs
 
     def searched(t):
-        return S.search_plans(cfg, t, budget, store=ST.EpisodeStore(path, cfg, t))
+        return S.search_plans(cfg, t, budget, store=S.plan_store(tmp_path, cfg, t))
 
     first = searched(task)
     assert first["episodes_reused"] == 0 and ran == [task.data_seed] * first["episodes"]
@@ -348,7 +348,7 @@ def test_plan_episode_store_keys_on_the_task_data_seed_not_the_configs(cfg, task
     again = searched(rebuilt)  # the first draw again, under the same config: all read, none run
     assert ran == [] and again["episodes_reused"] == again["episodes"] == first["episodes"]
     assert again["candidates"] == first["candidates"] and again["chosen"] == first["chosen"]
-    assert ST.EpisodeStore(path, cfg, other).batches != ST.EpisodeStore(path, cfg, task).batches
+    assert S.plan_store(tmp_path, cfg, other).batches != S.plan_store(tmp_path, cfg, task).batches
 
 
 def test_a_cached_search_is_read_back_only_for_the_data_draw_it_searched(cfg, task, tmp_path, monkeypatch):

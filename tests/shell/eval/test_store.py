@@ -143,8 +143,12 @@ def test_the_store_reads_a_batch_only_where_the_same_batch_is_asked_for(cfg, tas
     drawn = dataclasses.replace(cfg.env, data_seed=task.data_seed + 1).build_task()
     assert ST.EpisodeStore(path, cfg, drawn).batches == {}  # another draw: its own episodes
     assert len(ST.EpisodeStore(path, cfg, task).batches) == 4
+    trimmed = ST.EpisodeStore(path, cfg, task, fields=("final_val_acc",))  # as a search keeps its own
+    assert trimmed.batches == {}  # another key: whole records are not read as trimmed ones, nor back
+    got, _ = ST.run_specs(cfg, task, pairs[:1], store=trimmed)
+    assert got == [{"final_val_acc": first[0]["final_val_acc"]}]
     ST.run_specs(cfg, task, pairs[:2], store=ST.EpisodeStore(path, cfg, task))  # appended after the cut
-    assert len(ST.EpisodeStore(path, cfg, task).batches) == 5
+    assert len(ST.EpisodeStore(path, cfg, task).batches) == 5 and len(trimmed.batches) == 1
     keys = {json.loads(line)["key"] for line in path.read_text().splitlines() if line.endswith("}")}
     assert all(k.startswith(f"v{ST.STORE_VERSION}:{ST.config_digest(cfg)}:{task.name}:") for k in keys)
 
