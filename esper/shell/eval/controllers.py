@@ -11,10 +11,11 @@ of ``python -m esper.shell.evaluate`` takes these names.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 
-from esper.core.spec import ALPHA_TARGETS, HEADS, Style, Tempo
+from esper.core.spec import ALPHA_TARGETS, DEFAULT_BLEND, HEADS, Style, Tempo
 from esper.shell.agent.agent import build_agent
 from esper.shell.agent.controller import PPOController
 from esper.shell.baselines.heuristic import GAIN_TRIGGER, HeuristicController
@@ -27,7 +28,15 @@ from esper.shell.baselines.simple import (
 )
 from esper.shell.config.presets import RunConfig
 from esper.shell.env.vecenv import VecEnv
-from esper.shell.eval.search import HEURISTIC_TUNED, HEURISTIC_TUNED_WIDE, PROBE, is_searched, seed_costs
+from esper.shell.eval.search import (
+    HEURISTIC_TUNED,
+    HEURISTIC_TUNED_WIDE,
+    PROBE,
+    is_searched,
+    plan_kind,
+    seed_costs,
+)
+from esper.shell.eval.store import STATIC, born_spec, grow_spec
 
 #: The heads ``ppo_mixed`` takes the mode of.
 MIXED_MODE_HEADS = tuple(h for h in HEADS if h not in ("op", "slot"))
@@ -180,20 +189,42 @@ def _born_big(name: str, env: VecEnv, searched: dict | None) -> BornBigControlle
     return BornBigController(parse_plan(PLAN_PREFIX + plan, env) if plan else {})
 
 
-def fixed_plan(name: str, searched: dict | None = None) -> frozenset[str] | None:
-    """The fixed plan controller ``name`` grows with the default blend, as its set of ``SLOT=BLUEPRINT``
-    parts (``grow:PLAN``, or a plan search's choice from ``searched``); None for any other controller,
-    and for a placement with blend settings or timing. Two controllers with the same fixed plan are the
-    same controller: on the same hosts and draw their episodes are the same, number for number."""
-    if is_searched(name) and name not in (HEURISTIC_TUNED, HEURISTIC_TUNED_WIDE, PROBE):
-        chosen = searched["chosen"] if searched else None
-        if chosen is None or STYLE_SEP in chosen or EPOCH_SEP in chosen:
-            return None
-        return frozenset(chosen.split("+"))
-    if name.startswith(PLAN_PREFIX) and STYLE_SEP not in name:
-        parts = [p for p in name.removeprefix(PLAN_PREFIX).split("+") if p]
-        return None if any(EPOCH_SEP in p for p in parts) else frozenset(parts)
-    return None
+def episode_spec(name: str, cfg: RunConfig, task, searched: dict | None = None) -> str | None:
+    """The spec of controller ``name``'s episodes where it is a fixed plan
+    (:mod:`esper.shell.eval.store`: ``static``, ``grow_all[:BLUEPRINT][@BLEND]``, ``grow:...``, a plan
+    search's choice from ``searched``, ``born_big[:PLAN]``, ``born_big:CONTROLLER`` with its plan in
+    ``searched``), else None (the learned controller, ``random``, the heuristics, the probe). Controllers
+    with one spec act alike on every env: their episodes on the same hosts and draw are the same. Errors
+    in a name are ``make_controller``'s."""
+    kind = plan_kind(name)
+    if name == "static":
+        return STATIC
+    if kind is None and not is_born_big(name) and not name.startswith(("grow_all", PLAN_PREFIX)):
+        return None
+    if kind is not None and (searched is None or "chosen" not in searched):
+        return None
+    with torch.random.fork_rng(devices=[]):  # a host draws its init: leave the caller's stream
+        host = task.make_host()
+    enabled = [not cfg.env.slots or i in cfg.env.slots for i in range(host.n_slots)]
+    env = SimpleNamespace(slot_names=tuple(host.slot_names), blueprint_names=tuple(host.blueprint_names),
+                          enabled=enabled, task=task)  # fmt: skip
+    names, blueprints = env.slot_names, env.blueprint_names
+    if is_born_big(name):
+        ctl = _born_big(name, env, searched)
+        return born_spec(ctl.plan, names, blueprints)
+    if kind is not None:
+        name = PLAN_PREFIX + searched["chosen"]
+    base, at, settings = name.partition(STYLE_SEP)
+    blend = {"style": Style(DEFAULT_BLEND["style"]), "tempo": Tempo(DEFAULT_BLEND["tempo"]),
+             "alpha_target": ALPHA_TARGETS[DEFAULT_BLEND["alpha_target"]],
+             **(parse_blend(name, settings) if at else {})}  # fmt: skip
+    if base == "grow_all" or base.startswith("grow_all:"):
+        blueprint = _blueprint_index(name, base.partition(":")[2] or task.grow_all, env)
+        plan, when = {s: blueprint for s, on in enumerate(enabled) if on}, {}
+    else:
+        plan, when = parse_schedule(base, env, max_epochs=cfg.lifecycle.max_epochs)
+    return grow_spec(plan, names, blueprints, at=when, style=int(blend["style"]), tempo=int(blend["tempo"]),
+                     alpha=ALPHA_TARGETS.index(blend["alpha_target"]))  # fmt: skip
 
 
 def _blueprint_index(name: str, blueprint: str, env: VecEnv) -> int:

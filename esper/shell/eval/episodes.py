@@ -6,8 +6,12 @@
 task a config describes (the end-of-run held-out check, the growth bench); :func:`compare_controllers`
 does it for a run directory's trained controller and writes ``RUN_DIR/eval/``
 (``python -m esper.shell.evaluate``). Controllers that grow the same fixed plan (plan searches that chose
-it, a ``grow:`` placement of it: :func:`~esper.shell.eval.controllers.fixed_plan`) are one controller:
-its episodes run once, and each later one's summary names the first in ``same_episodes_as``.
+it, a ``grow:`` placement of it, ``grow_all`` and its plan written out, ``born_big`` of one plan: one
+:func:`~esper.shell.eval.controllers.episode_spec`) are one controller: its episodes run once, and each
+later one's summary names the first in ``same_episodes_as``. With a search cache (a run directory's
+``search/``), fixed plans' episodes are also kept there (:mod:`esper.shell.eval.store`), so that another
+evaluation of the run on the same hosts and draw (the suite's diagnosis, in-cap and ``--trying`` rows, a
+re-run with more controllers) reads them: number for number the episodes it would run.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from esper.shell.eval.controllers import (
     PPO_READOUTS,
     STYLE_SEP,
     born_source,
-    fixed_plan,
+    episode_spec,
     is_born_big,
     make_controller,
 )
@@ -53,6 +57,7 @@ from esper.shell.eval.output import write_eval
 from esper.shell.eval.runner import run_hosts
 from esper.shell.eval.search import is_searched, learned_compute, plan_budget, plan_kind, search
 from esper.shell.eval.stats import mean_ci95, spearman
+from esper.shell.eval.store import STORE_FILE, EpisodeStore, run_specs
 from esper.shell.telemetry.console import progress
 
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
@@ -63,20 +68,32 @@ EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "
 
 def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int], *, eval_seed: int,
                  checkpoint: dict | None, on_epoch=None, searched: dict | None = None, keep=None,
-                 dataset: EpisodeDataset | None = None) -> list[dict]:  # fmt: skip
+                 dataset: EpisodeDataset | None = None,
+                 store: EpisodeStore | None = None) -> list[dict]:  # fmt: skip
     """Run controller ``name`` on evaluation episodes ``episodes`` (indices; host seeds from
     ``eval_seed``), ``cfg.env.n_envs`` at a time. Returns one record per episode, in order.
     ``searched``: the search's result, for ``heuristic_tuned`` and ``plan_search``; ``keep``: as
     :func:`~esper.shell.eval.runner.run_hosts` takes it; ``dataset``: the episodes also go to this
-    dataset (:mod:`esper.shell.eval.dataset`)."""
+    dataset (:mod:`esper.shell.eval.dataset`). A fixed plan
+    (:func:`~esper.shell.eval.controllers.episode_spec`) runs from its spec, and with a ``store``
+    (:mod:`esper.shell.eval.store`; not with ``keep`` or a ``dataset``, which need every episode run) its
+    batches kept there are read, not run."""
     episodes = list(episodes)
+    hosts = eval_host_seeds(eval_seed, episodes)
+    spec = episode_spec(name, cfg, task, searched) if keep is None else None
+    if spec is not None:
+        wrap = (lambda ctl, env: dataset.wrap(name, ctl, env)) if dataset is not None else None
+        records, _ = run_specs(cfg, task, [(spec, h) for h in hosts], on_epoch=on_epoch, wrap=wrap,
+                               store=store if dataset is None else None,
+                               on_result=None if dataset is None else dataset.take)  # fmt: skip
+        return [{"controller": name, "episode": e, **rec} for e, rec in zip(episodes, records, strict=True)]
 
     def make(env, start: int):
         ctl = make_controller(name, cfg, env, checkpoint=checkpoint, seed=eval_seed + start,
                               searched=searched)  # fmt: skip
         return ctl if dataset is None else dataset.wrap(name, ctl, env)
 
-    records = run_hosts(cfg, task, make, eval_host_seeds(eval_seed, episodes), on_epoch=on_epoch, keep=keep,
+    records = run_hosts(cfg, task, make, hosts, on_epoch=on_epoch, keep=keep,
                         on_result=None if dataset is None else dataset.take)  # fmt: skip
     return [{"controller": name, "episode": e, **rec} for e, rec in zip(episodes, records, strict=True)]
 
@@ -271,7 +288,8 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
                 for name in controllers if is_searched(name)}  # fmt: skip
     records: dict[str, list[dict]] = {}
     T = cfg.lifecycle.max_epochs
-    first_of: dict[frozenset[str], str] = {}  # each fixed plan's first controller
+    store = EpisodeStore(search_cache / STORE_FILE, cfg, task) if search_cache is not None else None
+    first_of: dict[str, str] = {}  # each fixed plan's first controller, by its spec
     same_as: dict[str, str] = {}
     with progress(len(controllers) * episodes * T, desc="evaluate", enabled=show_progress) as bar:
         for name in controllers:
@@ -280,7 +298,7 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
                 plan = most_frequent_plan(records[source])
                 spent = compute_host_epochs(source, cfg, checkpoint, searched.get(source))
                 searched[name] = {"chosen": plan, "from": source, "compute_host_epochs": spent}
-            plan = fixed_plan(name, searched.get(name))
+            plan = episode_spec(name, cfg, task, searched.get(name))
             if plan is not None and plan in first_of:  # the same controller: its episodes, not run again
                 same_as[name] = first_of[plan]
                 records[name] = copy.deepcopy(records[same_as[name]])
@@ -291,7 +309,8 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
             on_epoch = lambda ev: bar.update(ev["envs"])
             records[name] = run_episodes(cfg, task, name, range(episodes), eval_seed=seed,
                                          checkpoint=checkpoint, on_epoch=on_epoch,
-                                         searched=searched.get(name), dataset=dataset)  # fmt: skip
+                                         searched=searched.get(name), dataset=dataset,
+                                         store=store)  # fmt: skip
     with torch.random.fork_rng(devices=[]):  # a fresh host draws its init: leave the caller's stream
         grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
     summaries = {}
@@ -332,5 +351,7 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
             "trained_updates": int(checkpoint["progress"]["update"]) if checkpoint else None,
             "torch_threads": torch.get_num_threads(),  # the numbers repeat at the same seed and threads
             "seconds": time.perf_counter() - t0,
+            # the evaluation's fixed-plan episodes run and read from the run's store (none: no store)
+            **({"episode_store": {"ran": store.ran, "read": store.read}} if store is not None else {}),
         },
     }

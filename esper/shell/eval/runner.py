@@ -28,14 +28,16 @@ MakeController = Callable[[VecEnv, int], Controller]
 
 def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequence[int], *,
               on_epoch=None, keep: Callable[[Host], Any] | None = None,
-              on_result: Callable[[EpisodeResult], None] | None = None) -> list[dict]:  # fmt: skip
-    """One episode on each host of ``host_seeds`` (host init, seed modules and data order), ``cfg.env.n_envs``
-    side by side, each batch's controller from ``make``. Returns one record per host, in order: the
-    episode's summary, its ``test_objective`` and its validation accuracy over the epochs; with ``keep``,
-    ``kept``: what ``keep`` makes of the final host (e.g. the grown network). ``on_result`` receives each
-    batch's :class:`EpisodeResult` (episodes kept as a dataset: :mod:`esper.shell.eval.dataset`)."""
+              on_result: Callable[[EpisodeResult], None] | None = None,
+              width: int | None = None) -> list[dict]:  # fmt: skip
+    """One episode on each host of ``host_seeds`` (host init, seed modules and data order), ``width``
+    (default ``cfg.env.n_envs``) side by side, each batch's controller from ``make``. Returns one record
+    per host, in order: the episode's summary, its ``test_objective`` and its validation accuracy over the
+    epochs; with ``keep``, ``kept``: what ``keep`` makes of the final host (e.g. the grown network).
+    ``on_result`` receives each batch's :class:`EpisodeResult` (episodes kept as a dataset:
+    :mod:`esper.shell.eval.dataset`)."""
     records: list[dict] = []
-    width = cfg.env.n_envs
+    width = width or cfg.env.n_envs
     for start in range(0, len(host_seeds), width):
         chunk = list(host_seeds[start : start + width])
         env_cfg = dataclasses.replace(cfg.env, n_envs=len(chunk))

@@ -20,8 +20,9 @@ from esper.shell.config.presets import preset
 from esper.shell.env.tasks import grow_all_params, seed_params
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.eval import search as S
+from esper.shell.eval import store as ST
 from esper.shell.eval import tuning as U
-from esper.shell.eval.controllers import fixed_plan, make_controller, parse_plan, parse_schedule
+from esper.shell.eval.controllers import episode_spec, make_controller, parse_plan, parse_schedule
 from esper.shell.eval.episodes import check_names, compare_on_config
 from esper.shell.eval.runner import run_hosts
 from esper.shell.host.slots import DETACHED_INPUT_STAGES
@@ -118,7 +119,7 @@ def test_a_fixed_schedule_says_when_and_how(cfg, task):
             parse_plan("grow:b0=norm:2", env)
     finally:
         env.close()
-    assert fixed_plan("grow:b0=norm:2") is None and fixed_plan("grow:b0=norm") == frozenset({"b0=norm"})
+    assert episode_spec("grow:b0=norm:2", cfg, task) != episode_spec("grow:b0=norm", cfg, task)  # not one
     name = "grow:b1=norm:3+b0=conv_heavy:2@GATED_GATE"
     res = compare_on_config(cfg, [name, "grow:b0=norm"], episodes=2, seed=3, show_progress=False, task=task)
     eps = res["controllers"][name]["per_episode"]
@@ -150,12 +151,14 @@ def test_plan_search_timed_keeps_its_budget_and_reads_plan_searchs_episodes(cfg,
     calls = []
 
     def fake(cfg_, task_, make, host_seeds, **kw):
-        env = SimpleNamespace(n=len(host_seeds), blueprint_names=list(task.make_host().blueprint_names))
+        host = task.make_host()
+        env = SimpleNamespace(n=len(host_seeds), blueprint_names=list(host.blueprint_names),
+                              slot_names=host.slot_names)  # fmt: skip
         ctl = make(env, 0)
         calls.append((ctl.plans, ctl.at, ctl.style))
         return [{"final_val_acc": float(len(str(p))), "params_added": 1.0} for p in ctl.plans]
 
-    monkeypatch.setattr(S, "run_hosts", fake)
+    monkeypatch.setattr(ST, "run_hosts", fake)
     T = cfg.lifecycle.max_epochs
     plain = S.search(f"plan_search@{9 * T}", cfg, task, cache=tmp_path)
     timed = S.search(f"plan_search_timed@{9 * T}", cfg, task, cache=tmp_path)
@@ -164,10 +167,12 @@ def test_plan_search_timed_keeps_its_budget_and_reads_plan_searchs_episodes(cfg,
     assert [c["plan"] for c in timed["candidates"]][:1] and timed["space"] > plain["space"]
     assert timed["chosen"] in {c["plan"] for c in timed["candidates"]}
     assert S.is_searched("plan_search_timed@2x") and S.plan_kind("plan_search_timed") == "plan_search_timed"
-    assert fixed_plan("plan_search_timed", {"chosen": "b0=norm:3"}) is None
-    assert fixed_plan("plan_search_timed", {"chosen": "b0=norm"}) == frozenset({"b0=norm"})
-    monkeypatch.setattr(S, "run_hosts", run_hosts)  # real episodes: a timed schedule, one per env
-    recs = S.run_plans(cfg, task, [("b0=norm:3@GATED_GATE", 1), ("b1=norm", 2)], ("b0", "b1", "b2"))
+    at3 = episode_spec("plan_search_timed", cfg, task, {"chosen": "b0=norm:3"})
+    assert at3 == episode_spec("grow:b0=norm:3", cfg, task) != episode_spec("grow:b0=norm", cfg, task)
+    assert episode_spec("plan_search_timed", cfg, task, {"chosen": "b0=norm"}) == episode_spec(
+        "grow:b0=norm", cfg, task)  # fmt: skip
+    monkeypatch.setattr(ST, "run_hosts", run_hosts)  # real episodes: a timed schedule, one per env
+    recs, _ = S.run_plans(cfg, task, [("b0=norm:3@GATED_GATE", 1), ("b1=norm", 2)], ("b0", "b1", "b2"))
     firsts = [(r["germinations"][0]["epoch"], r["germinations"][0]["style"]) for r in recs]
     assert firsts == [(3, "GATED_GATE"), (1, "LINEAR_ADD")]
 

@@ -22,6 +22,7 @@ from esper.shell.common.seeding import eval_host_seeds, train_host_seeds
 from esper.shell.config.presets import preset
 from esper.shell.env.tasks import seed_params
 from esper.shell.eval import search as S
+from esper.shell.eval import store as ST
 from esper.shell.eval.episodes import compare_on_config
 from esper.shell.evaluate import main
 from esper.shell.host.blueprints import BLUEPRINTS
@@ -42,15 +43,17 @@ def task(cfg):
 
 
 def _recording(monkeypatch):
-    """Record the host seeds every search episode runs on (the real episodes still run)."""
+    """Record the host seeds every search episode runs on (the real episodes still run): the plan
+    searches' (through the episode store) and the tuned heuristic's."""
     seen: list[int] = []
-    real = S.run_hosts
+    for module in (S, ST):
+        real = module.run_hosts
 
-    def run_hosts(cfg, task, make, host_seeds, **kw):
-        seen.extend(host_seeds)
-        return real(cfg, task, make, host_seeds, **kw)
+        def run_hosts(cfg, task, make, host_seeds, _real=real, **kw):
+            seen.extend(host_seeds)
+            return _real(cfg, task, make, host_seeds, **kw)
 
-    monkeypatch.setattr(S, "run_hosts", run_hosts)
+        monkeypatch.setattr(module, "run_hosts", run_hosts)
     return seen
 
 
@@ -201,8 +204,10 @@ def test_every_controller_reports_its_compute_and_searches_are_cached(cfg, task,
     assert again["controllers"]["heuristic_tuned"]["search"] == ctl["heuristic_tuned"]["search"]
 
 
-def _fake_episodes(monkeypatch, fail_on_call: int | None = None) -> list[list[tuple[str, int]]]:
-    """Replace the search's episodes by a fixed function of (plan, host), so that no host trains. Returns
+def _fake_episodes(monkeypatch, fail_on_call: int | None = None,
+                   ran: list[int] | None = None) -> list[list[tuple[str, int]]]:  # fmt: skip
+    """Replace the search's episodes by a fixed function of (plan, host) (plus the task's data seed where
+    ``ran`` is given, which collects the data seed of every episode run), so that no host trains. Returns
     the (plan, host) pairs of each call of ``run_hosts``, as called; call ``fail_on_call`` (0-based) dies."""
     calls: list[list[tuple[str, int]]] = []
 
@@ -210,13 +215,17 @@ def _fake_episodes(monkeypatch, fail_on_call: int | None = None) -> list[list[tu
         if len(calls) == fail_on_call:
             raise RuntimeError("killed")
         names, blueprints = task.make_host().slot_names, list(BLUEPRINTS[task.family])
-        env = SimpleNamespace(n=len(host_seeds), blueprint_names=blueprints)
+        env = SimpleNamespace(n=len(host_seeds), blueprint_names=blueprints, slot_names=names)
         plans = ["+".join(f"{names[s]}={blueprints[b]}" for s, b in sorted(p.items()))
                  for p in make(env, 0).plans]  # fmt: skip
         calls.append(list(zip(plans, host_seeds, strict=True)))
-        return [{"final_val_acc": _fake_acc(p, h), "params_added": float(len(p))} for p, h in calls[-1]]
+        draw = 0 if ran is None else task.data_seed
+        if ran is not None:
+            ran.extend(task.data_seed for _ in host_seeds)
+        return [{"final_val_acc": _fake_acc(p, h) + draw, "params_added": float(len(p))}
+                for p, h in calls[-1]]  # fmt: skip
 
-    monkeypatch.setattr(S, "run_hosts", run_hosts)
+    monkeypatch.setattr(ST, "run_hosts", run_hosts)
     return calls
 
 
@@ -228,54 +237,61 @@ def _fake_acc(plan: str, host: int) -> float:
 SEARCHES = ("plan_search@0.25x", "plan_search@0.5x", "plan_search@1x", "plan_search@2x", "plan_search_cap@1x")
 
 
-def test_plan_searches_share_their_episodes_and_choose_as_they_would_alone(task, tmp_path, monkeypatch):
-    """With a cache directory, the searches of a run keep their (plan, host) episodes in
-    ``search/episodes.jsonl``, and each later search runs only the pairs not kept yet. With episodes
-    that depend on (plan, host) alone, every search then chooses, scores and counts exactly what it does
-    without the store: the store changes what runs, never the rule or the compute a search reports."""
+def test_plan_searches_share_their_batches_and_choose_as_they_would_alone(task, tmp_path, monkeypatch):
+    """With a cache directory, the searches of a run keep their batches in the run's episode store
+    (``search/episode-store.jsonl``), and a later search reads a batch it asks for again instead of
+    running it (on the batched step a batch, not a pair, is what repeats number for number). Every
+    search chooses, scores and counts exactly what it does without the store, and runs exactly the
+    batches it runs without one, less those it reads: the store changes what runs, never the rule, the
+    numbers or the compute a search reports."""
     cfg = preset("smoke", {**TINY, "updates": 40, "ppo.param_cap_share": 0.6})
     calls = _fake_episodes(monkeypatch)
-    alone, first_alone = {}, []
-    for n in SEARCHES:  # no cache: no store
+    alone, first_alone, per_search, width = {}, [], {}, S.search_width(cfg)
+    for n in SEARCHES:  # no cache: no store (run_hosts is handed a round's pairs: its batches of width)
+        before = len(calls)
         alone[n] = S.search(n, cfg, task)
+        per_search[n] = [tuple(c[i : i + width]) for c in calls[before:] for i in range(0, len(c), width)]
         first_alone = first_alone or [p for c in calls for p in c]
     assert all("episodes_reused" not in r for r in alone.values())
     run_alone = sum(len(c) for c in calls)
     assert run_alone == sum(r["episodes"] for r in alone.values())
+    seen, repeats = set(), 0  # the batches a later search asks for again
+    for n in SEARCHES:
+        repeats += sum(len(c) for c in per_search[n] if c in seen)
+        seen |= set(per_search[n])
     calls.clear()
     shared, first_shared = {}, []
     for n in SEARCHES:
         shared[n] = S.search(n, cfg, task, cache=tmp_path)
         first_shared = first_shared or list(calls)
-    pairs = [p for c in calls for p in c]
-    assert len(pairs) == len(set(pairs))  # no episode runs twice
+    batches = [tuple(c) for c in calls]
+    assert len(batches) == len(set(batches)) and set(batches) == seen  # each batch runs once
     for n in SEARCHES:
         got = {k: v for k, v in shared[n].items() if k not in ("episodes_reused", "seconds")}
         assert got == {k: v for k, v in alone[n].items() if k != "seconds"}, n
     reused = sum(r["episodes_reused"] for r in shared.values())
-    assert shared[SEARCHES[0]]["episodes_reused"] == 0 and reused > 0
-    assert len(pairs) + reused == run_alone  # what ran plus what was read: every episode scored
-    assert len(pairs) < 0.75 * run_alone  # the budgets overlap: a quarter or more is read, not run
-    kept = [json.loads(line) for line in (tmp_path / S.EPISODES_FILE).read_text().splitlines()]
-    assert [(r["plan"], r["host"]) for r in kept] == pairs
-    assert all(r["final_val_acc"] == _fake_acc(r["plan"], r["host"]) for r in kept)
-    # the first search, with nothing kept, runs its episodes in the same order and batches of n_envs
+    assert shared[SEARCHES[0]]["episodes_reused"] == 0 and reused == repeats > 0
+    assert sum(len(c) for c in batches) + reused == run_alone  # what ran plus what was read: all scored
+    kept = [json.loads(line) for line in (tmp_path / ST.STORE_FILE).read_text().splitlines()]
+    assert sum(len(r["pairs"]) for r in kept) == sum(len(c) for c in batches)
+    # the first search, with nothing kept, runs its episodes in the same order and batches
     assert [p for c in first_shared for p in c] == first_alone
-    assert all(len(c) <= cfg.env.n_envs for c in first_shared)
+    assert all(len(c) <= width for c in first_shared)
 
 
 def test_a_search_stopped_part_way_resumes_from_its_last_batch(cfg, task, tmp_path, monkeypatch):
-    """Each batch of ``n_envs`` episodes is kept as it ends: a search killed in its third batch keeps the
-    first two, and run again it runs only the rest. A last line cut short and lines of another run's
-    settings are ignored."""
+    """Each batch is kept as it ends: a search killed in its third batch keeps the first two, and run
+    again it runs only the rest. A last line cut short and lines of another run's settings are ignored."""
+    monkeypatch.setattr(S, "SEARCH_WIDTH", cfg.env.n_envs)  # batches of 4
     name, T = f"plan_search@{18 * cfg.lifecycle.max_epochs}", cfg.lifecycle.max_epochs  # 6 + 3x2 + 2x3
     calls = _fake_episodes(monkeypatch, fail_on_call=2)  # round 1 is batches 0 and 1 (4 + 2 episodes)
     with pytest.raises(RuntimeError, match="killed"):
         S.search(name, cfg, task, cache=tmp_path)
-    path = tmp_path / S.EPISODES_FILE
+    path = tmp_path / ST.STORE_FILE
     done = [p for c in calls for p in c]
-    assert [len(c) for c in calls] == [4, 2] and len(path.read_text().splitlines()) == 6
-    assert S.PlanEpisodes(path, dataclasses.replace(cfg, seed=cfg.seed + 1), task).kept == {}  # another key
+    assert [len(c) for c in calls] == [4, 2] and len(path.read_text().splitlines()) == 2
+    elsewhere = dataclasses.replace(cfg, seed=cfg.seed + 1)
+    assert S.plan_store(tmp_path, elsewhere, task).batches == {}  # another key
     with path.open("a") as f:
         f.write('{"key": "cut sho')
     again = _fake_episodes(monkeypatch)
@@ -283,22 +299,25 @@ def test_a_search_stopped_part_way_resumes_from_its_last_batch(cfg, task, tmp_pa
     rerun = [p for c in again for p in c]
     assert not set(rerun) & set(done) and res["episodes_reused"] == len(done) == 6
     assert res["episodes"] == len(done) + len(rerun) == 18 and res["compute_host_epochs"] == 18 * T
-    assert len(S.PlanEpisodes(path, cfg, task).kept) == 18  # the line after the cut one is whole
+    kept = S.plan_store(tmp_path, cfg, task).batches
+    assert sum(len(b) for b in kept) == 18  # the line after the cut one is whole
 
 
 def test_kept_episodes_are_the_real_episodes_numbers(cfg, task, tmp_path, monkeypatch):
-    """On real episodes: a search with a store keeps each episode's final validation accuracy as the
-    search scored it, and a second search on the same hosts reads them instead of training again."""
+    """On real episodes: a search with a store keeps each episode as the search scored it, and another
+    search that asks for the same batch (the timed search's first round is plan_search's: the same
+    candidates on the same host) reads it instead of training again, number for number."""
     seen = _recording(monkeypatch)
     T = cfg.lifecycle.max_epochs
     first = S.search(f"plan_search@{2 * T}", cfg, task, cache=tmp_path)  # 2 candidates on 1 host
-    kept = [json.loads(line) for line in (tmp_path / S.EPISODES_FILE).read_text().splitlines()]
-    assert len(kept) == len(seen) == 2
-    scored = {c["plan"]: c["val_acc_mean"] for c in first["candidates"]}
-    assert {r["plan"]: r["final_val_acc"] for r in kept} == scored
+    kept = [json.loads(line) for line in (tmp_path / ST.STORE_FILE).read_text().splitlines()]
+    assert len(kept) == 1 and len(kept[0]["records"]) == len(seen) == 2
+    assert sorted(r["final_val_acc"] for r in kept[0]["records"]) == sorted(
+        c["val_acc_mean"] for c in first["candidates"])  # fmt: skip
     seen.clear()
-    second = S.search(f"plan_search@{9 * T}", cfg, task, cache=tmp_path)  # 4 on that host (2 kept), 2 x 2
-    assert second["episodes_reused"] == 2 and len(seen) == second["episodes"] - 2 == 6
+    timed = S.search(f"plan_search_timed@{2 * T}", cfg, task, cache=tmp_path)
+    assert timed["episodes_reused"] == timed["episodes"] == 2 and seen == []
+    assert timed["candidates"] == first["candidates"]
 
 
 def test_plan_episode_store_keys_on_the_task_data_seed_not_the_configs(cfg, task, tmp_path, monkeypatch):
@@ -307,18 +326,13 @@ def test_plan_episode_store_keys_on_the_task_data_seed_not_the_configs(cfg, task
     searches of one config on two draws share no episode, each scores its own draw's, and a search on a
     rebuilt task of the first draw reads every episode the first ran instead of running it again."""
     ran: list[int] = []
-
-    def run_plans(cfg, task, pairs, slot_names):  # an episode's numbers depend on the draw it ran on
-        ran.extend(task.data_seed for _ in pairs)
-        return [{"final_val_acc": _fake_acc(p, h) + task.data_seed, "params_added": 1.0} for p, h in pairs]
-
-    monkeypatch.setattr(S, "run_plans", run_plans)
+    _fake_episodes(monkeypatch, ran=ran)  # an episode's numbers depend on the draw it ran on
     other = dataclasses.replace(cfg.env, data_seed=task.data_seed + 1).build_task()
     assert cfg.env.data_seed is None and other.name == task.name and other.data_seed != task.data_seed
-    path, budget = tmp_path / S.EPISODES_FILE, 4 * cfg.lifecycle.max_epochs
+    budget = 4 * cfg.lifecycle.max_epochs
 
     def searched(t):
-        return S.search_plans(cfg, t, budget, store=S.PlanEpisodes(path, cfg, t))
+        return S.search_plans(cfg, t, budget, store=S.plan_store(tmp_path, cfg, t))
 
     first = searched(task)
     assert first["episodes_reused"] == 0 and ran == [task.data_seed] * first["episodes"]
@@ -334,7 +348,7 @@ def test_plan_episode_store_keys_on_the_task_data_seed_not_the_configs(cfg, task
     again = searched(rebuilt)  # the first draw again, under the same config: all read, none run
     assert ran == [] and again["episodes_reused"] == again["episodes"] == first["episodes"]
     assert again["candidates"] == first["candidates"] and again["chosen"] == first["chosen"]
-    assert S.PlanEpisodes(path, cfg, other).kept != S.PlanEpisodes(path, cfg, task).kept
+    assert S.plan_store(tmp_path, cfg, other).batches != S.plan_store(tmp_path, cfg, task).batches
 
 
 def test_a_cached_search_is_read_back_only_for_the_data_draw_it_searched(cfg, task, tmp_path, monkeypatch):
@@ -343,12 +357,7 @@ def test_a_cached_search_is_read_back_only_for_the_data_draw_it_searched(cfg, ta
     choice) instead of returning the first draw's result, and a search on the draw the cache holds reads
     it, running nothing."""
     ran: list[int] = []
-
-    def run_plans(cfg, task, pairs, slot_names):
-        ran.extend(task.data_seed for _ in pairs)
-        return [{"final_val_acc": _fake_acc(p, h) + task.data_seed, "params_added": 1.0} for p, h in pairs]
-
-    monkeypatch.setattr(S, "run_plans", run_plans)
+    _fake_episodes(monkeypatch, ran=ran)
     other = dataclasses.replace(cfg.env, data_seed=task.data_seed + 1).build_task()
     name = f"plan_search@{4 * cfg.lifecycle.max_epochs}"
     first = S.search(name, cfg, task, cache=tmp_path)

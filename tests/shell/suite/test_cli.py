@@ -439,14 +439,14 @@ def test_baselines_in_progress_are_carried_to_another_machine_and_go_on_there(tm
         (run / "config.json").write_text('{"seed": 3, "marker": "kept"}')
     (half / "search").mkdir()
     (half / "search" / f"{plan_name(2)}.json").write_text('{"chosen": "b0=norm"}')
-    (half / "search" / "episodes.jsonl").write_text('{"plan": "b0=norm", "host": 5}\n')  # their episodes
+    (half / "search" / "episode-store.jsonl").write_text('{"plan": "b0=norm", "host": 5}\n')  # their episodes
     argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
             "--archive", str(archive)]  # fmt: skip
     partial = _carried(capsys, argv, runs, archive)
     assert not (archive / "longrange" / "seed4.partial").exists()  # nothing cached: nothing to carry
     assert sorted(p.name for p in partial.iterdir()) == ["config.json", "search"]
     assert (partial / "search" / f"{plan_name(2)}.json").read_text() == '{"chosen": "b0=norm"}'
-    assert (partial / "search" / "episodes.jsonl").read_text() == '{"plan": "b0=norm", "host": 5}\n'
+    assert (partial / "search" / "episode-store.jsonl").read_text() == '{"plan": "b0=norm", "host": 5}\n'
     assert main(["--restore", *argv, "--runs", str(runs)]) == 0
     assert "nothing to restore" in capsys.readouterr().out  # the live run directory: left alone
     assert main(["--status", *argv, "--runs", str(runs)]) == 0
