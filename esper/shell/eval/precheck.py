@@ -213,7 +213,7 @@ def run_precheck(task_name: str, *, hosts: int, eval_seed: int, data_seed: int |
         info = host_plans(task, seed, plans, budget_share)
         fits = info.pop("fits")
         run_cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, n_envs=len(fits)))
-        records = run_plans(run_cfg, task, [(p, seed) for p in fits], names)
+        records, _ = run_plans(run_cfg, task, [(p, seed) for p in fits], names)
         row = {"host": k, "host_seed": seed, **info,
                "plans": {p: {"test": float(r["final_test_acc"]), "val": float(r["final_val_acc"]),
                              "params": int(r["params_added"]), "grown": r["grown"]}
