@@ -240,7 +240,7 @@ def diverging_run(root: Path) -> Outcome:
     status, err = _run([*CONFIG, "--run_dir", root, "--name", "n", "--ppo.lr", "1e20"])
     resumed, _ = _run(["--resume", root / "n", "--ppo.lr", "1e-3"])
     ok = status == 3 and _one_line(err) and "rolled back" in err and resumed == 0
-    detail = f"exit {status}: {(_errors(err) or [''])[0][len(PROG) + 8:][:160]}; resume exited {resumed}"
+    detail = f"exit {status}: {(_errors(err) or [''])[0][len(PROG) + 8 :][:160]}; resume exited {resumed}"
     return Outcome("NaN/Inf PPO updates (--ppo.lr 1e20)", ok, audit(root / "n", None), detail,
                    time.monotonic() - t0)  # fmt: skip
 

@@ -156,8 +156,11 @@ def _markdown(result: dict, args) -> str:
         f"{result['ratio_host_training_median']:.2f}x on host training.",
         "",
         f"Events at the fixed seed (preset `{result['preset']}`, times left out): "
-        + ("**the same** at both revisions." if result["same_events"]
-           else f"**differ**: {result['first_difference']}."),
+        + (
+            "**the same** at both revisions."
+            if result["same_events"]
+            else f"**differ**: {result['first_difference']}."
+        ),
         "",
     ]
     return "\n".join(lines)

@@ -236,9 +236,7 @@ def esper_gae(batch: TensorDictBase, critic_net: nn.Module, args: Args) -> Tenso
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m examples.cartpole_ppo", description="PPO on CartPole-v1"
-    )
+    parser = argparse.ArgumentParser(prog="python -m examples.cartpole_ppo", description="PPO on CartPole-v1")
     for f in dataclasses.fields(Args):
         if f.type == "bool":
             parser.add_argument(f"--{f.name.replace('_', '-')}", action="store_true")

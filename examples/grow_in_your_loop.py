@@ -36,10 +36,17 @@ from examples.grow_your_model import CLASSES, SignalNet, make_signals
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", metavar="RUN_DIR", help="grow with this run's trained controller")
-    p.add_argument("--readout", default="ppo", choices=("ppo", "ppo_greedy"),
-                   help="with --run: sample the policy (seeded), or take its most likely actions")
-    p.add_argument("--controller", default="heuristic",
-                   help="without --run: a baseline or plan (heuristic, grow_all, grow:grow1=conv_light, ...)")
+    p.add_argument(
+        "--readout",
+        default="ppo",
+        choices=("ppo", "ppo_greedy"),
+        help="with --run: sample the policy (seeded), or take its most likely actions",
+    )
+    p.add_argument(
+        "--controller",
+        default="heuristic",
+        help="without --run: a baseline or plan (heuristic, grow_all, grow:grow1=conv_light, ...)",
+    )
     p.add_argument("--epochs", type=int, help="epochs (default: the controller's episode, 25 without --run)")
     p.add_argument("--train", type=int, default=2000, help="training signals (val: a quarter, test: a half)")
     p.add_argument("--batch_size", type=int, default=64)

@@ -84,13 +84,23 @@ def make_signals(n: int, *, length: int = 32, noise: float = 0.25, seed: int = 0
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", metavar="RUN_DIR", help="grow with this run's trained controller (zero-shot)")
-    p.add_argument("--readout", default="ppo", choices=("ppo", "ppo_greedy"),
-                   help="with --run: sample the policy (seeded, as in training), or its most likely actions")
-    p.add_argument("--controller", default="heuristic",
-                   help="without --run: a baseline (heuristic, grow_all, random, grow:grow3=conv_heavy, ...)")
+    p.add_argument(
+        "--readout",
+        default="ppo",
+        choices=("ppo", "ppo_greedy"),
+        help="with --run: sample the policy (seeded, as in training), or its most likely actions",
+    )
+    p.add_argument(
+        "--controller",
+        default="heuristic",
+        help="without --run: a baseline (heuristic, grow_all, random, grow:grow3=conv_heavy, ...)",
+    )
     p.add_argument("--episodes", type=int, default=4, help="fresh hosts, each grown once (default 4)")
-    p.add_argument("--epochs", type=int,
-                   help="host epochs per episode (default: the run's; without --run, the default preset's)")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        help="host epochs per episode (default: the run's; without --run, the default preset's)",
+    )
     p.add_argument("--train", type=int, default=2000, help="training signals (val: a quarter, test: a half)")
     p.add_argument("--batches", type=int, help="training batches per epoch (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the hosts and the data")

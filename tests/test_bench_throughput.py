@@ -22,6 +22,7 @@ def test_a_path_names_a_device_a_host_step_and_optional_workers():
 def test_ratios_are_medians_of_rounds_where_both_cells_ran():
     paths = [throughput.parse_path(k) for k in ("cuda:batched", "cpu:batched")]
     eps = {("cuda:batched", 8): [4.0, 6.0, 9.0], ("cpu:batched", 8): [2.0, 2.0, None]}
+
     def cell(x):
         return {"error": "timed out"} if x is None else {"episodes_per_s": x, "seconds_per_update": 8 / x}
 

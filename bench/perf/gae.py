@@ -90,13 +90,17 @@ def _case(ctx: Context, res: SuiteResult, E: int, T: int) -> None:
     compiled = {  # name: (function, its arguments, compile options)
         TARGET_ROW: (gae_td, (td,), {}),
         "esper compiled core.gae_tensors": (
-            lambda *a: core.gae_tensors(*a, gamma=GAMMA, lmbda=LMBDA), esper_args, {}
+            lambda *a: core.gae_tensors(*a, gamma=GAMMA, lmbda=LMBDA),
+            esper_args,
+            {},
         ),
     }
     if not ctx.quick and ctx.device.type == "cpu":  # the extras explain CPU results; a GPU run skips them
         compiled["esper compiled core.gae(td), cpp_wrapper (extra)"] = (gae_td, (td,), {"cpp_wrapper": True})
         compiled["torchrl loop compiled (extra)"] = (
-            lambda *a: generalized_advantage_estimate(GAMMA, LMBDA, *a), torchrl_args, {}
+            lambda *a: generalized_advantage_estimate(GAMMA, LMBDA, *a),
+            torchrl_args,
+            {},
         )
         compiled["compiled call floor (extra)"] = (lambda r, v, nv, d, t: (r + v, nv * 2.0), esper_args, {})
         compiled["compiled call floor through the td (extra)"] = (_td_floor, (td,), {})

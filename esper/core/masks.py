@@ -231,6 +231,12 @@ def _stage_in(stage: torch.Tensor, stages: tuple[Stage, ...]) -> torch.Tensor:
 
 
 __all__ = [
-    "action_masks", "head_relevance", "legal_masks", "n_legal", "op_slot_legality", "seed_pays", "slot_mask",
+    "action_masks",
+    "head_relevance",
+    "legal_masks",
+    "n_legal",
+    "op_slot_legality",
+    "seed_pays",
+    "slot_mask",
     "within_param_cap",
 ]

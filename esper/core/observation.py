@@ -278,7 +278,10 @@ def observe(
     glob = _global_features(signals, history, slots, all_params / host, max_epochs=max_epochs, cfg=cfg)
     out = torch.cat([glob, per_slot.flatten(-2)], dim=-1)
     expected = obs_dim(
-        S, n_blueprints, window=history["val_loss_window"].shape[-1], seed_grads=cfg.seed_grad_features,
+        S,
+        n_blueprints,
+        window=history["val_loss_window"].shape[-1],
+        seed_grads=cfg.seed_grad_features,
         grad_gain=cfg.grad_gain_features,
     )
     if out.shape[-1] != expected:  # static shapes: checked at trace time

@@ -62,9 +62,7 @@ class RewardConfig:
         default=RewardMode.OBJECTIVE,
         metadata={"doc": "OBJECTIVE (the change of val acc - parameter cost) | SHAPED | SPARSE | MINIMAL"},
     )
-    param_weight: float = _f(
-        2.0, "OBJECTIVE: accuracy points charged per host-size of live seed parameters"
-    )
+    param_weight: float = _f(2.0, "OBJECTIVE: accuracy points charged per host-size of live seed parameters")
     param_budget: float = _f(
         0.0,
         "OBJECTIVE: seed parameters the host may add before param_over_weight is charged as well "

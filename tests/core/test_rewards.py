@@ -551,8 +551,9 @@ def test_objective_rewards_telescope_to_the_final_objective():
         _objective_signals(
             (torch.rand(E, generator=g) * 100).tolist(),
             (torch.rand(E, S, generator=g) * 500).tolist(),
-            (torch.rand(E, S, generator=g).round(decimals=1) * (torch.rand(E, S, generator=g) > 0.4))
-            .tolist(),
+            (
+                torch.rand(E, S, generator=g).round(decimals=1) * (torch.rand(E, S, generator=g) > 0.4)
+            ).tolist(),
         )
         for _ in range(T + 1)
     ]
@@ -646,8 +647,9 @@ def _episode(E=3, T=5, S=2, *, seed=0, panic_rate=0.3):
         _objective_signals(
             (torch.rand(E, generator=g) * 100).tolist(),
             (torch.rand(E, S, generator=g) * 500).tolist(),
-            (torch.rand(E, S, generator=g).round(decimals=1) * (torch.rand(E, S, generator=g) > 0.4))
-            .tolist(),
+            (
+                torch.rand(E, S, generator=g).round(decimals=1) * (torch.rand(E, S, generator=g) > 0.4)
+            ).tolist(),
         )
         for _ in range(T + 1)
     ]

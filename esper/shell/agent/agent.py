@@ -246,7 +246,11 @@ def build_agent(
         ).to(device)  # fmt: skip
         stats = running_stats((raw_dim,), device=device)
     return Agent(
-        policy, stats, obs_clip=ppo.obs_clip, param_cap=ppo.param_cap, param_cap_share=ppo.param_cap_share,
+        policy,
+        stats,
+        obs_clip=ppo.obs_clip,
+        param_cap=ppo.param_cap,
+        param_cap_share=ppo.param_cap_share,
         germination_cost=germination_cost,
     )
 

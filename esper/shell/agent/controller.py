@@ -71,7 +71,10 @@ class PPOController:
         x = self.agent.policy_input(step, legal)
         h, c = self.state
         out, self.state = self.policy.act(
-            x, self.state, legal, generator=self.env_generators if self.per_env else self.generator,
+            x,
+            self.state,
+            legal,
+            generator=self.env_generators if self.per_env else self.generator,
             deterministic=self.deterministic,
         )
         if self.fossilize_when_legal:

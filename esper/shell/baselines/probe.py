@@ -184,8 +184,14 @@ class ProbeController(FixedController):
         if not st["open"] and undecided and all(age[k] + 1 >= s.incubate for k in undecided):
             self._choose(st, s, undecided, gain, read["blueprint"][i])
             st["open"] = True
-            return Op.WAIT, 0, 0, "round scored: " + ", ".join(
-                f"{r['slot']}={r['blueprint']} {r['score']:.2f} {r['verdict']}" for r in st["scores"][-1]
+            return (
+                Op.WAIT,
+                0,
+                0,
+                "round scored: "
+                + ", ".join(
+                    f"{r['slot']}={r['blueprint']} {r['score']:.2f} {r['verdict']}" for r in st["scores"][-1]
+                ),
             )
         return Op.WAIT, 0, 0, "incubating" if undecided else "nothing to do"
 

@@ -143,8 +143,9 @@ class GrowAllController(FixedController):
             plans = [blueprint] if isinstance(blueprint, Mapping) else list(blueprint)
             for plan in plans:  # in a list, an empty plan is an env that grows nothing (the static host)
                 empty_ok = not isinstance(blueprint, Mapping) and isinstance(plan, Mapping) and not plan
-                if not empty_ok and (not isinstance(plan, Mapping) or not plan or min(plan) < 0
-                                     or min(plan.values()) < 0):
+                if not empty_ok and (
+                    not isinstance(plan, Mapping) or not plan or min(plan) < 0 or min(plan.values()) < 0
+                ):
                     raise ValueError(f"GrowAllController: a plan maps slot indices to blueprint indices, got "
                                      f"{plan!r}")  # fmt: skip
             self.plans = [dict(p) for p in plans]
@@ -243,5 +244,9 @@ class GrowAllController(FixedController):
 
 
 __all__ = [
-    "BornBigController", "FixedController", "GrowAllController", "RandomController", "StaticController"
+    "BornBigController",
+    "FixedController",
+    "GrowAllController",
+    "RandomController",
+    "StaticController",
 ]

@@ -15,8 +15,15 @@ from esper.shell.env.tasks import DEEP_BLOCKS, TASK_FACTORIES, Task, make_task
 TASKS = tuple(TASK_FACTORIES)
 #: Tasks whose data is generated from a seed (``env.data_seed``: another seed, a fresh draw of every
 #: split). The others are fixed datasets: their test split is the only held-out draw.
-GENERATED_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "recall", "mnist1d_where",
-                   "mnist1d_when")
+GENERATED_TASKS = (
+    "mnist1d",
+    "mnist1d_deep",
+    "longrange",
+    "retrieval",
+    "recall",
+    "mnist1d_where",
+    "mnist1d_when",
+)
 #: Families of hosts (issue 89): tasks whose hosts (and, for some, data) differ by host seed
 #: (:attr:`esper.shell.env.tasks.Task.make_host_for`); each host's widths are the family's draw.
 FAMILY_TASKS = ("mnist1d_where", "mnist1d_when")
@@ -32,8 +39,16 @@ HOST_STEPS = ("auto", "batched", "per_env")
 
 
 #: Tasks whose host is a CNN (``env.channels`` sets its blocks' widths).
-CNN_TASKS = ("mnist1d", "mnist1d_deep", "longrange", "retrieval", "digits", "digits_shallow", "cifar10",
-             *FAMILY_TASKS)
+CNN_TASKS = (
+    "mnist1d",
+    "mnist1d_deep",
+    "longrange",
+    "retrieval",
+    "digits",
+    "digits_shallow",
+    "cifar10",
+    *FAMILY_TASKS,
+)
 #: The 1-D CNN tasks' block counts: their hosts take a kernel and a pool per block, so ``env.channels``
 #: gives exactly this many widths. A 2-D host takes one width per block, as many blocks as its 2×2
 #: pools leave pixels for (``2 ** blocks <= image side``).
@@ -77,8 +92,10 @@ class EnvConfig:
         False, "mixed precision for host training: fp16 + a GradScaler per env on CUDA, bf16 on CPU"
     )
     workers: int = doc(
-        1, "CPU: envs trained concurrently by this many threads (1: one after the other; on the batched "
-        "path, the envs split into this many batches, a thread each)", ge=1
+        1,
+        "CPU: envs trained concurrently by this many threads (1: one after the other; on the batched "
+        "path, the envs split into this many batches, a thread each)",
+        ge=1,
     )
     lr_schedule: str = doc(
         "constant", "host and seed learning rates over an episode: constant | cosine (1 -> 0 over the epochs)"

@@ -122,10 +122,15 @@ def epoch_events(
     :data:`SEED_GRAD_FIELDS`, and ``measured``, whether the slot held a seed when measured) and its
     rewards ``[E, T]``; ``timings`` and ``reasons`` are per step. A slot without a seed has no
     contribution or gradient figures (``None``). One host sync."""
-    scalars = torch.stack(
-        [telemetry[k].float() for k in ("val_acc", "val_loss", "train_loss")] + [rewards.float()]
-        + [telemetry[k].float() for k in ("op", "slot", "blueprint", *FLAGS)]
-    ).transpose(1, 2).tolist()  # sync point: the episode's telemetry, once; [field][t][env]
+    scalars = (
+        torch.stack(
+            [telemetry[k].float() for k in ("val_acc", "val_loss", "train_loss")]
+            + [rewards.float()]
+            + [telemetry[k].float() for k in ("op", "slot", "blueprint", *FLAGS)]
+        )
+        .transpose(1, 2)
+        .tolist()
+    )  # sync point: the episode's telemetry, once; [field][t][env]
     per_slot = torch.stack(
         [telemetry[k].float() for k in ("stage", "alpha", "contribution", "grad_ratio", "measured",
                                         *SEED_GRAD_FIELDS)]

@@ -100,7 +100,6 @@ class Task:
         return self.make_host_for(int(seed)) if self.make_host_for is not None else self.make_host()
 
 
-
 def grow_all_params(task: Task, host: Host, slots: tuple[int, ...] = ()) -> int:
     """The seed parameters ``grow_all`` adds to ``host`` (a host of ``task``): its blueprint
     (:attr:`Task.grow_all`) in every enabled slot (``slots``: their indices; empty: all), gates not

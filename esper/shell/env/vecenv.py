@@ -233,7 +233,8 @@ class VecEnv:
                 "host_params": self._host_params_tensor(),
                 "slots": TensorDict(
                     {k: measured[k] for k in ("contribution", "whatif_gain", *SEED_GRAD_KEYS)}
-                    | {k: measured[k] for k in self._gain_keys} | self._seed_state(),
+                    | {k: measured[k] for k in self._gain_keys}
+                    | self._seed_state(),
                     batch_size=[E, S],
                 ),
             },
@@ -323,7 +324,11 @@ class VecEnv:
                     self.seed_params[i][s] = 0
                 if fired["germinated"]:
                     self.seed_params[i][s] = self.hosts.germinate(
-                        i, s, int(blueprint[i][s]), int(style[i][s]), self.epoch,
+                        i,
+                        s,
+                        int(blueprint[i][s]),
+                        int(style[i][s]),
+                        self.epoch,
                         grad_init=self.lifecycle.grad_init_scale if self.lifecycle.grad_init else None,
                     )
                 self.hosts.set_slot(i, s, alpha=min(max(alpha[i][s], 0.0), 1.0), stage=int(stage[i][s]))

@@ -107,10 +107,15 @@ def report_markdown(results: dict, plots: Sequence[Path]) -> str:
         "from host training and from the controller); intervals are 95 % Student-t over episodes."
         + (
             f" The learned controller may hold at most {meta['ppo_param_cap']:g} seed parameters "
-            + (f"({meta['ppo_param_cap_share']:g} of the {meta['grow_all_params']:g} that `grow_all` adds, "
-               "`ppo.param_cap_share`)" if meta.get("ppo_param_cap_share", 0) > 0 else "(`ppo.param_cap`)")
+            + (
+                f"({meta['ppo_param_cap_share']:g} of the {meta['grow_all_params']:g} that `grow_all` adds, "
+                "`ppo.param_cap_share`)"
+                if meta.get("ppo_param_cap_share", 0) > 0
+                else "(`ppo.param_cap`)"
+            )
             + "; the baselines have no cap."
-            if meta.get("ppo_param_cap", 0) > 0 else ""
+            if meta.get("ppo_param_cap", 0) > 0
+            else ""
         ),
         "",
         "| controller | test acc % | 95 % CI | gain over static | params added | return | fossilized |",

@@ -54,15 +54,27 @@ MIN_GAP, MIN_SHARE = 4.0, 0.30
 FAMILY_PLANS: dict[str, dict[str, Any]] = {
     "mnist1d_where": {
         "plans": (
-            "", "b0=conv_small", "b1=conv_small", "b2=conv_small", "b0=depthwise", "b1=depthwise",
-            "b2=depthwise", "b0=conv_small+b1=depthwise",
+            "",
+            "b0=conv_small",
+            "b1=conv_small",
+            "b2=conv_small",
+            "b0=depthwise",
+            "b1=depthwise",
+            "b2=depthwise",
+            "b0=conv_small+b1=depthwise",
         ),
         "budget_share": 1 / 6,
     },
     "mnist1d_when": {
         "plans": (
-            "", "b0=conv_heavy", "b0=conv_heavy:7", "b0=conv_heavy:13", "b0=conv_heavy+b1=conv_heavy",
-            "b0=conv_heavy:7+b1=conv_heavy:7", "b0=depthwise", "b0=depthwise:7",
+            "",
+            "b0=conv_heavy",
+            "b0=conv_heavy:7",
+            "b0=conv_heavy:13",
+            "b0=conv_heavy+b1=conv_heavy",
+            "b0=conv_heavy:7+b1=conv_heavy:7",
+            "b0=depthwise",
+            "b0=depthwise:7",
         ),
         "budget_share": None,
     },
@@ -224,8 +236,10 @@ def run_precheck(task_name: str, *, hosts: int, eval_seed: int, data_seed: int |
             with partial.open("a") as f:
                 f.write(json.dumps({"key": key, "row": row}) + "\n")
         best = max(row["plans"], key=lambda p: row["plans"][p]["val"])
-        log(f"host {k + 1}/{hosts} ({time.perf_counter() - t:.0f} s): {info['member']} best by val "
-            f"{best or 'static'!r} {row['plans'][best]['test']:.1f}")
+        log(
+            f"host {k + 1}/{hosts} ({time.perf_counter() - t:.0f} s): {info['member']} best by val "
+            f"{best or 'static'!r} {row['plans'][best]['test']:.1f}"
+        )
     if shard is not None:
         return None
     out = summarize(rows, plans)

@@ -96,8 +96,14 @@ def shares(values: list, side: int) -> float | None:
 Evaluate = Callable[[list[dict[str, Any]]], list[dict[str, float]]]
 
 
-def coordinate_search(axes: Sequence[Axis], start: dict[str, Any], evaluate: Evaluate, *,
-                      passes: int = MAX_PASSES, widenings: int = MAX_WIDENINGS) -> dict[str, Any]:
+def coordinate_search(
+    axes: Sequence[Axis],
+    start: dict[str, Any],
+    evaluate: Evaluate,
+    *,
+    passes: int = MAX_PASSES,
+    widenings: int = MAX_WIDENINGS,
+) -> dict[str, Any]:
     """The module's search. ``evaluate(points)`` scores settings (dicts of every axis) side by side, one
     dict per point with ``val_acc_mean`` (the score) and what else it reports. Returns ``chosen``, every
     point tried in order (``points``), ``axes`` and ``interior``, ``converged`` and ``settings_tried``."""

@@ -35,7 +35,6 @@ from esper.shell.host.streams import EnvStreams
 MEASURED = ("train_loss", "train_acc", "val_loss", "val_acc", "contribution", "whatif_gain", *SEED_GRAD_KEYS)
 
 
-
 class HostSource(Protocol):
     """What host training reads of a task (:class:`esper.shell.env.tasks.Task` is one): a fresh host
     (``make_host_for(seed)`` too where the hosts differ by seed: :func:`build_host`), and one env's
@@ -169,9 +168,11 @@ class PerEnvHosts:
         kw = {"record": grad_batches} if grad_batches else {}  # off: the call as it was
         train = self._each(lambda i: self.models[i].train_epoch(self.loaders[i].train, **self._amp(i), **kw))
         t1 = time.perf_counter()
-        val = self._each(lambda i: self.models[i].measure_validation(
-            self.loaders[i].val, whatif=whatif, whatif_statistics=whatif_statistics
-        ))
+        val = self._each(
+            lambda i: self.models[i].measure_validation(
+                self.loaders[i].val, whatif=whatif, whatif_statistics=whatif_statistics
+            )
+        )
         t2 = time.perf_counter()
         self.timings = {"host_training": t1 - t0, "validation": t2 - t1}
         keys = (*MEASURED, *(GRAD_GAIN_KEYS if grad_batches else ()))

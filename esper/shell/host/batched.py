@@ -366,16 +366,18 @@ class ShardedHosts:
         if len(host_seeds) != self.n:
             raise ValueError(f"ShardedHosts.reset: {len(host_seeds)} host seeds for {self.n} envs")
         for lo, bank in self.shards:  # in order, in this thread: host init draws from the global RNG
-            bank.reset(host_seeds[lo:lo + bank.n])
+            bank.reset(host_seeds[lo : lo + bank.n])
 
     def measure(
         self, lr_scale: float, *, whatif: bool = False, whatif_statistics: str = "running",
         grad_batches: int = 0,
     ) -> dict[str, torch.Tensor]:  # fmt: skip
         t0 = time.perf_counter()
-        out = self._each(lambda bank: bank.measure(
-            lr_scale, whatif=whatif, whatif_statistics=whatif_statistics, grad_batches=grad_batches
-        ))
+        out = self._each(
+            lambda bank: bank.measure(
+                lr_scale, whatif=whatif, whatif_statistics=whatif_statistics, grad_batches=grad_batches
+            )
+        )
         wall = time.perf_counter() - t0
         # each shard's split of its own wall time between training and validation, scaled to this wall
         busy = [sum(bank.timings.values()) for _, bank in self.shards]

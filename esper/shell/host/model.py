@@ -135,8 +135,10 @@ class EnvModel:
             init_projection(self.host.slot(slot_index), self.slot_stats.slot_pairs(slot_index), grad_init)
         if params:
             self.seed_opts[slot_index] = torch.optim.SGD(
-                params, lr=self.seed_lr * self.lr_scale, momentum=self.momentum,
-                weight_decay=self.seed_weight_decay
+                params,
+                lr=self.seed_lr * self.lr_scale,
+                momentum=self.momentum,
+                weight_decay=self.seed_weight_decay,
             )
         return _n_params(params)
 

@@ -105,9 +105,7 @@ def register_blueprint(
     if isinstance(reach, bool) or not isinstance(reach, int) or reach < 0:
         raise ValueError(f"register_blueprint: reach is positions >= 1, or GLOBAL ({GLOBAL}), got {reach!r}")
     if not callable(builder):
-        raise ValueError(
-            f"register_blueprint: builder must be callable(width) -> nn.Module, got {builder!r}"
-        )
+        raise ValueError(f"register_blueprint: builder must be callable(width) -> nn.Module, got {builder!r}")
     width = REFERENCE_WIDTH[family]
     with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
         seed = builder(width)

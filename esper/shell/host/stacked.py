@@ -241,6 +241,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 
 # ------------------------------------------------------------------------------------------ the plan
 
+
 @dataclass(frozen=True)
 class SeedGroup:
     """Envs (positions in the batch) whose seeds in one slot share a blueprint, so they run as one module;

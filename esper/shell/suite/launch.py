@@ -62,9 +62,11 @@ def evaluate(run_dir: Path, k: int, episodes: int, names: Sequence[str] = (), ou
         old = json.loads(saved.read_text())
         meta = old.get("meta", {})
         same_data = data_seed is None or meta.get("data_seed") == data_seed
-        if (meta.get("episodes"), meta.get("eval_seed")) == (episodes, 1000 + k) and same_data and set(
-            names
-        ) <= set(old.get("controllers", {})):
+        if (
+            (meta.get("episodes"), meta.get("eval_seed")) == (episodes, 1000 + k)
+            and same_data
+            and set(names) <= set(old.get("controllers", {}))
+        ):
             return old
     cmd = [
         sys.executable,

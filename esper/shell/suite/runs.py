@@ -292,8 +292,6 @@ def restore_suite(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path,
     return [runs / t / f"seed{k}" for t, k in pairs if restore(archive, t, k, runs / t / f"seed{k}")]
 
 
-
-
 def run_transfer(heldout: str, seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
                  log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
     """Every training seed trained on the other tasks and evaluated on ``heldout`` (``jobs`` at a time),

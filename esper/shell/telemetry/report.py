@@ -103,9 +103,14 @@ def summary_markdown(run: RunEvents, run_dir: Path, plots: Sequence[Path]) -> st
             + (
                 f"; its most likely actions (ppo_greedy) {_fmt(h['greedy_test_acc'])} % with "
                 f"{_fmt(h.get('greedy_params_added'))} parameters"
-                + (f", gain {_fmt(h['greedy_gain'])} points (95 % CI {_fmt(h['greedy_gain_ci95'][0])} to "
-                   f"{_fmt(h['greedy_gain_ci95'][1])})" if h.get("greedy_gain") is not None else "")
-                if h.get("greedy_test_acc") is not None else ""
+                + (
+                    f", gain {_fmt(h['greedy_gain'])} points (95 % CI {_fmt(h['greedy_gain_ci95'][0])} to "
+                    f"{_fmt(h['greedy_gain_ci95'][1])})"
+                    if h.get("greedy_gain") is not None
+                    else ""
+                )
+                if h.get("greedy_test_acc") is not None
+                else ""
             )
         )
     returns = run.per_update("return")

@@ -102,7 +102,13 @@ def grow(
     if learned:
         check_controller_fits(cfg, checkpoint, task, run=f"run {run_dir}")
     run = lambda name: run_episodes(
-        cfg, task, name, range(episodes), eval_seed=seed, checkpoint=checkpoint, on_epoch=on_epoch,
+        cfg,
+        task,
+        name,
+        range(episodes),
+        eval_seed=seed,
+        checkpoint=checkpoint,
+        on_epoch=on_epoch,
         keep=grown_model if keep_models else None,
     )
     out = {name: run(name) for name in controllers}

@@ -265,8 +265,13 @@ class Grower:
             raise ValueError(
                 f"Grower: controller must be a name, a plan dict or a run directory, got {controller!r}"
             )
-        changes: dict[str, Any] = {"env.device": "cpu", "env.devices": (), "env.n_envs": 1,
-                                   "ppo.n_minibatches": 1, "ppo.host_group": 1}
+        changes: dict[str, Any] = {
+            "env.device": "cpu",
+            "env.devices": (),
+            "env.n_envs": 1,
+            "ppo.n_minibatches": 1,
+            "ppo.host_group": 1,
+        }
         if epochs is not None:
             changes["lifecycle.max_epochs"] = int(epochs)
         cfg: RunConfig = with_overrides(cfg, {**changes, **(overrides or {})})

@@ -65,9 +65,7 @@ def test_act_then_evaluate_gives_the_same_log_probs_and_values():
         obs_seq.append(obs)
         steps.append(out)
     rollout = torch.stack(steps, dim=1)  # [E, T]
-    current = net.rescore(
-        torch.stack(obs_seq, 1), state0, rollout["op", "action"], rollout["slot", "action"]
-    )
+    current = net.rescore(torch.stack(obs_seq, 1), state0, rollout["op", "action"], rollout["slot", "action"])
     for head in HEADS:
         lp = D.log_prob(current[head, "logits"], rollout[head, "action"], rollout[head, "action_mask"])
         torch.testing.assert_close(lp, rollout[head, "action_log_prob"], rtol=1e-5, atol=1e-5)
@@ -160,7 +158,7 @@ def test_wait_bias_sets_the_initial_preference_for_wait(bias):
     k = len(Op)
     expected = torch.tensor(bias).exp() / (torch.tensor(bias).exp() + k - 1)
     torch.testing.assert_close(probs[:, int(Op.WAIT)].mean(), expected, atol=0.02, rtol=0)
-    others = torch.cat([probs[:, :int(Op.WAIT)], probs[:, int(Op.WAIT) + 1 :]], -1)
+    others = torch.cat([probs[:, : int(Op.WAIT)], probs[:, int(Op.WAIT) + 1 :]], -1)
     assert float(others.std()) < 0.02  # the other ops start equal
 
 

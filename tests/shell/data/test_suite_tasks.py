@@ -202,7 +202,11 @@ def test_the_recall_task_is_a_suite_shaped_transformer_task_whose_grow_all_is_at
     task = make_task("recall", splits=(40, 8, 8))
     host = task.make_host()
     assert (task.family, task.input_shape, task.n_classes, task.grow_all_blueprint) == (
-        "transformer", (32,), 16, "attention")
+        "transformer",
+        (32,),
+        16,
+        "attention",
+    )
     assert host.slot_names == ("s0", "s1") and all(b.attn is None for b in host.layers)
     x, _ = next(iter(task.make_loaders(0).train))
     assert x.shape[1:] == (32,) and host(x).shape == (x.shape[0], 32, 16)

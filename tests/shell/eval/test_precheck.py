@@ -77,8 +77,15 @@ def test_untimed_counts_what_a_timed_plan_grows():
 def test_a_tiny_precheck_runs_one_host_a_batch_and_resumes(tmp_path, monkeypatch):
     plans = ["", "b1=conv_light", "b0=conv_light:2"]
     over = {"lifecycle.max_epochs": 3, "env.train_batches": 1, "env.val_batches": 1, "env.batch_size": 32}
-    kw = dict(hosts=2, eval_seed=3, data_seed=None, plans=plans, budget_share=1 / 3, overrides=over,
-              log=lambda m: None)
+    kw = dict(
+        hosts=2,
+        eval_seed=3,
+        data_seed=None,
+        plans=plans,
+        budget_share=1 / 3,
+        overrides=over,
+        log=lambda m: None,
+    )
     part = tmp_path / "part.jsonl"
     assert precheck.run_precheck("mnist1d_where", partial=part, shard=(1, 2), **kw) is None
     assert len(part.read_text().splitlines()) == 1  # host 1 only

@@ -198,9 +198,16 @@ def test_blueprints_with_and_without_a_projection():
             assert P is not None, (family, name)
             with torch.no_grad():
                 P.zero_()
-            x = torch.randn(2, 6, width) if family in ("transformer",) else (
-                torch.randn(3, width) if family == "mlp" else torch.randn(2, width, 8, 8) if family == "cnn"
-                else torch.randn(2, width, 10)
+            x = (
+                torch.randn(2, 6, width)
+                if family in ("transformer",)
+                else (
+                    torch.randn(3, width)
+                    if family == "mlp"
+                    else torch.randn(2, width, 8, 8)
+                    if family == "cnn"
+                    else torch.randn(2, width, 10)
+                )
             )
             assert torch.count_nonzero(seed(x)) == 0, (family, name)
     assert projection(torch.nn.Linear(3, 3)) is None  # a module of another kind keeps its own init

@@ -243,8 +243,10 @@ def test_error_run_whose_controller_cannot_act_on_the_host():
         check_controller_fits(run_cfg, checkpoint, user_task(three_2d, **images))
     _one_line(err)
     # same sizes, but a checkpoint of another network (here: other hidden sizes) does not load
-    other = _checkpoint(preset("smoke", {"env.task": "longrange", "ppo.policy": "flat", "ppo.hidden": 8}),
-                        run_cfg.env.build_task())
+    other = _checkpoint(
+        preset("smoke", {"env.task": "longrange", "ppo.policy": "flat", "ppo.hidden": 8}),
+        run_cfg.env.build_task(),
+    )
     with pytest.raises(ValueError, match="its controller does not load for this host") as err:
         check_controller_fits(run_cfg, other, user_task(Net1d, **splits))
     _one_line(err)
@@ -336,8 +338,10 @@ def test_grown_model_is_the_hosts_forward_saved_and_reloaded_into_a_fresh_networ
     fresh.load_state_dict(torch.load(tmp_path / "grown.pt", weights_only=True))
     assert torch.equal(fresh(x), want)
     n = lambda m: sum(p.numel() for p in m.parameters())
-    assert n(fresh) == n(net) == n(Net1d(widths=(8, 8, 8, 8))) + sum(
-        n(s) for s in net.modules() if isinstance(s, Slot)
+    assert (
+        n(fresh)
+        == n(net)
+        == n(Net1d(widths=(8, 8, 8, 8))) + sum(n(s) for s in net.modules() if isinstance(s, Slot))
     )
 
 
@@ -391,7 +395,10 @@ def test_an_mlp_host_with_flat_slots_grows_a_widen_seed_in_an_episode():
     torch.manual_seed(0)
     host = UserHost(MLP(), example_input=x[:2])
     assert (host.family, host.slot_names, host.blueprint_names) == (
-        "mlp", ("grow1", "grow2"), ("noop", "norm", "lora", "widen", "mlp_small", "mlp"))
+        "mlp",
+        ("grow1", "grow2"),
+        ("noop", "norm", "lora", "widen", "mlp_small", "mlp"),
+    )
     before = host(x)
     for style in (Style.LINEAR_ADD, Style.GATED_GATE):
         params = host.germinate(0, host.blueprint_names.index("widen"), style)
@@ -412,5 +419,6 @@ def test_an_mlp_host_with_flat_slots_grows_a_widen_seed_in_an_episode():
     assert (widened["grown"], widened["n_fossilized"], widened["params_added"]) == ("grow1=widen", 1, 148)
     net = widened["model"].eval()
     assert net.grow1.blueprint == "widen" and _top1(net, *_tabular(64, 2)) == pytest.approx(
-        widened["final_test_acc"], abs=1e-4)
+        widened["final_test_acc"], abs=1e-4
+    )
     assert all(0 <= r["final_test_acc"] <= 100 for r in out["static"] + out["heuristic"])

@@ -106,7 +106,8 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     unrecorded = {"evaluate_machine": None}
     assert saved["tasks"]["longrange"]["revisions"] == {
         "3": {"train": "3333333", "evaluate": "eeeeeee", "train_machine": "Test CPU, 2 cores", **unrecorded},
-        "4": {"train": "4444444", "evaluate": "eeeeeee", "train_machine": None, **unrecorded}}
+        "4": {"train": "4444444", "evaluate": "eeeeeee", "train_machine": None, **unrecorded},
+    }
     # the largest plan search's scores beside the controller's plan: the ground for a diagnosis
     view = saved["tasks"]["longrange"]["search_view"]
     assert view["3"]["search"] == plan_name(2) and view["3"]["plans_scored"] == 3
@@ -120,8 +121,10 @@ def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
     assert "best within the controller's cap of 720: `b0=conv_heavy` 78.0 % (400 params, 4 episodes)" in md
     assert "`b0=conv_heavy` 75%; `none` 25%" in md
     assert "`ppo_greedy` 0.50 / 0.50 / 50%" in md
-    assert ("Trained at `3333333` (seeds 3), `4444444` (seeds 4); evaluated at `eeeeeee` (seeds 3, 4); "
-            "trained on Test CPU, 2 cores (seeds 3), unrecorded (seeds 4).") in md  # no evaluation has one
+    assert (
+        "Trained at `3333333` (seeds 3), `4444444` (seeds 4); evaluated at `eeeeeee` (seeds 3, 4); "
+        "trained on Test CPU, 2 cores (seeds 3), unrecorded (seeds 4)."
+    ) in md  # no evaluation has one
     assert "## longrange (preset `longrange`)" in md and "| plan_search@1x |" in md
     assert "**The verdict (protocol 2, issue 89" in md and "Paired by training seed" in md
     assert "selection draw: data seed 42" in md and "`min_epoch 1`" in md
@@ -296,8 +299,10 @@ def test_merge_adds_the_tasks_an_earlier_results_file_pooled(tmp_path, monkeypat
     assert list(saved["tasks"]) == ["mnist1d", "longrange"]
     assert saved["tasks"]["mnist1d"]["merged_from"] == early.name
     assert "merged_from" not in saved["tasks"]["longrange"]
-    assert json.loads(early.read_text())["tasks"]["mnist1d"]["controllers"] == saved["tasks"]["mnist1d"][
-        "controllers"]
+    assert (
+        json.loads(early.read_text())["tasks"]["mnist1d"]["controllers"]
+        == saved["tasks"]["mnist1d"]["controllers"]
+    )
     assert f"Pooled earlier, as in `{early.name}`" in next(out.glob("*.md")).read_text()
     assert any(p.name.endswith("-mnist1d-acc-vs-params.png") for p in out.iterdir())
     with pytest.raises(SystemExit):

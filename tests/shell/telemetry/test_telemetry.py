@@ -434,9 +434,12 @@ def test_lstm_health_is_flagged():
     found = det.check(_metrics(**{**healthy, "lstm_too_small_frac": 0.25}))
     assert _kinds(found) == ["lstm_norm"] and "below 1e-6" in found[0].detail
     assert _kinds(det.check(_metrics(**{**healthy, "lstm_nonfinite": 3.0}))) == ["lstm_norm"]
-    assert AnomalyDetector(AnomalyConfig(lstm_saturation=0.9)).check(
-        _metrics(**{**healthy, "lstm_h_saturated_frac": 0.8})
-    ) == []
+    assert (
+        AnomalyDetector(AnomalyConfig(lstm_saturation=0.9)).check(
+            _metrics(**{**healthy, "lstm_h_saturated_frac": 0.8})
+        )
+        == []
+    )
 
 
 def test_reward_hacking_and_ransomware_are_anomalies_of_their_own():

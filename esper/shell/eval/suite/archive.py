@@ -167,7 +167,8 @@ def baselines_only(run_dir: Path) -> bool:
     --controller-from`` writes the kept run's settings there and trains nothing): settings, no checkpoint
     and no events (a training logs its ``run_start`` as it begins, before it saves anything)."""
     return (run_dir / "config.json").is_file() and not any(
-        (run_dir / name).exists() for name in ("checkpoint.pt", "events.jsonl"))
+        (run_dir / name).exists() for name in ("checkpoint.pt", "events.jsonl")
+    )
 
 
 def restore(archive: Path, task: str, k: int, run_dir: Path) -> bool:

@@ -103,8 +103,10 @@ def markdown(heldout: str, finetune: dict[str, Any], png: Path) -> list[str]:
     if all("heldout_greedy" in c for c in (tuned, scratch)):
         cells = [_cell(c["heldout_greedy"]["test_acc_mean"], c["heldout_greedy"]["test_acc_ci95"])
                  for c in (tuned, scratch)]  # fmt: skip
-        lines.append(f"After the last update, each run's held-out check (fresh hosts, `ppo_greedy`): tuned "
-                     f"{cells[0]} %, scratch {cells[1]} %.")
+        lines.append(
+            f"After the last update, each run's held-out check (fresh hosts, `ppo_greedy`): tuned "
+            f"{cells[0]} %, scratch {cells[1]} %."
+        )
     return [*lines, "", f"![{png.stem}]({png.name})", ""]
 
 

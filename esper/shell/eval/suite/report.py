@@ -275,7 +275,7 @@ def _grown(grown: dict[str, int], top: int = 2) -> str:
 
 
 def _revision_line(revs: dict[str, dict]) -> str:
-    """" Trained at `abc1234` (seeds ...), evaluated at ...; trained on MACHINE (seeds ...), evaluated on
+    """ " Trained at `abc1234` (seeds ...), evaluated at ...; trained on MACHINE (seeds ...), evaluated on
     ..." from the per-seed revisions and machines (the machines only where some seed recorded one)."""
     parts = []
     for what, verb in (("train", "Trained at"), ("evaluate", "evaluated at"),
@@ -299,9 +299,12 @@ def _fates_lines(ctl: dict[str, dict]) -> list[str]:
         return []
     parts = "; ".join(f"`{n}` {f['unfossilized']:.2f} / {f['lost']:.2f} / {f['kept_nothing_share']:.0%}"
                       for n, f in rows)  # fmt: skip
-    return ["", "Seeds per episode in the final host but never fossilized (their input detached to the "
-                "end) / germinated but neither pruned nor in the final host / episodes that germinated and "
-                f"kept nothing: {parts}."]
+    return [
+        "",
+        "Seeds per episode in the final host but never fossilized (their input detached to the "
+        "end) / germinated but neither pruned nor in the final host / episodes that germinated and "
+        f"kept nothing: {parts}.",
+    ]
 
 
 def _search_view_lines(view: dict[str, dict]) -> list[str]:
@@ -319,8 +322,11 @@ def _search_view_lines(view: dict[str, dict]) -> list[str]:
     for k, v in view.items():
         mine = v["controller_plan_scored"]
         unscored = f"`{v['controller_plan']}`, not among the {v['plans_scored']} scored"
-        in_cap = "" if v["cap"] is None else (
-            f"best within the controller's cap of {v['cap']:g}: {plan(v['best_within_cap'])}; ")
+        in_cap = (
+            ""
+            if v["cap"] is None
+            else (f"best within the controller's cap of {v['cap']:g}: {plan(v['best_within_cap'])}; ")
+        )
         out.append(f"- seed {k} (`{v['search']}`): best {plan(v['best'])}; {in_cap}the controller's: "
                    f"{plan(mine) if mine else unscored}.")  # fmt: skip
     return out
@@ -345,24 +351,36 @@ def _goal_lines(g: dict[str, Any]) -> list[str]:
         beats = "above all four with disjoint intervals" if v["all_disjoint_above"] else (
             f"**not** above {', '.join(missed)} with disjoint intervals")  # fmt: skip
         gap = v["minus_plan_search_equal_compute"]
-        near = "n/a" if gap is None else f"{gap:+.1f} points against `plan_search` at equal compute" + (
-            " (within 1 point or above)" if v["within_1_of_plan_search"] else " (**trails**: diagnose)")
+        near = (
+            "n/a"
+            if gap is None
+            else f"{gap:+.1f} points against `plan_search` at equal compute"
+            + (" (within 1 point or above)" if v["within_1_of_plan_search"] else " (**trails**: diagnose)")
+        )
         if (cap_gap := v.get("minus_plan_search_cap_equal_compute")) is not None:
-            near += (f"; {cap_gap:+.1f} against the same search within the controller's cap, `{CAP_SEARCH}`"
-                     + (" (within 1 point or above)" if v["within_1_of_plan_search_cap"] else ""))
+            near += (
+                f"; {cap_gap:+.1f} against the same search within the controller's cap, `{CAP_SEARCH}`"
+                + (" (within 1 point or above)" if v["within_1_of_plan_search_cap"] else "")
+            )
         split = v.get("gap_split")
         if split is not None:
-            near += (f"; of the points it trails by, {split['plan']:+.1f} are the plan chosen "
-                     f"(`plan_search@1x` against `{OWN_PLAN}`, its own most grown plan grown as a "
-                     f"fixed plan")
+            near += (
+                f"; of the points it trails by, {split['plan']:+.1f} are the plan chosen "
+                f"(`plan_search@1x` against `{OWN_PLAN}`, its own most grown plan grown as a "
+                f"fixed plan"
+            )
             if "cap" in split:
-                near += (f"; of those, {split['cap']:+.1f} are the search's lack of a cap, against its best "
-                         f"plan within the controller's cap, `{IN_CAP}`, and {split['plan_within_cap']:+.1f} "
-                         f"that plan against the controller's own")
+                near += (
+                    f"; of those, {split['cap']:+.1f} are the search's lack of a cap, against its best "
+                    f"plan within the controller's cap, `{IN_CAP}`, and {split['plan_within_cap']:+.1f} "
+                    f"that plan against the controller's own"
+                )
             near += f") and {split['growing']:+.1f} how it grew that plan (timing, blending)"
             if "fossilizing_recovers" in split:
-                near += (f"; fossilizing wherever it is legal (`{FOSSILIZING}`) changes `ppo_greedy` by "
-                         f"{split['fossilizing_recovers']:+.1f}")
+                near += (
+                    f"; fossilizing wherever it is legal (`{FOSSILIZING}`) changes `ppo_greedy` by "
+                    f"{split['fossilizing_recovers']:+.1f}"
+                )
         share = v.get("gain_share")
         share = "" if share is None else f"; {share:.2f} of `grow_all`'s gain over `static`"
         out.append(f"- `{name}`: {beats}{share}; {near}.")
@@ -377,10 +395,12 @@ def transfer_verdict(g: dict[str, Any], readout: str) -> str:
         return f"**Transfer goal:** not judged (no `{readout}`, `static` or `grow_all` row)."
     share_ok = v["gain_share"] >= TRANSFER_GAIN_SHARE
     met = share_ok and v["all_disjoint_above"]
-    return (f"**Transfer goal** (`{readout}` at least {TRANSFER_GAIN_SHARE:.2f} of `grow_all`'s gain over "
-            f"`static`, and above {', '.join(MUST_BEAT)} with disjoint 95 % intervals): "
-            f"**{'met' if met else 'not met'}** ({v['gain_share']:.2f} of the gain, "
-            f"{'above all four' if v['all_disjoint_above'] else 'not above all four'}).")
+    return (
+        f"**Transfer goal** (`{readout}` at least {TRANSFER_GAIN_SHARE:.2f} of `grow_all`'s gain over "
+        f"`static`, and above {', '.join(MUST_BEAT)} with disjoint 95 % intervals): "
+        f"**{'met' if met else 'not met'}** ({v['gain_share']:.2f} of the gain, "
+        f"{'above all four' if v['all_disjoint_above'] else 'not above all four'})."
+    )
 
 
 #: The plan searches' colours, lightest at the smallest budget (none of them a controller's colour).

@@ -504,8 +504,10 @@ def budget_lines(entry: dict[str, Any]) -> list[str]:
     for label, b in entry["budgets"].items():
         for n, c in b["controllers"].items():
             lo, hi = c["test_acc_ci95"]
-            out.append(f"| {label} | {n} | {c['test_acc_mean']:.1f} [{lo:.1f}, {hi:.1f}] | "
-                       f"{c['params_added_mean']:,.0f} | {c.get('compute_host_epochs', 0):,.0f} |")
+            out.append(
+                f"| {label} | {n} | {c['test_acc_mean']:.1f} [{lo:.1f}, {hi:.1f}] | "
+                f"{c['params_added_mean']:,.0f} | {c.get('compute_host_epochs', 0):,.0f} |"
+            )
     return out
 
 

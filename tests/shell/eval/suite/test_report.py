@@ -64,7 +64,8 @@ def test_the_gap_to_plan_search_splits_into_the_cap_the_plan_and_the_growing():
     assert split["cap"] == pytest.approx(1.5) and split["plan_within_cap"] == pytest.approx(-1.1)
     assert split["growing"] == pytest.approx(2.0) and split["fossilizing_recovers"] == pytest.approx(1.6)
     assert split["cap"] + split["plan_within_cap"] + split["growing"] == pytest.approx(
-        -g["minus_plan_search_equal_compute"])
+        -g["minus_plan_search_equal_compute"]
+    )
     line = _goal_lines({"ppo_greedy": g})[0]
     assert "+1.5 are the search's lack of a cap" in line and f"`{IN_CAP}`" in line
     without = goals({k: v for k, v in ctl.items() if k != IN_CAP})["ppo_greedy"]["gap_split"]
@@ -179,8 +180,10 @@ def test_an_arm_kept_beside_the_judged_one_gets_its_own_verdict_in_the_table_and
     assert text.count("**The issue's goals over the 4 tasks") == 2
     line = next(x for x in text.splitlines() if "for `ppo_greedy[default]`, the arm kept beside" in x)
     assert "**not met**: 3 of 4, every task needed (`mnist1d`, `mnist1d_deep`, `digits_shallow`)" in line
-    assert line.endswith(f"`{CAP_SEARCH}`, the search within the controller's cap (reported beside the "
-                         "issue's goal): **not met**: 0 of 4, 2 needed (none).")
+    assert line.endswith(
+        f"`{CAP_SEARCH}`, the search within the controller's cap (reported beside the "
+        "issue's goal): **not met**: 0 of 4, 2 needed (none)."
+    )
 
 
 def test_a_suite_of_several_tasks_gets_one_overview_plot(tmp_path):

@@ -23,7 +23,9 @@ def test_amortization_reads_plan_search_s_curve():
     assert amortization(ctl(55.0, curve))["bound"] == "at most"
     assert amortization(ctl(55.0, curve))["host_epochs"] == 1000
     assert (amortization(ctl(90.0, curve))["bound"], amortization(ctl(90.0, curve))["host_epochs"]) == (
-        "more than", 8000)
+        "more than",
+        8000,
+    )
     assert amortization({"ppo_greedy": {"test_acc_mean": 50.0}})["host_epochs"] is None
 
 

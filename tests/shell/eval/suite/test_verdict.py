@@ -90,8 +90,16 @@ def test_equal_compute_is_a_plan_search_whose_budget_is_the_controllers_training
     assert V.search_budget("plan_search_timed@0.25x", LEARNED) == 1100
     assert V.search_budget("plan_search@4400", None) == 4400
     assert V.search_budget("plan_search@2x", None) is None and V.search_budget("probe", LEARNED) is None
-    names = ["ppo_greedy", "probe", "plan_search@0.25x", "plan_search@1x", "plan_search_cap@4400",
-             "plan_search_timed@1x", "heuristic_tuned_wide", "grow:b0=norm"]
+    names = [
+        "ppo_greedy",
+        "probe",
+        "plan_search@0.25x",
+        "plan_search@1x",
+        "plan_search_cap@4400",
+        "plan_search_timed@1x",
+        "heuristic_tuned_wide",
+        "grow:b0=norm",
+    ]
     ctl = {n: {} for n in names}
     equal = ["plan_search@1x", "plan_search_cap@4400", "plan_search_timed@1x"]
     assert V.equal_compute_plans(ctl, LEARNED) == equal
@@ -130,8 +138,10 @@ def test_two_families_and_the_default_task_that_meet_every_claim():
         d = V.paired(family(gain=g)["controllers"], "ppo_greedy", r["against"])
         assert r["level"] == pytest.approx(1 - 2 * level)
         assert r["interval"] == pytest.approx(list(mean_interval(d, 1 - 2 * level)[1]))
-        assert r["compute"] == {"readout": LEARNED, "against": family()["controllers"][r["against"]][
-            "compute_host_epochs"]}  # the controller's training counted beside each search's
+        assert r["compute"] == {
+            "readout": LEARNED,
+            "against": family()["controllers"][r["against"]]["compute_host_epochs"],
+        }  # the controller's training counted beside each search's
     assert gain[0]["estimate"] == pytest.approx(4.0) and gain[3]["estimate"] == pytest.approx(3.5)
     # the budgets' claim: on each family only plan_search_timed@1x adds no more than the controller (500
     # against its 600), on the default task only plan_search_cap@1x
