@@ -27,6 +27,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from esper.shell.eval.stats import mean_ci95
+
 OUT = Path(__file__).resolve().parent / "results" / "perf" / "ttq"
 #: Evaluation seeds of training seed k (bench.growth's protocol).
 EVAL_SEED_BASE = 1000
@@ -183,8 +185,30 @@ def pool(folder: Path) -> dict:
             "grow_all": statistics.mean(s["grow_all"] for s in seeds),
             "static": statistics.mean(s["static"] for s in seeds),
             "curve": rows,
+            "last": _last(seeds),
         }
     return labels
+
+
+def _last(seeds: list[dict]) -> dict:
+    """The last update's reading over seeds, each a mean with its 95 % interval over the seeds (a seed's
+    value is its mean over its fresh hosts): the greedy controller's test accuracy, grow_all's, static's,
+    and the controller's gain over static, paired by seed."""
+    last = [s["curve"][-1] for s in seeds]
+    values = {
+        "ppo_greedy": [p["test_acc"] for p in last],
+        "grow_all": [s["grow_all"] for s in seeds],
+        "static": [s["static"] for s in seeds],
+        "gain_over_static": [p["test_acc"] - s["static"] for s, p in zip(seeds, last, strict=True)],
+    }
+    out: dict = {
+        "update": last[0]["update"],
+        "params_added": statistics.mean(p["params_added"] for p in last),
+    }
+    for name, xs in values.items():
+        mean, (lo, hi) = mean_ci95(xs)
+        out[name] = {"mean": mean, "ci95": [lo, hi]}
+    return out
 
 
 def write_pooled(folder: Path) -> Path:
@@ -209,8 +233,10 @@ def write_pooled(folder: Path) -> Path:
             f"machine {'; '.join(lab['machine'])}; {', '.join(lab['dates'])}. Training "
             f"{lab['train_seconds_median']:.0f} s wall, "
             f"{lab['train_cpu_seconds_median']:.0f} s CPU (medians); "
-            "grow_all {lab['grow_all']:.1f} %, static "
+            f"grow_all {lab['grow_all']:.1f} %, static "
             f"{lab['static']:.1f} %.",
+            "",
+            _last_line(lab["last"]),
             "",
             "| update | wall s | CPU s | share of grow_all's gain | test acc % | per seed |",
             "|---:|---:|---:|---:|---:|---|",
@@ -227,6 +253,18 @@ def write_pooled(folder: Path) -> Path:
     (folder / "pooled.json").write_text(json.dumps(labels, indent=1))
     _plot(labels, folder / "curve.png")
     return md
+
+
+def _last_line(last: dict) -> str:
+    def cell(name: str) -> str:
+        r = last[name]
+        return f"{r['mean']:.1f} [{r['ci95'][0]:.1f}, {r['ci95'][1]:.1f}]"
+
+    return (
+        f"At update {last['update']} (means over seeds, 95 % intervals): ppo_greedy {cell('ppo_greedy')} % "
+        f"with {last['params_added']:.0f} parameters added, grow_all {cell('grow_all')} %, static "
+        f"{cell('static')} %; the controller's gain over static {cell('gain_over_static')} points."
+    )
 
 
 def _plot(labels: dict, path: Path) -> None:

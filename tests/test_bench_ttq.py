@@ -42,5 +42,11 @@ def test_pooling_is_a_ratio_of_means_per_update_with_the_median_time(tmp_path):
     assert math.isclose(first["share"], (20.0 + 0.0) / (40.0 + 20.0))  # not the mean of 0.5 and 0
     assert math.isclose(last["share"], (36.0 + 20.0) / 60.0)
     assert first["seconds_median"] == 11.5 and first["per_seed_share"] == [0.5, 0.0]
+    end = lab["last"]  # the last update, paired by seed: gains 36 and 20
+    assert end["update"] == 2 and end["ppo_greedy"]["mean"] == 73.0
+    assert end["gain_over_static"]["mean"] == 28.0
+    assert end["gain_over_static"]["ci95"][0] < 28.0 < end["gain_over_static"]["ci95"][1]
     md = ttq.write_pooled(tmp_path).read_text()
     assert "| 2 | 22 | 18 | 0.933 |" in md and (tmp_path / "curve.png").is_file()
+    assert "grow_all 75.0 %, static 45.0 %" in md and "{" not in md  # the figures, not the f-string
+    assert "the controller's gain over static 28.0 [" in md

@@ -150,13 +150,14 @@ def summarize(hosts: list[dict], plans: Sequence[str], *, min_gap: float = MIN_G
 
 
 def precheck_config(task: str, data_seed: int | None, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The default's settings on family ``task`` (its data draw ``data_seed``), one env-training thread
+    """The suite's settings (preset ``mnist1d``, the 22-update configuration the pre-checks ran with) on
+    family ``task`` (its data draw ``data_seed``), one env-training thread
     (and one PPO minibatch, which no fixed plan reads, so that a batch may hold any number of envs);
     ``overrides`` (dotted paths) on top (tests: shorter episodes)."""
     over: dict[str, Any] = {"env.task": task, "env.workers": 1, "ppo.n_minibatches": 1, **(overrides or {})}
     if data_seed is not None:
         over["env.data_seed"] = data_seed
-    return preset("default", over)
+    return preset("mnist1d", over)
 
 
 def host_plans(task: Task, seed: int, plans: Sequence[str], budget_share: float | None) -> dict[str, Any]:

@@ -312,7 +312,7 @@ def run_transfer(heldout: str, seeds: int, first_seed: int, episodes: int, jobs:
     def one(k: int) -> tuple[int, dict, float]:
         run_dir, train_s = launch.train(k, root, [*args, *threads])
         # the preset it trains with (train_args) holds the controller's cap
-        results = launch.evaluate(run_dir, k, episodes, controllers_for(preset("default")), out=out,
+        results = launch.evaluate(run_dir, k, episodes, controllers_for(preset("mnist1d")), out=out,
                                   data_seed=final_data_seed(heldout, k), extra=evaluate_flags)  # fmt: skip
         with_diagnostics(results, run_dir, k, episodes, out, final_data_seed(heldout, k), evaluate_flags)
         log(f"transfer to {heldout}, seed {k}: done")
@@ -321,7 +321,7 @@ def run_transfer(heldout: str, seeds: int, first_seed: int, episodes: int, jobs:
     with ThreadPoolExecutor(max_workers=jobs) as workers:
         done = list(workers.map(one, range(first_seed, first_seed + seeds)))
     entry = pool_task(heldout, {k: r for k, r, _ in done})
-    entry["preset"] = "default"
+    entry["preset"] = "mnist1d"
     entry["flags"] = list(TRANSFER_FLAGS)
     entry["trained_on"] = training_tasks(heldout)
     entry["train_seconds"] = [s for _, _, s in done]

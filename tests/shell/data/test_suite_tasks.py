@@ -10,10 +10,11 @@ import torch
 from esper.core.reward_config import with_param_budget
 from esper.shell.agent.config import param_cap_on
 from esper.shell.common.fields import to_dict
-from esper.shell.config.presets import TASK_SIZE_FIELDS, preset
+from esper.shell.config.presets import DEFAULT_UPDATES, TASK_SIZE_FIELDS, preset
 from esper.shell.data.datasets import load_longrange, load_retrieval
 from esper.shell.env.config import GENERATED_TASKS, EnvConfig
 from esper.shell.env.tasks import grow_all_params, make_task, seed_params
+from esper.shell.eval.suite.tasks import SUITE
 
 #: Suite task -> (host family, slots, input shape, classes, grow_all's blueprint).
 SUITE_TASKS = {
@@ -97,9 +98,21 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def test_the_default_is_the_suites_configuration_in_fewer_updates_and_the_suite_keeps_22():
+    """Issue 90: the default trains in DEFAULT_UPDATES updates, its schedules annealed over them, on host
+    batches twice as large at twice the learning rate; the suite's tasks, which controllers have run on,
+    keep the configuration they ran with (22 updates)."""
+    default, suite = _flat(to_dict(preset("default"))), _flat(to_dict(preset("mnist1d")))
+    differ = {k: (suite[k], default[k]) for k in default if default[k] != suite[k]}
+    assert differ == {"updates": (22, DEFAULT_UPDATES), "ppo.lr_anneal_updates": (22, DEFAULT_UPDATES),
+                      "ppo.entropy_anneal_updates": (22, DEFAULT_UPDATES), "env.batch_size": (128, 256),
+                      "env.host_lr": (0.05, 0.1), "env.seed_lr": (0.05, 0.1)}  # fmt: skip
+    assert SUITE["mnist1d"] == "mnist1d" and DEFAULT_UPDATES < 22
+
+
 @pytest.mark.parametrize("name", ["mnist1d_deep", "longrange", "retrieval", "digits_shallow"])
-def test_suite_presets_train_the_defaults_controller(name):
-    default, cfg = _flat(to_dict(preset("default"))), _flat(to_dict(preset(name)))
+def test_suite_presets_train_the_suites_controller(name):
+    default, cfg = _flat(to_dict(preset("mnist1d"))), _flat(to_dict(preset(name)))
     differ = sorted(k for k in default if default[k] != cfg[k])
     assert differ and all(k.startswith(TASK_SIZE_FIELDS) for k in differ), differ
     assert cfg["env.task"] == name
@@ -125,7 +138,7 @@ def test_the_budget_and_the_cap_read_as_a_share_of_grow_all_on_every_task(name):
     # building the seeds to count them leaves the global stream alone (a run's minibatch order reads it)
     assert torch.equal(torch.random.get_rng_state(), before)
     assert grow_all_params(task, host, (0,)) == expect // len(host.slot_names)
-    cfg = preset("default" if name == "mnist1d" else name)
+    cfg = preset(name)
     assert cfg.reward.param_budget_share == cfg.ppo.param_cap_share == 0.6
     assert with_param_budget(cfg.reward, expect).param_budget == 0.6 * expect
     assert param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, expect) == 0.6 * expect
@@ -212,6 +225,6 @@ def test_the_recall_task_is_a_suite_shaped_transformer_task_whose_grow_all_is_at
     assert x.shape[1:] == (32,) and host(x).shape == (x.shape[0], 32, 16)
     assert grow_all_params(task, host) == 2 * 4288 and seed_params(task, host, "s0=mlp") == 8416
     assert "recall" in GENERATED_TASKS and make_task("recall", splits=(4, 2, 2), data_seed=5).data_seed == 5
-    default, cfg = _flat(to_dict(preset("default"))), _flat(to_dict(preset("recall")))
+    default, cfg = _flat(to_dict(preset("mnist1d"))), _flat(to_dict(preset("recall")))
     differ = sorted(k for k in default if default[k] != cfg[k])
     assert differ and all(k.startswith(TASK_SIZE_FIELDS) for k in differ), differ

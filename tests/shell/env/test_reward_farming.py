@@ -35,10 +35,13 @@ def _grow(name):
 
 
 def test_farming_earns_less_return_than_growing_useful_seeds():
-    useful, _ = _episodes(_grow("conv_heavy"))
-    useless, _ = _episodes(_grow("norm"))  # kept, but they do not raise accuracy
-    dependent, res = _episodes(_grow("self_attention"))  # costly seeds the host leans on
-    static, _ = _episodes(lambda env, cfg: StaticController())
+    # the default's whole 25-epoch episode: on its batches of 256 (issue 90), 14 epochs leave grow_all's
+    # hosts too little trained to earn back the charge above the budget (59 % test, return 28.9 against
+    # the static host's 29.7); at 25 they reach 81 % and a return of 52.3 against 31.9
+    useful, _ = _episodes(_grow("conv_heavy"), epochs=25)
+    useless, _ = _episodes(_grow("norm"), epochs=25)  # kept, but they do not raise accuracy
+    dependent, res = _episodes(_grow("self_attention"), epochs=25)  # costly seeds the host leans on
+    static, _ = _episodes(lambda env, cfg: StaticController(), epochs=25)
     ret = lambda eps: float(np.mean([e["return"] for e in eps]))
     acc = lambda eps: float(np.mean([e["final_test_acc"] for e in eps]))
 

@@ -162,7 +162,7 @@ def test_transfer_trains_on_the_other_tasks_and_evaluates_on_the_held_out_one(tm
                  "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0  # fmt: skip
     others = ["mnist1d_deep", "longrange", "digits_shallow"]
     assert [t[:2] for t in trained] == [(7, "transfer-mnist1d"), (8, "transfer-mnist1d")]
-    assert trained[0][2] == ["--preset", "default", "--ppo.policy", "set", "--tasks", ",".join(others),
+    assert trained[0][2] == ["--preset", "mnist1d", "--ppo.policy", "set", "--tasks", ",".join(others),
                              "--env.task", others[0]]  # fmt: skip
     assert [(k, d, x) for k, _, d, _, x in evaluated] == [
         (7, FINAL_DATA_SEED + 7, ["--task", "mnist1d"]), (7, FINAL_DATA_SEED + 7, ["--task", "mnist1d"]),

@@ -42,9 +42,10 @@ def training_tasks(heldout: str) -> list[str]:
 
 
 def train_args(heldout: str) -> list[str]:
-    """The training run's flags: the default preset on every other suite task, the set policy."""
+    """The training run's flags: the suite's configuration (preset ``mnist1d``) on every other suite
+    task, the set policy."""
     others = training_tasks(heldout)
-    return ["--preset", "default", *TRANSFER_FLAGS, "--tasks", ",".join(others), "--env.task", others[0]]
+    return ["--preset", "mnist1d", *TRANSFER_FLAGS, "--tasks", ",".join(others), "--env.task", others[0]]
 
 
 def amortization(controllers: dict[str, dict], readout: str = READOUT) -> dict[str, Any]:
