@@ -17,7 +17,6 @@ from esper.shell.env.tasks import GROW_ALL_BLUEPRINT
 from esper.shell.eval.stats import mean_ci95
 from esper.shell.host.blueprints import BLUEPRINTS
 
-
 #: The preset the fixed-schedule stages read: the suite's configuration (22 updates on batches of 128),
 #: the hosts every committed growth table ran on; the default trains its hosts on batches of 256 since
 #: issue 90, so its fixed plans would not be those tables' (``--train-args "--preset mnist1d"`` for the
