@@ -41,7 +41,7 @@ from esper.core.observation import controller_inputs, init_history, layout_optio
 from esper.core.reward_config import with_loss_calibration, with_param_budget
 from esper.core.rewards import RewardConfig, compute_reward
 from esper.core.spec import DEFAULT_BLEND, ActionSpec, Stage, Style, Tempo
-from esper.shell.common.seeding import train_host_seeds
+from esper.shell.common.seeding import member_train_host_seeds, train_host_seeds
 from esper.shell.env.config import EnvConfig, check_devices, lr_scale
 from esper.shell.env.governor import Governor, GovernorConfig
 from esper.shell.env.step import BLEND_SETTING_EVENTS, BLEND_SETTINGS, StepInput, TimeStep, Transition
@@ -140,7 +140,8 @@ class VecEnv:
         """A task whose hosts differ by seed (a family, :attr:`Task.varies`): the batch's hosts must be one
         member, whose costs, budget and description replace the last batch's. One description stands for
         every env of a batch; a batch of different members would give some envs another host's, so it is
-        refused (training on a family needs a description per env: issue 89's next step)."""
+        refused. Training draws one member a batch (:func:`member_train_host_seeds`); evaluating on a family
+        runs its hosts a batch each (``env.n_envs 1``) or grouped by member."""
         with torch.random.fork_rng(devices=[]):  # a host draws its init: leave the caller's stream
             members = {s: self.task.host_for(s) for s in dict.fromkeys(int(s) for s in host_seeds)}
         shapes = {repr(h) for h in members.values()}
@@ -165,10 +166,14 @@ class VecEnv:
         """Fresh hosts, optimizers, data order, slot state and history for a new batch of episodes, and
         the first epoch's measurement. Env ``i``'s host is seeded with ``host_seeds[i]`` (default:
         :func:`train_host_seeds` of the run seed, the episode and the env's global index, shared by the
-        envs of a ``host_group``)."""
+        envs of a ``host_group``; on a family, :func:`member_train_host_seeds`: one member a batch)."""
         if host_seeds is None:
             envs = range(self.first_env, self.first_env + self.n)
-            host_seeds = train_host_seeds(self.seed, episode, envs, group=self.host_group)
+            if self.task.varies:  # a family: one member a batch (one description for every env)
+                host_seeds = member_train_host_seeds(self.seed, episode, envs, self.task.describe_member,
+                                                     group=self.host_group)  # fmt: skip
+            else:
+                host_seeds = train_host_seeds(self.seed, episode, envs, group=self.host_group)
         if len(host_seeds) != self.n:
             raise ValueError(f"VecEnv.reset: {len(host_seeds)} host seeds for {self.n} envs")
         if self.task.varies:
