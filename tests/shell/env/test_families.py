@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from esper.core.lifecycle import LifecycleConfig
+from esper.shell.common.seeding import member_train_host_seeds, train_host_seeds
 from esper.shell.baselines.simple import GrowAllController
 from esper.shell.env.config import FAMILY_TASKS, EnvConfig
 from esper.shell.env.governor import GovernorConfig
@@ -131,3 +132,29 @@ def test_an_empty_plan_in_a_list_grows_nothing():
     static, grows = result.episodes
     assert static["grown"] == "" and static["germinated_at"] == [] and static["params_added"] == 0
     assert grows["germinated_at"]  # the other env of the batch germinated its plan
+
+
+def test_a_training_batch_of_a_family_is_one_member_drawn_per_episode():
+    """Issue 89: without host seeds, a family's batch is the i-th candidate seeds of the first
+    candidate's member (member_train_host_seeds): one member a batch, other members in other episodes,
+    each env its own seed, and a process of a run holding envs 2..3 draws what the whole run's 2..3 are."""
+    task = make_task("mnist1d_where", **SMALL)
+    member = lambda s: repr(where_member(s))
+    seeds = {e: member_train_host_seeds(7, e, range(4), where_member) for e in range(8)}
+    assert all(len({member(s) for s in batch}) == 1 and len(set(batch)) == 4 for batch in seeds.values())
+    assert len({member(batch[0]) for batch in seeds.values()}) > 1  # members vary by episode
+    assert seeds[0][0] == train_host_seeds(7, 0, [0])[0]  # env 0 is the run's own first seed
+    assert member_train_host_seeds(7, 3, [2, 3], where_member) == seeds[3][2:]
+    grouped = member_train_host_seeds(7, 3, range(4), where_member, group=2)
+    assert grouped[0] == grouped[1] == seeds[3][0] and grouped[2] == grouped[3] == seeds[3][1]
+    env = _env(task, 2)
+    try:
+        env.reset(5)  # no host seeds: a training batch
+        assert env.host_seeds == member_train_host_seeds(0, 5, range(2), where_member)
+    finally:
+        env.close()
+
+
+def test_a_family_with_no_such_member_says_so():
+    with pytest.raises(RuntimeError, match="hardly ever draws"):
+        member_train_host_seeds(0, 0, range(2), lambda s: s)  # every seed its own member
