@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from esper.core.lifecycle import LifecycleConfig
-from esper.shell.common.seeding import member_train_host_seeds, train_host_seeds
 from esper.shell.baselines.simple import GrowAllController
+from esper.shell.common.seeding import member_train_host_seeds, train_host_seeds
 from esper.shell.env.config import FAMILY_TASKS, EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
