@@ -1,0 +1,185 @@
+"""A learned controller on a family of hosts, judged against fixed plans on the same hosts (issue 89).
+
+The pre-check (:mod:`esper.shell.eval.precheck`) of fresh hosts gives each host's test and validation
+accuracy under each enumerated plan; ``python -m esper.shell.evaluate RUN_DIR --seed S --data-seed D
+--episodes N --controllers ppo_greedy`` on the same hosts (evaluation seed and data draw) gives the
+controller's. Per training seed, :func:`judge` pairs them host by host:
+
+- against the **best constant** (one plan for every host, chosen before the run, on other hosts),
+- against the **kind rule** (a plan per kind of host, chosen the same way: what a researcher who knows
+  the family would write),
+- against the honest **oracle** (each host's plan chosen by validation, scored on test),
+
+and over training seeds reports each difference's mean with its 95 % t-interval. The controller
+**beats the best fixed plan** when the interval of its difference to the best constant lies above 0.
+``python -m esper.shell.eval.family --precheck P.json --evals E1.json E2.json ... --out X.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from esper.shell.eval.precheck import summarize
+from esper.shell.eval.stats import mean_ci95
+
+#: Per family, what a controller on it is judged against, fixed before its run (docs/experiment-log.md):
+#: the best constant, and the kind rule (a host's kind, read off its member, -> the plan).
+FAMILY_BARS: dict[str, dict[str, Any]] = {
+    "mnist1d_where": {
+        "constant": "b0=depthwise",
+        "kind_of": lambda member: "-".join(str(p) for p in member["pools"]),
+        "kind_rule": {"1-4-1": "b0=depthwise", "1-1-4": "b0=conv_small+b1=depthwise"},
+    },
+}
+#: The controller's readout judged.
+READOUT = "ppo_greedy"
+
+
+def _slots(plan: str) -> frozenset[str]:
+    """The slots a written plan (or a ``grown`` string) grows: ``b0=x+b1=y`` -> {b0, b1}."""
+    return frozenset(part.split("=", 1)[0] for part in plan.split("+") if "=" in part)
+
+
+def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *, constant: str,
+          kind_of: Callable[[dict], str], kind_rule: Mapping[str, str],
+          readout: str = READOUT) -> dict[str, Any]:  # fmt: skip
+    """``precheck``: a pre-check's results (its ``per_host`` rows and ``plans``) on the evaluation hosts;
+    ``evals``: training seed -> ``evaluate``'s results on the same hosts. Returns per seed and pooled over
+    seeds: the controller's mean test accuracy and parameters, and its paired differences to the best
+    constant, the kind rule and the oracle, with the share of hosts whose grown slots are the kind rule's."""
+    plans = list(precheck["plans"])
+    rows = summarize(precheck["per_host"], plans)["per_host"]  # the oracle's choice per host
+    by_seed = {int(r["host_seed"]): r for r in rows}
+    per_seed: dict[int, dict[str, Any]] = {}
+    for k, res in sorted(evals.items()):
+        episodes = res["controllers"][readout]["per_episode"]
+        seen = {int(e["host_seed"]) for e in episodes}
+        if seen != set(by_seed):
+            raise ValueError(f"family judge: seed {k}'s hosts are not the pre-check's ({len(seen)} against "
+                             f"{len(by_seed)}, {len(seen & set(by_seed))} shared)")  # fmt: skip
+        diffs: dict[str, list[float]] = {"constant": [], "kind_rule": [], "oracle": [], "static": []}
+        same_slots, accs, params = [], [], []
+        for e in episodes:
+            row = by_seed[int(e["host_seed"])]
+            acc, test = float(e["final_test_acc"]), row["plans"]
+            rule = kind_rule[kind_of(row["member"])]
+            diffs["constant"].append(acc - test[constant]["test"])
+            diffs["kind_rule"].append(acc - test[rule]["test"])
+            diffs["oracle"].append(acc - test[row["best_val_plan"]]["test"])
+            diffs["static"].append(acc - test[""]["test"])
+            same_slots.append(_slots(str(e.get("grown", ""))) == _slots(rule))
+            accs.append(acc)
+            params.append(float(e["params_added"]))
+        per_seed[k] = {
+            "test_acc": float(np.mean(accs)),
+            "params_added": float(np.mean(params)),
+            **{f"minus_{name}": float(np.mean(d)) for name, d in diffs.items()},
+            "slots_as_kind_rule": float(np.mean(same_slots)),
+        }
+    pooled: dict[str, Any] = {}
+    for key in next(iter(per_seed.values())):
+        values = [s[key] for s in per_seed.values()]
+        mean, (lo, hi) = mean_ci95(values) if len(values) > 1 else (values[0], (values[0], values[0]))
+        pooled[key] = {"mean": mean, "ci95": [lo, hi]}
+    lo = pooled["minus_constant"]["ci95"][0]
+    return {
+        "per_seed": per_seed,
+        "pooled": pooled,
+        "beats_best_constant": bool(lo > 0),
+        "bars": {"constant": constant, "kind_rule": dict(kind_rule)},
+        "hosts": len(rows),
+        "training_seeds": sorted(per_seed),
+    }
+
+
+def to_markdown(out: dict[str, Any], title: str) -> str:
+    p = out["pooled"]
+
+    def cell(key: str, signed: bool = False) -> str:
+        r = p[key]
+        f = "{:+.2f}" if signed else "{:.2f}"
+        return f"{f.format(r['mean'])} [{f.format(r['ci95'][0])}, {f.format(r['ci95'][1])}]"
+
+    verdict = "**beats**" if out["beats_best_constant"] else "**does not beat**"
+    lines = [
+        f"# {title}",
+        "",
+        f"{len(out['training_seeds'])} training seeds "
+        f"({out['training_seeds'][0]}-{out['training_seeds'][-1]}), "
+        f"{out['hosts']} fresh hosts each; means over seeds with 95 % intervals. The controller ({READOUT}) "
+        f"{verdict} the best constant `{out['bars']['constant']}`.",
+        "",
+        "| reading | mean [95 % CI] |",
+        "|---|---|",
+        f"| controller's test accuracy % | {cell('test_acc')} |",
+        f"| parameters added | {cell('params_added')} |",
+        f"| minus the best constant (judged) | {cell('minus_constant', True)} |",
+        f"| minus the kind rule | {cell('minus_kind_rule', True)} |",
+        f"| minus the oracle (chosen on validation) | {cell('minus_oracle', True)} |",
+        f"| minus the static host | {cell('minus_static', True)} |",
+        f"| share of hosts grown in the kind rule's slots | {cell('slots_as_kind_rule')} |",
+        "",
+        "| training seed | test % | params | minus constant | minus kind rule | minus oracle "
+        "| kind rule's slots |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for k, s in out["per_seed"].items():
+        lines.append(
+            f"| {k} | {s['test_acc']:.2f} | {s['params_added']:.0f} | {s['minus_constant']:+.2f} | "
+            f"{s['minus_kind_rule']:+.2f} | {s['minus_oracle']:+.2f} | {s['slots_as_kind_rule']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m esper.shell.eval.family", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--precheck", type=Path, required=True, help="the pre-check's JSON on the evaluation hosts"
+    )
+    p.add_argument("--evals", type=Path, nargs="+", required=True,
+                   help="evaluate's results.json of each training run, on the pre-check's hosts")  # fmt: skip
+    p.add_argument(
+        "--seeds", type=int, nargs="+", required=True, help="the training seed of each --evals file"
+    )
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--md", type=Path, default=None)
+    a = p.parse_args(argv)
+    if len(a.seeds) != len(a.evals):
+        p.error("--seeds: one per --evals file")
+    pre = json.loads(a.precheck.read_text())
+    task = pre["meta"]["task"]
+    if task not in FAMILY_BARS:
+        p.error(f"no bars are written for {task!r}; families with bars: {', '.join(FAMILY_BARS)}")
+    bars = FAMILY_BARS[task]
+    evals = {k: json.loads(f.read_text()) for k, f in zip(a.seeds, a.evals, strict=True)}
+    try:
+        out = judge(
+            pre, evals, constant=bars["constant"], kind_of=bars["kind_of"], kind_rule=bars["kind_rule"]
+        )
+    except ValueError as e:
+        print(f"esper.shell.eval.family: {e}", file=sys.stderr)
+        return 2
+    out["meta"] = {"task": task, "precheck": str(a.precheck), "evals": [str(f) for f in a.evals],
+                   "eval_seed": pre["meta"]["eval_seed"], "data_seed": pre["meta"]["data_seed"]}  # fmt: skip
+    a.out.write_text(json.dumps(out, indent=1))
+    md = to_markdown(out, f"A controller on `{task}` against fixed plans on the same hosts")
+    if a.md is not None:
+        a.md.write_text(md)
+    print(md)
+    return 0
+
+
+__all__ = ["FAMILY_BARS", "READOUT", "judge", "main", "to_markdown"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""The family judge's arithmetic (issue 89) on synthetic tables: a controller paired host by host with
+the best constant, the kind rule and the oracle, pooled over training seeds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from esper.shell.eval import family
+from esper.shell.eval.family import judge
+
+A, B = {"pools": [1, 4, 1]}, {"pools": [1, 1, 4]}
+KIND_OF = lambda m: "-".join(map(str, m["pools"]))
+RULE = {"1-4-1": "b0=x", "1-1-4": "b1=y"}
+
+
+def _row(seed, member, **plans):
+    """``plan=(test, val)``; ``static`` is the empty plan."""
+    cells = {("" if p == "static" else p): {"test": t, "val": v} for p, (t, v) in plans.items()}
+    return {"host_seed": seed, "member": member, "plans": cells}
+
+
+PRECHECK = {
+    "plans": ["", "b0=x", "b1=y"],
+    "per_host": [
+        _row(1, A, static=(40, 40), **{"b0=x": (80, 80), "b1=y": (60, 60)}),
+        _row(2, B, static=(40, 40), **{"b0=x": (50, 50), "b1=y": (70, 69)}),
+    ],
+}
+
+
+def _eval(*hosts):
+    """``(host_seed, test, params, grown)`` per host: evaluate's results for ppo_greedy."""
+    eps = [{"host_seed": h, "final_test_acc": t, "params_added": p, "grown": g} for h, t, p, g in hosts]
+    return {"controllers": {"ppo_greedy": {"per_episode": eps}}}
+
+
+def test_differences_are_paired_per_host_and_pooled_over_seeds():
+    evals = {
+        7: _eval((1, 78.0, 100, "b0=x"), (2, 72.0, 120, "b1=y")),  # reads the host: near the kind rule
+        8: _eval((1, 80.0, 100, "b0=x"), (2, 52.0, 100, "b0=x")),  # one plan for both: the constant
+    }
+    out = judge(PRECHECK, evals, constant="b0=x", kind_of=KIND_OF, kind_rule=RULE)
+    s7, s8 = out["per_seed"][7], out["per_seed"][8]
+    assert s7["minus_constant"] == pytest.approx(((78 - 80) + (72 - 50)) / 2)  # +10
+    assert s7["minus_kind_rule"] == pytest.approx(((78 - 80) + (72 - 70)) / 2)  # 0
+    assert s7["minus_oracle"] == pytest.approx(0.0)  # the oracle by validation is the kind rule here
+    assert s7["minus_static"] == pytest.approx((38 + 32) / 2)
+    assert s7["slots_as_kind_rule"] == 1.0 and s8["slots_as_kind_rule"] == 0.5
+    assert s8["minus_constant"] == pytest.approx(1.0)
+    pooled = out["pooled"]["minus_constant"]
+    assert pooled["mean"] == pytest.approx(5.5) and pooled["ci95"][0] < 0  # two seeds that disagree
+    assert not out["beats_best_constant"] and out["training_seeds"] == [7, 8]
+
+
+def test_a_controller_that_reads_every_host_beats_the_constant():
+    evals = {
+        k: _eval((1, 79.0 + d, 100, "b0=x"), (2, 70.0 + d, 100, "b1=y"))
+        for k, d in ((1, 0.0), (2, 0.5), (3, 1.0))
+    }
+    out = judge(PRECHECK, evals, constant="b0=x", kind_of=KIND_OF, kind_rule=RULE)
+    assert out["beats_best_constant"] and out["pooled"]["minus_constant"]["ci95"][0] > 0
+
+
+def test_hosts_that_are_not_the_prechecks_are_refused():
+    with pytest.raises(ValueError, match="not the pre-check's"):
+        judge(PRECHECK, {1: _eval((1, 70.0, 0, ""), (3, 70.0, 0, ""))}, constant="b0=x", kind_of=KIND_OF,
+              kind_rule=RULE)  # fmt: skip
+
+
+def test_the_cli_writes_the_table(tmp_path, monkeypatch):
+    pre = {**PRECHECK, "meta": {"task": "toy", "eval_seed": 1, "data_seed": 2}}
+    monkeypatch.setitem(
+        family.FAMILY_BARS, "toy", {"constant": "b0=x", "kind_of": KIND_OF, "kind_rule": RULE}
+    )
+    (tmp_path / "p.json").write_text(json.dumps(pre))
+    files = []
+    for k in (1, 2):
+        f = tmp_path / f"e{k}.json"
+        f.write_text(json.dumps(_eval((1, 79.0 + k, 100, "b0=x"), (2, 70.0, 100, "b1=y"))))
+        files.append(str(f))
+    argv = ["--precheck", str(tmp_path / "p.json"), "--evals", *files, "--seeds", "1", "2",
+            "--out", str(tmp_path / "o.json"), "--md", str(tmp_path / "o.md")]  # fmt: skip
+    assert family.main(argv) == 0
+    md = (tmp_path / "o.md").read_text()
+    assert "| minus the best constant (judged) | +10.25 [" in md and "beats** the best constant" in md
+    with pytest.raises(SystemExit):  # a seed for each results file
+        family.main(["--precheck", str(tmp_path / "p.json"), "--evals", files[0], "--seeds", "1", "2",
+                     "--out", str(tmp_path / "x.json")])  # fmt: skip
