@@ -84,6 +84,32 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
             "slots_as_kind_rule": float(np.mean(same_slots)),
         }
     pooled: dict[str, Any] = {}
+    kinds: dict[str, dict[str, Any]] = {}
+    for res in evals.values():  # over every seed's episodes: what the controller does on each kind of host
+        for e in res["controllers"][readout]["per_episode"]:
+            row = by_seed[int(e["host_seed"])]
+            kind = kind_of(row["member"])
+            entry = kinds.setdefault(kind, {"episodes": 0, "controller": [], "constant": [], "kind_rule": [],
+                                            "oracle": [], "grown": {}})  # fmt: skip
+            entry["episodes"] += 1
+            entry["controller"].append(float(e["final_test_acc"]))
+            entry["constant"].append(row["plans"][constant]["test"])
+            entry["kind_rule"].append(row["plans"][kind_rule[kind]]["test"])
+            entry["oracle"].append(row["plans"][row["best_val_plan"]]["test"])
+            grown = str(e.get("grown", ""))
+            entry["grown"][grown] = entry["grown"].get(grown, 0) + 1
+    per_kind = {
+        kind: {
+            "episodes": v["episodes"],
+            "hosts": v["episodes"] // len(per_seed),
+            **{
+                f"{name}_test_mean": float(np.mean(v[name]))
+                for name in ("controller", "constant", "kind_rule", "oracle")
+            },
+            "grown_top": sorted(v["grown"].items(), key=lambda kv: -kv[1])[:5],
+        }
+        for kind, v in sorted(kinds.items())
+    }
     for key in next(iter(per_seed.values())):
         values = [s[key] for s in per_seed.values()]
         mean, (lo, hi) = mean_ci95(values) if len(values) > 1 else (values[0], (values[0], values[0]))
@@ -92,6 +118,7 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
     return {
         "per_seed": per_seed,
         "pooled": pooled,
+        "per_kind": per_kind,
         "beats_best_constant": bool(lo > 0),
         "bars": {"constant": constant, "kind_rule": dict(kind_rule)},
         "hosts": len(rows),
@@ -99,7 +126,7 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
     }
 
 
-def to_markdown(out: dict[str, Any], title: str) -> str:
+def to_markdown(out: dict[str, Any], title: str, readout: str = READOUT) -> str:
     p = out["pooled"]
 
     def cell(key: str, signed: bool = False) -> str:
@@ -113,7 +140,7 @@ def to_markdown(out: dict[str, Any], title: str) -> str:
         "",
         f"{len(out['training_seeds'])} training seeds "
         f"({out['training_seeds'][0]}-{out['training_seeds'][-1]}), "
-        f"{out['hosts']} fresh hosts each; means over seeds with 95 % intervals. The controller ({READOUT}) "
+        f"{out['hosts']} fresh hosts each; means over seeds with 95 % intervals. The controller ({readout}) "
         f"{verdict} the best constant `{out['bars']['constant']}`.",
         "",
         "| reading | mean [95 % CI] |",
@@ -125,6 +152,21 @@ def to_markdown(out: dict[str, Any], title: str) -> str:
         f"| minus the oracle (chosen on validation) | {cell('minus_oracle', True)} |",
         f"| minus the static host | {cell('minus_static', True)} |",
         f"| share of hosts grown in the kind rule's slots | {cell('slots_as_kind_rule')} |",
+    ]
+    lines += [
+        "",
+        "Per kind of host (every seed's episodes): mean test accuracy %, and what the controller grew most.",
+        "",
+        "| kind | hosts | controller | best constant | kind rule | oracle | grown most (episodes) |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for kind, v in out["per_kind"].items():
+        grown = ", ".join(f"`{g or 'nothing'}` ({n})" for g, n in v["grown_top"][:3])
+        lines.append(
+            f"| {kind} | {v['hosts']} | {v['controller_test_mean']:.2f} | {v['constant_test_mean']:.2f} | "
+            f"{v['kind_rule_test_mean']:.2f} | {v['oracle_test_mean']:.2f} | {grown} |"
+        )
+    lines += [
         "",
         "| training seed | test % | params | minus constant | minus kind rule | minus oracle "
         "| kind rule's slots |",
@@ -150,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--seeds", type=int, nargs="+", required=True, help="the training seed of each --evals file"
     )
+    p.add_argument("--readout", default=READOUT, help=f"the controller's readout judged ({READOUT})")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--md", type=Path, default=None)
     a = p.parse_args(argv)
@@ -162,16 +205,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     bars = FAMILY_BARS[task]
     evals = {k: json.loads(f.read_text()) for k, f in zip(a.seeds, a.evals, strict=True)}
     try:
-        out = judge(
-            pre, evals, constant=bars["constant"], kind_of=bars["kind_of"], kind_rule=bars["kind_rule"]
-        )
+        out = judge(pre, evals, constant=bars["constant"], kind_of=bars["kind_of"],
+                    kind_rule=bars["kind_rule"], readout=a.readout)  # fmt: skip
     except ValueError as e:
         print(f"esper.shell.eval.family: {e}", file=sys.stderr)
         return 2
     out["meta"] = {"task": task, "precheck": str(a.precheck), "evals": [str(f) for f in a.evals],
                    "eval_seed": pre["meta"]["eval_seed"], "data_seed": pre["meta"]["data_seed"]}  # fmt: skip
     a.out.write_text(json.dumps(out, indent=1))
-    md = to_markdown(out, f"A controller on `{task}` against fixed plans on the same hosts")
+    out["readout"] = a.readout
+    md = to_markdown(out, f"A controller on `{task}` against fixed plans on the same hosts", a.readout)
     if a.md is not None:
         a.md.write_text(md)
     print(md)

@@ -52,6 +52,10 @@ def test_differences_are_paired_per_host_and_pooled_over_seeds():
     pooled = out["pooled"]["minus_constant"]
     assert pooled["mean"] == pytest.approx(5.5) and pooled["ci95"][0] < 0  # two seeds that disagree
     assert not out["beats_best_constant"] and out["training_seeds"] == [7, 8]
+    a, b = out["per_kind"]["1-4-1"], out["per_kind"]["1-1-4"]
+    assert a["hosts"] == b["hosts"] == 1 and a["controller_test_mean"] == pytest.approx(79.0)
+    assert b["constant_test_mean"] == 50 and b["kind_rule_test_mean"] == 70
+    assert b["grown_top"] == [("b1=y", 1), ("b0=x", 1)] and a["grown_top"] == [("b0=x", 2)]
 
 
 def test_a_controller_that_reads_every_host_beats_the_constant():
@@ -85,6 +89,7 @@ def test_the_cli_writes_the_table(tmp_path, monkeypatch):
     assert family.main(argv) == 0
     md = (tmp_path / "o.md").read_text()
     assert "| minus the best constant (judged) | +10.25 [" in md and "beats** the best constant" in md
+    assert "| 1-1-4 | 1 | 70.00 | 50.00 | 70.00 | 70.00 | `b1=y` (2) |" in md
     with pytest.raises(SystemExit):  # a seed for each results file
         family.main(["--precheck", str(tmp_path / "p.json"), "--evals", files[0], "--seeds", "1", "2",
                      "--out", str(tmp_path / "x.json")])  # fmt: skip
