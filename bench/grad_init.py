@@ -115,8 +115,8 @@ def run(condition: str, controller: str, episodes: int, seed: int) -> dict[str, 
                 first.append(hit[0] if hit else None)
             blend.append(first)
 
-    def make(env, start: int):
-        return make_controller(controller, cfg, env, checkpoint=None, seed=seed + start)
+    def make(env, batch: list[int]):
+        return make_controller(controller, cfg, env, checkpoint=None, seed=seed + batch[0])
 
     t0 = time.perf_counter()
     records = run_hosts(cfg, task, make, eval_host_seeds(seed, range(episodes)), on_result=take)

@@ -88,8 +88,8 @@ def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int],
                                on_result=None if dataset is None else dataset.take)  # fmt: skip
         return [{"controller": name, "episode": e, **rec} for e, rec in zip(episodes, records, strict=True)]
 
-    def make(env, start: int):
-        ctl = make_controller(name, cfg, env, checkpoint=checkpoint, seed=eval_seed + start,
+    def make(env, batch: list[int]):
+        ctl = make_controller(name, cfg, env, checkpoint=checkpoint, seed=eval_seed + batch[0],
                               searched=searched)  # fmt: skip
         return ctl if dataset is None else dataset.wrap(name, ctl, env)
 

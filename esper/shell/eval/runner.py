@@ -19,11 +19,12 @@ from esper.shell.env.tasks import Task
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.host.hosts import Host
 
-#: ``make(env, start) -> controller`` for the envs of one batch: ``start`` is the batch's first index
-#: into the host list (a search maps it to the candidates of the batch). A controller with a
-#: ``prepare_env(env)`` method is handed the env before its episodes (``born_big`` builds its seeds in,
-#: ``probe`` asks for what-if readings).
-MakeController = Callable[[VecEnv, int], Controller]
+#: ``make(env, batch) -> controller`` for the envs of one batch: ``batch`` the indices (into the host
+#: seeds :func:`run_hosts` was given) of the hosts ``env`` runs, in env order (a search maps them to the
+#: batch's candidates): consecutive, except on a family, whose hosts are grouped by member
+#: (:func:`batches_of`). A controller with a ``prepare_env(env)`` method is handed the env before its
+#: episodes (``born_big`` builds its seeds in, ``probe`` asks for what-if readings).
+MakeController = Callable[[VecEnv, list[int]], Controller]
 
 
 def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequence[int], *,
@@ -41,18 +42,17 @@ def run_hosts(cfg: RunConfig, task: Task, make: MakeController, host_seeds: Sequ
     out: dict[int, dict] = {}
     for chunk in batches_of(task, host_seeds, width):
         seeds = [host_seeds[k] for k in chunk]
-        start = chunk[0]
         env_cfg = dataclasses.replace(cfg.env, n_envs=len(seeds))
         env = VecEnv(
             env_cfg, cfg.lifecycle, cfg.governor, seed=cfg.seed, task=task, reward=cfg.reward,
             gamma=cfg.ppo.gamma,
         )  # fmt: skip
         try:
-            controller = make(env, start)
+            controller = make(env, chunk)
             if (prepare := getattr(controller, "prepare_env", None)) is not None:
                 prepare(env)  # what the controller needs of the env: seeds born in, what-if readings
             runner = EpisodeRunner(env, controller, on_epoch=on_epoch)
-            result = runner.run(start, host_seeds=seeds)
+            result = runner.run(chunk[0], host_seeds=seeds)
             kept = [keep(env.hosts.host(i)) for i in range(env.n)] if keep is not None else None
             if on_result is not None:
                 on_result(result)

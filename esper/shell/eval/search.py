@@ -283,8 +283,8 @@ def tune_heuristic(cfg: RunConfig, task: Task, grid: dict[str, Sequence[float]] 
     host_seeds = selection_host_seeds(cfg, hosts)
     pairs = [(c, h) for c in range(len(candidates)) for h in host_seeds]
 
-    def make(env, start: int):
-        per_env = [candidates[c] for c, _ in pairs[start : start + env.n]]
+    def make(env, batch: list[int]):
+        per_env = [candidates[pairs[k][0]] for k in batch]
         return HeuristicController(env.blueprint_names, cfg.lifecycle, per_env=per_env)
 
     records = run_hosts(cfg, task, make, [h for _, h in pairs])

@@ -200,8 +200,8 @@ def run_specs(cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]], *,
     pairs = [(str(s), int(h)) for s, h in pairs]
 
     def make_for(chunk: Sequence[tuple[str, int]]) -> MakeController:
-        def make(env, start: int):
-            ctl = spec_controller([s for s, _ in chunk[start : start + env.n]], env, cfg.lifecycle)
+        def make(env, batch: list[int]):
+            ctl = spec_controller([chunk[k][0] for k in batch], env, cfg.lifecycle)
             return ctl if wrap is None else wrap(ctl, env)
 
         return make

@@ -223,8 +223,8 @@ def tune_heuristic_wide(cfg: RunConfig, task: Task, host_seeds: list[int], costs
         settings = [HeuristicThresholds(**p) for p in points]
         pairs = [(c, h) for c in range(len(points)) for h in host_seeds]
 
-        def make(env, start_: int):
-            per_env = [settings[c] for c, _ in pairs[start_ : start_ + env.n]]
+        def make(env, batch: list[int]):
+            per_env = [settings[pairs[k][0]] for k in batch]
             return HeuristicController(env.blueprint_names, cfg.lifecycle, per_env=per_env, costs=costs,
                                        grow_all_params=grow_all)  # fmt: skip
 
@@ -256,8 +256,8 @@ def tune_probe(cfg: RunConfig, task: Task, host_seeds: list[int], costs: list[li
         settings = [ProbeSettings(**p) for p in points]
         pairs = [(c, h) for c in range(len(points)) for h in host_seeds]
 
-        def make(env, start_: int):
-            per_env = [settings[c] for c, _ in pairs[start_ : start_ + env.n]]
+        def make(env, batch: list[int]):
+            per_env = [settings[pairs[k][0]] for k in batch]
             return ProbeController(env.blueprint_names, cfg.lifecycle, costs, unit=unit, budget=budget,
                                    per_env=per_env)  # fmt: skip
 

@@ -154,7 +154,7 @@ def test_plan_search_timed_keeps_its_budget_and_reads_plan_searchs_episodes(cfg,
         host = task.make_host()
         env = SimpleNamespace(n=len(host_seeds), blueprint_names=list(host.blueprint_names),
                               slot_names=host.slot_names)  # fmt: skip
-        ctl = make(env, 0)
+        ctl = make(env, list(range(len(host_seeds))))
         calls.append((ctl.plans, ctl.at, ctl.style))
         return [{"final_val_acc": float(len(str(p))), "params_added": 1.0} for p in ctl.plans]
 
@@ -224,7 +224,7 @@ def test_the_heuristic_may_grow_one_blueprint_and_keep_to_a_budget(task):
                 HeuristicThresholds(**quick, blueprint="conv_heavy", budget_share=0.25),  # 300 < 400
                 HeuristicThresholds(**quick, budget_share=0.1),  # 120: the rotation's first that fits
                 HeuristicThresholds(**quick)]  # fmt: skip
-    make = lambda env, start: HeuristicController(env.blueprint_names, cfg.lifecycle, per_env=settings,
+    make = lambda env, batch: HeuristicController(env.blueprint_names, cfg.lifecycle, per_env=settings,
                                                   costs=costs, grow_all_params=1200)  # fmt: skip
     recs = run_hosts(cfg, task, make, [1, 2, 3, 4])
     firsts = [[g["blueprint"] for g in r["germinations"]] for r in recs]
@@ -246,7 +246,7 @@ def test_the_probe_incubates_scores_by_what_if_gain_and_grows_greedily_within_it
     settings = [ProbeSettings(threshold=-100.0, incubate=2), ProbeSettings(threshold=1e9, incubate=2),
                 ProbeSettings(threshold=-100.0, incubate=2, score="absolute"), ProbeSettings()]  # fmt: skip
 
-    def make(env, start):
+    def make(env, batch):
         made.append(ProbeController(env.blueprint_names, cfg.lifecycle, costs, unit=400.0, budget=520.0,
                                     per_env=settings))  # fmt: skip
         return made[-1]

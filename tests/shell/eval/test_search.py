@@ -174,7 +174,7 @@ def test_per_env_plans_grow_each_envs_own_plan(cfg, task):
     from esper.shell.eval.runner import run_hosts
 
     plans = [{0: 2}, {1: 3}, {0: 2, 2: 3}, {2: 2}]
-    recs = run_hosts(cfg, task, lambda env, start: GrowAllController(plans, cfg.lifecycle), [1, 2, 3, 4])
+    recs = run_hosts(cfg, task, lambda env, batch: GrowAllController(plans, cfg.lifecycle), [1, 2, 3, 4])
     names = task.make_host().slot_names
     for plan, rec in zip(plans, recs, strict=True):
         grown = {g.split("=")[0] for g in rec["grown"].split("+")} if rec["grown"] else set()
@@ -217,7 +217,7 @@ def _fake_episodes(monkeypatch, fail_on_call: int | None = None,
         names, blueprints = task.make_host().slot_names, list(BLUEPRINTS[task.family])
         env = SimpleNamespace(n=len(host_seeds), blueprint_names=blueprints, slot_names=names)
         plans = ["+".join(f"{names[s]}={blueprints[b]}" for s, b in sorted(p.items()))
-                 for p in make(env, 0).plans]  # fmt: skip
+                 for p in make(env, list(range(len(host_seeds)))).plans]  # fmt: skip
         calls.append(list(zip(plans, host_seeds, strict=True)))
         draw = 0 if ran is None else task.data_seed
         if ran is not None:

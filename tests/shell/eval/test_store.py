@@ -65,7 +65,9 @@ def test_a_fixed_plan_run_from_its_spec_is_the_named_controller_episode_for_epis
         spec = episode_spec(name, cfg, task)
         assert spec is not None, name
         new = _plain(run_episodes(cfg, task, name, range(3), eval_seed=3, checkpoint=None))
-        made = lambda env, start, name=name: make_controller(name, cfg, env, checkpoint=None, seed=3 + start)
+        made = lambda env, batch, name=name: make_controller(
+            name, cfg, env, checkpoint=None, seed=3 + batch[0]
+        )
         assert new == run_hosts(cfg, task, made, hosts), name
     if any(r["params_added"] for r in new):  # born_big grew: the episodes were not all alike
         assert len({json.dumps(r["val_acc_curve"]) for r in new}) > 1
@@ -91,14 +93,14 @@ def test_a_searchs_batch_from_its_specs_is_the_batch_it_ran_before(cfg, task):
              ("b2=conv_small", 14)]  # fmt: skip
     plans = [{names.index(s): blueprints.index(b) for s, b in (p.split("=") for p in c.split("+"))}
              for c, _ in pairs]  # fmt: skip
-    before = run_hosts(cfg, task, lambda env, start: GrowAllController(plans, cfg.lifecycle),
+    before = run_hosts(cfg, task, lambda env, batch: GrowAllController(plans, cfg.lifecycle),
                        [h for _, h in pairs])  # fmt: skip
     records, read = S.run_plans(cfg, task, pairs, names)
     assert read == 0 and records == before
     timed = [("b0=norm:3@GATED_GATE", 1), ("b1=norm", 2)]
     made = [S.schedule_of(p, names, blueprints) for p, _ in timed]
     plans, at, style = ([m[k] for m in made] for k in range(3))
-    timed_ctl = lambda env, start: GrowAllController(plans, cfg.lifecycle, at=at, style=style)
+    timed_ctl = lambda env, batch: GrowAllController(plans, cfg.lifecycle, at=at, style=style)
     before = run_hosts(cfg, task, timed_ctl, [1, 2])
     assert S.run_plans(cfg, task, timed, names)[0] == before
 
@@ -192,7 +194,7 @@ def test_per_env_episodes_do_not_depend_on_the_envs_beside_them(made):
         return hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in tensors)).hexdigest()
 
     def run(pairs):
-        make = lambda env, start: ST.spec_controller([s for s, _ in pairs], env, cfg.lifecycle)
+        make = lambda env, batch: ST.spec_controller([s for s, _ in pairs], env, cfg.lifecycle)
         return run_hosts(cfg, task, make, [h for _, h in pairs], keep=weights)
 
     alone = run([(p, 5)])[0]
