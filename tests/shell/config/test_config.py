@@ -51,7 +51,7 @@ def test_every_preset_builds_a_valid_frozen_config(name):
         # seeds 100-109 rule judged and the FOSSILIZE preference the suite's seeds 300-304 rule judged; its
         # lifecycle's G2 evidence the zero-shot confirmation on fresh hosts 5000+ (docs/experiment-log.md):
         # a change here needs a new rule on fresh seeds, not only a green suite; its 6 updates on batches of
-        # 256 the time-to-a-result rules on fresh seeds 610-619 (issue 90); the suite keeps 22 on 128 (mnist1d)
+        # 256 the time-to-a-result rules on fresh seeds 610-619 (issue 90); the suite keeps 22 on 128
         (
             "mnist1d",
             {"env.task": "mnist1d", "updates": 22, "env.batch_size": 128, "ppo.lr_anneal_updates": 22},
