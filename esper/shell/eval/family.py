@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
     rows = summarize(precheck["per_host"], plans)["per_host"]  # the oracle's choice per host
     by_seed = {int(r["host_seed"]): r for r in rows}
     per_seed: dict[int, dict[str, Any]] = {}
+    kinds: dict[str, dict[str, Any]] = {}  # over every seed's episodes: what it does on each kind of host
     for k, res in sorted(evals.items()):
         episodes = res["controllers"][readout]["per_episode"]
         seen = {int(e["host_seed"]) for e in episodes}
@@ -68,15 +70,21 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
         same_slots, accs, params = [], [], []
         for e in episodes:
             row = by_seed[int(e["host_seed"])]
-            acc, test = float(e["final_test_acc"]), row["plans"]
-            rule = kind_rule[kind_of(row["member"])]
-            diffs["constant"].append(acc - test[constant]["test"])
-            diffs["kind_rule"].append(acc - test[rule]["test"])
-            diffs["oracle"].append(acc - test[row["best_val_plan"]]["test"])
-            diffs["static"].append(acc - test[""]["test"])
-            same_slots.append(_slots(str(e.get("grown", ""))) == _slots(rule))
+            acc, test, kind = float(e["final_test_acc"]), row["plans"], kind_of(row["member"])
+            rule, grown = kind_rule[kind], str(e.get("grown", ""))
+            bars = {"constant": test[constant]["test"], "kind_rule": test[rule]["test"],
+                    "oracle": test[row["best_val_plan"]]["test"], "static": test[""]["test"]}  # fmt: skip
+            for name, bar in bars.items():
+                diffs[name].append(acc - bar)
+            same_slots.append(_slots(grown) == _slots(rule))
             accs.append(acc)
             params.append(float(e["params_added"]))
+            entry = kinds.setdefault(kind, {"controller": [], "constant": [], "kind_rule": [], "oracle": [],
+                                            "grown": Counter()})  # fmt: skip
+            entry["controller"].append(acc)
+            for name in ("constant", "kind_rule", "oracle"):
+                entry[name].append(bars[name])
+            entry["grown"][grown] += 1
         per_seed[k] = {
             "test_acc": float(np.mean(accs)),
             "params_added": float(np.mean(params)),
@@ -84,29 +92,15 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
             "slots_as_kind_rule": float(np.mean(same_slots)),
         }
     pooled: dict[str, Any] = {}
-    kinds: dict[str, dict[str, Any]] = {}
-    for res in evals.values():  # over every seed's episodes: what the controller does on each kind of host
-        for e in res["controllers"][readout]["per_episode"]:
-            row = by_seed[int(e["host_seed"])]
-            kind = kind_of(row["member"])
-            entry = kinds.setdefault(kind, {"episodes": 0, "controller": [], "constant": [], "kind_rule": [],
-                                            "oracle": [], "grown": {}})  # fmt: skip
-            entry["episodes"] += 1
-            entry["controller"].append(float(e["final_test_acc"]))
-            entry["constant"].append(row["plans"][constant]["test"])
-            entry["kind_rule"].append(row["plans"][kind_rule[kind]]["test"])
-            entry["oracle"].append(row["plans"][row["best_val_plan"]]["test"])
-            grown = str(e.get("grown", ""))
-            entry["grown"][grown] = entry["grown"].get(grown, 0) + 1
     per_kind = {
         kind: {
-            "episodes": v["episodes"],
-            "hosts": v["episodes"] // len(per_seed),
+            "episodes": len(v["controller"]),
+            "hosts": len(v["controller"]) // len(per_seed),
             **{
                 f"{name}_test_mean": float(np.mean(v[name]))
                 for name in ("controller", "constant", "kind_rule", "oracle")
             },
-            "grown_top": sorted(v["grown"].items(), key=lambda kv: -kv[1])[:5],
+            "grown_top": v["grown"].most_common(5),
         }
         for kind, v in sorted(kinds.items())
     }
