@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from esper.shell.eval.precheck import summarize
-from esper.shell.eval.stats import mean_ci95
+from esper.shell.eval.stats import mean_ci95, tost_equivalent
 
 #: Per family, what a controller on it is judged against, fixed before its run (docs/experiment-log.md):
 #: the best constant, and the kind rule (a host's kind, read off its member, -> the plan).
@@ -109,7 +109,14 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
         mean, (lo, hi) = mean_ci95(values) if len(values) > 1 else (values[0], (values[0], values[0]))
         pooled[key] = {"mean": mean, "ci95": [lo, hi]}
     lo = pooled["minus_constant"]["ci95"][0]
+    # "as good as the kind rule" is claimed only by an equivalence test (TOST, ±1 point, paired by seed)
+    tost = (
+        tost_equivalent([s["minus_kind_rule"] for s in per_seed.values()], 1.0) if len(per_seed) > 1 else None
+    )
     return {
+        "kind_rule_tost": None
+        if tost is None
+        else {**tost, "interval": list(tost["interval"]), "margin": 1.0},
         "per_seed": per_seed,
         "pooled": pooled,
         "per_kind": per_kind,
@@ -118,6 +125,15 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
         "hosts": len(rows),
         "training_seeds": sorted(per_seed),
     }
+
+
+def _tost_cell(tost: dict[str, Any] | None) -> str:
+    if tost is None:
+        return "one seed: not tested"
+    lo, hi = tost["interval"]
+    return (
+        f"{'yes' if tost['equivalent'] else 'no'} (p {tost['p']:.3f}; 90 % interval [{lo:+.2f}, {hi:+.2f}])"
+    )
 
 
 def to_markdown(out: dict[str, Any], title: str, readout: str = READOUT) -> str:
@@ -143,6 +159,7 @@ def to_markdown(out: dict[str, Any], title: str, readout: str = READOUT) -> str:
         f"| parameters added | {cell('params_added')} |",
         f"| minus the best constant (judged) | {cell('minus_constant', True)} |",
         f"| minus the kind rule | {cell('minus_kind_rule', True)} |",
+        f"| within ±1 of the kind rule (TOST, paired by seed) | {_tost_cell(out['kind_rule_tost'])} |",
         f"| minus the oracle (chosen on validation) | {cell('minus_oracle', True)} |",
         f"| minus the static host | {cell('minus_static', True)} |",
         f"| share of hosts grown in the kind rule's slots | {cell('slots_as_kind_rule')} |",

@@ -52,6 +52,7 @@ def test_differences_are_paired_per_host_and_pooled_over_seeds():
     pooled = out["pooled"]["minus_constant"]
     assert pooled["mean"] == pytest.approx(5.5) and pooled["ci95"][0] < 0  # two seeds that disagree
     assert not out["beats_best_constant"] and out["training_seeds"] == [7, 8]
+    assert not out["kind_rule_tost"]["equivalent"]  # 0 and -9 on the two seeds: no equivalence shown
     a, b = out["per_kind"]["1-4-1"], out["per_kind"]["1-1-4"]
     assert a["hosts"] == b["hosts"] == 1 and a["controller_test_mean"] == pytest.approx(79.0)
     assert b["constant_test_mean"] == 50 and b["kind_rule_test_mean"] == 70
@@ -65,6 +66,7 @@ def test_a_controller_that_reads_every_host_beats_the_constant():
     }
     out = judge(PRECHECK, evals, constant="b0=x", kind_of=KIND_OF, kind_rule=RULE)
     assert out["beats_best_constant"] and out["pooled"]["minus_constant"]["ci95"][0] > 0
+    assert out["kind_rule_tost"]["equivalent"]  # within ±1 of the kind rule on every seed, a narrow spread
 
 
 def test_hosts_that_are_not_the_prechecks_are_refused():
