@@ -10,7 +10,6 @@ of ``python -m esper.shell.evaluate`` takes these names.
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import torch
@@ -32,9 +31,10 @@ from esper.shell.eval.search import (
     HEURISTIC_TUNED,
     HEURISTIC_TUNED_WIDE,
     PROBE,
+    enabled_slots,
     is_searched,
     plan_kind,
-    seed_costs,
+    prices,
 )
 from esper.shell.eval.store import STATIC, born_spec, grow_spec
 
@@ -110,11 +110,13 @@ def is_born_big(name: str) -> bool:
 
 
 def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict | None, seed: int,
-                    searched: dict | None = None):  # fmt: skip
+                    searched: dict | None = None, host_seed: int | None = None):  # fmt: skip
     """A fresh controller ``name`` for ``env`` (the PPO ones restored from ``checkpoint`` and frozen;
     ``heuristic_tuned``, ``heuristic_tuned_wide``, ``probe`` and the plan searches from their search's
     result, ``searched``: :func:`esper.shell.eval.search.search`; ``born_big:CONTROLLER`` from its plan,
-    ``searched["chosen"]``)."""
+    ``searched["chosen"]``). ``host_seed``: a host of the batch it will run, which prices the widened
+    heuristic's and the probe's budgets on a family (each member its own:
+    :func:`~esper.shell.eval.search.prices`; None: the task's host)."""
     if is_born_big(name):
         return _born_big(name, env, searched)
     if is_searched(name):
@@ -123,12 +125,14 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
         if name == HEURISTIC_TUNED:
             return HeuristicController(env.blueprint_names, cfg.lifecycle, **searched["chosen"])
         if name == HEURISTIC_TUNED_WIDE:
-            return HeuristicController(env.blueprint_names, cfg.lifecycle, costs=seed_costs(env.task),
-                                       grow_all_params=env.grow_all_params, **searched["chosen"])  # fmt: skip
+            p = prices(cfg, env.task, host_seed)
+            return HeuristicController(env.blueprint_names, cfg.lifecycle, costs=p.costs,
+                                       grow_all_params=p.grow_all, **searched["chosen"])  # fmt: skip
         if name == PROBE:
-            budget = math.inf if searched["budget_params"] is None else searched["budget_params"]
-            return ProbeController(env.blueprint_names, cfg.lifecycle, seed_costs(env.task), budget=budget,
-                                   unit=searched["unit_params"], **searched["chosen"])  # fmt: skip
+            p = prices(cfg, env.task, host_seed)
+            unit = p.grow_all / enabled_slots(cfg, env.task)
+            return ProbeController(env.blueprint_names, cfg.lifecycle, p.costs, budget=p.budget, unit=unit,
+                                   **searched["chosen"])  # fmt: skip
         return _schedule(PLAN_PREFIX + searched["chosen"], cfg, env)
     if name in PPO_CONTROLLERS:
         if checkpoint is None:

@@ -90,7 +90,7 @@ def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int],
 
     def make(env, batch: list[int]):
         ctl = make_controller(name, cfg, env, checkpoint=checkpoint, seed=eval_seed + batch[0],
-                              searched=searched)  # fmt: skip
+                              searched=searched, host_seed=hosts[batch[0]])  # fmt: skip
         return ctl if dataset is None else dataset.wrap(name, ctl, env)
 
     records = run_hosts(cfg, task, make, hosts, on_epoch=on_epoch, keep=keep,

@@ -57,6 +57,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,16 @@ def plan_kind(name: str) -> str | None:
     return _plan_kind(name)
 
 
-def learner_cap(cfg: RunConfig, task: Task) -> float:
-    """The learned controller's parameter cap on ``task``'s host, in seed parameters
+def host_of(task: Task, host_seed: int | None = None) -> Host:
+    """The host whose sizes price a budget: on a family (:attr:`Task.varies`) the member of
+    ``host_seed``, else (or with no seed) ``task.make_host()`` (the caller's random stream untouched)."""
+    with torch.random.fork_rng(devices=[]):  # a host draws its init: leave the caller's stream
+        return task.host_for(host_seed) if host_seed is not None and task.varies else task.make_host()
+
+
+def learner_cap(cfg: RunConfig, task: Task, host_seed: int | None = None) -> float:
+    """The learned controller's parameter cap on ``task``'s host (on a family, the member of
+    ``host_seed``: the cap is a share of each host's ``grow_all``), in seed parameters
     (:func:`~esper.shell.agent.config.param_cap_on` of the run's ``ppo.param_cap`` and
     ``ppo.param_cap_share``); refused in one line where the controller has none."""
     if not cfg.ppo.has_param_cap:
@@ -137,30 +146,64 @@ def learner_cap(cfg: RunConfig, task: Task) -> float:
             f"{PLAN_SEARCH_CAP}: the learned controller has no parameter cap to search within "
             f"(ppo.param_cap and ppo.param_cap_share are 0); use {PLAN_SEARCH}"
         )
-    with torch.random.fork_rng(devices=[]):  # a host draws its init: leave the caller's stream
-        grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
+    grow_all = grow_all_params(task, host_of(task, host_seed), tuple(cfg.env.slots))
     return float(param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, grow_all))
 
 
-def learner_budget(cfg: RunConfig, task: Task) -> float:
-    """The seed parameters the learned controller may add on ``task``'s host: its hard cap
-    (:func:`learner_cap`) where it has one, else its reward's budget (``reward.param_budget``, or
-    ``reward.param_budget_share`` of what ``grow_all`` adds) where that is set, else ``math.inf``."""
+def learner_budget(cfg: RunConfig, task: Task, host_seed: int | None = None) -> float:
+    """The seed parameters the learned controller may add on ``task``'s host (on a family, the member of
+    ``host_seed``): its hard cap (:func:`learner_cap`) where it has one, else its reward's budget
+    (``reward.param_budget``, or ``reward.param_budget_share`` of what ``grow_all`` adds) where that is
+    set, else ``math.inf``."""
     if cfg.ppo.has_param_cap:
-        return learner_cap(cfg, task)
-    with torch.random.fork_rng(devices=[]):
-        grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
+        return learner_cap(cfg, task, host_seed)
+    grow_all = grow_all_params(task, host_of(task, host_seed), tuple(cfg.env.slots))
     budget = with_param_budget(cfg.reward, grow_all).param_budget
     return float(budget) if budget > 0 else math.inf
 
 
-def seed_costs(task: Task) -> list[list[float]]:
-    """``[S][n_blueprints]``: the seed parameters each blueprint adds in each slot of ``task``'s host,
-    gates not counted (:func:`~esper.shell.env.tasks.seed_params`; the caller's random stream untouched)."""
-    with torch.random.fork_rng(devices=[]):
-        host = task.make_host()
+def seed_costs(task: Task, host_seed: int | None = None) -> list[list[float]]:
+    """``[S][n_blueprints]``: the seed parameters each blueprint adds in each slot of ``task``'s host (on a
+    family, the member of ``host_seed``), gates not counted (:func:`~esper.shell.env.tasks.seed_params`;
+    the caller's random stream untouched)."""
+    host = host_of(task, host_seed)
     names = host.blueprint_names
     return [[float(seed_params(task, host, {s: b})) for b in names] for s in range(host.n_slots)]
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What a budgeted baseline needs of one host: each germination's seed parameters (``costs[s][b]``),
+    what ``grow_all`` adds (``grow_all``) and the learned controller's budget there (``budget``)."""
+
+    costs: list[list[float]]
+    grow_all: float
+    budget: float
+
+
+def prices(cfg: RunConfig, task: Task, host_seed: int | None = None) -> Prices:
+    """:class:`Prices` of ``task``'s host, on a family of the member of ``host_seed``: so that the probe
+    and the widened heuristic, like the learned controller's cap, read each host's own sizes, not one
+    member's (issue 89)."""
+    host = host_of(task, host_seed)
+    return Prices(seed_costs(task, host_seed), float(grow_all_params(task, host, tuple(cfg.env.slots))),
+                  learner_budget(cfg, task, host_seed))  # fmt: skip
+
+
+def member_seeds(task: Task, host_seeds: Sequence[int]) -> list[int]:
+    """One host seed per member of a family among ``host_seeds`` (the first of each, in order); on a task
+    of one host, the first seed alone."""
+    if not task.varies:
+        return [int(host_seeds[0])]
+    first: dict[str, int] = {}
+    for s in host_seeds:
+        first.setdefault(repr(task.describe_member(int(s))), int(s))
+    return list(first.values())
+
+
+#: Training hosts whose members a constant plan must fit on a family (``plan_search_cap``): the first
+#: this many of the run's (:func:`selection_host_seeds`).
+FAMILY_FIT_HOSTS = 64
 
 
 def learned_compute(cfg: RunConfig) -> int:
@@ -247,20 +290,31 @@ def _key(name: str, cfg: RunConfig) -> dict[str, Any]:
 
 def _tune(name: str, cfg: RunConfig, task: Task) -> dict[str, Any]:
     """``heuristic_tuned_wide`` or ``probe``: :mod:`esper.shell.eval.tuning`'s search on the first
-    :data:`TUNE_HOSTS` training hosts, with its compute and selection."""
+    :data:`TUNE_HOSTS` training hosts, with its compute and selection. Each batch of hosts is priced by its
+    own host (:func:`prices`: on a family, each member's costs and budget)."""
     host_seeds = selection_host_seeds(cfg, TUNE_HOSTS)
-    costs = seed_costs(task)
-    with torch.random.fork_rng(devices=[]):
-        host = task.make_host()
-        grow_all = grow_all_params(task, host, tuple(cfg.env.slots))
+
+    def priced(seed: int) -> Prices:
+        return prices(cfg, task, seed)
+
     if name == HEURISTIC_TUNED_WIDE:
-        result = tune_heuristic_wide(cfg, task, host_seeds, costs, grow_all)
+        result = tune_heuristic_wide(cfg, task, host_seeds, priced)
     else:
-        enabled = len(cfg.env.slots) or host.n_slots
-        result = tune_probe(cfg, task, host_seeds, costs, grow_all / enabled, learner_budget(cfg, task))
+        result = tune_probe(cfg, task, host_seeds, priced, enabled_slots(cfg, task))
+    first = priced(host_seeds[0])
+    if name == PROBE:  # as before issue 89's families: the first host's numbers (every host's, off a family)
+        unit = first.grow_all / enabled_slots(cfg, task)
+        result = {**result, "budget_params": first.budget if math.isfinite(first.budget) else None,
+                  "unit_params": unit}  # fmt: skip
     episodes = result["settings_tried"] * len(host_seeds)
+    per_member = {"priced_per_member": True} if task.varies else {}
     return {**result, "episodes": episodes, "compute_host_epochs": episodes * cfg.lifecycle.max_epochs,
-            **_selection(cfg, task, host_seeds)}  # fmt: skip
+            **per_member, **_selection(cfg, task, host_seeds)}  # fmt: skip
+
+
+def enabled_slots(cfg: RunConfig, task: Task) -> int:
+    """How many of the host's slots the run may grow (``env.slots``; empty: all)."""
+    return len(cfg.env.slots) or host_of(task).n_slots
 
 
 #: Every config field but the ones that cannot change the hosts a search runs, hashed.
@@ -413,7 +467,9 @@ def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = No
                  store: EpisodeStore | None = None, timed: bool = False) -> dict[str, Any]:  # fmt: skip
     """The best fixed plan within ``budget`` host epochs (:func:`halving_schedule` over
     :func:`plan_space`), candidates side by side on the same training hosts in each round. With ``cap``
-    (seed parameters), only the plans that add at most ``cap`` are candidates, in the same order. With
+    (seed parameters), only the plans that add at most ``cap`` are candidates, in the same order; on a
+    family, the plans that fit every member (among the first :data:`FAMILY_FIT_HOSTS` training hosts), each
+    under its own cap (:func:`learner_cap` of that member): a constant plan, as the pre-check's are. With
     ``store`` (:class:`~esper.shell.eval.store.EpisodeStore`), a batch kept there is read, not run, and
     each batch run is kept there (``episodes_reused`` counts the episodes read; ``episodes`` counts every
     one scored); the choice, scores and compute are the ones without a store. With ``timed``, the
@@ -429,7 +485,7 @@ def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = No
     else:
         space = plan_space(task, slot_names, enabled, derive_seed("plan_search", cfg.seed))
     if cap is not None:
-        space = plans_within(space, task, probe, cap)
+        space = plans_under_cap(space, cfg, task) if task.varies else plans_within(space, task, probe, cap)
         if not space:
             raise ValueError(f"{PLAN_SEARCH_CAP}: no plan adds at most {cap:g} seed parameters on this host")
     schedule = halving_schedule(budget // T, len(space))
@@ -469,6 +525,16 @@ def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = No
         ],
         **_selection(cfg, task, hosts),
     }
+
+
+def plans_under_cap(plans: Sequence[str], cfg: RunConfig, task: Task) -> list[str]:
+    """The ``plans`` that fit the learned controller's cap on every host of ``task``: on a family, on each
+    member among the first :data:`FAMILY_FIT_HOSTS` training hosts, under that member's own cap (a constant
+    plan, as the pre-check's are); else on the task's host. In their order."""
+    seeds = member_seeds(task, selection_host_seeds(cfg, FAMILY_FIT_HOSTS)) if task.varies else [None]
+    for seed in seeds:
+        plans = plans_within(plans, task, host_of(task, seed), learner_cap(cfg, task, seed))
+    return list(plans)
 
 
 def plans_within(plans: Sequence[str], task: Task, host: Host, cap: float) -> list[str]:
@@ -527,10 +593,11 @@ def run_plans(cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]], slot
 
 
 __all__ = [
-    "HEURISTIC_TUNED", "HEURISTIC_TUNED_WIDE", "PLAN_SEARCH", "PLAN_SEARCH_CAP", "PLAN_SEARCH_TIMED",
-    "PLAN_SEARCH_VERSION", "PROBE", "SEARCH_FIELDS", "SEARCH_WIDTH", "TIMED_SHARES", "TUNED", "TUNE_GRID",
-    "TUNE_HOSTS", "candidate_spec", "halving_schedule", "is_searched", "learned_compute", "learner_budget",
-    "learner_cap", "plan_budget", "plan_kind", "plan_space", "plan_store", "plans_within", "run_plans",
-    "schedule_of", "search", "search_plans", "search_width", "seed_costs", "selection_host_seeds",
-    "timed_epochs", "timed_space", "tune_heuristic",
+    "FAMILY_FIT_HOSTS", "HEURISTIC_TUNED", "HEURISTIC_TUNED_WIDE", "PLAN_SEARCH", "PLAN_SEARCH_CAP",
+    "PLAN_SEARCH_TIMED", "PLAN_SEARCH_VERSION", "PROBE", "SEARCH_FIELDS", "SEARCH_WIDTH", "TIMED_SHARES",
+    "TUNED", "TUNE_GRID", "TUNE_HOSTS", "Prices", "candidate_spec", "enabled_slots", "halving_schedule",
+    "host_of", "is_searched", "learned_compute", "learner_budget", "learner_cap", "member_seeds",
+    "plan_budget", "plan_kind", "plan_space", "plan_store", "plans_under_cap", "plans_within", "prices",
+    "run_plans", "schedule_of", "search", "search_plans", "search_width", "seed_costs",
+    "selection_host_seeds", "timed_epochs", "timed_space", "tune_heuristic",
 ]  # fmt: skip

@@ -21,7 +21,6 @@ setting tried is an episode on each host: ``compute_host_epochs`` = settings × 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,10 +210,11 @@ def heuristic_axes(blueprint_names: Sequence[str], max_epochs: int) -> list[Axis
     ]
 
 
-def tune_heuristic_wide(cfg: RunConfig, task: Task, host_seeds: list[int], costs: list[list[float]],
-                        grow_all: float) -> dict[str, Any]:  # fmt: skip
+def tune_heuristic_wide(cfg: RunConfig, task: Task, host_seeds: list[int],
+                        priced: Callable[[int], Any]) -> dict[str, Any]:  # fmt: skip
     """:func:`coordinate_search` of :func:`heuristic_axes` from the reference's rules, every setting on
-    ``host_seeds``; ``costs``/``grow_all`` price the budget (seed parameters)."""
+    ``host_seeds``; ``priced(host_seed)`` (:func:`esper.shell.eval.search.prices`) prices each batch's
+    budget by its own host (``costs``, ``grow_all``: seed parameters)."""
     ref = HeuristicThresholds()
     axes = heuristic_axes(BLUEPRINTS[task.family], cfg.lifecycle.max_epochs)
     start = {a.name: getattr(ref, a.name) for a in axes}
@@ -225,8 +225,9 @@ def tune_heuristic_wide(cfg: RunConfig, task: Task, host_seeds: list[int], costs
 
         def make(env, batch: list[int]):
             per_env = [settings[pairs[k][0]] for k in batch]
-            return HeuristicController(env.blueprint_names, cfg.lifecycle, per_env=per_env, costs=costs,
-                                       grow_all_params=grow_all)  # fmt: skip
+            p = priced(pairs[batch[0]][1])  # a batch is one host (one member of a family)
+            return HeuristicController(env.blueprint_names, cfg.lifecycle, per_env=per_env, costs=p.costs,
+                                       grow_all_params=p.grow_all)  # fmt: skip
 
         return _rows(run_hosts(cfg, task, make, [h for _, h in pairs]), len(points), len(host_seeds))
 
@@ -245,10 +246,12 @@ def probe_axes(max_epochs: int) -> list[Axis]:
     ]
 
 
-def tune_probe(cfg: RunConfig, task: Task, host_seeds: list[int], costs: list[list[float]], unit: float,
-               budget: float) -> dict[str, Any]:  # fmt: skip
+def tune_probe(cfg: RunConfig, task: Task, host_seeds: list[int], priced: Callable[[int], Any],
+               enabled: int) -> dict[str, Any]:  # fmt: skip
     """:func:`coordinate_search` of :func:`probe_axes` from :class:`ProbeSettings`'s defaults, every setting
-    on ``host_seeds``, within ``budget`` seed parameters."""
+    on ``host_seeds``; ``priced(host_seed)`` (:func:`esper.shell.eval.search.prices`) gives each batch's
+    host its costs, the learned controller's budget there and the score's unit (its ``grow_all`` over the
+    ``enabled`` slots)."""
     axes = probe_axes(cfg.lifecycle.max_epochs)
     start = {a.name: getattr(ProbeSettings(), a.name) for a in axes}
 
@@ -258,14 +261,14 @@ def tune_probe(cfg: RunConfig, task: Task, host_seeds: list[int], costs: list[li
 
         def make(env, batch: list[int]):
             per_env = [settings[pairs[k][0]] for k in batch]
-            return ProbeController(env.blueprint_names, cfg.lifecycle, costs, unit=unit, budget=budget,
-                                   per_env=per_env)  # fmt: skip
+            p = priced(pairs[batch[0]][1])  # a batch is one host (one member of a family)
+            return ProbeController(env.blueprint_names, cfg.lifecycle, p.costs, unit=p.grow_all / enabled,
+                                   budget=p.budget, per_env=per_env)  # fmt: skip
 
         return _rows(run_hosts(cfg, task, make, [h for _, h in pairs]), len(points), len(host_seeds))
 
     out = coordinate_search(axes, start, evaluate)
-    return {**out, "budget_params": budget if math.isfinite(budget) else None, "unit_params": unit,
-            "lifecycle": dict(PROBE_LIFECYCLE)}  # fmt: skip
+    return {**out, "lifecycle": dict(PROBE_LIFECYCLE)}
 
 
 __all__ = ["MAX_PASSES", "MAX_WIDENINGS", "Axis", "coordinate_search", "factor", "heuristic_axes",
