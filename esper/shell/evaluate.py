@@ -118,6 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="also write every controller's evaluation episodes as a dataset, DIR/<controller>/ "
                         "(observations, masks, actions, rewards, done flags: what python -m esper.shell.run "
                         "--pretrain DIR or --offline DIR learns from)")  # fmt: skip
+    p.add_argument("--budget-share", type=float, default=None, metavar="SHARE",
+                   help="evaluate under a parameter budget of SHARE x what grow_all adds: the learned "
+                        "controller's cap, the reward's budget and every budgeted baseline's; a controller "
+                        "trained with env.budget_shares reads it (default: the run's own; for such a run, "
+                        "its largest training share)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.threads < 0:
@@ -130,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       controllers=names, show_progress=not args.no_progress,
                                       threads=args.threads, out=args.out,
                                       data_seed=args.data_seed, task=args.task,
-                                      save_episodes=args.save_episodes)  # fmt: skip
+                                      save_episodes=args.save_episodes,
+                                      budget_share=args.budget_share)  # fmt: skip
     except (OSError, ValueError) as e:
         return report(PROG, e)
     for name, s in results["controllers"].items():

@@ -37,7 +37,7 @@ from esper.shell.agent.config import PPOConfig, param_cap_on
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
 from esper.shell.agent.setpolicy import SetRecurrentActorCritic
 from esper.shell.env.step import StepInput
-from esper.shell.host.descriptors import DESCRIPTOR_FEATURES, SLOT_FEATURES
+from esper.shell.host.descriptors import SLOT_FEATURES, descriptor_dim
 
 Policy = FactoredRecurrentActorCritic | SetRecurrentActorCritic
 #: ``update(stats, x, valid)``: running statistics after the batch ``x [*L, *shape]`` (``valid [*L]``
@@ -95,13 +95,15 @@ class Agent:
 
     def legal(self, step: StepInput) -> TensorDict:
         """The env's legality, narrowed to what keeps the seeds within the cap when one is set."""
-        if self.param_cap <= 0 and self.param_cap_share <= 0:
+        budget = step.host.budget_params if step.host is not None else 0.0
+        if self.param_cap <= 0 and self.param_cap_share <= 0 and budget <= 0:
             return step.legal
         cost = step.host.germination_cost if step.host is not None else self.germination_cost
         if cost is None:
             raise ValueError("ppo.param_cap needs the host's germination cost (StepInput.host)")
         grow_all = step.host.grow_all_params if step.host is not None else 0.0
-        cap = param_cap_on(self.param_cap, self.param_cap_share, grow_all)
+        # the episode's budget where the controller reads one (env.budget_shares), else the config's cap
+        cap = budget if budget > 0 else param_cap_on(self.param_cap, self.param_cap_share, grow_all)
         return within_param_cap(step.legal, step.slots["seed_params"], cost.to(step.legal.device), cap)
 
     def normalize(self, raw_obs: torch.Tensor) -> torch.Tensor:
@@ -213,13 +215,17 @@ def set_stats(
 
 def build_agent(
     ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str,
-    germination_cost: torch.Tensor | None = None, raw_obs_dim: int | None = None,
+    germination_cost: torch.Tensor | None = None, raw_obs_dim: int | None = None, budget_input: bool = False,
 ) -> Agent:  # fmt: skip
     """A fresh agent for an action space: the network (``ppo.policy``) initialized from the global torch
     generator (seed it first), empty observation statistics. ``germination_cost`` (the env's ``[S,
     n_blueprints]``) is needed with ``ppo.size_bias`` or ``ppo.param_cap`` for the flat policy; the set
     policy reads each step's host instead. ``raw_obs_dim`` is the env's observation length
-    (``VecEnv.obs_dim``; None: the default layout's, without the optional features)."""
+    (``VecEnv.obs_dim``; None: the default layout's, without the optional features). ``budget_input``: the
+    env's episodes carry a budget the set policy reads (``env.budget_shares``: one more descriptor
+    feature, :data:`~esper.shell.host.descriptors.BUDGET_FEATURES`); refused for the flat policy."""
+    if budget_input and ppo.policy != "set":
+        raise ValueError("env.budget_shares: only the set policy reads a budget (ppo.policy set)")
     raw_dim = obs_dim(spec.n_slots, spec.n_blueprints) if raw_obs_dim is None else raw_obs_dim
     biases = dict(wait_bias=ppo.wait_bias, germinate_bias=ppo.germinate_bias, blend_bias=ppo.blend_bias,
                   fossilize_bias=ppo.fossilize_bias, slot_order_bias=ppo.slot_order_bias)  # fmt: skip
@@ -232,9 +238,10 @@ def build_agent(
             {"seed_grads": a, "grad_gain": b} for a in (False, True) for b in (False, True)
             if len(slot_state_names(seed_grads=a, grad_gain=b)) == n_state
         )  # fmt: skip
+        n_desc = descriptor_dim(budget_input)
         policy = SetRecurrentActorCritic(
-            global_dim() + len(Op), n_state + len(SLOT_FEATURES) + len(DESCRIPTOR_FEATURES),
-            len(DESCRIPTOR_FEATURES), hidden=ppo.hidden, head_hidden=ppo.head_hidden,
+            global_dim() + len(Op), n_state + len(SLOT_FEATURES) + n_desc,
+            n_desc, hidden=ppo.hidden, head_hidden=ppo.head_hidden,
             size_bias=ppo.size_bias, **biases,
         ).to(device)  # fmt: skip
         stats = set_stats(**layout, device=device)

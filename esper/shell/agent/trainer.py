@@ -487,12 +487,14 @@ def _flatten_update_metrics(m: dict) -> dict:
 def build_learner(
     ppo: PPOConfig, spec: ActionSpec, *, device: torch.device | str, seed: int, compile: bool = False,
     dist: Dist = SINGLE, germination_cost: torch.Tensor | None = None, raw_obs_dim: int | None = None,
+    budget_input: bool = False,
 ) -> tuple[Agent, PPOTrainer]:  # fmt: skip
     """A fresh agent for an action space (:func:`~esper.shell.agent.agent.build_agent`) and its PPO
     trainer, whose minibatch order is drawn from ``seed``'s generator; load a checkpoint's ``agent`` entry
     into the agent (:meth:`~esper.shell.agent.agent.Agent.load`) and its ``learner`` entry into the
     trainer (:meth:`PPOTrainer.load_state_dict`) to restore both."""
-    agent = build_agent(ppo, spec, device=device, germination_cost=germination_cost, raw_obs_dim=raw_obs_dim)
+    agent = build_agent(ppo, spec, device=device, germination_cost=germination_cost, raw_obs_dim=raw_obs_dim,
+                        budget_input=budget_input)  # fmt: skip
     trainer = PPOTrainer(
         agent, ppo, compile=compile, generator=torch.Generator().manual_seed(seed + 1), dist=dist
     )

@@ -144,6 +144,13 @@ class RunConfig:
             raise ValueError(f"pretrain and offline train the ppo controller; policy {self.policy} has none")
         if self.pretrain and self.offline:
             raise ValueError("pretrain (before PPO) and offline (instead of PPO): give one")
+        if self.env.budget_shares and self.ppo.policy != "set":
+            raise ValueError("env.budget_shares: only the set policy reads a budget (ppo.policy set)")
+        if self.env.budget_shares and self.ppo.param_cap > 0:
+            raise ValueError(
+                f"env.budget_shares gives each episode its cap; ppo.param_cap ({self.ppo.param_cap:g}) would "
+                "be ignored: set it to 0"
+            )
         if self.env.n_envs % self.ppo.host_group:
             raise ValueError(
                 f"ppo.host_group={self.ppo.host_group} must divide env.n_envs={self.env.n_envs} (whole "

@@ -106,6 +106,15 @@ class EnvConfig:
         "device) | per_env (env by env, a CUDA stream each, a GradScaler each with amp: the reference) | "
         "auto (batched where it applies)",
     )
+    budget_shares: tuple[float, ...] = doc(
+        (),
+        "a budget the controller reads (issue 89): each episode draws its parameter budget from these "
+        "shares of what grow_all adds (one a batch, by the run seed and the episode; evaluate "
+        "--budget-share fixes one); it is the learned controller's hard cap and the reward's budget "
+        "(in place of ppo.param_cap_share and reward.param_budget_share), and the set policy reads it "
+        "(the descriptors' params_vs_budget). Empty: off",
+        gt=0,
+    )
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:  # first: the checks below depend on the task

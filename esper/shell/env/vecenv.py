@@ -22,6 +22,7 @@ history updated, the observation vector and the legality masks.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ from esper.core.observation import controller_inputs, init_history, layout_optio
 from esper.core.reward_config import with_loss_calibration, with_param_budget
 from esper.core.rewards import RewardConfig, compute_reward
 from esper.core.spec import DEFAULT_BLEND, ActionSpec, Stage, Style, Tempo
-from esper.shell.common.seeding import member_train_host_seeds, train_host_seeds
+from esper.shell.common.seeding import derive_seed, member_train_host_seeds, train_host_seeds
 from esper.shell.env.config import EnvConfig, check_devices, lr_scale
 from esper.shell.env.governor import Governor, GovernorConfig
 from esper.shell.env.step import BLEND_SETTING_EVENTS, BLEND_SETTINGS, StepInput, TimeStep, Transition
@@ -101,6 +102,9 @@ class VecEnv:
         self.enabled = tuple((i in cfg.slots) if cfg.slots else True for i in range(probe.n_slots))
         self.random_guess_loss = float(torch.log(torch.tensor(float(self.task.n_classes))))
         self._reward = reward or RewardConfig()
+        #: The episode's budget as a share of what ``grow_all`` adds (``env.budget_shares``: drawn at each
+        #: reset, :meth:`budget_share_of`); None without a budget input.
+        self.budget_share: float | None = self.budget_share_of(0)
         self._describe(probe)
         #: Length of the raw observation (:func:`esper.core.observation.obs_dim` of this host and config).
         self.obs_dim = obs_dim(self.spec.n_slots, self.spec.n_blueprints, **layout_options(lifecycle))
@@ -128,13 +132,28 @@ class VecEnv:
         self.germination_cost = probe.germination_cost().to(self.device)
         #: The seed parameters ``grow_all`` adds here: the unit of the budgets stated as a share of it.
         self.grow_all_params = grow_all_params(self.task, probe, tuple(self.cfg.slots))
-        #: The reward's configuration, its budget in parameters of this task (``param_budget_share``) and
-        #: the LOSS terminal calibrated to its chance loss (``loss_baseline``, ``loss_target``).
-        self.reward_cfg = with_loss_calibration(
-            with_param_budget(self._reward, self.grow_all_params), self.random_guess_loss
-        )
-        #: The host's shape-free description (:mod:`esper.shell.host.descriptors`), on every step.
-        self.layout = describe_host(probe, self.germination_cost, self.grow_all_params).to(self.device)
+        reward, budget = self._reward, None
+        if self.budget_share is not None:  # the episode's budget: the reward's and the controller's cap
+            reward = dataclasses.replace(reward, param_budget=0.0, param_budget_share=self.budget_share)
+            budget = self.budget_share * self.grow_all_params
+        #: The reward's configuration, its budget in parameters of this task (``param_budget_share``, or
+        #: the episode's drawn share) and the LOSS terminal calibrated to its chance loss (``loss_baseline``,
+        #: ``loss_target``).
+        self.reward_cfg = with_loss_calibration(with_param_budget(reward, self.grow_all_params),
+                                                self.random_guess_loss)  # fmt: skip
+        #: The host's shape-free description (:mod:`esper.shell.host.descriptors`), on every step; with a
+        #: budget input, the episode's budget in it.
+        self.layout = describe_host(probe, self.germination_cost, self.grow_all_params,
+                                    budget_params=budget).to(self.device)  # fmt: skip
+        self._probe = probe
+
+    def budget_share_of(self, episode: int) -> float | None:
+        """The budget share episode ``episode`` runs under: one of ``env.budget_shares``, drawn by the run
+        seed and the episode (every process of a run draws the same), or None without a budget input."""
+        shares = self.cfg.budget_shares
+        if not shares:
+            return None
+        return float(shares[derive_seed("budget", self.seed, episode) % len(shares)])
 
     def _describe_family(self, host_seeds: Sequence[int]) -> None:
         """A task whose hosts differ by seed (a family, :attr:`Task.varies`): the batch's hosts must be one
@@ -176,8 +195,12 @@ class VecEnv:
                 host_seeds = train_host_seeds(self.seed, episode, envs, group=self.host_group)
         if len(host_seeds) != self.n:
             raise ValueError(f"VecEnv.reset: {len(host_seeds)} host seeds for {self.n} envs")
+        if self.cfg.budget_shares:
+            self.budget_share = self.budget_share_of(episode)
         if self.task.varies:
             self._describe_family(host_seeds)
+        elif self.cfg.budget_shares:
+            self._describe(self._probe)
         self.hosts.reset(host_seeds)
         self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
         self.slots = init_slots(self.n, self.enabled, device=self.device)

@@ -139,8 +139,9 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
             raise ValueError(f"controller {name!r} needs the run's checkpoint")
         device = torch.device(cfg.env.device)
         agent = build_agent(
-            cfg.ppo, env.spec, device=device, germination_cost=env.germination_cost, raw_obs_dim=env.obs_dim
-        )
+            cfg.ppo, env.spec, device=device, germination_cost=env.germination_cost, raw_obs_dim=env.obs_dim,
+            budget_input=bool(cfg.env.budget_shares),
+        )  # fmt: skip
         agent.load(checkpoint["agent"])
         agent.policy.eval()
         generator = torch.Generator(device=device).manual_seed(seed)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -159,6 +160,7 @@ def compare_controllers(
     data_seed: int | None = None,
     task: str | None = None,
     save_episodes: str | Path | None = None,
+    budget_share: float | None = None,
 ) -> dict[str, Any]:
     """Evaluate the run in ``run_dir`` (as :mod:`esper.shell.evaluate` describes) and write ``out``
     (``RUN_DIR/eval/`` by default); returns the results dict. ``threads``: torch intra-op threads to
@@ -171,7 +173,10 @@ def compare_controllers(
     controller is checked to act on its host, :func:`esper.shell.eval.fits.check_controller_fits`; written to
     ``RUN_DIR/eval-TASK/``, the searches' choices to ``RUN_DIR/search-TASK/``). ``save_episodes``: every
     controller's evaluation episodes are also written there as a dataset, ``save_episodes/<controller>/``
-    (:mod:`esper.shell.eval.dataset`)."""
+    (:mod:`esper.shell.eval.dataset`). ``budget_share``: evaluate under that parameter budget, a share of
+    what ``grow_all`` adds (:func:`at_budget`: the learned controller's cap, the reward's budget and every
+    budgeted baseline's; a run whose controller reads a budget, ``env.budget_shares``, is told it); a run
+    that reads one is evaluated at its largest training share unless given another."""
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.json"
     if not cfg_path.is_file():
@@ -187,6 +192,8 @@ def compare_controllers(
             cfg = cfg.for_task(task)
         except ValueError as e:
             raise ValueError(f"--task {task}: the run's settings do not fit it: {e}") from None
+    if budget_share is not None or cfg.env.budget_shares:
+        cfg = at_budget(cfg, budget_share if budget_share is not None else max(cfg.env.budget_shares))
     eval_cfg = cfg
     if data_seed is not None:
         if cfg.env.task not in GENERATED_TASKS:
@@ -221,11 +228,26 @@ def compare_controllers(
     if dataset is not None:
         results["meta"]["saved_episodes"] = [str(p) for p in dataset.save(Path(save_episodes))]
     results["meta"]["run_dir"] = str(run_dir)
+    if budget_share is not None or run_cfg.env.budget_shares:
+        results["meta"]["budget_share"] = cfg.ppo.param_cap_share
     results["meta"]["trained_on"] = list(run_cfg.training_tasks)
     results["meta"]["git_rev"] = git_revision()
     results["meta"]["machine"] = machine()
     write_eval(Path(out) if out is not None else run_dir / f"eval{suffix}", results)
     return results
+
+
+def at_budget(cfg: RunConfig, share: float) -> RunConfig:
+    """``cfg`` under a parameter budget of ``share`` x what ``grow_all`` adds: the learned controller's
+    hard cap (``ppo.param_cap_share``) and the reward's budget (``reward.param_budget_share``), which the
+    budgeted baselines read too; where the controller reads a budget (``env.budget_shares``), every episode
+    is told this one."""
+    if not (isinstance(share, (int, float)) and math.isfinite(share) and share > 0):
+        raise ValueError(f"--budget-share must be a share > 0 of what grow_all adds, got {share!r}")
+    env = dataclasses.replace(cfg.env, budget_shares=(float(share),)) if cfg.env.budget_shares else cfg.env
+    ppo = dataclasses.replace(cfg.ppo, param_cap=0.0, param_cap_share=float(share))
+    reward = dataclasses.replace(cfg.reward, param_budget=0.0, param_budget_share=float(share))
+    return dataclasses.replace(cfg, env=env, ppo=ppo, reward=reward)
 
 
 def check_names(controllers: Sequence[str]) -> None:

@@ -86,7 +86,8 @@ def check_controller_fits(run_cfg: RunConfig, checkpoint: dict[str, Any], task: 
     spec = ActionSpec(host.n_slots, len(names), tuple(i for i, b in enumerate(names) if b == "noop"))
     with torch.random.fork_rng(devices=[]):
         agent = build_agent(run_cfg.ppo, spec, device="cpu", germination_cost=host.germination_cost(),
-                            raw_obs_dim=_describe(host, layout)["observation"])  # fmt: skip
+                            raw_obs_dim=_describe(host, layout)["observation"],
+                            budget_input=bool(run_cfg.env.budget_shares))  # fmt: skip
     try:
         agent.load(checkpoint["agent"])
     except (RuntimeError, KeyError, ValueError) as e:

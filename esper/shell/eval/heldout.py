@@ -13,7 +13,7 @@ from pathlib import Path
 
 from esper.shell.config.presets import RunConfig
 from esper.shell.env.tasks import Task
-from esper.shell.eval.episodes import compare_on_config
+from esper.shell.eval.episodes import at_budget, compare_on_config
 from esper.shell.eval.stats import mean_ci95
 
 #: Evaluation seeds of the end-of-run held-out check start here (plus the run seed).
@@ -26,6 +26,8 @@ def heldout_check(cfg: RunConfig, run_dir: Path, agent_state: dict, task: Task) 
     the same for both): did growth pay on data neither ever saw? Returns the line to print
     (``"text"``) and the fields of the ``heldout_check`` event; ``run_dir`` is named in the line."""
     checkpoint = {"agent": agent_state, "progress": {"update": cfg.updates}}
+    if cfg.env.budget_shares:  # a controller that reads a budget: checked at its largest training share
+        cfg = at_budget(cfg, max(cfg.env.budget_shares))
     # the learned controller is read twice: sampled as trained, and by its most likely actions
     greedy = ["ppo_greedy"] if cfg.policy == "ppo" else []
     res = compare_on_config(

@@ -36,6 +36,10 @@ SLOT_FEATURES = ("depth", "log_width")
 DESCRIPTOR_FEATURES = (
     *(f"kind_{k}" for k in BLUEPRINT_KINDS), "reach", "reach_global", "params_vs_host", "params_vs_width",
 )  # fmt: skip
+#: With a budget the controller reads (``env.budget_shares``, issue 89), one more descriptor feature after
+#: :data:`DESCRIPTOR_FEATURES`: ``params_vs_budget``, the germination's parameters against the episode's
+#: budget, ``ln(cost / budget) / ln(PARAMS_SCALE)`` clipped to +-1 (negative: it fits, with room).
+BUDGET_FEATURES = ("params_vs_budget",)
 #: ``reach`` is ``ln(field) / ln(REACH_SCALE)`` (capped at 1): a 3-wide kernel reads 0.5.
 REACH_SCALE = 9.0
 #: The parameter ratios are ``ln(ratio) / ln(PARAMS_SCALE)``.
@@ -62,6 +66,10 @@ class HostLayout:
     #: The seed parameters the task's ``grow_all`` adds to the host (its enabled slots): the unit of
     #: ``ppo.param_cap_share`` (:func:`esper.shell.env.tasks.grow_all_params`; 0: not known).
     grow_all_params: float = 0.0
+    #: The episode's parameter budget where the controller reads one (``env.budget_shares``): the learned
+    #: controller's hard cap, in place of ``ppo.param_cap_share``'s, and the descriptors'
+    #: :data:`BUDGET_FEATURES` column. 0: none.
+    budget_params: float = 0.0
 
     @property
     def n_slots(self) -> int:
@@ -88,12 +96,23 @@ def blueprint_traits(family: str, name: str) -> tuple[str, int]:
     return traits[name]
 
 
+def descriptor_dim(budget: bool = False) -> int:
+    """Features per (slot, blueprint) descriptor: :data:`DESCRIPTOR_FEATURES`, and with a budget the
+    controller reads, :data:`BUDGET_FEATURES`."""
+    return len(DESCRIPTOR_FEATURES) + (len(BUDGET_FEATURES) if budget else 0)
+
+
 def describe_host(
-    host: Host, germination_cost: torch.Tensor | None = None, grow_all_params: float = 0.0
-) -> HostLayout:
+    host: Host, germination_cost: torch.Tensor | None = None, grow_all_params: float = 0.0,
+    budget_params: float | None = None,
+) -> HostLayout:  # fmt: skip
     """The :class:`HostLayout` of ``host`` (``germination_cost``: its :meth:`Host.germination_cost`,
     computed when not given; ``grow_all_params``: what the task's ``grow_all`` adds to it, 0 when not
-    known). Pure bookkeeping on the CPU; builds each seed once for the costs."""
+    known; ``budget_params``: the episode's budget where the controller reads one, which adds the
+    :data:`BUDGET_FEATURES` column; None: no budget input). Pure bookkeeping on the CPU; builds each seed
+    once for the costs."""
+    if budget_params is not None and not budget_params > 0:
+        raise ValueError(f"describe_host: budget_params must be > 0 (or None), got {budget_params!r}")
     cost = (host.germination_cost() if germination_cost is None else germination_cost).detach().float().cpu()
     widths = tuple(s.width for s in host.slots)
     names = host.blueprint_names
@@ -121,15 +140,19 @@ def describe_host(
     descriptors = torch.cat(
         [per_bp.expand(S, B, per_bp.shape[-1]), vs_host.unsqueeze(-1), vs_width.unsqueeze(-1)], dim=-1
     )
-    assert descriptors.shape[-1] == len(DESCRIPTOR_FEATURES)
+    if budget_params is not None:
+        vs_budget = ((log_cost - math.log(budget_params)) / scale).clamp(-1.0, 1.0)
+        descriptors = torch.cat([descriptors, vs_budget.unsqueeze(-1)], dim=-1)
+    assert descriptors.shape[-1] == descriptor_dim(budget_params is not None)
     return HostLayout(
         family=host.family, slot_names=host.slot_names, slot_widths=widths, blueprint_names=tuple(names),
         host_params=host_params, germination_cost=cost, slot_features=slot_features,
         descriptors=descriptors.contiguous(), log_cost=log_cost, grow_all_params=float(grow_all_params),
+        budget_params=float(budget_params or 0.0),
     )  # fmt: skip
 
 
 __all__ = [
-    "DESCRIPTOR_FEATURES", "PARAMS_SCALE", "REACH_SCALE", "SLOT_FEATURES", "HostLayout", "blueprint_traits",
-    "describe_host",
+    "BUDGET_FEATURES", "DESCRIPTOR_FEATURES", "PARAMS_SCALE", "REACH_SCALE", "SLOT_FEATURES", "HostLayout",
+    "blueprint_traits", "describe_host", "descriptor_dim",
 ]  # fmt: skip

@@ -104,6 +104,7 @@ class TrainingRun:
         self.agent, self.trainer = build_learner(
             cfg.ppo, self.env.spec, device=torch.device(device), seed=cfg.seed, compile=cfg.compile,
             dist=dist, germination_cost=self.env.germination_cost, raw_obs_dim=self.env.obs_dim,
+            budget_input=bool(cfg.env.budget_shares),
         )  # fmt: skip
         if cfg.policy == "ppo":  # actions sampled per env, from the global env index: see PPOController
             self.controllers = dict.fromkeys(self.envs, PPOController(self.agent, per_env=True))

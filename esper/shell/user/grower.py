@@ -216,7 +216,11 @@ class Grower:
         grow_all = GROW_ALL_BLUEPRINT[host.family]
         grow_all_params = sum(param_count(build_blueprint(host.family, grow_all, s.width))
                               for s in host.slots)  # fmt: skip
-        self.layout = describe_host(host, cost, grow_all_params)
+        # a controller that reads a budget (env.budget_shares) grows under its largest training share here
+        # (override env.budget_shares for another)
+        shares = cfg.env.budget_shares
+        budget = max(shares) * grow_all_params if shares else None
+        self.layout = describe_host(host, cost, grow_all_params, budget_params=budget)
         task = SimpleNamespace(grow_all=grow_all, make_host=lambda: host)
         raw_dim = obs_dim(S, len(names), seed_grads=self.lifecycle.seed_grad_features)
         view = _EnvView(host.slot_names, names, self.spec, cost, raw_dim, (True,) * S, task)
