@@ -127,6 +127,43 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
     }
 
 
+def against(evals: Mapping[int, Mapping[str, Any]], names: Sequence[str], *, readout: str = READOUT,
+            oracle: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """The controller against other controllers evaluated beside it on the same hosts (``evals``: training
+    seed -> ``evaluate``'s results holding ``readout`` and each of ``names``, e.g. the searched baselines of
+    issue 89: ``plan_search_cap``, ``probe``): per baseline, the paired difference (per training seed,
+    ``readout``'s mean test accuracy minus the baseline's over the same hosts) with its mean and 95 %
+    t-interval over seeds, the baseline's accuracy, parameters and compute, and what its search chose
+    per seed. With ``oracle`` (the honest oracle's mean test accuracy on these hosts), the share of the gap
+    from each baseline to the oracle that the controller closes, on the means."""
+    out: dict[str, Any] = {}
+    for name in names:
+        diffs, accs, params, compute, chosen = [], [], [], [], {}
+        for k, res in sorted(evals.items()):
+            ctl, base = res["controllers"][readout], res["controllers"].get(name)
+            if base is None:
+                raise ValueError(f"family judge: seed {k}'s evaluation has no {name!r}")
+            hosts = [int(e["host_seed"]) for e in ctl["per_episode"]]
+            if [int(e["host_seed"]) for e in base["per_episode"]] != hosts:
+                raise ValueError(f"family judge: seed {k}: {name} ran on other hosts than {readout}")
+            diffs.append(float(ctl["test_acc_mean"]) - float(base["test_acc_mean"]))
+            accs.append(float(base["test_acc_mean"]))
+            params.append(float(base["params_added_mean"]))
+            compute.append(float(base.get("compute_host_epochs", 0)))
+            search = base.get("search") or {}
+            chosen[k] = search.get("chosen", base.get("plan"))
+        mean, (lo, hi) = mean_ci95(diffs) if len(diffs) > 1 else (diffs[0], (diffs[0], diffs[0]))
+        base_mean = float(np.mean(accs))
+        ctl_mean = base_mean + mean
+        row = {"minus": {"mean": mean, "ci95": [lo, hi], "per_seed": diffs},
+               "test_acc_mean": base_mean, "params_added_mean": float(np.mean(params)),
+               "compute_host_epochs_mean": float(np.mean(compute)), "chosen": chosen}  # fmt: skip
+        if oracle is not None and oracle > base_mean:
+            row["gap_closed"] = (ctl_mean - base_mean) / (oracle - base_mean)
+        out[name] = row
+    return out
+
+
 def _tost_cell(tost: dict[str, Any] | None) -> str:
     if tost is None:
         return "one seed: not tested"
@@ -188,6 +225,27 @@ def to_markdown(out: dict[str, Any], title: str, readout: str = READOUT) -> str:
             f"| {k} | {s['test_acc']:.2f} | {s['params_added']:.0f} | {s['minus_constant']:+.2f} | "
             f"{s['minus_kind_rule']:+.2f} | {s['minus_oracle']:+.2f} | {s['slots_as_kind_rule']:.2f} |"
         )
+    if out.get("against"):
+        lines += [
+            "",
+            "Against the baselines evaluated beside it on the same hosts (paired by training seed; each "
+            "search selects on the run's own training hosts, its compute counted):",
+            "",
+            "| baseline | its test % | params | host epochs | controller minus it [95 % CI] | gap to the "
+            "oracle closed | chosen (seeds) |",
+            "|---|---:|---:|---:|---|---:|---|",
+        ]
+        for name, r in out["against"].items():
+            m = r["minus"]
+            closed = f"{r['gap_closed']:.2f}" if "gap_closed" in r else "-"
+            picks = Counter(json.dumps(c, sort_keys=True) if isinstance(c, dict) else str(c)
+                            for c in r["chosen"].values())  # fmt: skip
+            chosen = "; ".join(f"`{c}` ({n})" for c, n in picks.most_common(3))
+            lines.append(
+                f"| `{name}` | {r['test_acc_mean']:.2f} | {r['params_added_mean']:.0f} | "
+                f"{r['compute_host_epochs_mean']:.0f} | {m['mean']:+.2f} "
+                f"[{m['ci95'][0]:+.2f}, {m['ci95'][1]:+.2f}] | {closed} | {chosen} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -204,6 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--seeds", type=int, nargs="+", required=True, help="the training seed of each --evals file"
     )
     p.add_argument("--readout", default=READOUT, help=f"the controller's readout judged ({READOUT})")
+    p.add_argument("--against", default="",
+                   help="comma-separated controllers evaluated beside the readout in the same --evals files "
+                        "(e.g. plan_search_cap,probe): each one's paired difference, what its search chose, "
+                        "and the share of its gap to the oracle the controller closes")  # fmt: skip
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--md", type=Path, default=None)
     a = p.parse_args(argv)
@@ -221,6 +283,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"esper.shell.eval.family: {e}", file=sys.stderr)
         return 2
+    names = [n.strip() for n in a.against.split(",") if n.strip()]
+    if names:
+        rows = summarize(pre["per_host"], list(pre["plans"]))["per_host"]
+        oracle = float(np.mean([r["plans"][r["best_val_plan"]]["test"] for r in rows]))
+        try:
+            out["against"] = against(evals, names, readout=a.readout, oracle=oracle)
+        except ValueError as e:
+            print(f"esper.shell.eval.family: {e}", file=sys.stderr)
+            return 2
+        out["oracle_test_mean"] = oracle
     out["meta"] = {"task": task, "precheck": str(a.precheck), "evals": [str(f) for f in a.evals],
                    "eval_seed": pre["meta"]["eval_seed"], "data_seed": pre["meta"]["data_seed"]}  # fmt: skip
     a.out.write_text(json.dumps(out, indent=1))
@@ -232,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["FAMILY_BARS", "READOUT", "judge", "main", "to_markdown"]
+__all__ = ["FAMILY_BARS", "READOUT", "against", "judge", "main", "to_markdown"]
 
 
 if __name__ == "__main__":

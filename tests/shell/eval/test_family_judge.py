@@ -95,3 +95,35 @@ def test_the_cli_writes_the_table(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):  # a seed for each results file
         family.main(["--precheck", str(tmp_path / "p.json"), "--evals", files[0], "--seeds", "1", "2",
                      "--out", str(tmp_path / "x.json")])  # fmt: skip
+
+
+def _with(ctl, base, hosts=(1, 2), name="plan_search_cap", chosen="b0=x"):
+    """evaluate's results with ``ppo_greedy`` and one baseline beside it, each a mean test accuracy."""
+    eps = lambda: [{"host_seed": h} for h in hosts]
+    return {"controllers": {
+        "ppo_greedy": {"test_acc_mean": ctl, "params_added_mean": 10.0, "per_episode": eps()},
+        name: {"test_acc_mean": base, "params_added_mean": 8.0, "compute_host_epochs": 400,
+               "per_episode": eps(), "search": {"chosen": chosen}},
+    }}  # fmt: skip
+
+
+def test_against_pairs_each_baseline_by_seed_and_reads_the_gap_it_closes():
+    evals = {1: _with(72.0, 70.0), 2: _with(74.0, 70.0), 3: _with(73.0, 71.0, chosen="b1=y")}
+    out = family.against(evals, ["plan_search_cap"], oracle=76.0)["plan_search_cap"]
+    assert out["minus"]["per_seed"] == [2.0, 4.0, 2.0]
+    assert out["minus"]["mean"] == pytest.approx(8 / 3)
+    lo, hi = out["minus"]["ci95"]
+    assert lo < 8 / 3 < hi
+    # controller 73.0, baseline 70.33, oracle 76: (73 - 70.33) / (76 - 70.33)
+    assert out["gap_closed"] == pytest.approx((8 / 3) / (76.0 - 70 - 1 / 3))
+    assert out["chosen"] == {1: "b0=x", 2: "b0=x", 3: "b1=y"}
+    assert out["compute_host_epochs_mean"] == 400
+
+
+def test_against_refuses_a_missing_baseline_or_other_hosts():
+    with pytest.raises(ValueError, match="no 'probe'"):
+        family.against({1: _with(72.0, 70.0)}, ["probe"])
+    bad = _with(72.0, 70.0)
+    bad["controllers"]["plan_search_cap"]["per_episode"] = [{"host_seed": 9}, {"host_seed": 2}]
+    with pytest.raises(ValueError, match="other hosts"):
+        family.against({1: bad}, ["plan_search_cap"])
