@@ -195,11 +195,12 @@ class VecEnv:
                 host_seeds = train_host_seeds(self.seed, episode, envs, group=self.host_group)
         if len(host_seeds) != self.n:
             raise ValueError(f"VecEnv.reset: {len(host_seeds)} host seeds for {self.n} envs")
-        if self.cfg.budget_shares:
-            self.budget_share = self.budget_share_of(episode)
+        drawn = self.budget_share_of(episode)
+        redescribe = drawn != self.budget_share  # a new budget: the reward's and the layout's change
+        self.budget_share = drawn
         if self.task.varies:
             self._describe_family(host_seeds)
-        elif self.cfg.budget_shares:
+        elif redescribe:
             self._describe(self._probe)
         self.hosts.reset(host_seeds)
         self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]

@@ -146,8 +146,7 @@ def learner_cap(cfg: RunConfig, task: Task, host_seed: int | None = None) -> flo
             f"{PLAN_SEARCH_CAP}: the learned controller has no parameter cap to search within "
             f"(ppo.param_cap and ppo.param_cap_share are 0); use {PLAN_SEARCH}"
         )
-    grow_all = grow_all_params(task, host_of(task, host_seed), tuple(cfg.env.slots))
-    return float(param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, grow_all))
+    return _budget_of(cfg, grow_all_params(task, host_of(task, host_seed), tuple(cfg.env.slots)))
 
 
 def learner_budget(cfg: RunConfig, task: Task, host_seed: int | None = None) -> float:
@@ -155,9 +154,13 @@ def learner_budget(cfg: RunConfig, task: Task, host_seed: int | None = None) -> 
     ``host_seed``): its hard cap (:func:`learner_cap`) where it has one, else its reward's budget
     (``reward.param_budget``, or ``reward.param_budget_share`` of what ``grow_all`` adds) where that is
     set, else ``math.inf``."""
+    return _budget_of(cfg, grow_all_params(task, host_of(task, host_seed), tuple(cfg.env.slots)))
+
+
+def _budget_of(cfg: RunConfig, grow_all: float) -> float:
+    """:func:`learner_budget` on a host whose ``grow_all`` adds ``grow_all`` seed parameters."""
     if cfg.ppo.has_param_cap:
-        return learner_cap(cfg, task, host_seed)
-    grow_all = grow_all_params(task, host_of(task, host_seed), tuple(cfg.env.slots))
+        return float(param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, grow_all))
     budget = with_param_budget(cfg.reward, grow_all).param_budget
     return float(budget) if budget > 0 else math.inf
 
@@ -166,7 +169,10 @@ def seed_costs(task: Task, host_seed: int | None = None) -> list[list[float]]:
     """``[S][n_blueprints]``: the seed parameters each blueprint adds in each slot of ``task``'s host (on a
     family, the member of ``host_seed``), gates not counted (:func:`~esper.shell.env.tasks.seed_params`;
     the caller's random stream untouched)."""
-    host = host_of(task, host_seed)
+    return _costs_on(task, host_of(task, host_seed))
+
+
+def _costs_on(task: Task, host: Host) -> list[list[float]]:
     names = host.blueprint_names
     return [[float(seed_params(task, host, {s: b})) for b in names] for s in range(host.n_slots)]
 
@@ -184,10 +190,10 @@ class Prices:
 def prices(cfg: RunConfig, task: Task, host_seed: int | None = None) -> Prices:
     """:class:`Prices` of ``task``'s host, on a family of the member of ``host_seed``: so that the probe
     and the widened heuristic, like the learned controller's cap, read each host's own sizes, not one
-    member's (issue 89)."""
+    member's (issue 89). The host is built once."""
     host = host_of(task, host_seed)
-    return Prices(seed_costs(task, host_seed), float(grow_all_params(task, host, tuple(cfg.env.slots))),
-                  learner_budget(cfg, task, host_seed))  # fmt: skip
+    grow_all = float(grow_all_params(task, host, tuple(cfg.env.slots)))
+    return Prices(_costs_on(task, host), grow_all, _budget_of(cfg, grow_all))
 
 
 def member_seeds(task: Task, host_seeds: Sequence[int]) -> list[int]:
@@ -301,8 +307,8 @@ def _tune(name: str, cfg: RunConfig, task: Task) -> dict[str, Any]:
         result = tune_heuristic_wide(cfg, task, host_seeds, priced)
     else:
         result = tune_probe(cfg, task, host_seeds, priced, enabled_slots(cfg, task))
-    first = priced(host_seeds[0])
     if name == PROBE:  # as before issue 89's families: the first host's numbers (every host's, off a family)
+        first = priced(host_seeds[0])
         unit = first.grow_all / enabled_slots(cfg, task)
         result = {**result, "budget_params": first.budget if math.isfinite(first.budget) else None,
                   "unit_params": unit}  # fmt: skip
@@ -485,6 +491,7 @@ def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = No
     else:
         space = plan_space(task, slot_names, enabled, derive_seed("plan_search", cfg.seed))
     if cap is not None:
+        # on a family, each member under its own cap (the caller's ``cap`` is one member's)
         space = plans_under_cap(space, cfg, task) if task.varies else plans_within(space, task, probe, cap)
         if not space:
             raise ValueError(f"{PLAN_SEARCH_CAP}: no plan adds at most {cap:g} seed parameters on this host")
@@ -531,8 +538,7 @@ def plans_under_cap(plans: Sequence[str], cfg: RunConfig, task: Task) -> list[st
     """The ``plans`` that fit the learned controller's cap on every host of ``task``: on a family, on each
     member among the first :data:`FAMILY_FIT_HOSTS` training hosts, under that member's own cap (a constant
     plan, as the pre-check's are); else on the task's host. In their order."""
-    seeds = member_seeds(task, selection_host_seeds(cfg, FAMILY_FIT_HOSTS)) if task.varies else [None]
-    for seed in seeds:
+    for seed in member_seeds(task, selection_host_seeds(cfg, FAMILY_FIT_HOSTS)):  # off a family: one host
         plans = plans_within(plans, task, host_of(task, seed), learner_cap(cfg, task, seed))
     return list(plans)
 
