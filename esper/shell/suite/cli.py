@@ -18,7 +18,7 @@ from esper.shell.eval.suite import finetune
 from esper.shell.eval.suite.report import beside_verdicts, goals, markdown, plots, suite_verdict
 from esper.shell.eval.suite.status import status, status_lines
 from esper.shell.eval.suite.tasks import EVAL_EPISODES, SUITE
-from esper.shell.eval.suite.verdict import PROTOCOL, TRAINING_SEEDS, judge
+from esper.shell.eval.suite.verdict import PROTOCOL, TRAINING_SEEDS, judge, trying_view
 from esper.shell.suite.runs import carry_suite, restore_suite, run_finetune, run_suite, run_transfer
 
 #: The command, as the results files record it.
@@ -127,6 +127,8 @@ def _write(args: argparse.Namespace, suite: dict[str, Any], info: dict[str, Any]
     """The results files; returns the table's path."""
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{info['date']}-{info.get('host', 'host')}"
+    if args.finetune is None and args.transfer is None and (view := trying_view(suite["tasks"])) is not None:
+        suite["trying"] = view  # the controller beside the baselines that try (reported, judging nothing)
     if args.finetune is not None:
         stem += f"-finetune-{args.finetune}"
         curves = suite["transfer"][args.finetune]["finetune"]

@@ -192,6 +192,7 @@ def markdown(info: dict, suite: dict[str, Any], command: str, plot_files: dict[s
         lines += verdict_lines(suite_verdict(suite["tasks"]))
         for v in beside_verdicts(suite["tasks"]).values():
             lines += verdict_lines(v)
+    lines += verdict.trying_lines(suite.get("trying"))
     for task, t in suite["tasks"].items():
         src = [f"Pooled earlier, as in `{t['merged_from']}` (`--merge`).", ""] if t.get("merged_from") else []
         lines += _section(f"## {task} (preset `{t['preset']}`)", t, src, plot_files.get(task, []), protocol)

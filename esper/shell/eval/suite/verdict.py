@@ -31,8 +31,15 @@ from collections import Counter
 from typing import Any
 
 from esper.shell.eval.search import BUDGET_SEP, PROBE, plan_kind
-from esper.shell.eval.stats import holm, mean_interval, paired_differences, t_test_greater, tost_equivalent
-from esper.shell.eval.suite.tasks import DEFAULT_TASK, LEARNED, ORACLE
+from esper.shell.eval.stats import (
+    holm,
+    mean_interval,
+    paired_differences,
+    t_test_greater,
+    t_test_less,
+    tost_equivalent,
+)
+from esper.shell.eval.suite.tasks import BORN_OWN, DEFAULT_TASK, LEARNED, ORACLE
 
 #: The protocol new runs are judged by (the ``"protocol"`` of their JSON; absent: 1, issue 45's goals).
 PROTOCOL = 2
@@ -63,6 +70,10 @@ JUDGED = "ppo_greedy"
 TESTED = ("family_gain", "family_probe", "not_dominated")
 #: A claim that needs a search the run lacks.
 NO_SEARCH = "no fixed-plan search at equal compute"
+#: The rows the controller is read against beside the baselines that try (issue 89's five tasks; reported,
+#: judging nothing): the plan it grows, that network born at its final size, its own most grown plan born
+#: so, the greedy what-if probe and the widened heuristic.
+AGAINST_TRYING = ("grow_all", "born_big", BORN_OWN, PROBE, "heuristic_tuned_wide")
 #: Every claim, in the order they are reported.
 CLAIMS = ("family_gain", "family_probe", "family_oracle_gap", "family_plans_vary", "not_dominated")
 #: What each claim says, in words.
@@ -511,11 +522,75 @@ def budget_lines(entry: dict[str, Any]) -> list[str]:
     return out
 
 
+def trying_view(tasks: dict[str, dict], readout: str = JUDGED) -> dict[str, Any] | None:
+    """``readout`` minus each row of :data:`AGAINST_TRYING`, on every task that has ``readout`` and a row that
+    tries (``born_big`` or ``probe``), paired by training seed: per row and task the estimate, its 95 %
+    interval (unadjusted), the one-sided p-values of "above" and "below" and TOST's within
+    ``±EQUIVALENCE_MARGIN``, each Holm-adjusted across the tasks (one family per row and test), the row's
+    parameters added and host epochs, and ``said``: "above" or "below" where its adjusted test rejects,
+    "as good as" where TOST's does (both may hold), else "not told apart". Reported, judging nothing; None
+    where no task has a row that tries."""
+    present = [t for t, e in tasks.items() if readout in e["controllers"]
+               and any(n in e["controllers"] for n in ("born_big", PROBE))]  # fmt: skip
+    if not present:
+        return None
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    for n in AGAINST_TRYING:
+        cells = {}
+        for t in present:
+            ctl = tasks[t]["controllers"]
+            if n not in ctl or len(d := paired(ctl, readout, n)) < 2:
+                continue
+            m, interval = mean_interval(d, 0.95)
+            cells[t] = {"estimate": m, "interval": list(interval), "seeds": len(d),
+                        "p_above": t_test_greater(d), "p_below": t_test_less(d),
+                        "p_tost": tost_equivalent(d, EQUIVALENCE_MARGIN, ALPHA)["p"],
+                        "params_added": ctl[n]["params_added_mean"],
+                        "compute_host_epochs": ctl[n].get("compute_host_epochs", 0)}  # fmt: skip
+        for test in ("above", "below", "tost"):
+            adjusted = holm([c[f"p_{test}"] for c in cells.values()], ALPHA)["adjusted"]
+            for c, p in zip(cells.values(), adjusted):
+                c[f"p_{test}_holm"] = p
+        for c in cells.values():
+            tests = (("above", "above"), ("below", "below"), (f"as good as (±{EQUIVALENCE_MARGIN:g})",
+                                                                 "tost"))  # fmt: skip
+            words = [w for w, k in tests if c[f"p_{k}_holm"] <= ALPHA]
+            c["said"] = ", ".join(words) or "not told apart"
+        if cells:
+            rows[n] = cells
+    return {"readout": readout, "tasks": present, "rows": rows, "alpha": ALPHA, "margin": EQUIVALENCE_MARGIN}
+
+
+def trying_lines(view: dict[str, Any] | None) -> list[str]:
+    """:func:`trying_view` as a table, a row per baseline and a column per task (nothing where there is
+    none)."""
+    if not view or not view["rows"]:
+        return []
+    tasks, r = view["tasks"], view["readout"]
+    seeds = sorted({c["seeds"] for cells in view["rows"].values() for c in cells.values()})
+    head = " | ".join(f"`{t}`" for t in tasks)
+    out = [f"**The controller beside the baselines that try** (issue 89; reported, judging nothing): `{r}` "
+           f"minus each row, paired by training seed ({'/'.join(map(str, seeds))} seeds), the mean and its "
+           "95 % interval (unadjusted); \"above\" and \"below\" where a one-sided t test, Holm-adjusted "
+           f"across the tasks for that row, rejects at {view['alpha']:g}; \"as good as\" where TOST within "
+           f"±{view['margin']:g} point, adjusted alike, does; else \"not told apart\".", "",
+           f"| minus | {head} |", "|---|" + "---|" * len(tasks)]  # fmt: skip
+    for n, cells in view["rows"].items():
+        shown = []
+        for t in tasks:
+            c = cells.get(t)
+            shown.append("" if c is None else "{:+.2f} [{:+.2f}, {:+.2f}] {}".format(
+                c["estimate"], *c["interval"], c["said"]))  # fmt: skip
+        out.append(f"| `{n}` | " + " | ".join(shown) + " |")
+    return [*out, ""]
+
+
 __all__ = [
-    "ALPHA", "CLAIMS", "CLAIM_WORDS", "EQUIVALENCE_MARGIN", "GAIN_OVER_CONSTANT", "JUDGED", "MIN_FAMILIES",
-    "NO_SEARCH", "ORACLE_GAP_SHARE", "PLANS_VARY_SHARE", "PRECHECK_BAR", "PROBE_MARGIN", "PROTOCOL", "TESTED",
+    "AGAINST_TRYING", "ALPHA", "CLAIMS", "CLAIM_WORDS", "EQUIVALENCE_MARGIN", "GAIN_OVER_CONSTANT", "JUDGED",
+    "MIN_FAMILIES", "NO_SEARCH", "ORACLE_GAP_SHARE", "PLANS_VARY_SHARE", "PRECHECK_BAR", "PROBE_MARGIN",
+    "PROTOCOL", "TESTED",
     "TRAINING_SEEDS", "budget_lines", "budgets", "checks", "claim_table", "compute_view",
     "equal_compute_plans", "family_claims", "family_lines", "judge", "not_dominated", "paired",
     "paired_lines", "plan_variation", "precheck_verdict", "protocol_of", "search_budget", "summary",
-    "verdict_lines",
+    "trying_lines", "trying_view", "verdict_lines",
 ]  # fmt: skip

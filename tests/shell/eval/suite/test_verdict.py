@@ -302,3 +302,63 @@ def test_a_protocol_2_file_renders_its_claims_and_paired_rows_and_an_old_one_its
     old = {"tasks": s["tasks"]}  # no protocol: issue 45's goals, as every file before protocol 2
     old_md = markdown({"date": "d"}, old, "cmd", {})
     assert "protocol 2" not in old_md and "The issue's goals over the 3 tasks" in old_md
+
+
+def trying_task(born_diff: float = -2.0, probe_diff: float = 5.0, wide_diff: float = 0.0,
+                wide_spread: float = 1.0, with_wide: bool = True) -> dict:  # fmt: skip
+    """A task of the five with the rows that try: ``ppo_greedy`` minus ``born_big`` ``born_diff``, minus
+    ``probe`` ``probe_diff`` (tight), minus ``grow_all`` 0.1 (tight: as good as), minus
+    ``heuristic_tuned_wide`` ``wide_diff`` with spread ``wide_spread``."""
+    ctl = {"ppo_greedy": row(around(80.0), 1100, LEARNED),
+           "grow_all": row(around(80.0, -0.1, 0.3), 1200, 0),
+           "born_big": row(around(80.0, -born_diff, 0.3), 1200, 0),
+           "probe": row(around(80.0, -probe_diff, 0.3), 400, 2000)}  # fmt: skip
+    if with_wide:
+        ctl["heuristic_tuned_wide"] = row(around(80.0, -wide_diff, wide_spread), 900, 3000)
+    return {"preset": "p", "controllers": ctl, "data": draws(), "learned_compute_host_epochs": LEARNED}
+
+
+def test_the_controller_beside_the_baselines_that_try_is_read_with_holm_across_tasks_and_tost():
+    """Issue 89's five-task rows: each baseline that tries, paired by seed on every task, Holm-adjusted across
+    the tasks for that row: a margin one task alone would claim is not claimed among five; "as good as" only
+    by TOST; a row missing from a task leaves its cell (and Holm's family) without it."""
+    assert V.trying_view({"a": default_task()}) is None  # no row that tries: nothing to read
+    marginal = dict(wide_diff=0.76, wide_spread=1.0)  # one-sided p about 0.02 on its own
+    tasks = {
+        "a": trying_task(**marginal),
+        **{t: trying_task() for t in "bcd"},
+        "e": trying_task(with_wide=False),
+    }
+    v = V.trying_view(tasks)
+    assert v["tasks"] == list("abcde") and v["readout"] == "ppo_greedy"
+    for t in "abcde":
+        assert v["rows"]["born_big"][t]["said"] == "below"
+        assert v["rows"]["probe"][t]["said"] == "above"
+        assert v["rows"]["grow_all"][t]["said"] == "as good as (±1)"
+        assert v["rows"]["born_big"][t]["estimate"] == pytest.approx(-2.0)
+    wide = v["rows"]["heuristic_tuned_wide"]
+    assert "e" not in wide and len(wide) == 4
+    a = wide["a"]
+    assert a["p_above"] < 0.05 < a["p_above_holm"] and a["said"] == "not told apart"
+    assert a["p_above_holm"] == pytest.approx(min(1.0, 4 * a["p_above"]))  # the smallest of four p-values
+    alone = V.trying_view({"a": trying_task(**marginal)})["rows"]["heuristic_tuned_wide"]["a"]
+    assert alone["said"] == "above"  # the same seeds, no other task: claimed
+    md = "\n".join(V.trying_lines(v))
+    assert "| minus | `a` | `b` | `c` | `d` | `e` |" in md
+    assert (
+        "| `born_big` | -2.00 [" in md
+        and "| `heuristic_tuned_wide` | +0.76 [" in md
+        and md.rstrip().endswith("|  |")
+    )
+    assert V.trying_lines(None) == []
+
+
+def test_a_table_with_rows_that_try_renders_them_and_one_without_renders_as_before():
+    from esper.shell.eval.suite.report import markdown
+
+    tasks = {"a": trying_task(), "b": trying_task()}
+    before = markdown({"date": "d"}, {"tasks": tasks}, "cmd", {})
+    assert "beside the baselines that try" not in before  # the view is the results file's, not recomputed
+    after = markdown({"date": "d"}, {"tasks": tasks, "trying": V.trying_view(tasks)}, "cmd", {})
+    assert "**The controller beside the baselines that try** (issue 89; reported, judging nothing)" in after
+    assert after.index("beside the baselines that try") < after.index("## a (preset `p`)")
