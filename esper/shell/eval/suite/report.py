@@ -13,12 +13,14 @@ from esper.shell.eval.output import COLORS
 from esper.shell.eval.suite import verdict
 from esper.shell.eval.suite.pooling import shares
 from esper.shell.eval.suite.tasks import (
+    BORN_OWN,
     CAP_SEARCH,
     FOSSILIZING,
     IN_CAP,
     LEARNED,
     OWN_PLAN,
     PLAN_MULTIPLES,
+    TRYING,
     beside_readout,
     plan_name,
 )
@@ -409,11 +411,15 @@ PLAN_COLORS = dict(zip(map(plan_name, PLAN_MULTIPLES), ("#f6bd9f", "#ee9674", "#
 #: The diagnostic rows (the controller's own plan, its fossilizing readout, the search's plan in the cap)
 #: and the search within the cap.
 READING_COLORS = {OWN_PLAN: "#0077b6", FOSSILIZING: "#48cae4", IN_CAP: "#6a4c93", CAP_SEARCH: "#9d4edd"}
+#: The baselines that try harder (``--trying``, issue 89): the networks born at their final size in greens,
+#: the probe and the widened heuristic and the timed search beside them.
+TRYING_COLORS = {"born_big": "#2d6a4f", BORN_OWN: "#74c69d", "probe": "#ffb703",
+                 "heuristic_tuned_wide": "#8d6e63", "plan_search_timed@1x": "#ff006e"}  # fmt: skip
 
 
 def color(name: str) -> str | None:
     """A controller's colour in every suite plot (None: matplotlib's next)."""
-    return COLORS.get(name) or PLAN_COLORS.get(name) or READING_COLORS.get(name)
+    return COLORS.get(name) or PLAN_COLORS.get(name) or READING_COLORS.get(name) or TRYING_COLORS.get(name)
 
 
 def plots(out: Path, stem: str, suite: dict[str, Any]) -> dict[str, list[Path]]:
@@ -442,7 +448,7 @@ def plots(out: Path, stem: str, suite: dict[str, Any]) -> dict[str, list[Path]]:
             err = [[c["test_acc_mean"] - c["test_acc_ci95"][0] for _, c in plans],
                    [c["test_acc_ci95"][1] - c["test_acc_mean"] for _, c in plans]]  # fmt: skip
             ax.errorbar(xs, ms, yerr=err, marker="o", capsize=4, color="#e76f51", label="plan_search")
-        for name in (*LEARNED, "heuristic_tuned", CAP_SEARCH):
+        for name in (*LEARNED, "heuristic_tuned", CAP_SEARCH, *TRYING):
             if (c := ctl.get(name)) and c["compute_host_epochs"] > 0:
                 m, (lo, hi) = c["test_acc_mean"], c["test_acc_ci95"]
                 ax.errorbar([c["compute_host_epochs"]], [m], yerr=[[m - lo], [hi - m]], marker="D", capsize=4,

@@ -11,12 +11,14 @@ import pytest
 
 from esper.shell.eval.suite.report import color
 from esper.shell.eval.suite.tasks import (
+    BORN_OWN,
     CAP_SEARCH,
     FOSSILIZING,
     IN_CAP,
     OWN_PLAN,
     PLAN_MULTIPLES,
     SUITE,
+    TRYING,
     beside_readout,
     plan_name,
 )
@@ -207,7 +209,8 @@ def test_every_suite_controller_has_its_own_colour():
     """Each controller a suite plot draws has a fixed colour, and no two share one (matplotlib's default
     red, which a controller without a colour got, is `ppo`'s)."""
     names = ["ppo", "ppo_greedy", "static", "random", "heuristic", "heuristic_tuned", "grow_all",
-             *map(plan_name, PLAN_MULTIPLES), OWN_PLAN, FOSSILIZING, IN_CAP, CAP_SEARCH]  # fmt: skip
+             *map(plan_name, PLAN_MULTIPLES), OWN_PLAN, FOSSILIZING, IN_CAP, CAP_SEARCH,
+             *TRYING, BORN_OWN]  # fmt: skip
     colours = [color(n) for n in names]
     assert None not in colours
     assert len(set(colours)) == len(names)
