@@ -36,6 +36,7 @@ plateaued); the blueprint and blend are the reference's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,6 +105,7 @@ class HeuristicController(FixedController):
         per_env: Sequence[HeuristicThresholds] | None = None,
         costs: Sequence[Sequence[float]] | None = None,
         grow_all_params: float = 0.0,
+        cap: float = math.inf,
         gain_trigger: float | None = None,
         **thresholds: float | str,
     ) -> None:
@@ -126,6 +128,12 @@ class HeuristicController(FixedController):
         self.rotation = [blueprint_names.index(n) for n in order] or [0]
         #: ``costs[s][b]``: the seed parameters blueprint b adds in slot s; the unit of ``budget_share``.
         self.costs, self.grow_all_params = costs, float(grow_all_params)
+        #: A bound on the seeds' parameters whatever a threshold's ``budget_share`` says: the learned
+        #: controller's cap, so that a searched heuristic is held to what the controller is (inf: none).
+        self.cap = float(cap)
+        if not self.cap > 0 or (math.isfinite(self.cap) and costs is None):
+            raise ValueError(f"HeuristicController: a cap is a positive number of parameters, read with the "
+                             f"seeds' costs (got {cap})")  # fmt: skip
         for t in self.per_env or [self.thresholds]:
             if t.blueprint and (t.blueprint not in blueprint_names or t.blueprint == "noop"):
                 raise ValueError(f"HeuristicController: no blueprint {t.blueprint!r}")
@@ -247,8 +255,9 @@ class HeuristicController(FixedController):
         if not empty:
             return Op.WAIT, 0, 0, "no empty slot"
         fits = None
-        if t.budget_share:  # the seeds' parameters stay within the budget
-            left = t.budget_share * self.grow_all_params - sum(s["seed_params"][i])
+        bound = min(self.cap, t.budget_share * self.grow_all_params) if t.budget_share else self.cap
+        if math.isfinite(bound):  # the seeds' parameters stay within the budget and the cap
+            left = bound - sum(s["seed_params"][i])
             fits = lambda b: self.costs[empty[0]][b] <= left
         bp = self._next_blueprint(st, self._order(t), fits)
         if bp is None:

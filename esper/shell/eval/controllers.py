@@ -126,8 +126,9 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
             return HeuristicController(env.blueprint_names, cfg.lifecycle, **searched["chosen"])
         if name == HEURISTIC_TUNED_WIDE:
             p = prices(cfg, env.task, host_seed)
+            chosen = searched["chosen"]
             return HeuristicController(env.blueprint_names, cfg.lifecycle, costs=p.costs,
-                                       grow_all_params=p.grow_all, **searched["chosen"])  # fmt: skip
+                                       grow_all_params=p.grow_all, cap=p.budget, **chosen)  # fmt: skip
         if name == PROBE:
             p = prices(cfg, env.task, host_seed)
             unit = p.grow_all / enabled_slots(cfg, env.task)

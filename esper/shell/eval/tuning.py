@@ -227,7 +227,7 @@ def tune_heuristic_wide(cfg: RunConfig, task: Task, host_seeds: list[int],
             per_env = [settings[pairs[k][0]] for k in batch]
             p = priced(pairs[batch[0]][1])  # a batch is one host (one member of a family)
             return HeuristicController(env.blueprint_names, cfg.lifecycle, per_env=per_env, costs=p.costs,
-                                       grow_all_params=p.grow_all)  # fmt: skip
+                                       grow_all_params=p.grow_all, cap=p.budget)  # fmt: skip
 
         return _rows(run_hosts(cfg, task, make, [h for _, h in pairs]), len(points), len(host_seeds))
 

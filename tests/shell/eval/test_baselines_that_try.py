@@ -237,6 +237,34 @@ def test_the_heuristic_may_grow_one_blueprint_and_keep_to_a_budget(task):
     assert HeuristicThresholds(blueprint="norm").changed() == {"blueprint": "norm"}
 
 
+def test_the_widened_heuristic_is_held_to_the_learned_controllers_cap(task):
+    """On a capped task (a budget family, ``--budget-share``) the widened heuristic's own budget axis reached
+    "none", so it could add more than the controller may: now the controller's cap bounds it whatever
+    its setting says (its budget share, where smaller, still holds), in its search and its evaluation."""
+    cfg = preset("smoke", {**TINY, "lifecycle.max_epochs": 6})
+    costs = S.seed_costs(task)
+    quick = dict(min_epoch=1, stable_epochs=0, plateau_epochs=0)
+    settings = [HeuristicThresholds(**quick, blueprint="conv_heavy"),  # 400 > the cap of 300: none
+                HeuristicThresholds(**quick, blueprint="conv_heavy", budget_share=1.0),  # 1,200: none
+                HeuristicThresholds(**quick, budget_share=0.1),  # 120 < 300: its own, smaller, holds
+                HeuristicThresholds(**quick)]  # fmt: skip
+    make = lambda env, batch: HeuristicController(env.blueprint_names, cfg.lifecycle, per_env=settings,
+                                                  costs=costs, grow_all_params=1200, cap=300)  # fmt: skip
+    recs = run_hosts(cfg, task, make, [1, 2, 3, 4])
+    firsts = [[g["blueprint"] for g in r["germinations"]] for r in recs]
+    assert firsts[0] == [] and firsts[1] == [] and firsts[2] == ["attention"]
+    assert all(r["params_added"] <= 300 for r in recs) and firsts[3][:1] == ["conv_light"]
+    with pytest.raises(ValueError, match="a cap is a positive number"):
+        HeuristicController(("noop", "norm"), cfg.lifecycle, cap=100)  # no costs to read it with
+    capped = preset("smoke", {**TINY, "ppo.param_cap_share": 0.25})
+    env = _env(capped, task)
+    wide = make_controller("heuristic_tuned_wide", capped, env, checkpoint=None, seed=0,
+                           searched={"chosen": {}})  # fmt: skip
+    assert wide.cap == S.prices(capped, task).budget < S.prices(capped, task).grow_all
+    assert make_controller("heuristic_tuned_wide", cfg, _env(cfg, task), checkpoint=None, seed=0,
+                           searched={"chosen": {}}).cap == S.prices(cfg, task).budget  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------- probe
 def test_the_probe_incubates_scores_by_what_if_gain_and_grows_greedily_within_its_budget(task):
     cfg = preset("smoke", LONGER)
