@@ -111,6 +111,14 @@ class HeuristicController(FixedController):
     ) -> None:
         self.names = blueprint_names
         self.lc = lifecycle
+        #: A bound on the seeds' parameters whatever a threshold's ``budget_share`` says: the learned
+        #: controller's cap, so that a searched heuristic is held to what the controller is (inf: none).
+        self.cap = float(cap)
+        if not self.cap > 0 or (math.isfinite(self.cap) and (costs is None or gain_trigger is not None)):
+            raise ValueError(
+                f"HeuristicController: a cap is a positive number of parameters, read with the "
+                f"seeds' costs by the plateau rule, not the gain trigger (got {cap})"
+            )
         if gain_trigger is not None and not lifecycle.grad_stats:
             raise ValueError(
                 "HeuristicController: gain_trigger reads the slot statistics: turn on lifecycle.grad_init "
@@ -128,12 +136,6 @@ class HeuristicController(FixedController):
         self.rotation = [blueprint_names.index(n) for n in order] or [0]
         #: ``costs[s][b]``: the seed parameters blueprint b adds in slot s; the unit of ``budget_share``.
         self.costs, self.grow_all_params = costs, float(grow_all_params)
-        #: A bound on the seeds' parameters whatever a threshold's ``budget_share`` says: the learned
-        #: controller's cap, so that a searched heuristic is held to what the controller is (inf: none).
-        self.cap = float(cap)
-        if not self.cap > 0 or (math.isfinite(self.cap) and costs is None):
-            raise ValueError(f"HeuristicController: a cap is a positive number of parameters, read with the "
-                             f"seeds' costs (got {cap})")  # fmt: skip
         for t in self.per_env or [self.thresholds]:
             if t.blueprint and (t.blueprint not in blueprint_names or t.blueprint == "noop"):
                 raise ValueError(f"HeuristicController: no blueprint {t.blueprint!r}")

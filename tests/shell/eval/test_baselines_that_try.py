@@ -256,6 +256,8 @@ def test_the_widened_heuristic_is_held_to_the_learned_controllers_cap(task):
     assert all(r["params_added"] <= 300 for r in recs) and firsts[3][:1] == ["conv_light"]
     with pytest.raises(ValueError, match="a cap is a positive number"):
         HeuristicController(("noop", "norm"), cfg.lifecycle, cap=100)  # no costs to read it with
+    with pytest.raises(ValueError, match="not the gain trigger"):
+        HeuristicController(("noop", "norm"), cfg.lifecycle, cap=100, costs=[[0, 1]], gain_trigger=0.1)
     capped = preset("smoke", {**TINY, "ppo.param_cap_share": 0.25})
     env = _env(capped, task)
     wide = make_controller("heuristic_tuned_wide", capped, env, checkpoint=None, seed=0,
