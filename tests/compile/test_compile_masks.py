@@ -1,11 +1,4 @@
-"""Masks compile with fullgraph=True and compiled == eager.
-
-The functions here build their TensorDicts inside the graph and hand back their tensors (``_out``): a
-TensorDict made in a compiled region and returned from it is rebuilt by Dynamo after the graph, and on
-torch 2.13 that rebuild fails ("self missing", in ``codegen_update_mutated``) once the same process has
-compiled a trainer's update (``tests/compile/test_compile_trainer.py`` before this file on one xdist
-worker: an order-dependent failure, seen 2026-12-06). What is proven is unchanged: every op of the
-masks, the TensorDicts' construction included, traces as one graph."""
+"""Masks compile with fullgraph=True and compiled == eager."""
 
 from __future__ import annotations
 
@@ -16,11 +9,6 @@ from esper.core.spec import ActionSpec, Op, Stage
 from tests.core.test_masks import _slots
 
 
-def _out(td):
-    """A TensorDict made in the graph, as its tensors (see the module's docstring)."""
-    return dict(td.items())
-
-
 def test_masks_compile(compile_check):
     S = Stage
     spec = ActionSpec(n_slots=3, n_blueprints=4, masked_blueprints=(0,))
@@ -29,7 +17,7 @@ def test_masks_compile(compile_check):
 
     def fn(slots, op):
         legal = masks.legal_masks(slots, spec, max_seeds=2, min_prune_age=1, prune_below=1.0)
-        return _out(masks.action_masks(legal, op)), masks.head_relevance(op)
+        return masks.action_masks(legal, op), masks.head_relevance(op)
 
     compile_check(fn, slots, op)
 
@@ -53,7 +41,7 @@ def test_within_param_cap_compiles(compile_check):
 
     def fn(slots, seed_params, cost, op, slot):
         legal = masks.within_param_cap(masks.legal_masks(slots, spec), seed_params, cost, 100.0)
-        return _out(masks.action_masks(legal, op, slot))
+        return masks.action_masks(legal, op, slot)
 
     compile_check(fn, slots, seed_params, cost, op, slot)
 
@@ -67,6 +55,6 @@ def test_mask_same_alpha_compiles(compile_check):
     slot = torch.tensor([0, 2])
 
     def fn(slots, op, slot):
-        return _out(masks.action_masks(masks.legal_masks(slots, spec, mask_same_alpha=True), op, slot))
+        return masks.action_masks(masks.legal_masks(slots, spec, mask_same_alpha=True), op, slot)
 
     compile_check(fn, slots, op, slot)

@@ -146,7 +146,7 @@ def learner_cap(cfg: RunConfig, task: Task, host_seed: int | None = None) -> flo
             f"{PLAN_SEARCH_CAP}: the learned controller has no parameter cap to search within "
             f"(ppo.param_cap and ppo.param_cap_share are 0); use {PLAN_SEARCH}"
         )
-    return _budget_of(cfg, grow_all_params(task, host_of(task, host_seed), tuple(cfg.env.slots)))
+    return learner_budget(cfg, task, host_seed)  # with a cap, the budget is the cap
 
 
 def learner_budget(cfg: RunConfig, task: Task, host_seed: int | None = None) -> float:

@@ -74,6 +74,8 @@ NO_SEARCH = "no fixed-plan search at equal compute"
 #: judging nothing): the plan it grows, that network born at its final size, its own most grown plan born
 #: so, the greedy what-if probe and the widened heuristic.
 AGAINST_TRYING = ("grow_all", "born_big", BORN_OWN, PROBE, "heuristic_tuned_wide")
+#: What each of :func:`trying_view`'s tests says where it rejects.
+TRYING_WORDS = {"above": "above", "below": "below", "tost": f"as good as (±{EQUIVALENCE_MARGIN:g})"}
 #: Every claim, in the order they are reported.
 CLAIMS = ("family_gain", "family_probe", "family_oracle_gap", "family_plans_vary", "not_dominated")
 #: What each claim says, in words.
@@ -552,9 +554,7 @@ def trying_view(tasks: dict[str, dict], readout: str = JUDGED) -> dict[str, Any]
             for c, p in zip(cells.values(), adjusted):
                 c[f"p_{test}_holm"] = p
         for c in cells.values():
-            tests = (("above", "above"), ("below", "below"), (f"as good as (±{EQUIVALENCE_MARGIN:g})",
-                                                                 "tost"))  # fmt: skip
-            words = [w for w, k in tests if c[f"p_{k}_holm"] <= ALPHA]
+            words = [w for k, w in TRYING_WORDS.items() if c[f"p_{k}_holm"] <= ALPHA]
             c["said"] = ", ".join(words) or "not told apart"
         if cells:
             rows[n] = cells
@@ -588,9 +588,9 @@ def trying_lines(view: dict[str, Any] | None) -> list[str]:
 __all__ = [
     "AGAINST_TRYING", "ALPHA", "CLAIMS", "CLAIM_WORDS", "EQUIVALENCE_MARGIN", "GAIN_OVER_CONSTANT", "JUDGED",
     "MIN_FAMILIES", "NO_SEARCH", "ORACLE_GAP_SHARE", "PLANS_VARY_SHARE", "PRECHECK_BAR", "PROBE_MARGIN",
-    "PROTOCOL", "TESTED",
-    "TRAINING_SEEDS", "budget_lines", "budgets", "checks", "claim_table", "compute_view",
-    "equal_compute_plans", "family_claims", "family_lines", "judge", "not_dominated", "paired",
+    "PROTOCOL", "TESTED", "TRAINING_SEEDS", "TRYING_WORDS", "budget_lines", "budgets", "checks",
+    "claim_table", "compute_view", "equal_compute_plans", "family_claims", "family_lines", "judge",
+    "not_dominated", "paired",
     "paired_lines", "plan_variation", "precheck_verdict", "protocol_of", "search_budget", "summary",
     "trying_lines", "trying_view", "verdict_lines",
 ]  # fmt: skip
