@@ -12,6 +12,12 @@ budgets) and TOST within +-1 point. The controller is **not dominated** at ``B``
 after Holm or TOST does. The figure: every enumerated plan's test accuracy against its parameters, the
 frontier among them, each budget's line and the controller's point at each budget.
 
+On a family (a task whose hosts differ by seed, :attr:`Task.varies`) each host has its own budget,
+``B`` x what ``grow_all`` adds to *that* host: a plan fits ``B`` where it fits on every host (a constant
+plan, runnable on every member), and the controller's cap was each host's own. Reported beside the bar,
+not judged: the **per-member bar**, each member's best plan within its own hosts' budgets (in-sample),
+and what the controller grew on each member.
+
 ``python -m esper.shell.eval.budget --plans PLANS/results.json --evals B:SEED:RESULTS.json ... --out X.json
 --md X.md --png X.png``.
 """
@@ -26,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from esper.shell.eval.stats import holm, mean_ci95, t_test_greater, tost_equivalent
 
 #: TOST's margin, in points of test accuracy, and the tests' level.
@@ -35,14 +43,18 @@ READOUT = "ppo_greedy"
 
 
 def plan_table(results: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``evaluate``'s results of fixed plans -> ``{plan: {test, params, hosts}}``, every controller but the
-    learned ones (``static`` is the empty plan)."""
+    """``evaluate``'s results of fixed plans -> ``{plan: {test, params, hosts, host_test, host_params}}``
+    (the means, then per host in the episodes' order), every controller but the learned ones (``static``
+    is the empty plan)."""
     out = {}
     for name, s in results["controllers"].items():
         if name.startswith("ppo"):
             continue
+        eps = s["per_episode"]
         out[name] = {"test": float(s["test_acc_mean"]), "params": float(s["params_added_mean"]),
-                     "hosts": [int(e["host_seed"]) for e in s["per_episode"]]}  # fmt: skip
+                     "hosts": [int(e["host_seed"]) for e in eps],
+                     "host_test": [float(e["final_test_acc"]) for e in eps],
+                     "host_params": [float(e["params_added"]) for e in eps]}  # fmt: skip
     return out
 
 
@@ -56,67 +68,142 @@ def frontier(table: Mapping[str, Mapping[str, float]]) -> list[str]:
     return out
 
 
-def bar_at(table: Mapping[str, Mapping[str, float]], budget: float) -> str:
-    """The best plan (mean test accuracy; the first by name on a tie) adding at most ``budget`` parameters."""
-    fits = [n for n in table if table[n]["params"] <= budget + 1e-9]
-    if not fits:
-        raise ValueError(f"budget judge: no enumerated plan adds at most {budget:g} parameters")
-    return min(fits, key=lambda n: (-table[n]["test"], n))
+def fits(
+    plan: Mapping[str, Any], budget: float | Sequence[float], where: Sequence[int] | None = None
+) -> bool:
+    """Whether a plan (a :func:`plan_table` row) adds at most ``budget``: one number (its mean parameters
+    against it), or one per host (in the row's hosts' order: on every host, or every host of ``where``,
+    the indices of some)."""
+    if isinstance(budget, (int, float)):
+        return plan["params"] <= budget + 1e-9
+    idx = range(len(budget)) if where is None else where
+    return all(plan["host_params"][i] <= budget[i] + 1e-9 for i in idx)
+
+
+def bar_at(table: Mapping[str, Mapping[str, Any]], budget: float | Sequence[float],
+           where: Sequence[int] | None = None) -> str:  # fmt: skip
+    """The best plan (mean test accuracy; the first by name on a tie) that :func:`fits` ``budget``; with
+    ``where`` (host indices), the best on those hosts of those that fit there."""
+    ok = [n for n in table if fits(table[n], budget, where)]
+    if not ok:
+        said = f"{budget:g}" if isinstance(budget, (int, float)) else f"{min(budget):g}-{max(budget):g}"
+        raise ValueError(f"budget judge: no enumerated plan adds at most {said} parameters")
+    if where is None:
+        return min(ok, key=lambda n: (-table[n]["test"], n))
+    return min(ok, key=lambda n: (-sum(table[n]["host_test"][i] for i in where) / len(where), n))
+
+
+def _interval(d: Sequence[float]) -> dict[str, Any]:
+    mean, (lo, hi) = mean_ci95(d) if len(d) > 1 else (d[0], (d[0], d[0]))
+    return {"mean": mean, "ci95": [lo, hi]}
 
 
 def judge(table: Mapping[str, Mapping[str, Any]], evals: Mapping[float, Mapping[int, Mapping[str, Any]]],
-          grow_all: float, readout: str = READOUT) -> dict[str, Any]:  # fmt: skip
+          grow_all: float | Sequence[float], readout: str = READOUT,
+          members: Sequence[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """``evals``: budget share -> training seed -> ``evaluate``'s results (holding ``readout``) on the
     plans' hosts. Returns, per budget, the bar, the paired differences and both tests, with Holm's
-    correction of "above" across the budgets, and the verdict (not dominated at every budget)."""
+    correction of "above" across the budgets, and the verdict (not dominated at every budget).
+
+    ``grow_all``: what ``grow_all`` adds, one number for every host, or one per host (a family, in the
+    plans' hosts' order): each host's budget is the share of its own, and a plan fits where it fits on
+    every host. ``members`` (per host, a family's member): the per-member bar and the plans grown on each
+    member are reported beside the verdict."""
     hosts = next(iter(table.values()))["hosts"]
+    per_host = isinstance(grow_all, Sequence)
+    if per_host and len(grow_all) != len(hosts):
+        raise ValueError(f"budget judge: {len(grow_all)} grow_all sizes for {len(hosts)} hosts")
+    if members is not None and len(members) != len(hosts):
+        raise ValueError(f"budget judge: {len(members)} members for {len(hosts)} hosts")
+    groups = (
+        {m: [i for i, x in enumerate(members) if x == m] for m in dict.fromkeys(members)} if members else {}
+    )
     rows: dict[str, dict[str, Any]] = {}
     for share in sorted(evals):
-        budget = share * grow_all
+        budget: float | list[float] = [share * g for g in grow_all] if per_host else share * grow_all
+        host_budget = budget if per_host else [budget] * len(hosts)
         bar = bar_at(table, budget)
-        diffs, accs, params, grown = {}, [], [], Counter()
+        member_bar = {m: bar_at(table, budget, where) for m, where in groups.items()}
+        member_test = [0.0] * len(hosts)
+        for m, where in groups.items():
+            for i in where:
+                member_test[i] = table[member_bar[m]]["host_test"][i]
+        diffs, to_member, accs, params, grown = {}, {}, [], [], Counter()
+        grown_on: dict[str, Counter] = {m: Counter() for m in groups}
         for seed, res in sorted(evals[share].items()):
             ctl = res["controllers"][readout]
-            if [int(e["host_seed"]) for e in ctl["per_episode"]] != hosts:
+            eps = ctl["per_episode"]
+            if [int(e["host_seed"]) for e in eps] != hosts:
                 raise ValueError(f"budget judge: seed {seed} at {share:g} ran on other hosts than the plans")
             diffs[seed] = float(ctl["test_acc_mean"]) - table[bar]["test"]
+            if groups:
+                to_member[seed] = float(ctl["test_acc_mean"]) - sum(member_test) / len(hosts)
+                for m, where in groups.items():
+                    grown_on[m].update(eps[i]["grown"] for i in where)
             accs.append(float(ctl["test_acc_mean"]))
             params.append(float(ctl["params_added_mean"]))
-            grown.update(e["grown"] for e in ctl["per_episode"])
-            over = [e["params_added"] for e in ctl["per_episode"] if e["params_added"] > budget + 1e-6]
+            grown.update(e["grown"] for e in eps)
+            over = [(e["params_added"], b) for e, b in zip(eps, host_budget, strict=True)
+                    if e["params_added"] > b + 1e-6]  # fmt: skip
             if over:
-                raise ValueError(f"budget judge: seed {seed} added {max(over):g} over the budget {budget:g}")
+                added, b = max(over)
+                raise ValueError(f"budget judge: seed {seed} added {added:g} over the budget {b:g}")
         d = list(diffs.values())
-        mean, (lo, hi) = mean_ci95(d) if len(d) > 1 else (d[0], (d[0], d[0]))
         tost = tost_equivalent(d, MARGIN, ALPHA) if len(d) > 1 else None
         rows[f"{share:g}"] = {
-            "share": share, "budget_params": budget, "bar": bar, "bar_test": table[bar]["test"],
-            "bar_params": table[bar]["params"], "test_acc_mean": sum(accs) / len(accs),
+            "share": share, "budget_params": sum(host_budget) / len(hosts), "bar": bar,
+            "bar_test": table[bar]["test"], "bar_params": table[bar]["params"],
+            "test_acc_mean": sum(accs) / len(accs),
             "test_acc_ci95": list(mean_ci95(accs)[1]) if len(accs) > 1 else [accs[0], accs[0]],
-            "params_added_mean": sum(params) / len(params), "minus_bar": {"mean": mean, "ci95": [lo, hi]},
+            "params_added_mean": sum(params) / len(params), "minus_bar": _interval(d),
             "per_seed": diffs, "p_above": t_test_greater(d) if len(d) > 1 else None,
             "tost": None if tost is None else {**tost, "interval": list(tost["interval"])},
             "grown_top": grown.most_common(5),
         }  # fmt: skip
+        if per_host:
+            rows[f"{share:g}"]["budget_params_range"] = [min(host_budget), max(host_budget)]
+        if groups:
+            rows[f"{share:g}"].update({
+                "member_bars": member_bar, "member_bar_test": sum(member_test) / len(hosts),
+                "minus_member_bar": _interval(list(to_member.values())),
+                "per_seed_minus_member_bar": to_member,
+                "grown_by_member": {m: c.most_common(3) for m, c in grown_on.items()},
+            })  # fmt: skip
     tested = [r for r in rows.values() if r["p_above"] is not None]
     for r, adj in zip(tested, holm([r["p_above"] for r in tested], ALPHA)["adjusted"], strict=True):
         r["p_above_holm"] = adj
         r["above"] = adj <= ALPHA
         r["equivalent"] = bool(r["tost"]["equivalent"])
         r["not_dominated"] = r["above"] or r["equivalent"]
-    return {"budgets": rows, "frontier": frontier(table), "plans": len(table), "hosts": len(hosts),
-            "grow_all_params": grow_all, "training_seeds": sorted({s for e in evals.values() for s in e}),
-            "not_dominated_everywhere": bool(tested) and all(r["not_dominated"] for r in tested)}  # fmt: skip
+    out = {"budgets": rows, "frontier": frontier(table), "plans": len(table), "hosts": len(hosts),
+           "grow_all_params": sum(grow_all) / len(grow_all) if per_host else grow_all,
+           "training_seeds": sorted({s for e in evals.values() for s in e}),
+           "not_dominated_everywhere": bool(tested) and all(r["not_dominated"] for r in tested)}  # fmt: skip
+    if per_host:
+        out["grow_all_params_per_host"] = list(grow_all)
+    if members is not None:
+        out["members"] = {m: len(where) for m, where in groups.items()}
+    return out
+
+
+def _budget(row: Mapping[str, Any]) -> str:
+    lo_hi = row.get("budget_params_range")
+    if lo_hi is None or lo_hi[0] == lo_hi[1]:
+        return f"{row['budget_params']:,.0f}"
+    return f"{lo_hi[0]:,.0f}-{lo_hi[1]:,.0f}"
 
 
 def to_markdown(out: Mapping[str, Any], title: str) -> str:
     seeds = out["training_seeds"]
+    sizes = out.get("grow_all_params_per_host")
+    adds = (f"{out['grow_all_params']:,.0f} parameters" if sizes is None else
+            f"{min(sizes):,.0f} to {max(sizes):,.0f} parameters by host (each host's budget is the share "
+            "of its own, and a plan fits a budget where it fits on every host)")  # fmt: skip
     lines = [
         f"# {title}",
         "",
         f"{len(seeds)} training seeds ({seeds[0]}-{seeds[-1]}), {out['hosts']} fresh hosts, {out['plans']} "
-        f"enumerated fixed plans on the same hosts; `grow_all` adds {out['grow_all_params']:,.0f} "
-        f"parameters. "
+        f"enumerated fixed plans on the same hosts; `grow_all` adds {adds}. "
         f"At each budget the bar is the best enumerated plan within it, chosen on these hosts (in-sample). "
         f"Not dominated at every budget: **{'yes' if out['not_dominated_everywhere'] else 'no'}**.",
         "",
@@ -127,7 +214,7 @@ def to_markdown(out: Mapping[str, Any], title: str) -> str:
     for r in out["budgets"].values():
         m = r["minus_bar"]
         lines.append(
-            f"| {r['share']:g} ({r['budget_params']:,.0f}) | {r['test_acc_mean']:.2f} | "
+            f"| {r['share']:g} ({_budget(r)}) | {r['test_acc_mean']:.2f} | "
             f"{r['params_added_mean']:,.0f} | `{r['bar'] or 'static'}` ({r['bar_test']:.2f}, "
             f"{r['bar_params']:,.0f}) | {m['mean']:+.2f} [{m['ci95'][0]:+.2f}, {m['ci95'][1]:+.2f}] | "
             f"{r.get('p_above_holm', float('nan')):.3f} | {r['tost']['p']:.3f} | "
@@ -137,6 +224,22 @@ def to_markdown(out: Mapping[str, Any], title: str) -> str:
     for r in out["budgets"].values():
         top = ", ".join(f"`{g or 'nothing'}` ({n})" for g, n in r["grown_top"][:4])
         lines.append(f"- {r['share']:g}: {top}")
+    if "members" in out:
+        lines += ["", "Per member (reported, not judged): the **per-member bar** is each member's best "
+                  "enumerated plan within its own hosts' budgets, chosen on them (in-sample); the controller "
+                  "minus it, paired by seed, 95 % CI; what the controller grew most on each member.", "",
+                  "| budget | per-member bar test % | controller minus it | the per-member bars |",
+                  "|---|---:|---|---|"]  # fmt: skip
+        for r in out["budgets"].values():
+            m = r["minus_member_bar"]
+            bars = "; ".join(f"{k}: `{v or 'static'}`" for k, v in r["member_bars"].items())
+            lines.append(f"| {r['share']:g} | {r['member_bar_test']:.2f} | {m['mean']:+.2f} "
+                         f"[{m['ci95'][0]:+.2f}, {m['ci95'][1]:+.2f}] | {bars} |")  # fmt: skip
+        lines.append("")
+        for r in out["budgets"].values():
+            for k, top in r["grown_by_member"].items():
+                grew = ", ".join(f"`{g or 'nothing'}` ({n})" for g, n in top)
+                lines.append(f"- {r['share']:g}, {k} ({out['members'][k]} hosts): {grew}")
     lines += ["", "The frontier of the enumerated plans (parameters ascending): "
               + ", ".join(f"`{p or 'static'}`" for p in out["frontier"]) + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -154,7 +257,11 @@ def figure(table: Mapping[str, Mapping[str, Any]], out: Mapping[str, Any], path:
     ax.plot([table[p]["params"] for p in front], [table[p]["test"] for p in front], color="0.3", lw=1,
             drawstyle="steps-post", label="their frontier")  # fmt: skip
     for r in out["budgets"].values():
-        ax.axvline(r["budget_params"], color="tab:blue", ls=":", lw=1)
+        lo_hi = r.get("budget_params_range")
+        if lo_hi is not None and lo_hi[0] != lo_hi[1]:  # a family: each host's own budget, its range
+            ax.axvspan(lo_hi[0], lo_hi[1], color="tab:blue", alpha=0.08, lw=0)
+        else:
+            ax.axvline(r["budget_params"], color="tab:blue", ls=":", lw=1)
         m, (lo, hi) = r["test_acc_mean"], r["test_acc_ci95"]
         ax.errorbar([r["params_added_mean"]], [m], yerr=[[m - lo], [hi - m]], color="tab:red", marker="D",
                     markeredgecolor="black", capsize=4)  # fmt: skip
@@ -166,6 +273,23 @@ def figure(table: Mapping[str, Mapping[str, Any]], out: Mapping[str, Any], path:
     ax.set_ylabel("test accuracy (%), mean over the hosts")
     ax.set_title("A controller that reads its budget, against every enumerated fixed plan")
     return finish_figure(fig, ax, path)
+
+
+def host_sizes(task_name: str, hosts: Sequence[int]) -> tuple[list[float] | None, list[str] | None]:
+    """On a family (:attr:`Task.varies`), what ``grow_all`` adds to each host and each host's member (its
+    description, the fields that differ between these hosts); otherwise ``(None, None)``."""
+    from esper.shell.env.tasks import grow_all_params, make_task
+
+    task = make_task(task_name)
+    if not task.varies:
+        return None, None
+    with torch.random.fork_rng(devices=[]):  # building a host draws its init: leave the caller's stream
+        sizes = [float(grow_all_params(task, task.make_host_for(h))) for h in hosts]
+    described = [task.describe_member(h) for h in hosts]
+    differ = [k for k in described[0] if len({repr(d[k]) for d in described}) > 1]
+    members = [", ".join(f"{k} {tuple(d[k]) if isinstance(d[k], list) else d[k]}" for k in differ)
+               for d in described]  # fmt: skip
+    return sizes, members
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -187,7 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for item in a.evals:
             share, seed, path = item.split(":", 2)
             evals.setdefault(float(share), {})[int(seed)] = json.loads(Path(path).read_text())
-        out = judge(table, evals, float(plans["meta"]["grow_all_params"]), a.readout)
+        grow_all, members = host_sizes(plans["meta"]["task"], next(iter(table.values()))["hosts"])
+        out = judge(table, evals, float(plans["meta"]["grow_all_params"]) if grow_all is None else grow_all,
+                    a.readout, members)  # fmt: skip
     except (ValueError, OSError) as e:
         print(f"esper.shell.eval.budget: {e}", file=sys.stderr)
         return 2
@@ -203,8 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["ALPHA", "MARGIN", "READOUT", "bar_at", "figure", "frontier", "judge", "main", "plan_table",
-           "to_markdown"]  # fmt: skip
+__all__ = ["ALPHA", "MARGIN", "READOUT", "bar_at", "figure", "fits", "frontier", "host_sizes", "judge",
+           "main", "plan_table", "to_markdown"]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The budget judge's arithmetic (issue 89) on synthetic tables: at each budget the bar is the best plan
 within it, the controller is paired with it by training seed, "above" is Holm-corrected across budgets
-and TOST reads equivalence; the frontier; the figure and the CLI."""
+and TOST reads equivalence; the frontier; the figure and the CLI; on a family, each host's own budget."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ HOSTS = [11, 12]
 
 def _plans(**plans):
     """``plan=(test, params)`` -> evaluate's results of those fixed plans (``static``: nothing grown)."""
-    eps = lambda: [{"host_seed": h} for h in HOSTS]
-    ctl = {n: {"test_acc_mean": t, "params_added_mean": p, "per_episode": eps()}
+    eps = lambda t, p: [{"host_seed": h, "final_test_acc": t, "params_added": p} for h in HOSTS]
+    ctl = {n: {"test_acc_mean": t, "params_added_mean": p, "per_episode": eps(t, p)}
            for n, (t, p) in plans.items()}  # fmt: skip
     return {
         "controllers": ctl,
-        "meta": {"grow_all_params": 1000.0, "task": "t", "eval_seed": 1, "data_seed": 2},
+        "meta": {"grow_all_params": 1000.0, "task": "mnist1d", "eval_seed": 1, "data_seed": 2},
     }
 
 
@@ -42,6 +42,7 @@ def test_the_frontier_and_the_bar_within_each_budget():
     assert B.bar_at(table, 1000.0) == "grow:all"
     with pytest.raises(ValueError, match="no enumerated plan"):
         B.bar_at({"grow:x": {"test": 1.0, "params": 5.0, "hosts": HOSTS}}, 1.0)
+    assert B.plan_table(PLANS)["grow:b0=m"]["host_params"] == [450.0, 450.0]
 
 
 def test_above_equivalent_and_dominated_are_told_apart():
@@ -86,3 +87,74 @@ def test_the_cli_writes_the_table_and_the_figure(tmp_path):
     assert set(out["budgets"]) == {"0.25", "1"} and out["training_seeds"] == [1, 2]
     assert "| 0.25 (250) |" in (tmp_path / "o.md").read_text()
     assert (tmp_path / "o.png").stat().st_size > 0
+
+
+def _family_plans():
+    """Two hosts of two members: ``small`` (``grow_all`` adds 600) and ``large`` (1,200). ``grow:b0=m``
+    adds 450 on both and is the best on both; ``grow:b0=s`` adds 200; ``grow:b0=big`` only fits ``large``
+    at half its budget and is the best there."""
+    rows = {
+        "static": ((40.0, 40.0), (0.0, 0.0)),
+        "grow:b0=s": ((60.0, 62.0), (200.0, 200.0)),
+        "grow:b0=m": ((70.0, 72.0), (450.0, 450.0)),
+        "grow:b0=big": ((50.0, 80.0), (500.0, 600.0)),
+    }
+    ctl = {n: {"test_acc_mean": sum(t) / 2, "params_added_mean": sum(p) / 2,
+               "per_episode": [{"host_seed": h, "final_test_acc": ti, "params_added": pi}
+                               for h, ti, pi in zip(HOSTS, t, p, strict=True)]}
+           for n, (t, p) in rows.items()}  # fmt: skip
+    return {
+        "controllers": ctl,
+        "meta": {"grow_all_params": 600.0, "task": "t", "eval_seed": 1, "data_seed": 2},
+    }
+
+
+def _ctl_hosts(tests, params, grown=("b0=s", "b0=big")):
+    eps = [{"host_seed": h, "final_test_acc": t, "params_added": p, "grown": g}
+           for h, t, p, g in zip(HOSTS, tests, params, grown, strict=True)]  # fmt: skip
+    ctl = {"test_acc_mean": sum(tests) / 2, "params_added_mean": sum(params) / 2, "per_episode": eps}
+    return {"controllers": {"ppo_greedy": ctl}}
+
+
+def test_on_a_family_a_plan_fits_a_budget_where_it_fits_every_hosts_own():
+    """A family's members differ in size, so each host's budget is the share of its own ``grow_all``: at
+    half, 300 on the small host and 600 on the large. ``grow:b0=m`` (450 on both) fits the large host's
+    budget and the mean budget (450) but not the small host's, so it is no constant plan within it: the
+    bar is ``grow:b0=s``. One number for every host (the old judge) would have made ``grow:b0=m`` the
+    bar; and the controller's cap was each host's own, so a seed over its host's budget is refused even
+    under the mean."""
+    table = B.plan_table(_family_plans())
+    sizes, members = [600.0, 1200.0], ["small", "large"]
+    assert B.bar_at(table, 450.0) == "grow:b0=m"  # one budget for every host: the old reading
+    assert B.bar_at(table, [300.0, 600.0]) == "grow:b0=s"
+    evals = {0.5: {s: _ctl_hosts((61.0 + s / 10, 80.0 + s / 10), (200.0, 600.0)) for s in range(4)}}
+    out = B.judge(table, evals, sizes, members=members)
+    r = out["budgets"]["0.5"]
+    assert r["bar"] == "grow:b0=s" and r["budget_params_range"] == [300.0, 600.0]
+    assert r["budget_params"] == pytest.approx(450.0)
+    assert r["minus_bar"]["mean"] == pytest.approx((61.0 + 80.0) / 2 + 0.15 - 61.0)
+    # Per member, each host's best within its own budget: `b0=s` on the small, `b0=big` on the large.
+    assert r["member_bars"] == {"small": "grow:b0=s", "large": "grow:b0=big"}
+    assert r["member_bar_test"] == pytest.approx((60.0 + 80.0) / 2)
+    assert r["minus_member_bar"]["mean"] == pytest.approx(0.5 + 0.15)
+    assert r["grown_by_member"] == {"small": [("b0=s", 4)], "large": [("b0=big", 4)]}
+    assert out["grow_all_params_per_host"] == sizes and out["members"] == {"small": 1, "large": 1}
+    md = B.to_markdown(out, "t")
+    assert "| 0.5 (300-600) |" in md and "large: `grow:b0=big`" in md
+    with pytest.raises(ValueError, match="over the budget 300"):
+        B.judge(table, {0.5: {0: _ctl_hosts((61.0, 80.0), (400.0, 400.0))}}, sizes)
+    with pytest.raises(ValueError, match="1 grow_all sizes for 2 hosts"):
+        B.judge(table, evals, [600.0])
+
+
+def test_the_family_hosts_sizes_are_read_off_the_task():
+    """The CLI reads each host's ``grow_all`` and member off the task where its hosts differ by seed, and
+    nothing off a task whose hosts are all one."""
+    from esper.shell.env.tasks import grow_all_params, make_task
+
+    task = make_task("mnist1d_where")
+    hosts = [h for h in range(40) if task.describe_member(h)["channels"][0] in (2, 12)][:3]
+    sizes, members = B.host_sizes("mnist1d_where", hosts)
+    assert sizes == [float(grow_all_params(task, task.make_host_for(h))) for h in hosts]
+    assert len(set(sizes)) > 1 and all(m.startswith("channels (") for m in members)
+    assert B.host_sizes("mnist1d", [1, 2]) == (None, None)
