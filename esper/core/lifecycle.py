@@ -115,6 +115,8 @@ SEED_FIELDS: tuple[str, ...] = (
 G2_EVIDENCE = ("host", "what_if", "either")
 #: The batch-norm statistics the what-if reading normalizes with (``LifecycleConfig.whatif_statistics``).
 WHATIF_STATISTICS = ("running", "batch")
+#: The stage from which a seed reads the host's live activation (``LifecycleConfig.attach_at``).
+ATTACH_AT = ("fossilized", "blending")
 
 #: Bool ``[*E, S]`` entries of the events TensorDict returned by :func:`lifecycle_step`.
 EVENT_KINDS: tuple[str, ...] = (
@@ -169,6 +171,12 @@ class LifecycleConfig:
         "never saw the incubating seed, so a seed before a batch norm is mis-normalized and under-read; "
         "batch = each validation batch's own statistics, for the host and the what-if pass alike (one more "
         "host pass per env with an incubating seed; running statistics untouched)",
+    )
+    attach_at: str = config_field(
+        "fossilized",
+        "the stage from which a seed reads the host's live activation, so the layers before its slot train "
+        "through it: fossilized = the reference's isolation (every earlier stage reads it detached); "
+        "blending = from BLENDING on (detached only while it incubates, and once pruned)",
     )
     g3_min_epochs: int = config_field(3, "G3: epochs in BLENDING (and the ramp finished) before ADVANCE")
     g5_min_contribution: float = config_field(1.0, "G5: counterfactual contribution (points) to fossilize")
@@ -258,6 +266,8 @@ class LifecycleConfig:
                 raise ValueError(f"{where}.{name} must be finite, got {getattr(self, name)}")
         if self.g2_evidence not in G2_EVIDENCE:
             raise ValueError(f"{where}.g2_evidence must be one of {G2_EVIDENCE}, got {self.g2_evidence!r}")
+        if self.attach_at not in ATTACH_AT:
+            raise ValueError(f"{where}.attach_at must be one of {ATTACH_AT}, got {self.attach_at!r}")
         if self.whatif_statistics not in WHATIF_STATISTICS:
             got = self.whatif_statistics
             raise ValueError(f"{where}.whatif_statistics must be one of {WHATIF_STATISTICS}, got {got!r}")
@@ -662,6 +672,7 @@ def _close_epoch(
 
 
 __all__ = [
+    "ATTACH_AT",
     "EVENT_KINDS",
     "SEED_FIELDS",
     "LifecycleConfig",

@@ -51,6 +51,7 @@ from esper.shell.host.batched import make_bank
 from esper.shell.host.descriptors import describe_host
 from esper.shell.host.gradinit import GRAD_GAIN_KEYS
 from esper.shell.host.model import SEED_GRAD_KEYS
+from esper.shell.host.slots import attach_seeds
 
 
 class VecEnv:
@@ -203,6 +204,8 @@ class VecEnv:
         elif redescribe:
             self._describe(self._probe)
         self.hosts.reset(host_seeds)
+        for i in range(self.n):  # the fresh hosts' seeds read the live activation from lifecycle.attach_at
+            attach_seeds(self.hosts.host(i).slots, self.lifecycle.attach_at)
         self.seed_params = [[0] * self.spec.n_slots for _ in range(self.n)]
         self.slots = init_slots(self.n, self.enabled, device=self.device)
         if self.born:

@@ -36,6 +36,10 @@ Forward by stage:
   (the reference kept this isolation for its CNN host; we keep it for both families).
 - FOSSILIZED: ``y(alpha)`` with ``x = h``: the seed is permanent, so gradients flow into the host
   through it. Seeds keep training after fossilization (their optimizer stays, as in the reference).
+- ``lifecycle.attach_at blending`` (:func:`attach_seeds`): BLENDING and HOLDING read ``x = h`` too, so
+  the host trains through a seed from the first epoch it is blended in. The isolation costs a task
+  whose seed needs the host to change under it (``recall``: the host settles within a few epochs, and
+  a seed it first trains through at fossilization finds it settled; docs/experiment-log.md).
 - ``alpha == 0`` in any non-training stage returns ``h`` without running the seed, so the output is
   exactly the host's.
 
@@ -47,7 +51,7 @@ what blending it in would do), and ``force_alpha(0)`` returns ``h`` exactly.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -59,8 +63,13 @@ from esper.core.spec import LIVE_STAGES, Stage, Style
 #: Stages whose seed incubates: the normal forward skips it, a what-if pass trains it.
 INCUBATING_STAGES = frozenset({Stage.GERMINATED, Stage.TRAINING})
 #: Stages in which the seed reads ``h.detach()`` (everything but FOSSILIZED; incubating seeds too, in
-#: the what-if pass).
+#: the what-if pass): the reference's isolation, ``lifecycle.attach_at fossilized``.
 DETACHED_INPUT_STAGES = frozenset(LIVE_STAGES) - {Stage.FOSSILIZED}
+#: ``lifecycle.attach_at`` -> the stages in which a seed reads ``h.detach()``.
+DETACHED_BY_ATTACH = {
+    "fossilized": DETACHED_INPUT_STAGES,
+    "blending": DETACHED_INPUT_STAGES - {Stage.BLENDING, Stage.HOLDING},
+}
 
 
 class Gate(nn.Module):
@@ -163,6 +172,8 @@ class SeedSlot(nn.Module):
         self.alpha = 0.0
         self.stage = Stage.DORMANT
         self._forced: float | None = None
+        #: The stages in which the seed reads the host's activation detached (:func:`attach_seeds`).
+        self.detached_stages: frozenset[Stage] = DETACHED_INPUT_STAGES
 
     # ------------------------------------------------------------------------------ seed management
     @property
@@ -215,6 +226,11 @@ class SeedSlot(nn.Module):
         return self.seed is not None and self.stage not in INCUBATING_STAGES and self.alpha > 0.0
 
     @property
+    def reads_live(self) -> bool:
+        """Whether the seed reads the host's live activation (the layers before the slot train through it)."""
+        return self.stage not in self.detached_stages
+
+    @property
     def incubating(self) -> bool:
         """Whether the slot holds a seed that trains only in the what-if pass."""
         return self.seed is not None and self.stage in INCUBATING_STAGES
@@ -239,7 +255,7 @@ class SeedSlot(nn.Module):
         alpha = self.alpha if forced is None else forced
         if alpha == 0.0:
             return h
-        x = h.detach() if self.stage in DETACHED_INPUT_STAGES else h
+        x = h if self.reads_live else h.detach()
         return self._compose(h, x, alpha)
 
     def _compose(self, h: torch.Tensor, x: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -254,13 +270,25 @@ class SeedSlot(nn.Module):
         )
 
 
+def attach_seeds(slots: Iterable[SeedSlot], attach_at: str) -> None:
+    """Every slot's seeds read the host's live activation from stage ``attach_at`` on
+    (``lifecycle.attach_at``: :data:`DETACHED_BY_ATTACH`); what a host's slots hold now and later."""
+    if attach_at not in DETACHED_BY_ATTACH:
+        known = tuple(DETACHED_BY_ATTACH)
+        raise ValueError(f"attach_seeds: attach_at must be one of {known}, got {attach_at!r}")
+    for slot in slots:
+        slot.detached_stages = DETACHED_BY_ATTACH[attach_at]
+
+
 __all__ = [
     "BLEND",
     "BLEND_KINDS",
+    "DETACHED_BY_ATTACH",
     "DETACHED_INPUT_STAGES",
     "INCUBATING_STAGES",
     "Gate",
     "SeedSlot",
+    "attach_seeds",
     "blend",
     "compose",
 ]

@@ -38,7 +38,7 @@ from torch import nn
 from esper.core.spec import Style
 from esper.shell.host.blueprints import NormSeed, PositionAttention, SqueezeExcite, Zero
 from esper.shell.host.hosts import CNN1dHost, CNNHost, Host
-from esper.shell.host.slots import BLEND, BLEND_KINDS, DETACHED_INPUT_STAGES, Gate, SeedSlot, blend
+from esper.shell.host.slots import BLEND, BLEND_KINDS, Gate, SeedSlot, blend
 
 #: Host classes whose envs can run as one batch.
 BATCHED_HOSTS = (CNNHost, CNN1dHost)
@@ -308,7 +308,7 @@ def plan(
                 envs=tuple(e for e, _, _ in members),
                 styles=tuple(sl.style for _, sl, _ in members),
                 alpha=tuple(a for _, _, a in members),
-                attached=tuple(sl.stage not in DETACHED_INPUT_STAGES for _, sl, _ in members),
+                attached=tuple(sl.reads_live for _, sl, _ in members),
                 train=tuple(trainable and (sl.incubating or not incubating_only) for _, sl, _ in members),
                 device=device,
             )

@@ -82,7 +82,7 @@ from esper.shell.host.bank import seeded
 from esper.shell.host.blueprints import build_blueprint, param_count
 from esper.shell.host.descriptors import describe_host
 from esper.shell.host.model import SEED_GRAD_KEYS, EnvModel, seed_grad_stats
-from esper.shell.host.slots import SeedSlot
+from esper.shell.host.slots import SeedSlot, attach_seeds
 from esper.shell.user.grow import BASE_PRESET, load_run
 from esper.shell.user.grown import describe_seed, freeze_slot
 from esper.shell.user.host import Loss, Metric, UserHost
@@ -209,6 +209,7 @@ class Grower:
         name, cfg, checkpoint, run = self._settings(controller, readout, epochs, overrides)
         self.cfg, self.lifecycle = cfg, cfg.lifecycle
         host, S = self.host, self.host.n_slots
+        attach_seeds(host.slots, self.lifecycle.attach_at)
         names = host.blueprint_names
         self.spec = ActionSpec(S, len(names), tuple(i for i, b in enumerate(names) if b == "noop"))
         with torch.random.fork_rng(devices=[]):  # germination costs build every seed once

@@ -15,6 +15,7 @@ from esper.core.spec import Stage, Style
 from esper.shell.env.config import EnvConfig
 from esper.shell.host.bank import PerEnvHosts
 from esper.shell.host.batched import BatchedHosts, ShardedHosts, make_bank
+from esper.shell.host.slots import attach_seeds
 from esper.shell.host.stacked import StackedHosts, supports
 
 #: The stages a seed can be in while it is in a slot, and the alphas each is measured at.
@@ -68,7 +69,14 @@ def test_batched_step_equals_the_per_env_step_for_every_blueprint_slot_stage_alp
     check_every_blueprint_slot_stage_alpha_and_style(family, torch.device("cpu"))
 
 
-def check_every_blueprint_slot_stage_alpha_and_style(family: str, device: torch.device) -> None:
+def test_batched_step_equals_the_per_env_step_with_seeds_attached_while_they_blend():
+    """``lifecycle.attach_at blending``: BLENDING and HOLDING seeds read the live activation, on both paths
+    alike (the stacked step reads each slot's own stages, not a module constant)."""
+    check_every_blueprint_slot_stage_alpha_and_style("cnn1d", torch.device("cpu"), attach_at="blending")
+
+
+def check_every_blueprint_slot_stage_alpha_and_style(family: str, device: torch.device,
+                                                     attach_at: str = "fossilized") -> None:  # fmt: skip
     """One env per (blueprint, slot): each env holds that blueprint there, in a stage, at an alpha and in a
     style that together cover every stage x alpha and every style; each env also holds another seed in
     the next slot, so slots interact and groups mix. Three epochs on both paths: the measurements
@@ -79,6 +87,9 @@ def check_every_blueprint_slot_stage_alpha_and_style(family: str, device: torch.
     probe_names = _banks(family, 1)[2]
     combos = list(itertools.product(range(len(probe_names)), range(3)))
     ref, bat, names = _banks(family, len(combos), device)
+    for bank in (ref, bat):
+        for e in range(len(combos)):
+            attach_seeds(bank.host(e).slots, attach_at)
     stage_alpha = list(itertools.product(STAGES, ALPHAS))
     seen = set()
     for e, (b, s) in enumerate(combos):

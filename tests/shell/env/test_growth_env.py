@@ -24,6 +24,7 @@ from esper.shell.env.config import EnvConfig, lr_scale
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.env.rollout import EpisodeRunner
 from esper.shell.env.vecenv import VecEnv
+from esper.shell.host.slots import DETACHED_BY_ATTACH
 
 
 def _env(n_envs=2, *, max_epochs=6, workers=1, task="mnist1d", **env) -> VecEnv:
@@ -272,3 +273,40 @@ def test_the_env_masks_a_ramp_to_the_alpha_held_only_when_configured():
         cfg = EnvConfig(task="mnist1d", n_envs=1, batch_size=128, train_batches=1)
         env = VecEnv(cfg, LifecycleConfig(max_epochs=2, mask_same_alpha=on), GovernorConfig(), seed=3)
         assert ("alpha_target_by_slot" in env.reset(0).obs.legal.keys()) == on
+
+
+# --------------------------------------------------------------------------------------- attachment
+def test_attach_at_blending_reaches_every_fresh_host_and_changes_what_grow_all_trains():
+    """``lifecycle.attach_at``: every host a reset builds holds slots that read the live activation from
+    the configured stage, on both host paths, and the same hosts and seeds train to other weights once the
+    host trains through a blending seed (the layers before it get its gradient); the reference's isolation
+    (the default) trains as before."""
+
+    def episode(attach_at, host_step="batched"):
+        torch.manual_seed(0)
+        cfg = EnvConfig(
+            task="mnist1d", n_envs=2, batch_size=64, train_batches=8, workers=1, host_step=host_step
+        )
+        attach = {} if attach_at is None else {"attach_at": attach_at}
+        life = LifecycleConfig(max_epochs=7, g2_min_epochs=1, g3_min_epochs=1, g2_min_gain=0.0,
+                               g2_min_grad_ratio=0.0, **attach)  # fmt: skip
+        env = VecEnv(cfg, life, GovernorConfig(), seed=3)
+        EpisodeRunner(env, GrowAllController(5, env.lifecycle)).run(0)
+        stages = {env.hosts.host(i).slot(s).detached_stages for i in range(env.n) for s in range(3)}
+        blended = any(
+            env.hosts.host(i).slot(s).stage == Stage.BLENDING for i in range(env.n) for s in range(3)
+        )
+        weights = [p.detach().clone() for i in range(env.n) for p in env.hosts.host(i).host_parameters()]
+        return weights, stages, blended
+
+    default, _, _ = episode(None)
+    isolated, detached, blended = episode("fossilized")
+    attached, live, _ = episode("blending")
+    per_env, live_per_env, _ = episode("blending", "per_env")
+    assert blended  # a seed blended in this episode, so the two settings could differ
+    assert detached == {DETACHED_BY_ATTACH["fossilized"]}
+    assert live == live_per_env == {DETACHED_BY_ATTACH["blending"]}
+    assert all(torch.equal(a, b) for a, b in zip(default, isolated, strict=True))  # the default: as before
+    assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(isolated, attached, strict=True))
+    for a, b in zip(attached, per_env, strict=True):  # the two host paths agree on it
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

@@ -6,7 +6,7 @@ import torch
 from esper.core.spec import Stage, Style
 from esper.shell.host.blueprints import build_blueprint
 from esper.shell.host.hosts import CNNHost, TransformerHost
-from esper.shell.host.slots import BLEND, BLEND_KINDS, Gate, SeedSlot, blend, compose
+from esper.shell.host.slots import BLEND, BLEND_KINDS, Gate, SeedSlot, attach_seeds, blend, compose
 
 BLENDED = (Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED, Stage.PRUNED)
 
@@ -108,6 +108,32 @@ def test_blending_input_is_detached_fossilized_is_not():
     slot.set(alpha=0.5, stage=Stage.FOSSILIZED)
     slot(h).sum().backward()
     assert not torch.equal(h.grad, torch.ones_like(h))  # the fossil's input is attached
+
+
+def test_attached_at_blending_the_host_trains_through_a_blending_or_holding_seed():
+    """``lifecycle.attach_at blending``: the seed reads the live activation from BLENDING on (so the
+    layers before the slot get its gradient); an incubating seed is still skipped by the host pass and a
+    pruned one still reads it detached. The reference's isolation (``fossilized``) reads it detached in
+    BLENDING, so this fails on it."""
+    slot = _slot("cnn", Style.LINEAR_ADD)
+    attach_seeds([slot], "blending")
+    for stage in (Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
+        h = _h("cnn").requires_grad_()
+        slot.set(alpha=0.5, stage=stage)
+        assert slot.reads_live
+        slot(h).sum().backward()
+        assert not torch.equal(h.grad, torch.ones_like(h)), stage  # attached: the seed's path adds gradient
+    h = _h("cnn").requires_grad_()
+    slot.set(alpha=0.5, stage=Stage.PRUNED)
+    slot(h).sum().backward()
+    assert torch.equal(h.grad, torch.ones_like(h)) and not slot.reads_live  # ramping out: detached
+    slot.set(alpha=0.5, stage=Stage.TRAINING)
+    assert slot(h) is h  # incubating: not in the host pass
+    attach_seeds([slot], "fossilized")
+    slot.set(alpha=0.5, stage=Stage.BLENDING)
+    assert not slot.reads_live
+    with pytest.raises(ValueError, match="attach_at must be one of"):
+        attach_seeds([slot], "germinated")
 
 
 @pytest.mark.parametrize(

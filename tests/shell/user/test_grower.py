@@ -120,6 +120,17 @@ def test_a_pruned_seed_leaves_the_optimizer_with_its_state():
     assert all(opt.state[p]["step"] == 24 for p in g.host.host_parameters())
 
 
+def test_the_grower_reads_attach_at_its_seeds_read_the_live_activation_from_blending_on():
+    """``lifecycle.attach_at blending`` in the owner's loop: the model's slots read the live activation
+    from BLENDING on, as a run's hosts do (the default keeps the reference's isolation)."""
+    for attach_at, blending_live in (("fossilized", False), ("blending", True)):
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = Grower(model, opt, val=_data(32, 1), controller=PLAN, epochs=8,
+                   overrides={**OPEN, "lifecycle.attach_at": attach_at})  # fmt: skip
+        assert all((Stage.BLENDING not in s.detached_stages) == blending_live for s in g.host.slots)
+
+
 def test_mixed_precision_incubating_seeds_learn_through_the_scaler():
     model = _net()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
