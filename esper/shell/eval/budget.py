@@ -19,7 +19,7 @@ not judged: the **per-member bar**, each member's best plan within its own hosts
 and what the controller grew on each member.
 
 ``python -m esper.shell.eval.budget --plans PLANS/results.json --evals B:SEED:RESULTS.json ... --out X.json
---md X.md --png X.png``.
+--md X.md --png X.png``; ``--replot X.json Y.json --png Z.png`` draws judged outputs side by side.
 """
 
 from __future__ import annotations
@@ -247,10 +247,32 @@ def to_markdown(out: Mapping[str, Any], title: str) -> str:
 
 def figure(table: Mapping[str, Mapping[str, Any]], out: Mapping[str, Any], path: Path) -> Path | None:
     """Test accuracy against parameters added: every enumerated plan (grey), the frontier (line), each
-    budget (dotted) and the controller at each budget (its mean over seeds, the interval over seeds)."""
-    from esper.shell.telemetry.plots import finish_figure, new_figure
+    budget (dotted; on a family, the span of its hosts' budgets) and the controller at each budget (its
+    mean over seeds, the interval over seeds)."""
+    return figure_panels([(table, out, "A controller that reads its budget, against every enumerated "
+                                       "fixed plan")], path)  # fmt: skip
 
-    fig, ax = new_figure()
+
+def figure_panels(panels: Sequence[tuple[Mapping[str, Any], Mapping[str, Any], str]], path: Path) -> Path:
+    """:func:`figure`'s plot for each ``(table, out, title)`` of ``panels``, side by side in one file (one
+    judged run a panel: the default task and a family, say)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0 * len(panels), 4.5), dpi=110)
+    FigureCanvasAgg(fig)
+    for k, (table, out, title) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), k + 1)
+        _panel(ax, table, out)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    return path
+
+
+def _panel(ax, table: Mapping[str, Mapping[str, Any]], out: Mapping[str, Any]) -> None:
     ax.scatter([t["params"] for t in table.values()], [t["test"] for t in table.values()], s=16, color="0.6",
                label=f"enumerated fixed plans ({len(table)})")  # fmt: skip
     front = out["frontier"]
@@ -268,11 +290,11 @@ def figure(table: Mapping[str, Mapping[str, Any]], out: Mapping[str, Any], path:
         ax.annotate(
             f"{r['share']:g}", (r["params_added_mean"], m), textcoords="offset points", xytext=(6, -12)
         )
-    ax.errorbar([], [], color="tab:red", marker="D", label="the controller at each budget (dotted)")
-    ax.set_xlabel("parameters added to the host")
+    ax.errorbar(
+        [], [], color="tab:red", marker="D", label="the controller at each budget (its budget dotted)"
+    )
+    ax.set_xlabel("parameters added to the host (a family's plans: mean over its hosts)")
     ax.set_ylabel("test accuracy (%), mean over the hosts")
-    ax.set_title("A controller that reads its budget, against every enumerated fixed plan")
-    return finish_figure(fig, ax, path)
 
 
 def host_sizes(task_name: str, hosts: Sequence[int]) -> tuple[list[float] | None, list[str] | None]:
@@ -296,14 +318,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m esper.shell.eval.budget", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--plans", type=Path, required=True, help="evaluate's results.json of the fixed plans")
-    p.add_argument("--evals", nargs="+", required=True, metavar="SHARE:SEED:RESULTS",
+    p.add_argument("--plans", type=Path, help="evaluate's results.json of the fixed plans")
+    p.add_argument("--evals", nargs="+", metavar="SHARE:SEED:RESULTS",
                    help="each training seed's evaluate results.json under one --budget-share")  # fmt: skip
     p.add_argument("--readout", default=READOUT)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path)
     p.add_argument("--md", type=Path, default=None)
     p.add_argument("--png", type=Path, default=None)
+    p.add_argument("--replot", type=Path, nargs="+", default=None, metavar="JUDGED.json",
+                   help="draw these judged outputs (this tool's --out files) side by side into --png, and "
+                        "judge nothing")  # fmt: skip
     a = p.parse_args(argv)
+    if a.replot:
+        if a.png is None:
+            p.error("--replot draws into --png; name one")
+        judged = [json.loads(f.read_text()) for f in a.replot]
+        figure_panels([(j["table"], j, f"`{j['meta']['task']}`: the controller at each budget, against every "
+                        "enumerated fixed plan") for j in judged], a.png)  # fmt: skip
+        return 0
+    if a.plans is None or not a.evals or a.out is None:
+        p.error("--plans, --evals and --out are required (or --replot)")
     plans = json.loads(a.plans.read_text())
     table = plan_table(plans)
     evals: dict[float, dict[int, Any]] = {}
@@ -329,8 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["ALPHA", "MARGIN", "READOUT", "bar_at", "figure", "fits", "frontier", "host_sizes", "judge",
-           "main", "plan_table", "to_markdown"]  # fmt: skip
+__all__ = ["ALPHA", "MARGIN", "READOUT", "bar_at", "figure", "figure_panels", "fits", "frontier",
+           "host_sizes", "judge", "main", "plan_table", "to_markdown"]  # fmt: skip
 
 
 if __name__ == "__main__":
