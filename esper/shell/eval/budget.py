@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.png is None:
             p.error("--replot draws into --png; name one")
         judged = [json.loads(f.read_text()) for f in a.replot]
-        figure_panels([(j["table"], j, f"`{j['meta']['task']}`: the controller at each budget, against every "
+        figure_panels([(j["table"], j, f"{j['meta']['task']}: the controller at each budget, against every "
                         "enumerated fixed plan") for j in judged], a.png)  # fmt: skip
         return 0
     if a.plans is None or not a.evals or a.out is None:
