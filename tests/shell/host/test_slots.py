@@ -3,10 +3,20 @@ from __future__ import annotations
 import pytest
 import torch
 
+from esper.core.lifecycle import ATTACH_AT
 from esper.core.spec import Stage, Style
 from esper.shell.host.blueprints import build_blueprint
 from esper.shell.host.hosts import CNNHost, TransformerHost
-from esper.shell.host.slots import BLEND, BLEND_KINDS, Gate, SeedSlot, attach_seeds, blend, compose
+from esper.shell.host.slots import (
+    BLEND,
+    BLEND_KINDS,
+    DETACHED_BY_ATTACH,
+    Gate,
+    SeedSlot,
+    attach_seeds,
+    blend,
+    compose,
+)
 
 BLENDED = (Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED, Stage.PRUNED)
 
@@ -134,6 +144,7 @@ def test_attached_at_blending_the_host_trains_through_a_blending_or_holding_seed
     assert not slot.reads_live
     with pytest.raises(ValueError, match="attach_at must be one of"):
         attach_seeds([slot], "germinated")
+    assert set(DETACHED_BY_ATTACH) == set(ATTACH_AT)  # every setting the config accepts has its stages
 
 
 @pytest.mark.parametrize(
