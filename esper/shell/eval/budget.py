@@ -32,8 +32,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from esper.shell.eval.stats import holm, mean_ci95, t_test_greater, tost_equivalent
 
 #: TOST's margin, in points of test accuracy, and the tests' level.
@@ -94,7 +92,7 @@ def bar_at(table: Mapping[str, Mapping[str, Any]], budget: float | Sequence[floa
 
 
 def _interval(d: Sequence[float]) -> dict[str, Any]:
-    mean, (lo, hi) = mean_ci95(d) if len(d) > 1 else (d[0], (d[0], d[0]))
+    mean, (lo, hi) = mean_ci95(d)  # one value: a zero-width interval
     return {"mean": mean, "ci95": [lo, hi]}
 
 
@@ -154,7 +152,7 @@ def judge(table: Mapping[str, Mapping[str, Any]], evals: Mapping[float, Mapping[
             "share": share, "budget_params": sum(host_budget) / len(hosts), "bar": bar,
             "bar_test": table[bar]["test"], "bar_params": table[bar]["params"],
             "test_acc_mean": sum(accs) / len(accs),
-            "test_acc_ci95": list(mean_ci95(accs)[1]) if len(accs) > 1 else [accs[0], accs[0]],
+            "test_acc_ci95": list(mean_ci95(accs)[1]),
             "params_added_mean": sum(params) / len(params), "minus_bar": _interval(d),
             "per_seed": diffs, "p_above": t_test_greater(d) if len(d) > 1 else None,
             "tost": None if tost is None else {**tost, "interval": list(tost["interval"])},
@@ -301,17 +299,15 @@ def host_sizes(task_name: str, hosts: Sequence[int]) -> tuple[list[float] | None
     """On a family (:attr:`Task.varies`), what ``grow_all`` adds to each host and each host's member (its
     description, the fields that differ between these hosts); otherwise ``(None, None)``."""
     from esper.shell.env.tasks import grow_all_params, make_task
+    from esper.shell.eval.search import host_of
 
     task = make_task(task_name)
     if not task.varies:
         return None, None
-    with torch.random.fork_rng(devices=[]):  # building a host draws its init: leave the caller's stream
-        sizes = [float(grow_all_params(task, task.make_host_for(h))) for h in hosts]
+    sizes = [float(grow_all_params(task, host_of(task, h))) for h in hosts]
     described = [task.describe_member(h) for h in hosts]
     differ = [k for k in described[0] if len({repr(d[k]) for d in described}) > 1]
-    members = [", ".join(f"{k} {tuple(d[k]) if isinstance(d[k], list) else d[k]}" for k in differ)
-               for d in described]  # fmt: skip
-    return sizes, members
+    return sizes, [", ".join(f"{k} {d[k]}" for k in differ) for d in described]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
