@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from esper.core.spec import ALPHA_TARGETS, HEADS, ActionSpec, Op, Stage, relevance_table
+from esper.core.spec import ALPHA_TARGETS, HEADS, ActionSpec, Op, Stage, Style, relevance_table
 
 
 def head_relevance(op: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
@@ -148,18 +148,27 @@ def legal_masks(
 
 
 def within_param_cap(
-    legal: TensorDict, seed_params: torch.Tensor, cost: torch.Tensor, cap: float
-) -> TensorDict:
+    legal: TensorDict, seed_params: torch.Tensor, cost: torch.Tensor, cap: float,
+    gate_cost: torch.Tensor | None = None,
+) -> TensorDict:  # fmt: skip
     """``legal`` (from :func:`legal_masks`, batch ``[*E]``) narrowed to the germinations that keep the
     env's seed parameters at most ``cap``: a controller's hard parameter budget.
 
-    ``seed_params [*E, S]``: the parameters of each slot's seed now (the slot state's field; a pruned
-    or dormant slot holds 0). ``cost [S, n]`` (or ``[*E, S, n]``): what blueprint ``b`` would add in
-    slot ``s``. Returns a new TensorDict with ``blueprint_by_slot [*E, S, n]`` (the blueprint mask
-    conditioned on the slot: legal and affordable there), GERMINATE legal only in slots where some
-    blueprint is affordable, and ``op`` re-derived from ``slot_by_op``. Where a slot affords nothing its
-    blueprint row stays the unconditioned one: GERMINATE is illegal there, so the head is irrelevant
-    and still has a legal choice to sample. Feed the result to :func:`action_masks` with the slot.
+    ``seed_params [*E, S]``: the parameters of each slot's seed now (the slot state's field, a live
+    gate's included; a pruned or dormant slot holds 0). ``cost [S, n]`` (or ``[*E, S, n]``): the most
+    blueprint ``b`` can add in slot ``s``, a GATED_GATE gate's included. Returns a new TensorDict with
+    ``blueprint_by_slot [*E, S, n]`` (the blueprint mask conditioned on the slot: legal and affordable
+    there), GERMINATE legal only in slots where some blueprint is affordable, and ``op`` re-derived from
+    ``slot_by_op``. Where a slot affords nothing its blueprint row stays the unconditioned one:
+    GERMINATE is illegal there, so the head is irrelevant and still has a legal choice to sample.
+
+    ``gate_cost [S]`` (or ``[*E, S]``): the part of ``cost`` a GATED_GATE gate is in each slot. Without
+    it a blueprint is affordable only with its gate, whatever style follows. With it a blueprint is
+    affordable where the seed alone fits, and the result also holds ``gated_by_slot [*E, S, n]``: the
+    gate fits as well, so GATED_GATE is legal for that (slot, blueprint) (:func:`action_masks` applies
+    it to the style head). So a budget that holds exactly what a gate-free plan adds lets the
+    controller grow that plan. Feed the result to :func:`action_masks` with the slot (and, with
+    ``gate_cost``, the blueprint).
     """
     if seed_params.shape != legal["slot_by_op"].shape[:-2] + legal["slot_by_op"].shape[-1:]:
         raise ValueError(
@@ -171,9 +180,16 @@ def within_param_cap(
             f"within_param_cap: cost must be [S, n_blueprints] = [{seed_params.shape[-1]}, "
             f"{legal['blueprint'].shape[-1]}], got {list(cost.shape)}"
         )
+    if gate_cost is not None and gate_cost.shape[-1:] != seed_params.shape[-1:]:
+        raise ValueError(
+            f"within_param_cap: gate_cost must be [S] = [{seed_params.shape[-1]}], "
+            f"got {list(gate_cost.shape)}"
+        )
     spent = seed_params.to(cost.dtype).sum(-1, keepdim=True).unsqueeze(-1)  # [*E, 1, 1]
     base = legal["blueprint"].unsqueeze(-2)  # [*E, 1, n]
-    affordable = base & (spent + cost <= cap)  # [*E, S, n]
+    gate = None if gate_cost is None else gate_cost.to(cost.dtype).unsqueeze(-1)  # [*E, S, 1]
+    bare = cost if gate is None else cost - gate  # what the seed adds without a gate
+    affordable = base & (spent + bare <= cap)  # [*E, S, n]
     fits = affordable.any(-1)  # [*E, S]
     by_slot = torch.where(fits.unsqueeze(-1), affordable, base.expand_as(affordable))
     by_op = legal["slot_by_op"].clone()
@@ -182,6 +198,8 @@ def within_param_cap(
     out["slot_by_op"] = by_op
     out["op"] = by_op.any(-1)
     out["blueprint_by_slot"] = by_slot
+    if gate is not None:
+        out["gated_by_slot"] = (spent + cost <= cap).expand_as(affordable)
     return out
 
 
@@ -196,25 +214,48 @@ def slot_mask(legal: TensorDict, op: torch.Tensor) -> torch.Tensor:
     return _row(legal["slot_by_op"], op)
 
 
-def action_masks(legal: TensorDict, op: torch.Tensor, slot: torch.Tensor | None = None) -> TensorDict:
+def blueprint_mask(legal: TensorDict, slot: torch.Tensor | None = None) -> torch.Tensor:
+    """``[*E, n]``: the blueprint head's mask, the sampled ``slot [*E]``'s row where ``legal`` conditions
+    it on the slot (``blueprint_by_slot``, :func:`within_param_cap`); required there."""
+    if "blueprint_by_slot" not in legal.keys():
+        return legal["blueprint"]
+    if slot is None:
+        raise ValueError("action_masks: these masks condition a head on the slot; pass the sampled slot")
+    return _row(legal["blueprint_by_slot"], slot)
+
+
+def action_masks(
+    legal: TensorDict, op: torch.Tensor, slot: torch.Tensor | None = None,
+    blueprint: torch.Tensor | None = None,
+) -> TensorDict:  # fmt: skip
     """The mask each head was actually sampled under, given the sampled ``op [*E]``: the slot mask
     is the row of ``slot_by_op`` for that op (:func:`slot_mask`). Where ``legal`` conditions the
     blueprint on the slot (``blueprint_by_slot``, from :func:`within_param_cap`), the sampled
-    ``slot [*E]`` is required and the blueprint mask is its row; so too the alpha-target mask under
-    SET_ALPHA_TARGET where ``legal`` holds ``alpha_target_by_slot`` (:func:`legal_masks`'
-    ``mask_same_alpha``). Batch ``[*E]``, one ``[*E, n]`` bool entry per head, in :data:`HEADS` order.
-    This is what a rollout stores and what the loss re-applies."""
+    ``slot [*E]`` is required and the blueprint mask is its row (:func:`blueprint_mask`); so too the
+    alpha-target mask under SET_ALPHA_TARGET where ``legal`` holds ``alpha_target_by_slot``
+    (:func:`legal_masks`' ``mask_same_alpha``). Where it holds ``gated_by_slot`` (a cap that counts a
+    gate only where one is built), the sampled ``blueprint [*E]`` is required as well, and GATED_GATE
+    is legal only where that seed's gate fits (the other styles keep the head a legal choice). Batch
+    ``[*E]``, one ``[*E, n]`` bool entry per head, in :data:`HEADS` order. This is what a rollout
+    stores and what the loss re-applies."""
     out = {h: legal[h] for h in HEADS if h != "slot"}
     out["slot"] = slot_mask(legal, op)
     keys = legal.keys()
     if slot is None and ("blueprint_by_slot" in keys or "alpha_target_by_slot" in keys):
         raise ValueError("action_masks: these masks condition a head on the slot; pass the sampled slot")
-    if "blueprint_by_slot" in keys:
-        out["blueprint"] = _row(legal["blueprint_by_slot"], slot)
+    out["blueprint"] = blueprint_mask(legal, slot)
     if "alpha_target_by_slot" in keys:
         setting = (op == int(Op.SET_ALPHA_TARGET)).unsqueeze(-1)
         by_slot = _row(legal["alpha_target_by_slot"], slot)
         out["alpha_target"] = torch.where(setting, by_slot, legal["alpha_target"])
+    if "gated_by_slot" in keys:
+        if blueprint is None:
+            raise ValueError("action_masks: the style mask depends on the blueprint (a cap that counts "
+                             "gates); pass the sampled blueprint")  # fmt: skip
+        gated = _row(legal["gated_by_slot"], slot).gather(-1, blueprint.unsqueeze(-1))  # [*E, 1]
+        style = out["style"].clone()
+        style[..., int(Style.GATED_GATE)] = style[..., int(Style.GATED_GATE)] & gated.squeeze(-1)
+        out["style"] = style
     return TensorDict({h: out[h] for h in HEADS}, batch_size=legal.batch_size)
 
 
@@ -232,6 +273,7 @@ def _stage_in(stage: torch.Tensor, stages: tuple[Stage, ...]) -> torch.Tensor:
 
 __all__ = [
     "action_masks",
+    "blueprint_mask",
     "head_relevance",
     "legal_masks",
     "n_legal",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from esper.core import masks
-from esper.core.spec import ActionSpec, Op, Stage
+from esper.core.spec import ActionSpec, Op, Stage, Style
 from tests.core.test_masks import _slots
 
 S = Stage
@@ -65,6 +65,40 @@ def test_without_a_cap_the_slot_is_optional_and_changes_nothing():
     op = torch.tensor([int(Op.GERMINATE)])
     a, b = masks.action_masks(legal, op), masks.action_masks(legal, op, torch.tensor([2]))
     assert all(torch.equal(a[h], b[h]) for h in a.keys())
+
+
+#: What a GATED_GATE gate adds in each slot: COST less it is what each seed adds alone.
+GATE = torch.tensor([5.0, 5.0, 10.0])
+
+
+def test_a_cap_counts_a_gate_only_where_one_is_built():
+    """Issue 89: a budget of exactly what a gate-free plan adds must let the controller grow that plan.
+    With ``gate_cost`` a blueprint is affordable where the seed alone fits, and GATED_GATE is legal
+    only where its gate fits too; without it (the old behaviour) the gate is charged whatever the style,
+    so the plan the judge counts as fitting was out of the controller's reach."""
+    stages = [[S.DORMANT, S.TRAINING, S.DORMANT]]
+    legal = masks.legal_masks(_slots(stages), SPEC)
+    spent = torch.tensor([[0.0, 50.0, 0.0]])
+    cap = 50.0 + (COST[0, 2] - GATE[0]).item()  # room for blueprint 2 in slot 0 without its gate
+    old = masks.within_param_cap(legal, spent, COST, cap)
+    new = masks.within_param_cap(legal, spent, COST, cap, GATE)
+    assert not old["blueprint_by_slot"][0, 0, 2]  # the old cap: out of reach
+    assert new["blueprint_by_slot"][0, 0, 2]
+    assert not new["gated_by_slot"][0, 0, 2]  # ... but not with a gate
+    assert new["gated_by_slot"][0, 0, 1]  # blueprint 1 fits with its gate
+    op = torch.tensor([int(Op.GERMINATE)] * 2)
+    two = masks.within_param_cap(
+        masks.legal_masks(_slots(stages * 2), SPEC), spent.expand(2, -1), COST, cap, GATE
+    )  # fmt: skip
+    used = masks.action_masks(two, op, torch.tensor([0, 0]), torch.tensor([2, 1]))
+    gated = int(Style.GATED_GATE)
+    assert used["style"][:, gated].tolist() == [False, True]
+    assert used["style"][0].sum() == len(Style) - 1  # the other styles stay legal
+    assert torch.equal(used["blueprint"], two["blueprint_by_slot"][:, 0])
+    with pytest.raises(ValueError, match="pass the sampled blueprint"):
+        masks.action_masks(two, op, torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="gate_cost"):
+        masks.within_param_cap(legal, spent, COST, cap, GATE[:2])
 
 
 def test_bad_shapes_raise():

@@ -104,7 +104,9 @@ class Agent:
         grow_all = step.host.grow_all_params if step.host is not None else 0.0
         # the episode's budget where the controller reads one (env.budget_shares), else the config's cap
         cap = budget if budget > 0 else param_cap_on(self.param_cap, self.param_cap_share, grow_all)
-        return within_param_cap(step.legal, step.slots["seed_params"], cost.to(step.legal.device), cap)
+        gate = step.host.gate_cost if step.host is not None else None  # None: the gate always counted
+        gate = None if gate is None else gate.to(step.legal.device)
+        return within_param_cap(step.legal, step.slots["seed_params"], cost.to(step.legal.device), cap, gate)
 
     def normalize(self, raw_obs: torch.Tensor) -> torch.Tensor:
         """Raw observations normalized with the current (frozen) statistics (the flat policy's input)."""

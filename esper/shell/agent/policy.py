@@ -38,7 +38,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from esper.core import distributions as dist
-from esper.core.masks import action_masks, slot_mask
+from esper.core.masks import action_masks, blueprint_mask, slot_mask
 from esper.core.spec import CHOICE_NAMES, DEFAULT_BLEND, HEADS, ActionSpec, Op
 
 RecurrentState = tuple[torch.Tensor, torch.Tensor]
@@ -220,9 +220,11 @@ class FactoredRecurrentActorCritic(nn.Module):
         check_masks(slots_ok, "slot")
         slot_logits = self.slot_logits(feats, op)
         slot = _sample(slot_logits, slots_ok, generator, "slot" in mode)
-        used = action_masks(legal, op, slot)  # the blueprint mask may depend on the slot (a param cap)
         logits = {"op": op_logits, "slot": slot_logits, **self._later_logits(feats, op, slot)}
-        sampled = {"op": op, "slot": slot}
+        # the blueprint before the masks: under a cap that counts gates, the style mask depends on it
+        blueprint = _sample(logits["blueprint"], blueprint_mask(legal, slot), generator, "blueprint" in mode)
+        used = action_masks(legal, op, slot, blueprint)
+        sampled = {"op": op, "slot": slot, "blueprint": blueprint}
         out = TensorDict({}, batch_size=obs.shape[:1], device=obs.device)
         for head in HEADS:
             mask = used[head]

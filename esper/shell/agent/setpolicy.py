@@ -42,7 +42,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from esper.core import distributions as dist
-from esper.core.masks import action_masks, slot_mask
+from esper.core.masks import action_masks, blueprint_mask, slot_mask
 from esper.core.spec import HEADS, ActionSpec, Op
 from esper.shell.agent.policy import (
     RecurrentState,
@@ -238,9 +238,11 @@ class SetRecurrentActorCritic(nn.Module):
         check_masks(slots_ok, "slot")
         slot_logits = self.slot_logits(feats, enc, op)
         slot = _sample(slot_logits, slots_ok, generator, "slot" in mode)
-        used = action_masks(legal, op, slot)
         logits = {"op": op_logits, "slot": slot_logits, **self._later_logits(obs, feats, enc, op, slot)}
-        sampled = {"op": op, "slot": slot}
+        # the blueprint before the masks: under a cap that counts gates, the style mask depends on it
+        blueprint = _sample(logits["blueprint"], blueprint_mask(legal, slot), generator, "blueprint" in mode)
+        used = action_masks(legal, op, slot, blueprint)
+        sampled = {"op": op, "slot": slot, "blueprint": blueprint}
         batch = obs.batch_size
         out = TensorDict({}, batch_size=batch, device=feats.device)
         for head in HEADS:

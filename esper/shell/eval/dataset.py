@@ -91,7 +91,7 @@ class EpisodeRecorder:
         masks = (
             {h: out[h, "action_mask"].to(device) for h in HEADS}
             if given
-            else action_masks(step.legal, actions["op"], actions["slot"])
+            else action_masks(step.legal, actions["op"], actions["slot"], actions["blueprint"])
         )
         kept = TensorDict(
             {h: TensorDict({"action": actions[h], "action_mask": masks[h]}, [E]) for h in HEADS}, [E]

@@ -70,6 +70,10 @@ class HostLayout:
     #: controller's hard cap, in place of ``ppo.param_cap_share``'s, and the descriptors'
     #: :data:`BUDGET_FEATURES` column. 0: none.
     budget_params: float = 0.0
+    #: ``[S]``: the part of :attr:`germination_cost` a GATED_GATE gate is in each slot
+    #: (:meth:`Host.gate_cost`), so a cap counts a gate only where one is built
+    #: (:func:`esper.core.masks.within_param_cap`). None: not known; a cap then counts it always.
+    gate_cost: torch.Tensor | None = None
 
     @property
     def n_slots(self) -> int:
@@ -84,6 +88,7 @@ class HostLayout:
         return replace(
             self, germination_cost=move(self.germination_cost), slot_features=move(self.slot_features),
             descriptors=move(self.descriptors), log_cost=move(self.log_cost),
+            gate_cost=None if self.gate_cost is None else move(self.gate_cost),
         )  # fmt: skip
 
 
@@ -148,7 +153,7 @@ def describe_host(
         family=host.family, slot_names=host.slot_names, slot_widths=widths, blueprint_names=tuple(names),
         host_params=host_params, germination_cost=cost, slot_features=slot_features,
         descriptors=descriptors.contiguous(), log_cost=log_cost, grow_all_params=float(grow_all_params),
-        budget_params=float(budget_params or 0.0),
+        budget_params=float(budget_params or 0.0), gate_cost=host.gate_cost(),
     )  # fmt: skip
 
 

@@ -63,15 +63,19 @@ class Host(nn.Module, ABC):
 
     def germination_cost(self) -> torch.Tensor:
         """``[S, n_blueprints]`` float: the most parameters germinating blueprint ``b`` in slot ``s`` can
-        add, the seed's plus a GATED_GATE gate's (the style is chosen after the blueprint, so a
-        parameter cap that must hold whatever the style counts the gate). Builds each seed once."""
-
-        def cost(blueprint: str, width: int) -> int:
-            seed = build_blueprint(self.family, blueprint, width)
-            return param_count(seed) + param_count(Gate(width, self.family))
-
-        rows = [[cost(b, s.width) for b in self.blueprint_names] for s in self.slots]
+        add, the seed's plus a GATED_GATE gate's (:meth:`gate_cost`: a cap given it counts the gate only
+        where one is built, :func:`esper.core.masks.within_param_cap`). Builds each seed once."""
+        gates = self.gate_cost().tolist()
+        rows = [
+            [param_count(build_blueprint(self.family, b, s.width)) + g for b in self.blueprint_names]
+            for s, g in zip(self.slots, gates, strict=True)
+        ]
         return torch.tensor(rows, dtype=torch.float32)
+
+    def gate_cost(self) -> torch.Tensor:
+        """``[S]`` float: the parameters a GATED_GATE gate adds in each slot (the part of
+        :meth:`germination_cost` no other style adds)."""
+        return torch.tensor([float(param_count(Gate(s.width, self.family))) for s in self.slots])
 
     def slot(self, slot_index: int) -> SeedSlot:
         if not 0 <= slot_index < len(self.slots):

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from esper.core.lifecycle import LifecycleConfig
+from esper.core.masks import action_masks, within_param_cap
 from esper.core.normalize import running_stats
 from esper.core.observation import obs_dim
-from esper.core.spec import Style
+from esper.core.spec import Op, Style
 from esper.shell.agent.agent import Agent, policy_input_dim
 from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.controller import PPOController
@@ -120,3 +121,30 @@ def test_a_cap_needs_the_cost_table():
     policy = FactoredRecurrentActorCritic(policy_input_dim(raw), env_spec, hidden=8, head_hidden=8)
     with pytest.raises(ValueError, match="germination_cost"):
         Agent(policy, running_stats((raw,)), obs_clip=10.0, param_cap=CAP)
+
+
+def test_issue89_a_whole_budget_lets_the_controller_grow_grow_all_without_gates():
+    """Issue 89: the budget judge counts what a plan adds (``grow_all``: 1,200 seed parameters on the
+    default host, gates not counted, as built), but the cap had charged every germination its gate
+    whatever the style, so at a budget of the whole of ``grow_all`` (1,200) a third ``conv_heavy`` after
+    two was out of the controller's reach (400 + 400 + 421 > 1,200). Now the cap charges the gate only
+    where one is built: the third ``conv_heavy`` is legal, GATED_GATE on it is not."""
+    env = VecEnv(dataclasses.replace(ENV, n_envs=1), LIFECYCLE, GovernorConfig(), seed=0)
+    raw = obs_dim(env.spec.n_slots, env.spec.n_blueprints)
+    policy = FactoredRecurrentActorCritic(policy_input_dim(raw), env.spec, hidden=8, head_hidden=8)
+    agent = Agent(policy, running_stats((raw,)), obs_clip=10.0, param_cap_share=1.0,
+                  germination_cost=env.germination_cost)  # fmt: skip
+    step = env.reset(0).obs
+    heavy = env.blueprint_names.index("conv_heavy")
+    bare = env.germination_cost[:, heavy] - step.host.gate_cost
+    assert bare.sum() == env.grow_all_params == 1200
+    step.slots["seed_params"] = torch.tensor([[bare[0].item(), bare[1].item(), 0.0]])
+    legal = agent.legal(step)
+    assert legal["blueprint_by_slot"][0, 2, heavy]
+    assert not legal["gated_by_slot"][0, 2, heavy]
+    germinate = torch.tensor([int(Op.GERMINATE)])
+    used = action_masks(legal, germinate, torch.tensor([2]), torch.tensor([heavy]))
+    assert not used["style"][0, int(Style.GATED_GATE)] and used["style"][0, int(Style.LINEAR_ADD)]
+    # the old cap (the gate always charged) could not grow it
+    old = within_param_cap(step.legal, step.slots["seed_params"], env.germination_cost, 1200.0)
+    assert not old["blueprint_by_slot"][0, 2, heavy]

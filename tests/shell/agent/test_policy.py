@@ -333,7 +333,7 @@ def _per_env_sampling_faults(net: FactoredRecurrentActorCritic, rounds: int = 12
         except RuntimeError as e:
             faults.append(f"round {r}: {e}")
             continue
-        used = action_masks(legal, out["op", "action"], out["slot", "action"])
+        used = action_masks(legal, out["op", "action"], out["slot", "action"], out["blueprint", "action"])
         for head in HEADS:
             a = out[head, "action"]
             legal_choice = used[head].gather(-1, a.unsqueeze(-1)).squeeze(-1)

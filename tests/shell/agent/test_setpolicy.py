@@ -73,7 +73,7 @@ def _agent(cfg: PPOConfig = CFG, seed: int = 0, layout=None):
 
 
 def _assert_legal(out: TensorDict, legal: TensorDict) -> None:
-    expected = action_masks(legal, out["op", "action"], out["slot", "action"])
+    expected = action_masks(legal, out["op", "action"], out["slot", "action"], out["blueprint", "action"])
     for head in HEADS:
         mask, a = out[head, "action_mask"], out[head, "action"]
         assert torch.equal(mask, expected[head]), head
@@ -374,8 +374,9 @@ def test_param_cap_narrows_by_the_step_s_own_host():
         step.slots["seed_params"] = torch.zeros(2, layout.n_slots)
         legal = agent.legal(step)
         zero = step.slots["seed_params"]
-        expected = within_param_cap(step.legal, zero, layout.germination_cost, 100.0)
+        expected = within_param_cap(step.legal, zero, layout.germination_cost, 100.0, layout.gate_cost)
         assert torch.equal(legal["blueprint_by_slot"], expected["blueprint_by_slot"]), name
+        assert torch.equal(legal["gated_by_slot"], expected["gated_by_slot"]), name
         other = LAYOUTS["cnn-3" if name == "cnn1d-3" else "cnn1d-3"].germination_cost
         assert not torch.equal(legal["blueprint_by_slot"], within_param_cap(step.legal, zero, other, 100.0)[
             "blueprint_by_slot"])  # fmt: skip

@@ -81,11 +81,15 @@ def test_the_learned_controllers_cap_is_the_episodes_budget():
         for episode in range(12):
             step = env.reset(episode).obs
             legal = agent.legal(step)
-            within = env.layout.germination_cost <= env.layout.budget_params  # [S, n]
+            layout = env.layout
+            bare = layout.germination_cost - layout.gate_cost.unsqueeze(-1)  # the seed alone
+            within = bare <= layout.budget_params  # [S, n]
+            gated = layout.germination_cost <= layout.budget_params  # with its gate
             germinable = legal["slot_by_op"][:, int(Op.GERMINATE), :]  # [E, S]
             by_slot = legal["blueprint_by_slot"].bool()  # [E, S, n]
-            # where GERMINATE is legal, no blueprint over the episode's budget is
+            # where GERMINATE is legal, no blueprint over the episode's budget is, nor a gate over it
             assert not (germinable.unsqueeze(-1) & by_slot & ~within.unsqueeze(0)).any()
+            assert torch.equal(legal["gated_by_slot"], gated.expand_as(legal["gated_by_slot"]))
             allowed[env.budget_share] = int((germinable.unsqueeze(-1) & by_slot).sum())
             agent.policy_input(step)  # the policy reads the layout with its budget column
         assert allowed[min(SHARES)] < allowed[max(SHARES)]
