@@ -251,16 +251,22 @@ def figure(table: Mapping[str, Mapping[str, Any]], out: Mapping[str, Any], path:
                                        "fixed plan")], path)  # fmt: skip
 
 
-def figure_panels(panels: Sequence[tuple[Mapping[str, Any], Mapping[str, Any], str]], path: Path) -> Path:
-    """:func:`figure`'s plot for each ``(table, out, title)`` of ``panels``, side by side in one file (one
-    judged run a panel: the default task and a family, say)."""
+def figure_panels(
+    panels: Sequence[tuple[Mapping[str, Any], Mapping[str, Any], str]], path: Path, columns: int = 0
+) -> Path:
+    """:func:`figure`'s plot for each ``(table, out, title)`` of ``panels`` in one file, ``columns`` a row
+    (0: all in one row), row by row (one judged run a panel: the default task and a family, say)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7.0 * len(panels), 4.5), dpi=110)
+    if columns < 0:
+        raise ValueError(f"figure_panels: columns must be >= 0, got {columns}")
+    cols = min(columns or len(panels), len(panels))
+    rows = -(-len(panels) // cols)
+    fig = Figure(figsize=(7.0 * cols, 4.5 * rows), dpi=110)
     FigureCanvasAgg(fig)
     for k, (table, out, title) in enumerate(panels):
-        ax = fig.add_subplot(1, len(panels), k + 1)
+        ax = fig.add_subplot(rows, cols, k + 1)
         _panel(ax, table, out)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
@@ -323,14 +329,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--png", type=Path, default=None)
     p.add_argument("--replot", type=Path, nargs="+", default=None, metavar="JUDGED.json",
                    help="draw these judged outputs (this tool's --out files) side by side into --png, and "
-                        "judge nothing")  # fmt: skip
+                        "judge nothing; a judged output's meta.panel, where set, titles its panel",
+                   )  # fmt: skip
+    p.add_argument("--columns", type=int, default=0, help="--replot's panels a row (0: all in one row)")
     a = p.parse_args(argv)
     if a.replot:
         if a.png is None:
             p.error("--replot draws into --png; name one")
         judged = [json.loads(f.read_text()) for f in a.replot]
-        figure_panels([(j["table"], j, f"{j['meta']['task']}: the controller at each budget, against every "
-                        "enumerated fixed plan") for j in judged], a.png)  # fmt: skip
+        default = ": the controller at each budget, against every enumerated fixed plan"
+        titles = [j["meta"].get("panel") or j["meta"]["task"] + default for j in judged]
+        figure_panels([(j["table"], j, t) for j, t in zip(judged, titles, strict=True)], a.png, a.columns)
         return 0
     if a.plans is None or not a.evals or a.out is None:
         p.error("--plans, --evals and --out are required (or --replot)")

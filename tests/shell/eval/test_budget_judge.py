@@ -87,6 +87,18 @@ def test_the_cli_writes_the_table_and_the_figure(tmp_path):
     assert set(out["budgets"]) == {"0.25", "1"} and out["training_seeds"] == [1, 2]
     assert "| 0.25 (250) |" in (tmp_path / "o.md").read_text()
     assert (tmp_path / "o.png").stat().st_size > 0
+    # --replot draws judged outputs into one figure, --columns a row, meta.panel titling a panel
+    out["meta"]["panel"] = "the cap fixed"
+    (tmp_path / "p.json").write_text(json.dumps(out))
+    files = [str(tmp_path / "o.json"), str(tmp_path / "p.json"), str(tmp_path / "o.json")]
+    assert B.main(["--replot", *files, "--columns", "2", "--png", str(tmp_path / "grid.png")]) == 0
+    from PIL import Image  # matplotlib's own dependency
+
+    wide, high = Image.open(tmp_path / "grid.png").size
+    one = Image.open(tmp_path / "o.png").size
+    assert high > 1.5 * one[1] and wide > 1.5 * one[0]  # two rows of two columns
+    with pytest.raises(ValueError, match="columns must be >= 0"):
+        B.figure_panels([], tmp_path / "x.png", columns=-1)
 
 
 def _family_plans():
