@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from esper.core.spec import ALPHA_TARGETS, HEADS, ActionSpec, Op, Stage, Style, relevance_table
+from esper.core.spec import ALPHA_TARGETS, DEFAULT_BLEND, HEADS, ActionSpec, Op, Stage, Style, relevance_table
 
 
 def head_relevance(op: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
@@ -259,6 +259,23 @@ def action_masks(
     return TensorDict({h: out[h] for h in HEADS}, batch_size=legal.batch_size)
 
 
+def fixed_blend(legal: TensorDict) -> TensorDict:
+    """``legal`` with the blend heads narrowed to the fixed schedules' blend (:data:`DEFAULT_BLEND`:
+    LINEAR_ADD, tempo FAST, alpha target 1.0): a controller that decides what, where and when to grow,
+    and blends as the fixed plans do. SET_ALPHA_TARGET may then only move a seed towards 1.0 (and, with
+    ``alpha_target_by_slot``, its per-slot rows are narrowed the same way). Every other head is untouched."""
+    out = legal.clone(recurse=False)
+    for head, choice in DEFAULT_BLEND.items():
+        only = torch.zeros_like(legal[head])
+        only[..., choice] = True
+        out[head] = only
+    if "alpha_target_by_slot" in legal.keys():
+        only = torch.zeros_like(legal["alpha_target_by_slot"])
+        only[..., DEFAULT_BLEND["alpha_target"]] = True
+        out["alpha_target_by_slot"] = only
+    return out
+
+
 def n_legal(mask: torch.Tensor) -> torch.Tensor:
     """``[..., n] bool -> [...] int64``: how many choices are legal."""
     return mask.sum(-1)
@@ -274,6 +291,7 @@ def _stage_in(stage: torch.Tensor, stages: tuple[Stage, ...]) -> torch.Tensor:
 __all__ = [
     "action_masks",
     "blueprint_mask",
+    "fixed_blend",
     "head_relevance",
     "legal_masks",
     "n_legal",

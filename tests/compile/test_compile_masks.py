@@ -64,6 +64,19 @@ def test_within_param_cap_with_gate_cost_compiles(compile_check):
     compile_check(fn, slots, seed_params, cost, gate_cost, op, slot, blueprint)
 
 
+def test_fixed_blend_compiles(compile_check):
+    S = Stage
+    spec = ActionSpec(n_slots=3, n_blueprints=4)
+    slots = _slots([[S.HOLDING, S.BLENDING, S.DORMANT], [S.DORMANT, S.HOLDING, S.DORMANT]])
+    op = torch.tensor([int(Op.SET_ALPHA_TARGET), int(Op.GERMINATE)])
+    slot = torch.tensor([0, 2])
+
+    def fn(slots, op, slot):
+        return masks.action_masks(masks.fixed_blend(masks.legal_masks(slots, spec)), op, slot)
+
+    compile_check(fn, slots, op, slot)
+
+
 def test_mask_same_alpha_compiles(compile_check):
     S = Stage
     spec = ActionSpec(n_slots=3, n_blueprints=4)

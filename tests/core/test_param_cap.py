@@ -107,3 +107,23 @@ def test_bad_shapes_raise():
         masks.within_param_cap(legal, torch.zeros(1, 2), COST, 10.0)
     with pytest.raises(ValueError, match="cost"):
         masks.within_param_cap(legal, torch.zeros(1, 3), COST[:, :3], 10.0)
+
+
+def test_fixed_blend_offers_only_the_fixed_schedules_blend():
+    """``ppo.fixed_blend`` (issue 89): the blend heads offer only :data:`DEFAULT_BLEND`; the op, slot and
+    blueprint heads, and a cap's narrowing, are untouched."""
+    from esper.core.spec import DEFAULT_BLEND
+
+    stages = [[S.DORMANT, S.TRAINING, S.DORMANT]]
+    capped = masks.within_param_cap(
+        masks.legal_masks(_slots(stages), SPEC, mask_same_alpha=True), torch.tensor([[0.0, 50.0, 0.0]]),
+        COST, 100.0, GATE,
+    )  # fmt: skip
+    fixed = masks.fixed_blend(capped)
+    for head, choice in DEFAULT_BLEND.items():
+        assert fixed[head][0].tolist() == [i == choice for i in range(fixed[head].shape[-1])], head
+    assert fixed["alpha_target_by_slot"][0].sum(-1).tolist() == [1, 1, 1]
+    for key in ("op", "slot_by_op", "blueprint_by_slot", "gated_by_slot", "alpha_speed", "alpha_curve"):
+        assert torch.equal(fixed[key], capped[key]), key
+    used = masks.action_masks(fixed, torch.tensor([int(Op.GERMINATE)]), torch.tensor([0]), torch.tensor([1]))
+    assert used["style"][0].tolist() == [s == Style(DEFAULT_BLEND["style"]) for s in Style]

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from esper.core.masks import within_param_cap
+from esper.core.masks import fixed_blend, within_param_cap
 from esper.core.normalize import normalize, running_stats
 from esper.core.observation import global_dim, obs_dim, slot_state_names, split_observation
 from esper.core.spec import ActionSpec, Op
@@ -83,8 +83,11 @@ class Agent:
         param_cap: float = 0.0,
         param_cap_share: float = 0.0,
         germination_cost: torch.Tensor | None = None,
+        fixed_blend: bool = False,
     ) -> None:
         self.policy, self.obs_stats, self.obs_clip = policy, obs_stats, obs_clip
+        #: ``ppo.fixed_blend``: the blend heads offer only the fixed schedules' blend.
+        self.fixed_blend = fixed_blend
         self.param_cap, self.param_cap_share = param_cap, param_cap_share
         self.germination_cost = germination_cost
         self.device = next(policy.parameters()).device
@@ -94,7 +97,12 @@ class Agent:
             raise ValueError("ppo.param_cap needs the env's germination_cost (VecEnv.germination_cost)")
 
     def legal(self, step: StepInput) -> TensorDict:
-        """The env's legality, narrowed to what keeps the seeds within the cap when one is set."""
+        """The env's legality, narrowed to what keeps the seeds within the cap when one is set, and to the
+        fixed schedules' blend with ``ppo.fixed_blend``."""
+        legal = self._capped(step)
+        return fixed_blend(legal) if self.fixed_blend else legal
+
+    def _capped(self, step: StepInput) -> TensorDict:
         budget = step.host.budget_params if step.host is not None else 0.0
         if self.param_cap <= 0 and self.param_cap_share <= 0 and budget <= 0:
             return step.legal
@@ -261,6 +269,7 @@ def build_agent(
         param_cap=ppo.param_cap,
         param_cap_share=ppo.param_cap_share,
         germination_cost=germination_cost,
+        fixed_blend=ppo.fixed_blend,
     )
 
 

@@ -111,6 +111,12 @@ class PPOConfig:
         "initial logit of the fixed schedules' blend (style LINEAR_ADD, tempo FAST, alpha target 1.0) "
         "above each blend head's other choices (0: uniform)",
     )
+    fixed_blend: bool = doc(
+        False,
+        "the learned controller's blend heads offer only the fixed schedules' blend (style LINEAR_ADD, tempo "
+        "FAST, alpha target 1.0; esper.core.masks.fixed_blend): it decides what, where and when to grow, "
+        "and blends as the fixed plans do",
+    )
     slot_bias: bool = doc(
         False,
         "a learned logit bias per slot for the heads after the slot head (blueprint, blend): what to "

@@ -148,3 +148,31 @@ def test_issue89_a_whole_budget_lets_the_controller_grow_grow_all_without_gates(
     # the old cap (the gate always charged) could not grow it
     old = within_param_cap(step.legal, step.slots["seed_params"], env.germination_cost, 1200.0)
     assert not old["blueprint_by_slot"][0, 2, heavy]
+
+
+def test_a_fixed_blend_controller_germinates_only_with_the_fixed_schedules_blend():
+    """``ppo.fixed_blend``: every germination the learned controller makes blends as the fixed plans do
+    (an untrained, germination-eager policy, so it germinates in every slot)."""
+    from esper.core.spec import DEFAULT_BLEND
+    from esper.shell.agent.agent import build_agent
+
+    env = VecEnv(ENV, LIFECYCLE, GovernorConfig(), seed=3)
+    ppo = PPOConfig(hidden=16, head_hidden=16, germinate_bias=6.0, fixed_blend=True)
+    torch.manual_seed(0)
+    agent = build_agent(ppo, env.spec, device="cpu", germination_cost=env.germination_cost,
+                        raw_obs_dim=env.obs_dim)  # fmt: skip
+    assert agent.fixed_blend
+    seen = []
+
+    class _Record(_Watch):
+        def act(self, step):
+            out = self.inner.act(step)
+            germ = out["op", "action"] == int(Op.GERMINATE)
+            seen.extend(
+                tuple(int(out[h, "action"][i]) for h in DEFAULT_BLEND) for i in germ.nonzero().flatten()
+            )
+            return out
+
+    ctl = _Record(PPOController(agent, generator=torch.Generator().manual_seed(1), learns=False))
+    EpisodeRunner(env, ctl).run(0)
+    assert seen and set(seen) == {tuple(DEFAULT_BLEND.values())}
