@@ -271,6 +271,8 @@ def figure_panels(
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    if rows > 1:
+        fig.subplots_adjust(hspace=0.3)  # room for a row's axis label under the row above
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight")
     return path
