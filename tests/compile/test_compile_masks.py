@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from esper.core import masks
@@ -30,38 +31,22 @@ def test_seed_pays_compiles(compile_check):
     compile_check(lambda slots: masks.seed_pays(slots, 1.0), slots)
 
 
-def test_within_param_cap_compiles(compile_check):
-    S = Stage
-    spec = ActionSpec(n_slots=3, n_blueprints=4, masked_blueprints=(0,))
-    slots = _slots([[S.DORMANT, S.TRAINING, S.DORMANT], [S.DORMANT, S.DORMANT, S.DORMANT]])
-    seed_params = torch.tensor([[0.0, 50.0, 0.0], [0.0, 0.0, 0.0]])
-    cost = torch.tensor([[1.0, 10.0, 40.0, 90.0]] * 3)
-    op = torch.tensor([int(Op.GERMINATE), int(Op.GERMINATE)])
-    slot = torch.tensor([0, 2])
-
-    def fn(slots, seed_params, cost, op, slot):
-        legal = masks.within_param_cap(masks.legal_masks(slots, spec), seed_params, cost, 100.0)
-        return masks.action_masks(legal, op, slot)
-
-    compile_check(fn, slots, seed_params, cost, op, slot)
-
-
-def test_within_param_cap_with_gate_cost_compiles(compile_check):
+@pytest.mark.parametrize("gated", [False, True], ids=["gate-always-charged", "gate-where-built"])
+def test_within_param_cap_compiles(compile_check, gated):
     S = Stage
     spec = ActionSpec(n_slots=3, n_blueprints=4, masked_blueprints=(0,))
     slots = _slots([[S.DORMANT, S.TRAINING, S.DORMANT], [S.DORMANT, S.DORMANT, S.DORMANT]])
     seed_params = torch.tensor([[0.0, 50.0, 0.0], [0.0, 0.0, 0.0]])
     cost = torch.tensor([[6.0, 15.0, 45.0, 95.0]] * 3)
-    gate_cost = torch.full((3,), 5.0)
+    gate_cost = torch.full((3,), 5.0) if gated else None  # with it, the style mask reads the blueprint
     op = torch.tensor([int(Op.GERMINATE), int(Op.GERMINATE)])
-    slot = torch.tensor([0, 2])
-    blueprint = torch.tensor([2, 3])
+    slot, blueprint = torch.tensor([0, 2]), torch.tensor([2, 3])
 
-    def fn(slots, seed_params, cost, gate_cost, op, slot, blueprint):
+    def fn(slots, seed_params, cost, op, slot, blueprint):
         legal = masks.within_param_cap(masks.legal_masks(slots, spec), seed_params, cost, 100.0, gate_cost)
         return masks.action_masks(legal, op, slot, blueprint)
 
-    compile_check(fn, slots, seed_params, cost, gate_cost, op, slot, blueprint)
+    compile_check(fn, slots, seed_params, cost, op, slot, blueprint)
 
 
 def test_fixed_blend_compiles(compile_check):

@@ -98,12 +98,18 @@ def test_a_cap_stated_as_a_share_of_grow_all_is_that_many_parameters_on_the_host
     assert torch.equal(_held(0.0, share=CAP / 1200), _held(CAP))
 
 
-def test_a_share_cap_needs_the_step_s_host():
+def _share_capped(share: float) -> tuple[VecEnv, Agent]:
+    """One env of the default task and a small untrained agent capped at ``share`` of ``grow_all``."""
     env = VecEnv(dataclasses.replace(ENV, n_envs=1), LIFECYCLE, GovernorConfig(), seed=0)
     raw = obs_dim(env.spec.n_slots, env.spec.n_blueprints)
     policy = FactoredRecurrentActorCritic(policy_input_dim(raw), env.spec, hidden=8, head_hidden=8)
-    agent = Agent(policy, running_stats((raw,)), obs_clip=10.0, param_cap_share=0.5,
+    agent = Agent(policy, running_stats((raw,)), obs_clip=10.0, param_cap_share=share,
                   germination_cost=env.germination_cost)  # fmt: skip
+    return env, agent
+
+
+def test_a_share_cap_needs_the_step_s_host():
+    env, agent = _share_capped(0.5)
     step = env.reset(0).obs
     assert agent.legal(step) is not step.legal  # the env's step holds its host's layout
     with pytest.raises(ValueError, match="param_cap_share needs the host's grow_all parameters"):
@@ -129,11 +135,7 @@ def test_issue89_a_whole_budget_lets_the_controller_grow_grow_all_without_gates(
     whatever the style, so at a budget of the whole of ``grow_all`` (1,200) a third ``conv_heavy`` after
     two was out of the controller's reach (400 + 400 + 421 > 1,200). Now the cap charges the gate only
     where one is built: the third ``conv_heavy`` is legal, GATED_GATE on it is not."""
-    env = VecEnv(dataclasses.replace(ENV, n_envs=1), LIFECYCLE, GovernorConfig(), seed=0)
-    raw = obs_dim(env.spec.n_slots, env.spec.n_blueprints)
-    policy = FactoredRecurrentActorCritic(policy_input_dim(raw), env.spec, hidden=8, head_hidden=8)
-    agent = Agent(policy, running_stats((raw,)), obs_clip=10.0, param_cap_share=1.0,
-                  germination_cost=env.germination_cost)  # fmt: skip
+    env, agent = _share_capped(1.0)
     step = env.reset(0).obs
     heavy = env.blueprint_names.index("conv_heavy")
     bare = env.germination_cost[:, heavy] - step.host.gate_cost
