@@ -220,7 +220,7 @@ def blueprint_mask(legal: TensorDict, slot: torch.Tensor | None = None) -> torch
     if "blueprint_by_slot" not in legal.keys():
         return legal["blueprint"]
     if slot is None:
-        raise ValueError("action_masks: these masks condition a head on the slot; pass the sampled slot")
+        raise ValueError("blueprint_mask: a cap conditions the blueprint on the slot; pass the sampled slot")
     return _row(legal["blueprint_by_slot"], slot)
 
 
@@ -241,9 +241,9 @@ def action_masks(
     out = {h: legal[h] for h in HEADS if h != "slot"}
     out["slot"] = slot_mask(legal, op)
     keys = legal.keys()
-    if slot is None and ("blueprint_by_slot" in keys or "alpha_target_by_slot" in keys):
+    out["blueprint"] = blueprint_mask(legal, slot)  # refuses a missing slot under a cap
+    if slot is None and "alpha_target_by_slot" in keys:
         raise ValueError("action_masks: these masks condition a head on the slot; pass the sampled slot")
-    out["blueprint"] = blueprint_mask(legal, slot)
     if "alpha_target_by_slot" in keys:
         setting = (op == int(Op.SET_ALPHA_TARGET)).unsqueeze(-1)
         by_slot = _row(legal["alpha_target_by_slot"], slot)

@@ -330,9 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--md", type=Path, default=None)
     p.add_argument("--png", type=Path, default=None)
     p.add_argument("--replot", type=Path, nargs="+", default=None, metavar="JUDGED.json",
-                   help="draw these judged outputs (this tool's --out files) side by side into --png, and "
-                        "judge nothing; a judged output's meta.panel, where set, titles its panel",
-                   )  # fmt: skip
+                   help="draw these judged outputs (this tool's --out files) into --png, and judge "
+                        "nothing; a judged output's meta.panel, where set, titles its panel")  # fmt: skip
     p.add_argument("--columns", type=int, default=0, help="--replot's panels a row (0: all in one row)")
     a = p.parse_args(argv)
     if a.replot:
