@@ -184,6 +184,11 @@ def judge(table: Mapping[str, Mapping[str, Any]], evals: Mapping[float, Mapping[
     return out
 
 
+def _p(p: float | None) -> str:
+    """A p-value's cell: three decimals, or "—" where there is none (one training seed tests nothing)."""
+    return "—" if p is None else f"{p:.3f}"
+
+
 def _budget(row: Mapping[str, Any]) -> str:
     lo_hi = row.get("budget_params_range")
     if lo_hi is None or lo_hi[0] == lo_hi[1]:
@@ -215,8 +220,8 @@ def to_markdown(out: Mapping[str, Any], title: str) -> str:
             f"| {r['share']:g} ({_budget(r)}) | {r['test_acc_mean']:.2f} | "
             f"{r['params_added_mean']:,.0f} | `{r['bar'] or 'static'}` ({r['bar_test']:.2f}, "
             f"{r['bar_params']:,.0f}) | {m['mean']:+.2f} [{m['ci95'][0]:+.2f}, {m['ci95'][1]:+.2f}] | "
-            f"{r.get('p_above_holm', float('nan')):.3f} | {r['tost']['p']:.3f} | "
-            f"{'yes' if r.get('not_dominated') else 'no'} |"
+            f"{_p(r.get('p_above_holm'))} | {_p((r['tost'] or {}).get('p'))} | "
+            f"{'yes' if r.get('not_dominated') else 'no' if r['tost'] else '—'} |"
         )
     lines += ["", "What the controller grew most at each budget (episodes over every seed):", ""]
     for r in out["budgets"].values():

@@ -72,6 +72,17 @@ def test_a_controller_over_its_budget_or_on_other_hosts_is_refused():
         B.judge(table, {0.25: {0: other}}, 1000.0)
 
 
+def test_one_training_seed_is_reported_without_a_test():
+    # A single seed's screen: no interval, no Holm, no TOST, and the table still renders (it raised a
+    # TypeError on the missing TOST before).
+    out = B.judge(B.plan_table(PLANS), {0.25: {7: _ctl(61.0, 200.0)}}, 1000.0)
+    r = out["budgets"]["0.25"]
+    assert r["minus_bar"]["mean"] == pytest.approx(1.0) and r["tost"] is None and "above" not in r
+    assert out["not_dominated_everywhere"] is False
+    row = next(ln for ln in B.to_markdown(out, "one seed").splitlines() if ln.startswith("| 0.25"))
+    assert row.endswith("| — | — | — |")
+
+
 def test_the_cli_writes_the_table_and_the_figure(tmp_path):
     (tmp_path / "plans.json").write_text(json.dumps(PLANS))
     args = []
