@@ -262,9 +262,18 @@ def action_masks(
 def fixed_blend(legal: TensorDict) -> TensorDict:
     """``legal`` with the blend heads narrowed to the fixed schedules' blend (:data:`DEFAULT_BLEND`:
     LINEAR_ADD, tempo FAST, alpha target 1.0): a controller that decides what, where and when to grow,
-    and blends as the fixed plans do. SET_ALPHA_TARGET may then only move a seed towards 1.0 (and, with
-    ``alpha_target_by_slot``, its per-slot rows are narrowed the same way). Every other head is untouched."""
+    and blends as the fixed plans do. SET_ALPHA_TARGET is not offered: a seed blended this way ramps to 1.0
+    and the op is legal only once its ramp is over, so its one target would be the alpha the seed holds, a
+    ramp that changes nothing and holds FOSSILIZE and PRUNE back while it runs (a fixed plan never issues
+    it). The alpha-target head keeps its one choice (and, with ``alpha_target_by_slot``, its per-slot
+    rows), so it stays a legal choice where it is irrelevant. Every other head is untouched."""
     out = legal.clone(recurse=False)
+    setting = int(Op.SET_ALPHA_TARGET)
+    slot_by_op = legal["slot_by_op"].clone()
+    slot_by_op[..., setting, :] = False
+    op = legal["op"].clone()
+    op[..., setting] = False
+    out["slot_by_op"], out["op"] = slot_by_op, op
     for head, choice in DEFAULT_BLEND.items():
         only = torch.zeros_like(legal[head])
         only[..., choice] = True

@@ -101,6 +101,24 @@ def test_a_cap_counts_a_gate_only_where_one_is_built():
         masks.within_param_cap(legal, spent, COST, cap, GATE[:2])
 
 
+def test_fixed_blend_never_offers_a_no_op_retarget():
+    """Under ``ppo.fixed_blend`` SET_ALPHA_TARGET is not legal: a seed blended to 1.0 could only be
+    "retargeted" to the 1.0 it holds, a ramp that changes nothing and holds FOSSILIZE back (seen in the
+    credit-assignment run's episodes, 2026-12-06). Before, it stayed legal for a HOLDING seed."""
+    stages = [[S.HOLDING, S.BLENDING, S.DORMANT]]
+    slots = _slots(stages)
+    slots["alpha"][..., :2] = 1.0
+    legal = masks.legal_masks(slots, SPEC)
+    assert legal["op"][0, int(Op.SET_ALPHA_TARGET)]  # the op itself is legal there
+    fixed = masks.fixed_blend(legal)
+    assert not fixed["op"][0, int(Op.SET_ALPHA_TARGET)]
+    assert not fixed["slot_by_op"][0, int(Op.SET_ALPHA_TARGET)].any()
+    others = [o for o in Op if o != Op.SET_ALPHA_TARGET]
+    assert torch.equal(fixed["op"][0, others], legal["op"][0, others])
+    assert torch.equal(fixed["slot_by_op"][0, others], legal["slot_by_op"][0, others])
+    assert fixed["op"][0, int(Op.FOSSILIZE)] == legal["op"][0, int(Op.FOSSILIZE)]
+
+
 def test_bad_shapes_raise():
     legal = masks.legal_masks(_slots([[S.DORMANT, S.TRAINING, S.DORMANT]]), SPEC)
     with pytest.raises(ValueError, match="seed_params"):

@@ -114,8 +114,9 @@ class PPOConfig:
     fixed_blend: bool = doc(
         False,
         "the learned controller's blend heads offer only the fixed schedules' blend (style LINEAR_ADD, tempo "
-        "FAST, alpha target 1.0; esper.core.masks.fixed_blend): it decides what, where and when to grow, "
-        "and blends as the fixed plans do",
+        "FAST, alpha target 1.0; esper.core.masks.fixed_blend), and SET_ALPHA_TARGET is not offered (its one "
+        "target would be the alpha the seed holds): it decides what, where and when to grow, and blends as "
+        "the fixed plans do",
     )
     slot_bias: bool = doc(
         False,
