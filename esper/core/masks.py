@@ -268,20 +268,16 @@ def fixed_blend(legal: TensorDict) -> TensorDict:
     it). The alpha-target head keeps its one choice (and, with ``alpha_target_by_slot``, its per-slot
     rows), so it stays a legal choice where it is irrelevant. Every other head is untouched."""
     out = legal.clone(recurse=False)
-    setting = int(Op.SET_ALPHA_TARGET)
-    slot_by_op = legal["slot_by_op"].clone()
-    slot_by_op[..., setting, :] = False
-    op = legal["op"].clone()
-    op[..., setting] = False
-    out["slot_by_op"], out["op"] = slot_by_op, op
-    for head, choice in DEFAULT_BLEND.items():
-        only = torch.zeros_like(legal[head])
-        only[..., choice] = True
-        out[head] = only
+    by_op = legal["slot_by_op"].clone()
+    by_op[..., int(Op.SET_ALPHA_TARGET), :] = False
+    out["slot_by_op"], out["op"] = by_op, by_op.any(-1)  # the op re-derived, as legal_masks derives it
+    narrowed = {**DEFAULT_BLEND}
     if "alpha_target_by_slot" in legal.keys():
-        only = torch.zeros_like(legal["alpha_target_by_slot"])
-        only[..., DEFAULT_BLEND["alpha_target"]] = True
-        out["alpha_target_by_slot"] = only
+        narrowed["alpha_target_by_slot"] = DEFAULT_BLEND["alpha_target"]
+    for key, choice in narrowed.items():
+        only = torch.zeros_like(legal[key])
+        only[..., choice] = True
+        out[key] = only
     return out
 
 
