@@ -45,7 +45,7 @@ from esper.shell.baselines.simple import GrowAllController, StaticController
 from esper.shell.common.fields import to_dict
 from esper.shell.config.presets import RunConfig
 from esper.shell.env.tasks import Task
-from esper.shell.eval.runner import MakeController, run_hosts
+from esper.shell.eval.runner import MakeController, batches_of, run_hosts
 
 #: Bumped when what a kept episode means changes: lines of another version are not read.
 STORE_VERSION = 1
@@ -191,8 +191,8 @@ def run_specs(cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]], *,
               wrap: Callable[[Any, Any], Any] | None = None,
               on_result=None) -> tuple[list[dict], int]:  # fmt: skip
     """One episode of each ``(spec, host seed)`` pair, ``width`` (default ``cfg.env.n_envs``) side by side
-    in their order, each
-    batch's controller :func:`spec_controller` of its specs: :func:`~esper.shell.eval.runner.run_hosts`'s
+    in their order (on a family, each member's pairs together: the batches of
+    :func:`~esper.shell.eval.runner.batches_of`, with a store as without one), each batch's controller :func:`spec_controller` of its specs: :func:`~esper.shell.eval.runner.run_hosts`'s
     records, and how many were read from ``store`` rather than run. With a store, each batch that is kept
     is read (on the per-env step: each pair kept, wherever it ran), every other batch runs as it would
     without one and is kept. ``wrap(controller, env)`` and ``on_result``: as ``run_hosts`` hands them on
@@ -210,7 +210,10 @@ def run_specs(cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]], *,
     if store is None:
         return run_hosts(cfg, task, make_for(pairs), [h for _, h in pairs], on_epoch=on_epoch,
                          on_result=on_result, width=width), 0  # fmt: skip
-    chunks = [pairs[i : i + width] for i in range(0, len(pairs), width)]
+    # the batches run_hosts runs without a store (on a family, each member's hosts together), so that a
+    # batch kept is the batch the uncached run trains, env for env
+    where = batches_of(task, [h for _, h in pairs], width)
+    chunks = [[pairs[k] for k in batch] for batch in where]
     out: list[list[dict] | None] = [store.get(c) for c in chunks]
     todo = [c for c, got in zip(chunks, out) if got is None]
     if store.by_pair and todo:  # an episode is its pair's alone: run only the pairs not kept, once each
@@ -229,7 +232,11 @@ def run_specs(cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]], *,
             out[k] = store.get(c)
             assert out[k] is not None
     store.read += read
-    return [r for got in out for r in got], read  # type: ignore[union-attr]
+    ordered: list[dict] = [{}] * len(pairs)
+    for batch, got in zip(where, out, strict=True):
+        for k, r in zip(batch, got, strict=True):  # type: ignore[arg-type]
+            ordered[k] = r
+    return ordered, read
 
 
 __all__ = [

@@ -155,6 +155,47 @@ def test_the_store_reads_a_batch_only_where_the_same_batch_is_asked_for(cfg, tas
     assert all(k.startswith(f"v{ST.STORE_VERSION}:{ST.config_digest(cfg)}:{task.name}:") for k in keys)
 
 
+def _family_hosts(task, n: int) -> list[int]:
+    """``n`` host seeds of ``task`` (a family) whose members alternate, so that contiguous batches mix them."""
+    by: dict[str, list[int]] = {}
+    for s in range(400):
+        by.setdefault(repr(task.describe_member(s)), []).append(s)
+    a, b = [v for v in by.values() if len(v) >= n][:2]  # two members with hosts enough
+    return [x for pair in zip(a, b) for x in pair][:n]
+
+
+def test_on_a_family_the_store_runs_the_batches_of_the_run_without_it(tmp_path, monkeypatch):
+    """On a family, ``run_hosts`` batches each member's hosts together; the store must keep and run those
+    batches, not contiguous slices of the pairs (which ``run_hosts`` then split into smaller batches: the
+    same pair trained beside other envs, a few points apart on a host after 25 epochs), and give each
+    record back in the pairs' order."""
+    from esper.shell.eval.runner import batches_of
+
+    cfg = preset("smoke", {**TINY, "env.task": "mnist1d_where", "env.workers": 1})
+    task = cfg.env.build_task()
+    assert task.varies
+    hosts = _family_hosts(task, 8)
+    pairs = [("grow:b0=norm@LINEAR_ADD@FAST@1.0", h) for h in hosts]
+    calls = _fake_runs(monkeypatch)
+    got, read = ST.run_specs(cfg, task, pairs, store=ST.EpisodeStore(tmp_path / ST.STORE_FILE, cfg, task))
+    want = [[hosts[k] for k in b] for b in batches_of(task, hosts, cfg.env.n_envs)]
+    assert read == 0 and calls == want and len(want) == 2  # one batch per member, not four mixed halves
+    assert [r["host_seed"] for r in got] == hosts  # in the pairs' order
+
+
+def test_on_a_family_a_fixed_plan_with_the_store_is_the_uncached_run(tmp_path):
+    """The same, on real (tiny) episodes: a fixed plan's records on a family's alternating hosts, with the
+    store and without it, number for number."""
+    cfg = preset("smoke", {**TINY, "env.task": "mnist1d_where", "env.workers": 1, "lifecycle.max_epochs": 5})
+    task = cfg.env.build_task()
+    pairs = [("grow:b0=norm@LINEAR_ADD@FAST@1.0", h) for h in _family_hosts(task, 6)]
+    uncached, _ = ST.run_specs(cfg, task, pairs)
+    cached, read = ST.run_specs(cfg, task, pairs, store=ST.EpisodeStore(tmp_path / ST.STORE_FILE, cfg, task))
+    assert read == 0 and json.dumps(_numbers(cached)) == json.dumps(_numbers(uncached))
+    again, read = ST.run_specs(cfg, task, pairs, store=ST.EpisodeStore(tmp_path / ST.STORE_FILE, cfg, task))
+    assert read == 6 and json.dumps(_numbers(again)) == json.dumps(_numbers(uncached))
+
+
 def test_on_the_per_env_step_a_pair_is_read_wherever_it_ran(task, tmp_path, monkeypatch):
     """Env by env an episode depends on its own pair alone, so the store reads each pair kept, in any
     batch, runs only the pairs it lacks (each once), and gives each its place in the batch asked for."""
