@@ -13,7 +13,8 @@ change an episode: :func:`config_digest`), the task and its data draw, the intra
 batched host step, the batch it ran in: the envs of one batch train as one stacked computation, whose
 kernels (a grouped convolution's input gradient, for one) are not bit for bit the same for another
 batch shape, so the same (spec, host) run beside other envs can end a few tenths of a point apart after
-25 epochs (docs/suite.md). So on the batched step the unit kept and read is a **batch**: the ordered
+25 epochs, and on a family's host up to a few points (docs/suite.md; docs/experiment-log.md, 2026-12-07).
+So on the batched step the unit kept and read is a **batch**: the ordered
 (spec, host) pairs of one :class:`~esper.shell.env.vecenv.VecEnv`, read only where the same batch is asked
 for again. On the per-env step (the transformer hosts, ``env.host_step per_env``) an episode depends on
 its own pair alone (a test holds it), and a pair is read wherever it is asked for.
@@ -192,10 +193,11 @@ def run_specs(cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]], *,
               on_result=None) -> tuple[list[dict], int]:  # fmt: skip
     """One episode of each ``(spec, host seed)`` pair, ``width`` (default ``cfg.env.n_envs``) side by side
     in their order (on a family, each member's pairs together: the batches of
-    :func:`~esper.shell.eval.runner.batches_of`, with a store as without one), each batch's controller :func:`spec_controller` of its specs: :func:`~esper.shell.eval.runner.run_hosts`'s
-    records, and how many were read from ``store`` rather than run. With a store, each batch that is kept
-    is read (on the per-env step: each pair kept, wherever it ran), every other batch runs as it would
-    without one and is kept. ``wrap(controller, env)`` and ``on_result``: as ``run_hosts`` hands them on
+    :func:`~esper.shell.eval.runner.batches_of`, with a store as without one), each batch's controller
+    :func:`spec_controller` of its specs: :func:`~esper.shell.eval.runner.run_hosts`'s records, and how
+    many were read from ``store`` rather than run. With a store, each batch that is kept is read (on the
+    per-env step: each pair kept, wherever it ran), every other batch runs as it would without one and is
+    kept. ``wrap(controller, env)`` and ``on_result``: as ``run_hosts`` hands them on
     (episodes kept as a dataset; give them without a store, so that every episode runs)."""
     pairs = [(str(s), int(h)) for s, h in pairs]
 

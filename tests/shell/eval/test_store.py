@@ -156,7 +156,7 @@ def test_the_store_reads_a_batch_only_where_the_same_batch_is_asked_for(cfg, tas
 
 
 def _family_hosts(task, n: int) -> list[int]:
-    """``n`` host seeds of ``task`` (a family) whose members alternate, so that contiguous batches mix them."""
+    """``n`` host seeds of ``task`` (a family) whose members alternate: contiguous batches mix them."""
     by: dict[str, list[int]] = {}
     for s in range(400):
         by.setdefault(repr(task.describe_member(s)), []).append(s)
