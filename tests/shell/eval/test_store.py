@@ -22,7 +22,7 @@ from esper.shell.config.presets import preset
 from esper.shell.eval import search as S
 from esper.shell.eval.controllers import episode_spec, make_controller
 from esper.shell.eval.episodes import compare_on_config, run_episodes
-from esper.shell.eval.runner import run_hosts
+from esper.shell.eval.runner import batches_of, run_hosts
 
 #: Tiny episodes with room for a seed to be germinated, blended and fossilized (9 epochs of one batch).
 TINY = {"lifecycle.max_epochs": 9, "env.train_batches": 1, "env.val_batches": 1, "updates": 6,
@@ -169,8 +169,6 @@ def test_on_a_family_the_store_runs_the_batches_of_the_run_without_it(tmp_path, 
     batches, not contiguous slices of the pairs (which ``run_hosts`` then split into smaller batches: the
     same pair trained beside other envs, a few points apart on a host after 25 epochs), and give each
     record back in the pairs' order."""
-    from esper.shell.eval.runner import batches_of
-
     cfg = preset("smoke", {**TINY, "env.task": "mnist1d_where", "env.workers": 1})
     task = cfg.env.build_task()
     assert task.varies
