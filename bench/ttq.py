@@ -34,14 +34,21 @@ OUT = Path(__file__).resolve().parent / "results" / "perf" / "ttq"
 EVAL_SEED_BASE = 1000
 
 
-def train_and_measure(k: int, label: str, train_args: str, every: int, episodes: int, out: Path) -> dict:
+def train_and_measure(
+    k: int, label: str, train_args: str, every: int, episodes: int, out: Path, draw_base: int | None = None
+) -> dict:
     """Training seed ``k``: its run, the controller kept every ``every`` updates, each evaluated greedy on
-    ``episodes`` fresh hosts beside ``grow_all`` and ``static``. Writes and returns
-    ``out/label/seedK.json``."""
+    ``episodes`` fresh hosts beside ``grow_all`` and ``static``; with ``draw_base``, the last controller
+    also greedy beside ``random`` and ``static`` on the same hosts of the fresh data draw ``draw_base + k``.
+    Writes and returns ``out/label/seedK.json``, with the hash of the configuration it trained
+    (:func:`esper.shell.config.presets.config_hash`)."""
+    import dataclasses
+
     import torch
 
     torch.set_num_threads(1)
     from esper.shell.common.revision import git_revision, machine
+    from esper.shell.config.presets import config_hash
     from esper.shell.eval.episodes import compare_on_config
     from esper.shell.run import build_parser, resolve_config
     from esper.shell.runtime.training import TrainingRun
@@ -116,6 +123,18 @@ def train_and_measure(k: int, label: str, train_args: str, every: int, episodes:
                     "share": _share(res["test_acc_mean"], grow_all, static),
                 }
             )
+        fresh_draw = None
+        if draw_base is not None:
+            draw_cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, data_seed=draw_base + k))
+            res = compare_on_config(
+                draw_cfg,
+                ["ppo_greedy", "random", "static"],
+                episodes=episodes,
+                seed=eval_seed,
+                checkpoint=kept[cfg.updates],
+                show_progress=False,
+            )["controllers"]
+            fresh_draw = {"data_seed": draw_base + k, **{n: r["test_acc_mean"] for n, r in res.items()}}
     record = {
         "label": label,
         "seed": k,
@@ -131,6 +150,8 @@ def train_and_measure(k: int, label: str, train_args: str, every: int, episodes:
         "static": static,
         "grow_all_params": fixed["grow_all"]["params_added_mean"],
         "curve": curve,
+        "fresh_draw": fresh_draw,
+        "config_hash": config_hash(cfg),
         "revision": git_revision(),
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
@@ -186,6 +207,12 @@ def pool(folder: Path) -> dict:
             "static": statistics.mean(s["static"] for s in seeds),
             "curve": rows,
             "last": _last(seeds),
+            "config_hash": sorted({s.get("config_hash", "") for s in seeds}),
+            "worst_seed": min(
+                ({"seed": s["seed"], "share": s["curve"][-1]["share"]} for s in seeds),
+                key=lambda r: r["share"],
+            ),
+            "fresh_draw": _fresh_draw(seeds),
         }
     return labels
 
@@ -209,6 +236,22 @@ def _last(seeds: list[dict]) -> dict:
         mean, (lo, hi) = mean_ci95(xs)
         out[name] = {"mean": mean, "ci95": [lo, hi]}
     return out
+
+
+def _fresh_draw(seeds: list[dict]) -> dict | None:
+    """The last controller on each seed's fresh data draw: greedy minus random per seed, their mean and the
+    worst seed (None where no seed was read on one)."""
+    drawn = [s for s in seeds if s.get("fresh_draw")]
+    if not drawn:
+        return None
+    gaps = {s["seed"]: s["fresh_draw"]["ppo_greedy"] - s["fresh_draw"]["random"] for s in drawn}
+    worst = min(gaps, key=gaps.__getitem__)
+    return {
+        "seeds": len(drawn),
+        "greedy_minus_random": gaps,
+        "mean": statistics.mean(gaps.values()),
+        "worst_seed": {"seed": worst, "gap": gaps[worst]},
+    }
 
 
 def write_pooled(folder: Path) -> Path:
@@ -237,6 +280,17 @@ def write_pooled(folder: Path) -> Path:
             f"{lab['static']:.1f} %.",
             "",
             _last_line(lab["last"]),
+            "",
+            f"Worst seed at the last update: {lab['worst_seed']['seed']}, "
+            f"share {lab['worst_seed']['share']:.3f}"
+            + (
+                f"; on a fresh data draw greedy minus random {lab['fresh_draw']['mean']:+.1f} points "
+                f"(mean over {lab['fresh_draw']['seeds']} seeds), worst seed "
+                f"{lab['fresh_draw']['worst_seed']['seed']} {lab['fresh_draw']['worst_seed']['gap']:+.1f}"
+                if lab["fresh_draw"]
+                else ""
+            )
+            + f". Configuration hash {', '.join(h or '(not recorded)' for h in lab['config_hash'])}.",
             "",
             "| update | wall s | CPU s | share of grow_all's gain | test acc % | per seed |",
             "|---:|---:|---:|---:|---:|---|",
@@ -288,6 +342,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="", help="name of this configuration (a folder under --out)")
     p.add_argument("--first-seed", type=int, default=600)
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument(
+        "--seed-list", default="", help="comma-separated training seeds (instead of --first-seed/--seeds)"
+    )
+    p.add_argument(
+        "--draw-base",
+        type=int,
+        default=None,
+        help="also read the last controller, random and static on the fresh data draw BASE + k",
+    )
     p.add_argument("--train-args", default="", help="run flags on top of the default, e.g. '--updates 11'")
     p.add_argument("--every", type=int, default=2, help="evaluate the controller every N updates")
     p.add_argument("--episodes", type=int, default=8, help="fresh hosts per evaluation")
@@ -302,8 +365,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.label:
         p.error("--label is required to train")
-    seeds = range(a.first_seed, a.first_seed + a.seeds)
-    args = (a.label, a.train_args, a.every, a.episodes, a.out)
+    seeds = (
+        [int(x) for x in a.seed_list.split(",")]
+        if a.seed_list
+        else list(range(a.first_seed, a.first_seed + a.seeds))
+    )
+    args = (a.label, a.train_args, a.every, a.episodes, a.out, a.draw_base)
     with ProcessPoolExecutor(max_workers=a.jobs) as pool_:
         for rec in pool_.map(train_and_measure, seeds, *[[x] * len(seeds) for x in args]):
             last = rec["curve"][-1]

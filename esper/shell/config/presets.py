@@ -10,6 +10,8 @@ disagree.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import re
 from collections.abc import Callable
@@ -20,7 +22,7 @@ from esper.core.lifecycle import LifecycleConfig
 from esper.core.rewards import RewardConfig
 from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.pretrain import OfflineConfig
-from esper.shell.common.fields import check_fields, doc, with_overrides
+from esper.shell.common.fields import check_fields, doc, to_dict, with_overrides
 from esper.shell.env.config import TASKS, EnvConfig
 from esper.shell.env.governor import GovernorConfig
 from esper.shell.telemetry.anomaly import AnomalyConfig
@@ -419,6 +421,23 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
+#: Fields of a run that do not change what it trains or how its controller is judged: where it writes, how
+#: often it saves, what it prints, its threads, its seed and the size of its end-of-run check.
+UNHASHED_FIELDS = (
+    "seed", "run_dir", "name", "checkpoint_every", "report", "progress", "warnings", "profile", "threads",
+    "eval_episodes",
+)  # fmt: skip
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """Twelve hex digits that name what ``cfg`` trains: every field but :data:`UNHASHED_FIELDS`, as
+    ``config.json`` writes them. A results file records the hash of the configuration it measured, so
+    that a figure quoted for "the default" can be checked against ``preset("default")`` (issue 102)."""
+    kept = {k: v for k, v in to_dict(cfg).items() if k not in UNHASHED_FIELDS}
+    text = json.dumps(kept, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def preset(name: str, overrides: dict[str, Any] | None = None) -> RunConfig:
     """The preset ``name`` with dotted-path ``overrides`` (see :func:`with_overrides`), validated once
     on the final values: a preset that needs a field it cannot know (``cifar10``'s ``env.data_path``)
@@ -448,7 +467,9 @@ __all__ = [
     "PRESETS",
     "RUN_POLICIES",
     "TASK_SIZE_FIELDS",
+    "UNHASHED_FIELDS",
     "RunConfig",
     "check_run_name",
+    "config_hash",
     "preset",
 ]
