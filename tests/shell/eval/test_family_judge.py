@@ -127,3 +127,66 @@ def test_against_refuses_a_missing_baseline_or_other_hosts():
     bad["controllers"]["plan_search_cap"]["per_episode"] = [{"host_seed": 9}, {"host_seed": 2}]
     with pytest.raises(ValueError, match="other hosts"):
         family.against({1: bad}, ["plan_search_cap"])
+
+
+# --------------------------------------------------------------------- issue 102: what publishes a verdict
+#: Host 1's plans read differently on validation and on test: by validation ``b1=y`` (test 60), by test
+#: ``b0=x`` (test 80). Host 2 agrees (``b1=y``). The honest oracle picks on validation and scores on test.
+SPLIT = {
+    "plans": ["", "b0=x", "b1=y"],
+    "per_host": [
+        _row(1, A, static=(40, 40), **{"b0=x": (80, 70), "b1=y": (60, 75)}),
+        _row(2, B, static=(40, 40), **{"b0=x": (50, 50), "b1=y": (70, 69)}),
+    ],
+}
+
+
+def test_issue102_the_judges_oracle_is_chosen_on_validation_not_on_test():
+    """The oracle a controller is paired with is each host's plan chosen by *validation* accuracy, scored
+    on test: on host 1 that is ``b1=y`` (60), not the test-chosen ``b0=x`` (80, biased upward)."""
+    evals = {
+        k: _eval((1, 78.0 + d, 100, "b1=y"), (2, 72.0 + d, 100, "b1=y")) for k, d in ((1, 0.0), (2, 1.0))
+    }
+    out = judge(SPLIT, evals, constant="b0=x", kind_of=KIND_OF, kind_rule=RULE)
+    assert out["per_seed"][1]["minus_oracle"] == pytest.approx(((78 - 60) + (72 - 70)) / 2)  # +10, not 0
+    assert out["pooled"]["minus_oracle"]["mean"] == pytest.approx(10.5)
+    assert out["per_kind"]["1-4-1"]["oracle_test_mean"] == 60
+
+
+def test_issue102_the_clis_oracle_beside_the_baselines_is_chosen_on_validation(tmp_path, monkeypatch):
+    """``--against``'s oracle (the gap a baseline leaves to it) is the validation-chosen plan's test
+    accuracy too: (60 + 70) / 2 = 65 on these hosts, not the test-chosen (80 + 70) / 2 = 75."""
+    pre = {**SPLIT, "meta": {"task": "toy", "eval_seed": 1, "data_seed": 2}}
+    monkeypatch.setitem(
+        family.FAMILY_BARS, "toy", {"constant": "b0=x", "kind_of": KIND_OF, "kind_rule": RULE}
+    )
+    (tmp_path / "p.json").write_text(json.dumps(pre))
+    files = []
+    for k, (ctl, base) in enumerate(((64.0, 60.0), (65.0, 60.0)), start=1):
+        res = _with(ctl, base)
+        res["controllers"]["ppo_greedy"]["per_episode"] = _eval(
+            (1, ctl - 1, 10, "b1=y"), (2, ctl + 1, 10, "b1=y")
+        )["controllers"]["ppo_greedy"]["per_episode"]
+        f = tmp_path / f"e{k}.json"
+        f.write_text(json.dumps(res))
+        files.append(str(f))
+    argv = ["--precheck", str(tmp_path / "p.json"), "--evals", *files, "--seeds", "1", "2",
+            "--against", "plan_search_cap", "--out", str(tmp_path / "o.json")]  # fmt: skip
+    assert family.main(argv) == 0
+    out = json.loads((tmp_path / "o.json").read_text())
+    assert out["oracle_test_mean"] == pytest.approx(65.0)
+    # the controller 64.5, the baseline 60: 4.5 of the 5 points to the oracle
+    assert out["against"]["plan_search_cap"]["gap_closed"] == pytest.approx(4.5 / 5.0)
+
+
+def test_issue102_as_good_as_the_kind_rule_is_tested_within_one_point():
+    """TOST's margin is ±1 point: a controller 1.5 points under the kind rule on every seed, tight, is not
+    "as good as" it (its 90 % interval lies inside ±2, so a ±2 margin would have called it equivalent)."""
+    evals = {k: _eval((1, 78.5 + d, 100, "b0=x"), (2, 68.5 + d, 100, "b1=y"))
+             for k, d in ((1, 0.0), (2, 0.1), (3, -0.1))}  # fmt: skip
+    out = judge(PRECHECK, evals, constant="b0=x", kind_of=KIND_OF, kind_rule=RULE)
+    tost = out["kind_rule_tost"]
+    assert tost["mean"] == pytest.approx(-1.5) and tost["margin"] == 1.0
+    lo, hi = tost["interval"]
+    assert -2 < lo < hi < -1  # inside ±2, outside ±1
+    assert not tost["equivalent"]
