@@ -10,6 +10,8 @@
   revision its section "Where the removed code and files are" names holds it.
 - Nothing cites a document the repository does not ship (the design notes, the findings register and
   the reviews that lived beside the repository while it was built).
+- ``docs/operations.md``'s list of what a ``--resume`` may change is the code's (``RESUMABLE`` and
+  ``SHAPE_FIELDS`` in ``esper/shell/run.py``; issue 102).
 """
 
 from __future__ import annotations
@@ -233,4 +235,32 @@ def test_no_citation_of_unshipped_documents():
                     )
     assert not offences, (
         f"{len(offences)} citation(s) of documents the repository does not ship:\n" + "\n".join(offences)
+    )
+
+
+OPERATIONS = ROOT / "docs" / "operations.md"
+
+
+def _backticked(text: str) -> list[str]:
+    """The code spans of ``text``, a section's ``x.*`` read as the prefix ``x.`` (as the code writes it)."""
+    return [s[:-1] if s.endswith(".*") else s for s in re.findall(r"`([^`]+)`", text)]
+
+
+def test_issue102_the_resume_list_in_operations_md_is_the_codes():
+    """The fields ``docs/operations.md`` says a resume may change (the code spans after "`RESUMABLE` in
+    `esper/shell/run.py`:" up to the ";") and those it keeps fixed within them (after "`SHAPE_FIELDS`",
+    from its ":" to the ")") are ``RESUMABLE`` and ``SHAPE_FIELDS``, in the code's order."""
+    from esper.shell.run import RESUMABLE, SHAPE_FIELDS
+
+    text = " ".join(OPERATIONS.read_text().split())
+    listed = re.search(r"`RESUMABLE` in `esper/shell/run\.py`:([^;]*);", text)
+    shapes = re.search(r"`SHAPE_FIELDS`[^:]*:([^)]*)\)", text)
+    assert listed and shapes, "docs/operations.md no longer lists RESUMABLE and SHAPE_FIELDS (Resume)"
+    assert tuple(_backticked(listed.group(1))) == RESUMABLE, (
+        f"docs/operations.md lists {_backticked(listed.group(1))} as RESUMABLE; esper/shell/run.py has "
+        f"{RESUMABLE}"
+    )
+    assert tuple(_backticked(shapes.group(1))) == SHAPE_FIELDS, (
+        f"docs/operations.md lists {_backticked(shapes.group(1))} as SHAPE_FIELDS; esper/shell/run.py has "
+        f"{SHAPE_FIELDS}"
     )
