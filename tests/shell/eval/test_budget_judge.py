@@ -181,3 +181,19 @@ def test_the_family_hosts_sizes_are_read_off_the_task():
     assert sizes == [float(grow_all_params(task, task.make_host_for(h))) for h in hosts]
     assert len(set(sizes)) > 1 and all(m.startswith("channels (") for m in members)
     assert B.host_sizes("mnist1d", [1, 2]) == (None, None)
+
+
+def test_issue102_above_is_read_off_holms_adjusted_p_value_not_the_raw_one():
+    """Three budgets, one Holm family: at 0.25 the controller is 0.8 points above its bar with a raw
+    one-sided p of 0.039, under 0.05 alone but 0.118 once Holm multiplies the smallest of three p-values by
+    three. "Above" is the adjusted test's, so it does not hold there (and TOST does not either)."""
+    table = B.plan_table(PLANS)
+    evals = {
+        0.25: {s: _ctl(60.0 + d, 200.0) for s, d in enumerate((1.2, 0.2, 1.6, -0.2, 1.2))},
+        0.5: {s: _ctl(v, 400.0) for s, v in enumerate((71.0, 69.0, 70.5, 69.5, 70.0))},  # ties 70
+        1.0: {s: _ctl(v, 900.0) for s, v in enumerate((75.0, 74.0, 76.0, 75.5, 74.5))},  # under 80
+    }
+    r = B.judge(table, evals, 1000.0)["budgets"]["0.25"]
+    assert r["p_above"] < B.ALPHA < r["p_above_holm"]
+    assert r["p_above_holm"] == pytest.approx(3 * r["p_above"])
+    assert r["above"] is False and r["not_dominated"] is False
