@@ -155,6 +155,28 @@ def test_the_store_reads_a_batch_only_where_the_same_batch_is_asked_for(cfg, tas
     assert all(k.startswith(f"v{ST.STORE_VERSION}:{ST.config_digest(cfg)}:{task.name}:") for k in keys)
 
 
+def test_issue102_episodes_of_another_length_are_not_read_nor_keyed_alike(cfg, task, tmp_path, monkeypatch):
+    """``lifecycle.max_epochs`` (an episode's length) is part of the store's key: two configs that differ
+    in it alone have other digests and keys, and neither reads the other's batches (issue 102: a key
+    without it served 9-epoch episodes to a 10-epoch run)."""
+    calls = _fake_runs(monkeypatch)
+    longer = preset("smoke", {**TINY, "lifecycle.max_epochs": cfg.lifecycle.max_epochs + 1})
+    assert longer.lifecycle.max_epochs != cfg.lifecycle.max_epochs
+    assert dataclasses.replace(longer, lifecycle=cfg.lifecycle) == cfg  # they differ in that alone
+    assert longer.env.build_task().data_seed == task.data_seed
+    assert ST.config_digest(longer) != ST.config_digest(cfg)
+    path = tmp_path / ST.STORE_FILE
+    assert ST.EpisodeStore(path, longer, task).key != ST.EpisodeStore(path, cfg, task).key
+    pairs = [("grow:b0=norm@LINEAR_ADD@FAST@1.0", h) for h in range(4)]
+    _, read = ST.run_specs(cfg, task, pairs, store=ST.EpisodeStore(path, cfg, task))
+    assert read == 0 and calls == [[0, 1, 2, 3]]
+    assert ST.EpisodeStore(path, longer, task).batches == {}  # nothing kept for the other length
+    _, read = ST.run_specs(longer, task, pairs, store=ST.EpisodeStore(path, longer, task))
+    assert read == 0 and calls == [[0, 1, 2, 3]] * 2  # run again at its own length
+    _, read = ST.run_specs(cfg, task, pairs, store=ST.EpisodeStore(path, cfg, task))
+    assert read == 4 and len(calls) == 2  # each length reads its own
+
+
 def _family_hosts(task, n: int) -> list[int]:
     """``n`` host seeds of ``task`` (a family) whose members alternate: contiguous batches mix them."""
     by: dict[str, list[int]] = {}
