@@ -20,7 +20,13 @@ from torch import nn
 
 from esper.core.spec import Stage, Style
 from esper.shell.data.batches import Batch
-from esper.shell.host.blueprints import BLUEPRINTS, CausalSelfAttention, build_blueprint, param_count
+from esper.shell.host.blueprints import (
+    BLUEPRINTS,
+    REGISTERED_BUILDERS,
+    CausalSelfAttention,
+    build_blueprint,
+    param_count,
+)
 from esper.shell.host.slots import Gate, SeedSlot
 
 
@@ -40,6 +46,17 @@ class Host(nn.Module, ABC):
         if len(set(slot_names)) != len(slot_names):
             raise ValueError(f"Host: duplicate slot names {slot_names}")
         self.slots = nn.ModuleList(SeedSlot(n, w, self.family) for n, w in zip(slot_names, widths))
+        self.keep_catalogue()
+
+    def keep_catalogue(self) -> None:
+        """Take the family's blueprint catalogue as it is now (names, in index order, and the builders of
+        the registered ones) as this host's for its life: a blueprint registered or unregistered later
+        (:mod:`esper.shell.host.registry`) neither shifts the indices its controller acts by nor changes
+        what it builds. The constructor calls it; a host that sets its family later calls it then."""
+        names = BLUEPRINTS[self.family]
+        self._catalogue = names
+        self._builders = {n: REGISTERED_BUILDERS[(self.family, n)] for n in names
+                          if (self.family, n) in REGISTERED_BUILDERS}  # fmt: skip
 
     # ------------------------------------------------------------------------------------ the API
     @property
@@ -52,8 +69,19 @@ class Host(nn.Module, ABC):
 
     @property
     def blueprint_names(self) -> tuple[str, ...]:
-        """The family's blueprints, in blueprint-head index order."""
-        return BLUEPRINTS[self.family]
+        """The family's blueprints, in blueprint-head index order, as they were when the host was built
+        (:meth:`keep_catalogue`)."""
+        kept = self.__dict__.get("_catalogue")
+        return kept if kept is not None else BLUEPRINTS[self.family]
+
+    def build_seed(self, name: str, width: int) -> nn.Module:
+        """A fresh seed of blueprint ``name`` of this host's catalogue for activations of ``width``
+        channels (features): the builder the host was built with, for a registered one."""
+        names = self.blueprint_names
+        if name not in names:
+            raise ValueError(f"unknown {self.family} blueprint {name!r}; this host's: {', '.join(names)}")
+        builder = self.__dict__.get("_builders", {}).get(name)
+        return builder(width) if builder is not None else build_blueprint(self.family, name, width)
 
     def slot_width(self, name: str) -> int:
         for s in self.slots:
@@ -67,7 +95,7 @@ class Host(nn.Module, ABC):
         where one is built, :func:`esper.core.masks.within_param_cap`). Builds each seed once."""
         gates = self.gate_cost().tolist()
         rows = [
-            [param_count(build_blueprint(self.family, b, s.width)) + g for b in self.blueprint_names]
+            [param_count(self.build_seed(b, s.width)) + g for b in self.blueprint_names]
             for s, g in zip(self.slots, gates, strict=True)
         ]
         return torch.tensor(rows, dtype=torch.float32)
@@ -90,7 +118,7 @@ class Host(nn.Module, ABC):
         if not 0 <= blueprint_index < len(names):
             raise IndexError(f"blueprint index {blueprint_index} out of range for {self.family}: {names}")
         slot = self.slot(slot_index)
-        seed = build_blueprint(self.family, names[blueprint_index], slot.width)
+        seed = self.build_seed(names[blueprint_index], slot.width)
         slot.install(seed, style, names[blueprint_index])
         ref = next(iter(self.host_parameters()))
         slot.to(device=ref.device, dtype=ref.dtype)

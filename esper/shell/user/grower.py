@@ -79,7 +79,7 @@ from esper.shell.eval.episodes import check_names
 from esper.shell.eval.fits import check_controller_fits
 from esper.shell.eval.search import is_searched
 from esper.shell.host.bank import seeded
-from esper.shell.host.blueprints import build_blueprint, param_count
+from esper.shell.host.blueprints import param_count
 from esper.shell.host.descriptors import describe_host
 from esper.shell.host.model import SEED_GRAD_KEYS, EnvModel, seed_grad_stats
 from esper.shell.host.slots import SeedSlot, attach_seeds
@@ -215,8 +215,7 @@ class Grower:
         with torch.random.fork_rng(devices=[]):  # germination costs build every seed once
             cost = host.germination_cost()
         grow_all = GROW_ALL_BLUEPRINT[host.family]
-        grow_all_params = sum(param_count(build_blueprint(host.family, grow_all, s.width))
-                              for s in host.slots)  # fmt: skip
+        grow_all_params = sum(param_count(host.build_seed(grow_all, s.width)) for s in host.slots)
         # a controller that reads a budget (env.budget_shares) grows under its largest training share here
         # (override env.budget_shares for another)
         shares = cfg.env.budget_shares
@@ -498,7 +497,7 @@ class Grower:
                 continue
             if not slot.occupied:
                 with seeded(self.device, derive_seed("build", self.seed, "resume", s)):
-                    module = build_blueprint(seed["family"], seed["blueprint"], slot.width)
+                    module = self.host.build_seed(seed["blueprint"], slot.width)
                     slot.install(module, seed["style"], seed["blueprint"])
             slot.to(self.device)
             slot.set(alpha=seed["alpha"], stage=seed["stage"])

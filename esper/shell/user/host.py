@@ -237,6 +237,7 @@ class UserHost(Host):
             slot.family = family  # inferred by the probe, or as stated
         #: "cnn", "cnn1d", "mlp" or "transformer": picks the blueprint registry.
         self.family = family
+        self.keep_catalogue()  # the family's catalogue now is this host's for its life
         self.slots = nn.ModuleList(slots)
         self.loss: Loss = loss or cross_entropy
         self.metric: Metric = metric or top1

@@ -1,0 +1,150 @@
+"""A Grower a practitioner can trust (issue 104): the catalogue it was built with holds, a blueprint that
+does not fit a slot's width is refused naming both, misuse is refused in one line (a module for a
+builder, two Growers on one model, a network whose seeds its state does not know, a forgotten
+``after_backward``), the model's modes, the user's weight-decay split and the events survive, the
+what-if pass touches only the seeds and reads the configured statistics, the seeds follow a learning
+rate set by hand, and the host trains, number for number, as without the slots until a seed blends in.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from esper.core.spec import Style
+from esper.shell.host.blueprints import BUILTIN_BLUEPRINTS, GLOBAL
+from esper.shell.host.registry import register_blueprint, unregister_blueprint
+from esper.shell.user import Grower, Slot, user_task
+from tests.shell.host.test_registry import ChannelScale
+from tests.shell.host.test_user import Net1d, _data, _host
+from tests.shell.user.test_grower import OPEN, PLAN, _batches, _net, _train
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _grower(model=None, opt=None, **kwargs) -> Grower:
+    model = model if model is not None else _net()
+    opt = opt if opt is not None else torch.optim.SGD(model.parameters(), lr=0.05)
+    return Grower(model, opt, val=kwargs.pop("val", _data(32, 1)), **{"controller": PLAN, "epochs": 6,
+                                                                     **kwargs})  # fmt: skip
+
+
+def _seed_groups(g: Grower) -> list[dict]:
+    return g.optimizer.param_groups[1:] if len(g.optimizer.param_groups) > 1 else []
+
+
+# ------------------------------------------------------------------------------------ 1. the catalogue
+def test_issue104_a_blueprint_registered_after_a_grower_does_not_change_its_catalogue():
+    """The plan names conv_light; a blueprint registered after the Grower lands before it in the
+    family's registry; the Grower still germinates conv_light (and a host keeps its catalogue, a
+    blueprint unregistered after it was built included)."""
+    g = _grower(overrides=OPEN)
+    host = _host()
+    before = g.host.blueprint_names
+    register_blueprint("cnn1d", "tiny_scale", ChannelScale, kind="normalization")
+    try:
+        assert g.host.blueprint_names == before == host.blueprint_names and "tiny_scale" not in before
+        log = _train(g, _batches(64, 0), 1)
+        assert [(e["slot"], e["blueprint"]) for e in log[0]["events"]] == [("tail.1", "conv_light")]
+        assert g.host.slots[1].blueprint == "conv_light"
+    finally:
+        unregister_blueprint("cnn1d", "tiny_scale")
+    index = register_blueprint("cnn1d", "tiny_scale", ChannelScale, kind="normalization")
+    try:
+        host = _host()
+    finally:
+        unregister_blueprint("cnn1d", "tiny_scale")
+    assert host.blueprint_names[index] == "tiny_scale"
+    host.germinate(0, index, Style.LINEAR_ADD)
+    assert isinstance(host.slots[0].seed, ChannelScale) and host.slots[0].blueprint == "tiny_scale"
+
+
+# ------------------------------------------------------------------------ 2. every width of the slots
+class Heads8(nn.Module):
+    """Self-attention over positions with 8 heads: fits width 8 (registration's), not width 12."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(c, 8, batch_first=True)
+        self.scale = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.transpose(1, 2)
+        return self.scale * self.attn(h, h, h, need_weights=False)[0].transpose(1, 2)
+
+
+# ------------------------------------------------------------------------------------------ 3. misuse
+
+
+def _loop_without_after_backward(g: Grower, batches, epochs: int) -> None:
+    for _ in range(epochs):
+        g.model.train()
+        for x, y in batches:
+            g.optimizer.zero_grad()
+            F.cross_entropy(g.model(x), y).backward()
+            g.optimizer.step()
+        g.on_epoch_end()
+
+
+# ------------------------------------------------------------------------------------ 4. small things
+
+
+# ------------------------------------------------------------------------------ 5. the what-if pass
+
+
+# -------------------------------------------------------------------------- 6. the host, untouched
+class DropNet(nn.Module):
+    """Two blocks with batch norm and dropout 0.1, a slot after each, dropout before the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv1d(c, 8, 1), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.1), nn.MaxPool1d(2))
+            for c in (1, 8)
+        )
+        self.grow = nn.ModuleList(Slot(8) for _ in range(2))
+        self.head = nn.Sequential(nn.Dropout(0.1), nn.Linear(8, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block, slot in zip(self.blocks, self.grow, strict=True):
+            x = slot(block(x))
+        return self.head(x.mean(-1))
+
+
+def _host_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items() if not k.startswith("grow.")}
+
+
+def _dropout_run(grower: bool, epochs: int) -> tuple[list[dict], list[list[dict]]]:
+    """The user's loop: dropout, SGD with momentum, gradient clipping at 0.1; with a Grower (a plan,
+    the gates open after two epochs of incubation), clipping ``g.host_parameters()``."""
+    torch.manual_seed(0)
+    model = DropNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    val = DataLoader(TensorDataset(*_data(64, 1)), batch_size=32, shuffle=True)  # draws a seed per epoch
+    g = None
+    if grower:
+        g = Grower(model, opt, val=val, controller={"grow.0": "conv_light"}, epochs=8,
+                   overrides={**OPEN, "lifecycle.g2_min_epochs": 2})  # fmt: skip
+    clipped = g.host_parameters() if g is not None else list(model.parameters())
+    states, events = [], []
+    for _ in range(epochs):
+        model.train()
+        for x, y in _batches(128, 0):
+            opt.zero_grad()
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            if g is not None:
+                g.after_backward(x, y, loss=loss, output=out)
+            torch.nn.utils.clip_grad_norm_(clipped, 0.1)
+            opt.step()
+        events.append(g.on_epoch_end()["events"] if g is not None else [])
+        states.append(_host_state(model))
+    return states, events
