@@ -344,3 +344,23 @@ def test_the_probe_holds_its_candidates_at_alpha_0_under_a_lifecycle_that_advanc
         assert dataclasses.replace(env.lifecycle, **back) == cfg.lifecycle  # nothing else changed
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("name", [S.PROBE, S.HEURISTIC_TUNED_WIDE])
+def test_issue102_a_tuned_search_counts_each_setting_on_each_of_its_hosts(cfg, task, monkeypatch, name):
+    """The compute of ``probe`` (and of the widened heuristic) is every setting it tried, on each of its
+    training hosts, for a whole episode: settings x hosts x ``max_epochs`` host epochs. The search is
+    stubbed (5 settings); 3 hosts, so the host factor is not 1 as in the test above."""
+    monkeypatch.setattr(S, "TUNE_HOSTS", 3)
+    seen = []
+
+    def tried(cfg, task, host_seeds, priced, *rest):
+        seen.append(list(host_seeds))
+        return {"chosen": {}, "settings_tried": 5, "points": [], "axes": {}}
+
+    monkeypatch.setattr(S, "tune_probe", tried)
+    monkeypatch.setattr(S, "tune_heuristic_wide", tried)
+    out = S._tune(name, cfg, task)
+    assert seen == [S.selection_host_seeds(cfg, 3)] and len(seen[0]) == 3
+    assert out["episodes"] == 5 * 3
+    assert out["compute_host_epochs"] == 5 * 3 * cfg.lifecycle.max_epochs
