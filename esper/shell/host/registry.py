@@ -23,7 +23,14 @@ the family's reference width (:data:`REFERENCE_WIDTH`) is at most its own (``par
 default it is built there once and counted), so the order stays by size; the blueprints after it move
 one index up. Register before any host, environment or controller is built (at import time of the
 module that defines it, so that every process of a run has it), and keep it for the process's life:
-hosts and controllers built before see the catalogue they were built with.
+hosts (a Grower's included) and controllers built before keep the catalogue they were built with, by
+name, builders included (:meth:`~esper.shell.host.hosts.Host.keep_catalogue`).
+
+**Widths.** Registration builds and runs the seed at the family's :data:`REFERENCE_WIDTH` only
+(:func:`seed_misfit`); a :class:`~esper.shell.user.grower.Grower` runs the same check on every blueprint
+of its catalogue at every width its slots have, and refuses one that fails in one line naming the
+blueprint, the slot and the width (an 8-head attention registered at width 32, on a slot of width 12).
+The builder is what builds each seed afresh (a class, a function), never a module instance.
 
 **Which controllers act on it.** The heuristic, ``grow_all:NAME``, fixed plans and the host-agnostic
 learned controller (``ppo.policy set``: it reads each blueprint's kind, receptive field and size, never
@@ -67,6 +74,41 @@ _PROBES: dict[str, Callable[[int], tuple[int, ...]]] = {
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def _line(error: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def seed_misfit(
+    family: str, builder: Callable[[int], nn.Module], width: int
+) -> tuple[nn.Module | None, str | None]:
+    """``(the seed, None)`` where ``builder(width)`` is a seed for ``family`` activations of ``width``
+    channels (features): it builds an ``nn.Module`` that maps a small activation of that width to a delta
+    of its shape; else ``(None, why not)``, one line (the build or the forward raised, naming the error,
+    or the delta's shape is not the input's). Neither draw touches the caller's generator."""
+    with torch.random.fork_rng(devices=[]):
+        try:
+            seed = builder(width)
+        except Exception as e:  # any error of the user's builder is reported, in one line
+            return None, f"building it at width {width} fails ({_line(e)})"
+        if not isinstance(seed, nn.Module):
+            return None, f"builder({width}) gave a {type(seed).__name__}, not an nn.Module"
+        x = torch.randn(_PROBES[family](width))
+        try:
+            with torch.no_grad():
+                d = seed(x)
+        except Exception as e:
+            return None, f"its forward on a {family} activation {list(x.shape)} fails ({_line(e)})"
+    if not isinstance(d, torch.Tensor) or d.shape != x.shape:
+        got = list(d.shape) if isinstance(d, torch.Tensor) else type(d).__name__
+        return (
+            None,
+            f"it maps a {family} activation {list(x.shape)} to {got}; a seed's delta has its input's shape",
+        )
+    return seed, None
+
+
 def _counts(family: str, width: int) -> list[int]:
     return [param_count(build_blueprint(family, b, width)) for b in BLUEPRINTS[family]]
 
@@ -104,24 +146,19 @@ def register_blueprint(
         raise ValueError(f"register_blueprint: kind must be one of {', '.join(kinds)}, got {kind!r}")
     if isinstance(reach, bool) or not isinstance(reach, int) or reach < 0:
         raise ValueError(f"register_blueprint: reach is positions >= 1, or GLOBAL ({GLOBAL}), got {reach!r}")
+    if isinstance(builder, nn.Module):
+        kind_of = type(builder).__name__
+        raise ValueError(
+            f"register_blueprint: builder is a {kind_of} instance; pass what builds a fresh one per seed, "
+            f"callable(width) -> nn.Module (the class {kind_of}, or lambda width: {kind_of}(...))"
+        )
     if not callable(builder):
         raise ValueError(f"register_blueprint: builder must be callable(width) -> nn.Module, got {builder!r}")
     width = REFERENCE_WIDTH[family]
+    seed, why = seed_misfit(family, builder, width)
+    if why is not None:
+        raise ValueError(f"register_blueprint: {name}: {why}")
     with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
-        seed = builder(width)
-        if not isinstance(seed, nn.Module):
-            raise ValueError(
-                f"register_blueprint: builder({width}) gave a {type(seed).__name__}, not an nn.Module"
-            )
-        x = torch.randn(_PROBES[family](width))
-        with torch.no_grad():
-            d = seed(x)
-        if not isinstance(d, torch.Tensor) or d.shape != x.shape:
-            got = list(d.shape) if isinstance(d, torch.Tensor) else type(d).__name__
-            raise ValueError(
-                f"register_blueprint: {name} maps a {family} activation {list(x.shape)} to {got}; a seed's "
-                "delta has its input's shape"
-            )
         size = param_count(seed) if params is None else int(params)
         counts = _counts(family, width)
     names = BLUEPRINTS[family]
@@ -146,4 +183,10 @@ def registered_blueprints(family: str) -> tuple[str, ...]:
     return tuple(b for b in BLUEPRINTS.get(family, ()) if b not in BUILTIN_BLUEPRINTS.get(family, ()))
 
 
-__all__ = ["REFERENCE_WIDTH", "register_blueprint", "registered_blueprints", "unregister_blueprint"]
+__all__ = [
+    "REFERENCE_WIDTH",
+    "register_blueprint",
+    "registered_blueprints",
+    "seed_misfit",
+    "unregister_blueprint",
+]

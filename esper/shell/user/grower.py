@@ -79,9 +79,10 @@ from esper.shell.eval.episodes import check_names
 from esper.shell.eval.fits import check_controller_fits
 from esper.shell.eval.search import is_searched
 from esper.shell.host.bank import seeded
-from esper.shell.host.blueprints import param_count
+from esper.shell.host.blueprints import BUILTIN_BLUEPRINTS, param_count
 from esper.shell.host.descriptors import describe_host
 from esper.shell.host.model import SEED_GRAD_KEYS, EnvModel, seed_grad_stats
+from esper.shell.host.registry import seed_misfit
 from esper.shell.host.slots import SeedSlot, attach_seeds
 from esper.shell.user.grow import BASE_PRESET, load_run
 from esper.shell.user.grown import describe_seed, freeze_slot
@@ -139,6 +140,31 @@ def _batches(val: Any) -> Iterable:
     return val
 
 
+def _check_catalogue(host: LoopHost) -> None:
+    """Every blueprint of the host's catalogue builds and runs at every width its slots have (a
+    blueprint is checked at registration on one width only); a one-line ValueError names the first that
+    does not, the slot and the width. An error, not a blueprint left out of that slot: the catalogue is
+    what the controller's blueprint head and masks are sized by, one for every slot."""
+    widths: set[int] = set()
+    for slot in host.slots:
+        if slot.width in widths:
+            continue
+        widths.add(slot.width)
+        for name in host.blueprint_names:
+            _, why = seed_misfit(host.family, lambda w, name=name: host.build_seed(name, w), slot.width)
+            if why is None:
+                continue
+            family, registered = host.family, name not in BUILTIN_BLUEPRINTS[host.family]
+            fix = "give the slot another width"
+            if registered:
+                fix = (f"make its builder fit every slot width, or unregister_blueprint({family!r}, "
+                       f"{name!r}) before building the Grower")  # fmt: skip
+            raise ValueError(
+                f"Grower: {'registered ' if registered else ''}blueprint {name!r} ({family}) does not fit "
+                f"slot {slot.name!r} of width {slot.width}: {why}; {fix}"
+            )
+
+
 class Grower:
     """Grows ``model`` while the user's loop trains it with ``optimizer`` (the module docstring).
 
@@ -158,8 +184,9 @@ class Grower:
     ``scaler``, ``autocast_dtype``: the loop's mixed precision; ``seed``: the seeds' initial weights and
     a sampled controller's draws; ``seed_lr_scale``, ``seed_group``: the seeds' parameter groups.
 
-    One-line ValueErrors: a network without slots or with slots that hold seeds already, a controller
-    that is not known or does not fit, ``val`` that cannot be read every epoch."""
+    One-line ValueErrors: a network without slots or with slots that hold seeds already, a blueprint of
+    the catalogue that does not build or run at a slot's width (it, the slot and the width named), a
+    controller that is not known or does not fit, ``val`` that cannot be read every epoch."""
 
     def __init__(
         self,
@@ -212,6 +239,7 @@ class Grower:
         attach_seeds(host.slots, self.lifecycle.attach_at)
         names = host.blueprint_names
         self.spec = ActionSpec(S, len(names), tuple(i for i, b in enumerate(names) if b == "noop"))
+        _check_catalogue(host)
         with torch.random.fork_rng(devices=[]):  # germination costs build every seed once
             cost = host.germination_cost()
         grow_all = GROW_ALL_BLUEPRINT[host.family]

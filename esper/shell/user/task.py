@@ -93,6 +93,14 @@ def user_task(
 
     Builds one host now (the global generator left as it was), so a network without slots or with a slot
     of the wrong width is refused here, in one line, not an episode later."""
+    if isinstance(model_factory, nn.Module):
+        kind = type(model_factory).__name__
+        raise ValueError(
+            f"user_task: model_factory is a {kind} instance; pass what builds a fresh one per host (the "
+            f"class {kind}, or lambda: {kind}(...)): each host trains its own network"
+        )
+    if not callable(model_factory):
+        raise ValueError(f"user_task: model_factory must be callable() -> nn.Module, got {model_factory!r}")
     input_shape = _check_splits({"train": train, "val": val, "test": test})
     example = train[0][:PROBE_EXAMPLES].detach().cpu()
     make_host = partial(_host, model_factory, example, family, loss, metric)

@@ -79,7 +79,31 @@ class Heads8(nn.Module):
         return self.scale * self.attn(h, h, h, need_weights=False)[0].transpose(1, 2)
 
 
+def test_issue104_a_blueprint_that_fails_at_a_slots_width_is_refused_naming_both():
+    register_blueprint("cnn1d", "heads8", Heads8, kind="self_attention", reach=GLOBAL)  # width 8: fits
+    try:
+        torch.manual_seed(0)
+        model = Net1d(widths=(12, 12, 12))
+        for controller in ("static", "heuristic"):
+            with pytest.raises(ValueError, match=r"heads8.*slot 'tail\.2'.*width 12") as err:
+                Grower(
+                    model, torch.optim.SGD(model.parameters(), lr=0.1), val=_data(8, 1), controller=controller
+                )
+            assert "\n" not in str(err.value) and "divisible" in str(err.value)
+        _grower(controller="static")  # width 8 slots: it fits
+    finally:
+        unregister_blueprint("cnn1d", "heads8")
+
+
 # ------------------------------------------------------------------------------------------ 3. misuse
+def test_issue104_a_module_instance_for_a_builder_is_refused():
+    with pytest.raises(ValueError, match=r"builder is a Conv1d instance") as err:
+        register_blueprint("cnn1d", "conv_inst", nn.Conv1d(8, 8, 1), kind="convolution")
+    assert "\n" not in str(err.value)
+    x, y = _data(16, 0)
+    with pytest.raises(ValueError, match=r"model_factory is a Net1d instance") as err:
+        user_task(Net1d(), train=(x, y), val=(x, y), test=(x, y))
+    assert "\n" not in str(err.value)
 
 
 def _loop_without_after_backward(g: Grower, batches, epochs: int) -> None:
