@@ -12,6 +12,8 @@ controller's. Per training seed, :func:`judge` pairs them host by host:
 
 and over training seeds reports each difference's mean with its 95 % t-interval. The controller
 **beats the best fixed plan** when the interval of its difference to the best constant lies above 0.
+Below :data:`MIN_SEEDS` training seeds there is no interval over seeds, and the judge says it did not
+judge (each reading is reported, with no interval, no verdict and no equivalence test).
 ``python -m esper.shell.eval.family --precheck P.json --evals E1.json E2.json ... --out X.json``.
 """
 
@@ -41,6 +43,31 @@ FAMILY_BARS: dict[str, dict[str, Any]] = {
 }
 #: The controller's readout judged.
 READOUT = "ppo_greedy"
+#: Training seeds below which nothing is judged: a t-interval over seeds (and TOST) needs two. (A judged
+#: run's rule may ask more, docs/suite.md's ten; this tool checks only that there is an interval.)
+MIN_SEEDS = 2
+
+
+def _seeds(n: int) -> str:
+    """``1 training seed``, ``2 training seeds``."""
+    return f"{n} training seed{'' if n == 1 else 's'}"
+
+
+def _pooled(values: Sequence[float]) -> dict[str, Any]:
+    """The mean over seeds and its 95 % t-interval (None below :data:`MIN_SEEDS` seeds: no interval)."""
+    if len(values) < MIN_SEEDS:
+        return {"mean": float(np.mean(values)), "ci95": None}
+    mean, (lo, hi) = mean_ci95(values)
+    return {"mean": mean, "ci95": [lo, hi]}
+
+
+def _readout_of(res: Mapping[str, Any], readout: str, seed: int) -> Mapping[str, Any]:
+    """``readout``'s results in one seed's ``evaluate`` output, or a one-line error naming those present."""
+    ctl = res.get("controllers", {})
+    if readout not in ctl:
+        raise ValueError(f"family judge: seed {seed}'s evaluation has no readout {readout!r}; its readouts: "
+                         f"{', '.join(ctl) or 'none'}")  # fmt: skip
+    return ctl[readout]
 
 
 def _slots(plan: str) -> frozenset[str]:
@@ -61,7 +88,7 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
     per_seed: dict[int, dict[str, Any]] = {}
     kinds: dict[str, dict[str, Any]] = {}  # over every seed's episodes: what it does on each kind of host
     for k, res in sorted(evals.items()):
-        episodes = res["controllers"][readout]["per_episode"]
+        episodes = _readout_of(res, readout, k)["per_episode"]
         seen = {int(e["host_seed"]) for e in episodes}
         if seen != set(by_seed):
             raise ValueError(f"family judge: seed {k}'s hosts are not the pre-check's ({len(seen)} against "
@@ -91,7 +118,7 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
             **{f"minus_{name}": float(np.mean(d)) for name, d in diffs.items()},
             "slots_as_kind_rule": float(np.mean(same_slots)),
         }
-    pooled: dict[str, Any] = {}
+    judged = len(per_seed) >= MIN_SEEDS
     per_kind = {
         kind: {
             "episodes": len(v["controller"]),
@@ -104,23 +131,20 @@ def judge(precheck: Mapping[str, Any], evals: Mapping[int, Mapping[str, Any]], *
         }
         for kind, v in sorted(kinds.items())
     }
-    for key in next(iter(per_seed.values())):
-        values = [s[key] for s in per_seed.values()]
-        mean, (lo, hi) = mean_ci95(values) if len(values) > 1 else (values[0], (values[0], values[0]))
-        pooled[key] = {"mean": mean, "ci95": [lo, hi]}
-    lo = pooled["minus_constant"]["ci95"][0]
+    pooled = {key: _pooled([s[key] for s in per_seed.values()]) for key in next(iter(per_seed.values()))}
     # "as good as the kind rule" is claimed only by an equivalence test (TOST, ±1 point, paired by seed)
-    tost = (
-        tost_equivalent([s["minus_kind_rule"] for s in per_seed.values()], 1.0) if len(per_seed) > 1 else None
-    )
+    tost = tost_equivalent([s["minus_kind_rule"] for s in per_seed.values()], 1.0) if judged else None
     return {
+        "judged": judged,
+        "min_training_seeds": MIN_SEEDS,
         "kind_rule_tost": None
         if tost is None
         else {**tost, "interval": list(tost["interval"]), "margin": 1.0},
         "per_seed": per_seed,
         "pooled": pooled,
         "per_kind": per_kind,
-        "beats_best_constant": bool(lo > 0),
+        # None: not judged (too few seeds for an interval)
+        "beats_best_constant": bool(pooled["minus_constant"]["ci95"][0] > 0) if judged else None,
         "bars": {"constant": constant, "kind_rule": dict(kind_rule)},
         "hosts": len(rows),
         "training_seeds": sorted(per_seed),
@@ -140,7 +164,7 @@ def against(evals: Mapping[int, Mapping[str, Any]], names: Sequence[str], *, rea
     for name in names:
         diffs, accs, params, compute, chosen = [], [], [], [], {}
         for k, res in sorted(evals.items()):
-            ctl, base = res["controllers"][readout], res["controllers"].get(name)
+            ctl, base = _readout_of(res, readout, k), res["controllers"].get(name)
             if base is None:
                 raise ValueError(f"family judge: seed {k}'s evaluation has no {name!r}")
             hosts = [int(e["host_seed"]) for e in ctl["per_episode"]]
@@ -152,10 +176,10 @@ def against(evals: Mapping[int, Mapping[str, Any]], names: Sequence[str], *, rea
             compute.append(float(base.get("compute_host_epochs", 0)))
             search = base.get("search") or {}
             chosen[k] = search.get("chosen", base.get("plan"))
-        mean, (lo, hi) = mean_ci95(diffs) if len(diffs) > 1 else (diffs[0], (diffs[0], diffs[0]))
+        minus = _pooled(diffs)
         base_mean = float(np.mean(accs))
-        ctl_mean = base_mean + mean
-        row = {"minus": {"mean": mean, "ci95": [lo, hi], "per_seed": diffs},
+        ctl_mean = base_mean + minus["mean"]
+        row = {"minus": {**minus, "per_seed": diffs},
                "test_acc_mean": base_mean, "params_added_mean": float(np.mean(params)),
                "compute_host_epochs_mean": float(np.mean(compute)), "chosen": chosen}  # fmt: skip
         if oracle is not None and oracle > base_mean:
@@ -166,35 +190,52 @@ def against(evals: Mapping[int, Mapping[str, Any]], names: Sequence[str], *, rea
 
 def _tost_cell(tost: dict[str, Any] | None) -> str:
     if tost is None:
-        return "one seed: not tested"
+        return f"fewer than {MIN_SEEDS} training seeds: not tested"
     lo, hi = tost["interval"]
     return (
         f"{'yes' if tost['equivalent'] else 'no'} (p {tost['p']:.3f}; 90 % interval [{lo:+.2f}, {hi:+.2f}])"
     )
 
 
+def _cell(r: Mapping[str, Any], signed: bool = False) -> str:
+    """A pooled reading: its mean and 95 % interval, or the mean alone where there is no interval."""
+    f = "{:+.2f}" if signed else "{:.2f}"
+    if r.get("ci95") is None:
+        return f.format(r["mean"])
+    return f"{f.format(r['mean'])} [{f.format(r['ci95'][0])}, {f.format(r['ci95'][1])}]"
+
+
 def to_markdown(out: dict[str, Any], title: str, readout: str = READOUT) -> str:
     p = out["pooled"]
 
     def cell(key: str, signed: bool = False) -> str:
-        r = p[key]
-        f = "{:+.2f}" if signed else "{:.2f}"
-        return f"{f.format(r['mean'])} [{f.format(r['ci95'][0])}, {f.format(r['ci95'][1])}]"
+        return _cell(p[key], signed)
 
-    verdict = "**beats**" if out["beats_best_constant"] else "**does not beat**"
+    seeds = out["training_seeds"]
+    said = f"{_seeds(len(seeds))} ({seeds[0]}" + (f"-{seeds[-1]})" if len(seeds) > 1 else ")")
+    judged = out.get("judged", True)  # a file written before issue 102 was judged on every seed count
+    if judged:
+        verdict = "**beats**" if out["beats_best_constant"] else "**does not beat**"
+        head = (
+            f"{said}, {out['hosts']} fresh hosts each; means over seeds with 95 % intervals. The controller "
+            f"({readout}) {verdict} the best constant `{out['bars']['constant']}`."
+        )
+    else:
+        head = (
+            f"{said}, {out['hosts']} fresh hosts each. **Not judged**: a judgement needs at least "
+            f"{out.get('min_training_seeds', MIN_SEEDS)} training seeds (an interval over seeds); each "
+            "reading below is this seed's mean over the hosts, with no interval, and no test."
+        )
     lines = [
         f"# {title}",
         "",
-        f"{len(out['training_seeds'])} training seeds "
-        f"({out['training_seeds'][0]}-{out['training_seeds'][-1]}), "
-        f"{out['hosts']} fresh hosts each; means over seeds with 95 % intervals. The controller ({readout}) "
-        f"{verdict} the best constant `{out['bars']['constant']}`.",
+        head,
         "",
-        "| reading | mean [95 % CI] |",
+        f"| reading | mean{' [95 % CI]' if judged else ''} |",
         "|---|---|",
         f"| controller's test accuracy % | {cell('test_acc')} |",
         f"| parameters added | {cell('params_added')} |",
-        f"| minus the best constant (judged) | {cell('minus_constant', True)} |",
+        f"| minus the best constant{' (judged)' if judged else ''} | {cell('minus_constant', True)} |",
         f"| minus the kind rule | {cell('minus_kind_rule', True)} |",
         f"| within ±1 of the kind rule (TOST, paired by seed) | {_tost_cell(out['kind_rule_tost'])} |",
         f"| minus the oracle (chosen on validation) | {cell('minus_oracle', True)} |",
@@ -231,8 +272,8 @@ def to_markdown(out: dict[str, Any], title: str, readout: str = READOUT) -> str:
             "Against the baselines evaluated beside it on the same hosts (paired by training seed; each "
             "search selects on the run's own training hosts, its compute counted):",
             "",
-            "| baseline | its test % | params | host epochs | controller minus it [95 % CI] | gap to the "
-            "oracle closed | chosen (seeds) |",
+            "| baseline | its test % | params | host epochs | controller minus it"
+            f"{' [95 % CI]' if judged else ''} | gap to the oracle closed | chosen (seeds) |",
             "|---|---:|---:|---:|---|---:|---|",
         ]
         for name, r in out["against"].items():
@@ -243,8 +284,7 @@ def to_markdown(out: dict[str, Any], title: str, readout: str = READOUT) -> str:
             chosen = "; ".join(f"`{c}` ({n})" for c, n in picks.most_common(3))
             lines.append(
                 f"| `{name}` | {r['test_acc_mean']:.2f} | {r['params_added_mean']:.0f} | "
-                f"{r['compute_host_epochs_mean']:.0f} | {m['mean']:+.2f} "
-                f"[{m['ci95'][0]:+.2f}, {m['ci95'][1]:+.2f}] | {closed} | {chosen} |"
+                f"{r['compute_host_epochs_mean']:.0f} | {_cell(m, True)} | {closed} | {chosen} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -304,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["FAMILY_BARS", "READOUT", "against", "judge", "main", "to_markdown"]
+__all__ = ["FAMILY_BARS", "MIN_SEEDS", "READOUT", "against", "judge", "main", "to_markdown"]
 
 
 if __name__ == "__main__":

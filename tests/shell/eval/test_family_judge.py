@@ -190,3 +190,64 @@ def test_issue102_as_good_as_the_kind_rule_is_tested_within_one_point():
     lo, hi = tost["interval"]
     assert -2 < lo < hi < -1  # inside ±2, outside ±1
     assert not tost["equivalent"]
+
+
+def _cli_files(tmp_path, monkeypatch, seeds, precheck=PRECHECK):
+    """The pre-check and one evaluation per seed (``ppo_greedy`` and ``plan_search_cap`` beside it) on
+    disk, the toy family's bars set: the CLI's arguments up to ``--out``."""
+    monkeypatch.setitem(
+        family.FAMILY_BARS, "toy", {"constant": "b0=x", "kind_of": KIND_OF, "kind_rule": RULE}
+    )
+    pre = {**precheck, "meta": {"task": "toy", "eval_seed": 1, "data_seed": 2}}
+    (tmp_path / "p.json").write_text(json.dumps(pre))
+    files = []
+    for k in seeds:
+        res = _with(80.0 + k, 70.0)
+        res["controllers"]["ppo_greedy"]["per_episode"] = _eval(
+            (1, 85.0 + k, 100, "b0=x"), (2, 75.0 + k, 100, "b1=y")
+        )["controllers"]["ppo_greedy"]["per_episode"]
+        f = tmp_path / f"e{k}.json"
+        f.write_text(json.dumps(res))
+        files.append(str(f))
+    seeds = [str(k) for k in seeds]
+    return ["--precheck", str(tmp_path / "p.json"), "--evals", *files, "--seeds", *seeds]
+
+
+def test_issue102_one_training_seed_is_reported_and_not_judged(tmp_path, monkeypatch, capsys):
+    """One seed gives no interval over seeds: the judge says plainly that it did not judge, with no
+    verdict, no zero-width "95 % interval" and no equivalence test, and counts "1 training seed"."""
+    evals = {7: _eval((1, 85.0, 100, "b0=x"), (2, 75.0, 100, "b1=y"))}
+    out = judge(PRECHECK, evals, constant="b0=x", kind_of=KIND_OF, kind_rule=RULE)
+    assert out["judged"] is False and out["min_training_seeds"] == family.MIN_SEEDS == 2
+    assert out["beats_best_constant"] is None and out["kind_rule_tost"] is None
+    assert out["pooled"]["minus_constant"] == {"mean": pytest.approx(15.0), "ci95": None}
+    argv = _cli_files(tmp_path, monkeypatch, [7])
+    assert family.main([*argv, "--against", "plan_search_cap", "--out", str(tmp_path / "o.json")]) == 0
+    md = capsys.readouterr().out
+    saved = json.loads((tmp_path / "o.json").read_text())
+    assert saved["against"]["plan_search_cap"]["minus"]["ci95"] is None and saved["judged"] is False
+    assert "1 training seed (7), 2 fresh hosts each. **Not judged**: a judgement needs at least 2" in md
+    assert "seeds (7" not in md and "95 %" not in md and "[+" not in md  # no interval, zero-width or not
+    assert "beat" not in md and "| yes" not in md and "| no" not in md  # no verdict, no TOST's answer
+    assert "| minus the best constant | +22.00 |" in md
+    assert "| `plan_search_cap` | 70.00 | 8 | 400 | +17.00 |" in md
+
+
+def test_issue102_two_training_seeds_are_judged_and_counted_in_the_plural(tmp_path, monkeypatch, capsys):
+    argv = _cli_files(tmp_path, monkeypatch, [7, 8])
+    assert family.main([*argv, "--out", str(tmp_path / "o.json")]) == 0
+    md = capsys.readouterr().out
+    assert "2 training seeds (7-8), 2 fresh hosts each; means over seeds with 95 % intervals" in md
+    assert "**beats** the best constant" in md and "| minus the best constant (judged) | +22.50 [" in md
+
+
+def test_issue102_a_readout_missing_from_an_evaluation_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    """``--readout ppo_sampled`` where the files hold ``ppo_greedy`` and ``plan_search_cap``: an error
+    that names the readout asked for and the readouts there, not a raw KeyError."""
+    argv = _cli_files(tmp_path, monkeypatch, [7, 8])
+    rc = family.main([*argv, "--readout", "ppo_sampled", "--out", str(tmp_path / "o.json")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err
+    assert "no readout 'ppo_sampled'" in err and "its readouts: ppo_greedy, plan_search_cap" in err
+    with pytest.raises(ValueError, match="no readout 'ppo_sampled'; its readouts: ppo_greedy"):
+        family.against({1: _with(72.0, 70.0)}, ["plan_search_cap"], readout="ppo_sampled")
