@@ -51,6 +51,8 @@ resume a growth (the docstring of the latter says in which order).
 from __future__ import annotations
 
 import copy
+import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +92,8 @@ from esper.shell.user.host import Loss, Metric, UserHost
 
 #: Examples of the first validation batch the host runs once to find and check its slots.
 PROBE_EXAMPLES = 2
+#: model -> the Grower that grows it: one at a time (:class:`Grower` refuses a second).
+_GROWING: weakref.WeakKeyDictionary[nn.Module, weakref.ref] = weakref.WeakKeyDictionary()
 
 
 class LoopHost(UserHost):
@@ -186,7 +190,10 @@ class Grower:
 
     One-line ValueErrors: a network without slots or with slots that hold seeds already, a blueprint of
     the catalogue that does not build or run at a slot's width (it, the slot and the width named), a
-    controller that is not known or does not fit, ``val`` that cannot be read every epoch."""
+    controller that is not known or does not fit, ``val`` that cannot be read every epoch, a model that
+    another Grower (not finished) grows, a slot whose seed is not the one this Grower grows (a network
+    state from another checkpoint than the Grower's). A warning, once, when an epoch ends without
+    :meth:`after_backward` while seeds live (they would not learn)."""
 
     def __init__(
         self,
@@ -213,6 +220,13 @@ class Grower:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
                 f"Grower: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
+        other = _GROWING.get(model)
+        if other is not None and other() is not None and not other().finished:
+            kind = type(model).__name__
+            raise ValueError(
+                f"Grower: this {kind} is grown by another Grower (built before, not finished); one Grower "
+                f"per model: keep using that one, or build a fresh {kind} (and optimizer) for this one"
             )
         held = [f"{p} ({m.blueprint})" for p, m in model.named_modules()
                 if isinstance(m, SeedSlot) and m.occupied]  # fmt: skip
@@ -267,11 +281,15 @@ class Grower:
         self.epoch = 0
         #: Whether the controller is done (after :attr:`epochs`): the seeds are permanent or gone.
         self.finished = False
-        #: slot index -> that seed's parameter group in the optimizer.
-        self.groups: dict[int, dict] = {}
+        #: slot index -> that seed's parameter groups in the optimizer (:meth:`_add_group`).
+        self.groups: dict[int, list[dict]] = {}
         #: Every lifecycle event so far: ``{"epoch", "slot", "kind", "blueprint", ...}``.
         self.events: list[dict] = []
+        #: slot index -> the blueprint of the seed the Grower put there (None: none).
+        self._seeds: list[str | None] = [None] * S
+        self._warned = False  # a forgotten after_backward is said once
         self._reset_epoch()
+        _GROWING[model] = weakref.ref(self)
 
     # ------------------------------------------------------------------------------------------ setup
     def _settings(self, controller, readout: str, epochs: int | None, overrides) -> tuple:
@@ -339,9 +357,13 @@ class Grower:
         controller reads; without them it reads the validation ones in their place."""
         if self.finished:
             return
+        if not self._calls:
+            self._check_seeds()
+        self._calls += 1
         host_lr = self.optimizer.param_groups[0]["lr"]
-        for group in self.groups.values():
-            group["lr"] = host_lr * self.seed_lr_scale
+        for groups in self.groups.values():
+            for group in groups:
+                group["lr"] = host_lr * self.seed_lr_scale
         n = y.numel()
         if loss is not None:  # kept as tensors: no host sync per batch
             self._train_loss = self._train_loss + loss.detach().float() * n
@@ -367,6 +389,9 @@ class Grower:
         the controller act, step the lifecycle and build or remove seed modules to match. Returns the
         epoch's ``val_loss``, ``val_acc`` (%), ``events`` (this step's lifecycle events), ``grown``
         and ``finished``. After :attr:`epochs` epochs it only validates."""
+        if not self.finished:
+            self._check_seeds()
+            self._warn_without_after_backward()
         measured = self._validate()
         if self.finished:
             return {"epoch": self.epoch, **measured, "events": [], "grown": self.grown, "finished": True}
@@ -388,7 +413,35 @@ class Grower:
                 "finished": self.finished}  # fmt: skip
 
     # ------------------------------------------------------------------------------------- measuring
+    def _check_seeds(self) -> None:
+        """Each slot holds the seed the Grower put there (or none), trained by its parameter group: a
+        one-line ValueError where the network's state brought another (loaded from another checkpoint
+        than the Grower's state, or after it)."""
+        for s, slot in enumerate(self.host.slots):
+            tracked = {id(p) for group in self.groups.get(s, []) for p in group["params"]}
+            if slot.blueprint == self._seeds[s] and tracked == {id(p) for p in slot.seed_parameters()}:
+                continue
+            held = f"a {slot.blueprint} seed" if slot.occupied else "no seed"
+            known = f"a {self._seeds[s]} seed" if self._seeds[s] else "none"
+            raise ValueError(
+                f"Grower: slot {slot.name!r} holds {held} that is not the one the Grower grows ({known}, in "
+                "its optimizer group): the network's state was loaded from another checkpoint than "
+                "Grower.load_state_dict's; load both from one checkpoint"
+            )
+
+    def _warn_without_after_backward(self) -> None:
+        live = [s.name for s in self.host.slots if s.occupied]
+        if live and not self._calls and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"Grower: an epoch ended without g.after_backward while slot(s) {', '.join(live)} held "
+                "seeds: incubating seeds learn only there (and every seed takes its learning rate there); "
+                "call g.after_backward(x, y, loss=loss, output=out) after each loss.backward()",
+                stacklevel=3,
+            )
+
     def _reset_epoch(self) -> None:
+        self._calls = 0  # after_backward calls this epoch
         self._train_loss, self._train_n = torch.zeros(()), 0
         self._train_correct, self._train_items = torch.zeros((), dtype=torch.int64), 0
         self._grads = {k: torch.zeros(self.host.n_slots) for k in SEED_GRAD_KEYS}
@@ -460,25 +513,31 @@ class Grower:
     def _germinate(self, s: int, blueprint: int, style: int) -> None:
         with seeded(self.device, derive_seed("build", self.seed, self.epoch, s)):
             params = self.host.germinate(s, blueprint, style)
+        self._seeds[s] = self.host.slots[s].blueprint
         self._add_group(s, params)
 
     def _add_group(self, s: int, params: list[nn.Parameter]) -> None:
         if not params:
             return
         host = self.optimizer.param_groups[0]
-        group = {"params": params, **self.seed_group, "lr": host["lr"] * self.seed_lr_scale}
+        options = {**self.seed_group, "lr": host["lr"] * self.seed_lr_scale}
         if "initial_lr" in host:  # an LR scheduler's bookkeeping
-            group["initial_lr"] = host["initial_lr"] * self.seed_lr_scale
-        self.optimizer.add_param_group(group)
-        self.groups[s] = self.optimizer.param_groups[-1]
+            options["initial_lr"] = host["initial_lr"] * self.seed_lr_scale
+        groups = []
+        for part in [params]:
+            self.optimizer.add_param_group({"params": part, **options})
+            groups.append(self.optimizer.param_groups[-1])
+        self.groups[s] = groups
 
     def _remove(self, s: int) -> None:
-        group = self.groups.pop(s, None)
-        if group is not None:
-            self.optimizer.param_groups[:] = [g for g in self.optimizer.param_groups if g is not group]
-            for p in group["params"]:
+        groups = self.groups.pop(s, [])
+        if groups:
+            mine = {id(g) for g in groups}
+            self.optimizer.param_groups[:] = [g for g in self.optimizer.param_groups if id(g) not in mine]
+            for p in (p for g in groups for p in g["params"]):
                 self.optimizer.state.pop(p, None)
         self.host.remove_seed(s)
+        self._seeds[s] = None
 
     def _finish(self) -> None:
         """The controller is done: each seed that changes the forward becomes permanent at its alpha,
@@ -512,7 +571,10 @@ class Grower:
         the same class, an optimizer over its parameters, the same controller). Call it before the
         optimizer's ``load_state_dict`` (it adds the seeds' parameter groups that state counts), before
         or after the network's (the seeds are rebuilt from their description; the network's state dict
-        then loads their weights)."""
+        then loads their weights). The two states must come from one checkpoint: a slot that holds a
+        seed the state does not describe (the network's state loaded before) is refused here, one that
+        comes to hold another seed (loaded after) at the next :meth:`after_backward` or
+        :meth:`on_epoch_end`; its seed would not be in the optimizer."""
         if state["controller_name"] != self.controller_name:
             raise ValueError(
                 f"Grower.load_state_dict: the state is of a growth by {state['controller_name']}, this "
@@ -520,6 +582,15 @@ class Grower:
             )
         if self.groups or self.epoch:
             raise ValueError("Grower.load_state_dict: load into a fresh Grower (no epoch done yet)")
+        for slot, seed in zip(self.host.slots, state["seeds"], strict=True):
+            held = (slot.blueprint, int(slot.style))
+            if slot.occupied and (not seed or held != (seed["blueprint"], seed["style"])):
+                known = f"a {seed['blueprint']} seed" if seed else "none"
+                raise ValueError(
+                    f"Grower.load_state_dict: slot {slot.name!r} holds a {slot.blueprint} seed (the "
+                    f"network's loaded state) where the Grower's state has {known}: the two states come "
+                    "from different checkpoints; load both from one"
+                )
         for s, (slot, seed) in enumerate(zip(self.host.slots, state["seeds"], strict=True)):
             if not seed:
                 continue
@@ -529,6 +600,7 @@ class Grower:
                     slot.install(module, seed["style"], seed["blueprint"])
             slot.to(self.device)
             slot.set(alpha=seed["alpha"], stage=seed["stage"])
+            self._seeds[s] = seed["blueprint"]
         for s in state["groups"]:
             self._add_group(s, self.host.seed_parameters(s))
         S = self.host.n_slots

@@ -106,6 +106,43 @@ def test_issue104_a_module_instance_for_a_builder_is_refused():
     assert "\n" not in str(err.value)
 
 
+def test_issue104_a_second_grower_on_one_model_is_refused_at_its_construction():
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    first = _grower(model, opt)
+    with pytest.raises(ValueError, match=r"Net1d is grown by another Grower") as err:
+        _grower(model, opt)
+    assert "\n" not in str(err.value) and not first.finished
+
+
+def test_issue104_a_network_holding_seeds_the_growers_state_does_not_know_is_refused():
+    """The network's state and the Grower's come from one checkpoint (the network loaded first or
+    after): every seed is in the optimizer. A network whose state holds a seed the Grower's state
+    does not (a stale Grower state) is refused, loaded before ``g.load_state_dict`` or after it."""
+    train = _batches(64, 0)
+    first = _grower(overrides=OPEN)
+    stale = first.state_dict()
+    _train(first, train, 2)
+    model_state, state = first.model.state_dict(), first.state_dict()
+    g = _grower(overrides=OPEN)
+    g.model.load_state_dict(model_state)
+    g.load_state_dict(state)
+    seed = g.host.slots[1].seed_parameters()
+    trained = {id(p) for group in _seed_groups(g) for p in group["params"]}
+    assert seed and all(id(p) in trained for p in seed)
+    g = _grower(overrides=OPEN)
+    g.model.load_state_dict(model_state)
+    with pytest.raises(ValueError, match=r"^Grower.*slot 'tail\.1'") as err:
+        g.load_state_dict(stale)
+    assert "\n" not in str(err.value)
+    g = _grower(overrides=OPEN)
+    g.load_state_dict(stale)
+    g.model.load_state_dict(model_state)
+    with pytest.raises(ValueError, match=r"^Grower.*slot 'tail\.1'") as err:
+        _train(g, train, 1)
+    assert "\n" not in str(err.value)
+
+
 def _loop_without_after_backward(g: Grower, batches, epochs: int) -> None:
     for _ in range(epochs):
         g.model.train()
@@ -114,6 +151,19 @@ def _loop_without_after_backward(g: Grower, batches, epochs: int) -> None:
             F.cross_entropy(g.model(x), y).backward()
             g.optimizer.step()
         g.on_epoch_end()
+
+
+def test_issue104_a_forgotten_after_backward_warns_once():
+    train = _batches(64, 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _loop_without_after_backward(_grower(), train, 4)  # germinated at epoch 1, incubating after
+    said = [str(w.message) for w in caught if "after_backward" in str(w.message)]
+    assert len(said) == 1 and "tail.1" in said[0] and "\n" not in said[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _train(_grower(), train, 3)
+    assert not [w for w in caught if "after_backward" in str(w.message)]
 
 
 # ------------------------------------------------------------------------------------ 4. small things
