@@ -9,7 +9,9 @@ chosen on the evaluation hosts themselves (in-sample: stronger than a search at 
 find on training hosts). Per training seed the controller's mean test accuracy minus the bar's; over the
 seeds, its mean and 95 % t-interval, the one-sided test of "above" (Holm's correction across the
 budgets) and TOST within +-1 point. The controller is **not dominated** at ``B`` where "above" holds
-after Holm or TOST does. The figure: every enumerated plan's test accuracy against its parameters, the
+after Holm or TOST does. A budget with fewer than :data:`MIN_SEEDS` training seeds has no interval and no
+test: it is reported and not judged, and the verdict over the budgets is "not judged" unless a judged
+budget already fails it. The figure: every enumerated plan's test accuracy against its parameters, the
 frontier among them, each budget's line and the controller's point at each budget.
 
 On a family (a task whose hosts differ by seed, :attr:`Task.varies`) each host has its own budget,
@@ -38,6 +40,8 @@ from esper.shell.eval.stats import holm, mean_ci95, t_test_greater, tost_equival
 MARGIN, ALPHA = 1.0, 0.05
 #: The controller's readout judged.
 READOUT = "ppo_greedy"
+#: Training seeds below which a budget is not judged: a t-interval over seeds (and each test) needs two.
+MIN_SEEDS = 2
 
 
 def plan_table(results: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -92,8 +96,20 @@ def bar_at(table: Mapping[str, Mapping[str, Any]], budget: float | Sequence[floa
 
 
 def _interval(d: Sequence[float]) -> dict[str, Any]:
-    mean, (lo, hi) = mean_ci95(d)  # one value: a zero-width interval
+    """The mean over seeds and its 95 % t-interval (None below :data:`MIN_SEEDS` seeds: no interval)."""
+    if len(d) < MIN_SEEDS:
+        return {"mean": sum(d) / len(d), "ci95": None}
+    mean, (lo, hi) = mean_ci95(d)
     return {"mean": mean, "ci95": [lo, hi]}
+
+
+def _readout_of(res: Mapping[str, Any], readout: str, seed: int, share: float) -> Mapping[str, Any]:
+    """``readout``'s results in one evaluation, or a one-line error naming the readouts there."""
+    ctl = res.get("controllers", {})
+    if readout not in ctl:
+        raise ValueError(f"budget judge: seed {seed} at {share:g} has no readout {readout!r}; its readouts: "
+                         f"{', '.join(ctl) or 'none'}")  # fmt: skip
+    return ctl[readout]
 
 
 def judge(table: Mapping[str, Mapping[str, Any]], evals: Mapping[float, Mapping[int, Mapping[str, Any]]],
@@ -129,7 +145,7 @@ def judge(table: Mapping[str, Mapping[str, Any]], evals: Mapping[float, Mapping[
         diffs, to_member, accs, params, grown = {}, {}, [], [], Counter()
         grown_on: dict[str, Counter] = {m: Counter() for m in groups}
         for seed, res in sorted(evals[share].items()):
-            ctl = res["controllers"][readout]
+            ctl = _readout_of(res, readout, seed, share)
             eps = ctl["per_episode"]
             if [int(e["host_seed"]) for e in eps] != hosts:
                 raise ValueError(f"budget judge: seed {seed} at {share:g} ran on other hosts than the plans")
@@ -147,14 +163,15 @@ def judge(table: Mapping[str, Mapping[str, Any]], evals: Mapping[float, Mapping[
                 added, b = max(over)
                 raise ValueError(f"budget judge: seed {seed} added {added:g} over the budget {b:g}")
         d = list(diffs.values())
-        tost = tost_equivalent(d, MARGIN, ALPHA) if len(d) > 1 else None
+        judged = len(d) >= MIN_SEEDS
+        tost = tost_equivalent(d, MARGIN, ALPHA) if judged else None
         rows[f"{share:g}"] = {
             "share": share, "budget_params": sum(host_budget) / len(hosts), "bar": bar,
             "bar_test": table[bar]["test"], "bar_params": table[bar]["params"],
             "test_acc_mean": sum(accs) / len(accs),
-            "test_acc_ci95": list(mean_ci95(accs)[1]),
+            "test_acc_ci95": _interval(accs)["ci95"],
             "params_added_mean": sum(params) / len(params), "minus_bar": _interval(d),
-            "per_seed": diffs, "p_above": t_test_greater(d) if len(d) > 1 else None,
+            "per_seed": diffs, "p_above": t_test_greater(d) if judged else None,
             "tost": None if tost is None else {**tost, "interval": list(tost["interval"])},
             "grown_top": grown.most_common(5),
         }  # fmt: skip
@@ -173,10 +190,14 @@ def judge(table: Mapping[str, Mapping[str, Any]], evals: Mapping[float, Mapping[
         r["above"] = adj <= ALPHA
         r["equivalent"] = bool(r["tost"]["equivalent"])
         r["not_dominated"] = r["above"] or r["equivalent"]
+    # the verdict over the budgets: False where a judged budget is dominated, else None (not judged) where
+    # some budget has too few seeds to judge, else True
+    everywhere = (False if not all(r["not_dominated"] for r in tested)
+                  else None if len(tested) < len(rows) or not tested else True)  # fmt: skip
     out = {"budgets": rows, "frontier": frontier(table), "plans": len(table), "hosts": len(hosts),
            "grow_all_params": sum(grow_all) / len(grow_all) if per_host else grow_all,
            "training_seeds": sorted({s for e in evals.values() for s in e}),
-           "not_dominated_everywhere": bool(tested) and all(r["not_dominated"] for r in tested)}  # fmt: skip
+           "min_training_seeds": MIN_SEEDS, "not_dominated_everywhere": everywhere}  # fmt: skip
     if per_host:
         out["grow_all_params_per_host"] = list(grow_all)
     if members is not None:
@@ -187,6 +208,13 @@ def judge(table: Mapping[str, Mapping[str, Any]], evals: Mapping[float, Mapping[
 def _p(p: float | None) -> str:
     """A p-value's cell: three decimals, or "—" where there is none (one training seed tests nothing)."""
     return "—" if p is None else f"{p:.3f}"
+
+
+def _signed(r: Mapping[str, Any]) -> str:
+    """A difference's mean and 95 % interval; the mean alone where there is no interval (one seed)."""
+    if r["ci95"] is None:
+        return f"{r['mean']:+.2f} (no interval)"
+    return f"{r['mean']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]"
 
 
 def _budget(row: Mapping[str, Any]) -> str:
@@ -202,13 +230,19 @@ def to_markdown(out: Mapping[str, Any], title: str) -> str:
     adds = (f"{out['grow_all_params']:,.0f} parameters" if sizes is None else
             f"{min(sizes):,.0f} to {max(sizes):,.0f} parameters by host (each host's budget is the share "
             "of its own, and a plan fits a budget where it fits on every host)")  # fmt: skip
+    every = out["not_dominated_everywhere"]
+    need = out.get("min_training_seeds", MIN_SEEDS)
+    said = ("**not judged** (a budget is judged on at least "
+            f"{need} training seeds, and not every budget has them)" if every is None
+            else f"**{'yes' if every else 'no'}**")  # fmt: skip
+    which = f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"{seeds[0]}"
     lines = [
         f"# {title}",
         "",
-        f"{len(seeds)} training seeds ({seeds[0]}-{seeds[-1]}), {out['hosts']} fresh hosts, {out['plans']} "
-        f"enumerated fixed plans on the same hosts; `grow_all` adds {adds}. "
+        f"{len(seeds)} training seed{'' if len(seeds) == 1 else 's'} ({which}), {out['hosts']} fresh hosts, "
+        f"{out['plans']} enumerated fixed plans on the same hosts; `grow_all` adds {adds}. "
         f"At each budget the bar is the best enumerated plan within it, chosen on these hosts (in-sample). "
-        f"Not dominated at every budget: **{'yes' if out['not_dominated_everywhere'] else 'no'}**.",
+        f"Not dominated at every budget: {said}.",
         "",
         "| budget (share, params) | controller test % | params added | bar (test %, params) | "
         "controller minus bar [95 % CI] | above (Holm p) | within ±1 (TOST p) | not dominated |",
@@ -219,7 +253,7 @@ def to_markdown(out: Mapping[str, Any], title: str) -> str:
         lines.append(
             f"| {r['share']:g} ({_budget(r)}) | {r['test_acc_mean']:.2f} | "
             f"{r['params_added_mean']:,.0f} | `{r['bar'] or 'static'}` ({r['bar_test']:.2f}, "
-            f"{r['bar_params']:,.0f}) | {m['mean']:+.2f} [{m['ci95'][0]:+.2f}, {m['ci95'][1]:+.2f}] | "
+            f"{r['bar_params']:,.0f}) | {_signed(m)} | "
             f"{_p(r.get('p_above_holm'))} | {_p((r['tost'] or {}).get('p'))} | "
             f"{'yes' if r.get('not_dominated') else 'no' if r['tost'] else '—'} |"
         )
@@ -236,8 +270,7 @@ def to_markdown(out: Mapping[str, Any], title: str) -> str:
         for r in out["budgets"].values():
             m = r["minus_member_bar"]
             bars = "; ".join(f"{k}: `{v or 'static'}`" for k, v in r["member_bars"].items())
-            lines.append(f"| {r['share']:g} | {r['member_bar_test']:.2f} | {m['mean']:+.2f} "
-                         f"[{m['ci95'][0]:+.2f}, {m['ci95'][1]:+.2f}] | {bars} |")  # fmt: skip
+            lines.append(f"| {r['share']:g} | {r['member_bar_test']:.2f} | {_signed(m)} | {bars} |")
         lines.append("")
         for r in out["budgets"].values():
             for k, top in r["grown_by_member"].items():
@@ -295,7 +328,8 @@ def _panel(ax, table: Mapping[str, Mapping[str, Any]], out: Mapping[str, Any]) -
             ax.axvspan(lo_hi[0], lo_hi[1], color="tab:blue", alpha=0.08, lw=0)
         else:
             ax.axvline(r["budget_params"], color="tab:blue", ls=":", lw=1)
-        m, (lo, hi) = r["test_acc_mean"], r["test_acc_ci95"]
+        m = r["test_acc_mean"]
+        lo, hi = r["test_acc_ci95"] or (m, m)  # one seed: no interval, the point alone
         ax.errorbar([r["params_added_mean"]], [m], yerr=[[m - lo], [hi - m]], color="tab:red", marker="D",
                     markeredgecolor="black", capsize=4)  # fmt: skip
         ax.annotate(
@@ -374,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["ALPHA", "MARGIN", "READOUT", "bar_at", "figure", "figure_panels", "fits", "frontier",
+__all__ = ["ALPHA", "MARGIN", "MIN_SEEDS", "READOUT", "bar_at", "figure", "figure_panels", "fits", "frontier",
            "host_sizes", "judge", "main", "plan_table", "to_markdown"]  # fmt: skip
 
 

@@ -78,7 +78,7 @@ def test_one_training_seed_is_reported_without_a_test():
     out = B.judge(B.plan_table(PLANS), {0.25: {7: _ctl(61.0, 200.0)}}, 1000.0)
     r = out["budgets"]["0.25"]
     assert r["minus_bar"]["mean"] == pytest.approx(1.0) and r["tost"] is None and "above" not in r
-    assert out["not_dominated_everywhere"] is False
+    assert out["not_dominated_everywhere"] is None  # not judged (issue 102: it read False, "no")
     row = next(ln for ln in B.to_markdown(out, "one seed").splitlines() if ln.startswith("| 0.25"))
     assert row.endswith("| — | — | — |")
 
@@ -197,3 +197,47 @@ def test_issue102_above_is_read_off_holms_adjusted_p_value_not_the_raw_one():
     assert r["p_above"] < B.ALPHA < r["p_above_holm"]
     assert r["p_above_holm"] == pytest.approx(3 * r["p_above"])
     assert r["above"] is False and r["not_dominated"] is False
+
+
+def test_issue102_one_training_seed_is_not_judged_and_says_so(tmp_path, capsys):
+    """One seed at every budget: no interval (not a zero-width one), no test, and the verdict over the
+    budgets says it did not judge rather than "no"; "1 training seed", singular."""
+    (tmp_path / "plans.json").write_text(json.dumps(PLANS))
+    (tmp_path / "e.json").write_text(json.dumps(_ctl(61.0, 200.0)))
+    rc = B.main(["--plans", str(tmp_path / "plans.json"), "--evals", f"0.25:7:{tmp_path / 'e.json'}",
+                 "--out", str(tmp_path / "o.json"), "--png", str(tmp_path / "o.png")])  # fmt: skip
+    md = capsys.readouterr().out
+    assert rc == 0 and (tmp_path / "o.png").stat().st_size > 0
+    out = json.loads((tmp_path / "o.json").read_text())
+    r = out["budgets"]["0.25"]
+    assert r["minus_bar"] == {"mean": pytest.approx(1.0), "ci95": None} and r["test_acc_ci95"] is None
+    assert out["not_dominated_everywhere"] is None and out["min_training_seeds"] == B.MIN_SEEDS == 2
+    assert "1 training seed (7), 2 fresh hosts" in md and "training seeds (7" not in md
+    assert "Not dominated at every budget: **not judged** (a budget is judged on at least 2" in md
+    assert "**yes**" not in md and "**no**" not in md and "[+1.00, +1.00]" not in md
+    assert "| +1.00 (no interval) |" in md
+
+
+def test_issue102_a_budget_short_of_seeds_leaves_the_verdict_over_the_budgets_unjudged():
+    """At 0.25 five seeds are above the bar; at 0.5 one seed, untested. "Not dominated at every budget"
+    cannot be yes (it read True, from the one budget judged); where a judged budget is dominated, it is
+    no whatever the others."""
+    table = B.plan_table(PLANS)
+    above = {s: _ctl(v, 200.0) for s, v in zip(range(5), (64.0, 65.0, 63.0, 64.5, 63.5))}
+    out = B.judge(table, {0.25: above, 0.5: {0: _ctl(70.0, 400.0)}}, 1000.0)
+    assert out["budgets"]["0.25"]["not_dominated"] and "not_dominated" not in out["budgets"]["0.5"]
+    assert out["not_dominated_everywhere"] is None
+    under = {s: _ctl(v, 900.0) for s, v in zip(range(5), (75.0, 74.0, 76.0, 75.5, 74.5))}
+    out = B.judge(table, {0.25: above, 0.5: {0: _ctl(70.0, 400.0)}, 1.0: under}, 1000.0)
+    assert out["not_dominated_everywhere"] is False
+    assert B.judge(table, {0.25: above}, 1000.0)["not_dominated_everywhere"] is True
+
+
+def test_issue102_a_readout_missing_from_an_evaluation_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "plans.json").write_text(json.dumps(PLANS))
+    (tmp_path / "e.json").write_text(json.dumps(_ctl(61.0, 200.0)))
+    rc = B.main(["--plans", str(tmp_path / "plans.json"), "--evals", f"0.25:7:{tmp_path / 'e.json'}",
+                 "--readout", "ppo", "--out", str(tmp_path / "o.json")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err
+    assert "seed 7 at 0.25 has no readout 'ppo'; its readouts: ppo_greedy" in err
