@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import threading
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from esper.core.spec import HEAD_INDEX, HEADS, SLOT_FIELDS, ActionSpec, Stage
 from esper.shell.agent.agent import Agent
 from esper.shell.agent.config import PPOConfig
 from esper.shell.agent.policy import FactoredRecurrentActorCritic
-from esper.shell.agent.steps import GRAD_GROUPS, local_rows
+from esper.shell.agent.steps import GRAD_GROUPS, SharedStep, descend, local_rows
 from esper.shell.agent.trainer import PPOTrainer
 from esper.shell.common.distributed import SINGLE, Dist
 
@@ -345,6 +346,93 @@ def test_kl_early_stop_skips_the_step():
     metrics = trainer.update(make_rollout(policy, trainer))
     assert metrics["early_stopped"] is True
     assert metrics["minibatch_steps"] < 10
+
+
+class _ThreadRank:
+    """Process ``rank`` of two, simulated by a thread: ``all_reduce_sum`` sums both threads' tensors (in
+    rank order, the same on both), as gloo's would; ``exchange`` is the two threads' slots and barrier."""
+
+    world, active = 2, True
+
+    def __init__(self, rank: int, exchange: tuple[list, threading.Barrier]) -> None:
+        self.rank, self.exchange = rank, exchange
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        slots, barrier = self.exchange
+        slots[self.rank] = t.detach().clone()
+        barrier.wait()
+        total = slots[0] + slots[1]
+        barrier.wait()  # both have read the sum before either writes its next tensor
+        return t.copy_(total)
+
+
+def _on_two_ranks(fn) -> list:
+    """``fn(rank)`` of ranks 0 and 1, each in its own thread (one intra-op thread), in rank order."""
+    out, errors = [None, None], []
+
+    def run(rank: int) -> None:
+        try:
+            out[rank] = fn(rank)
+        except BaseException as e:  # re-raised below
+            errors.append(e)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        torch.set_num_threads(before)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def test_issue102_two_processes_stop_on_the_summed_kl_not_on_their_own_part():
+    """With two processes (:class:`~esper.shell.agent.steps.SharedStep`) the KL early stop is decided on
+    the KL summed over them, the whole minibatch's, so both stop where one process would: here each
+    process's part is under ``1.5 * target_kl`` and their sum over it. Decided on its own part, each
+    would go on (issue 102), and processes whose parts fall either side of it would disagree."""
+    cfg = PPOConfig(hidden=16, head_hidden=8, n_epochs=1, n_minibatches=1, target_kl=None)
+    policy, whole = _make(cfg)
+    batch = whole.prepare(make_rollout(policy, whole, E=4, T=5, seed=7))
+    with torch.no_grad():  # the policy moved since the rollout: a KL to stop on
+        g = torch.Generator().manual_seed(1)
+        for p in policy.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+    def two(c: PPOConfig) -> list[PPOTrainer]:  # the two processes' trainers, each its policy's replica
+        exchange = ([None, None], threading.Barrier(2, timeout=60))
+        return [
+            PPOTrainer(_agent(copy.deepcopy(policy), c), c, dist=_ThreadRank(r, exchange)) for r in (0, 1)
+        ]
+
+    halves = [batch[2 * r : 2 * r + 2].clone() for r in range(2)]  # each process's 2 of the 4 envs
+    idx = torch.arange(4)  # one minibatch of every env: half of it on each process
+    ranks = two(cfg)
+
+    def part(r: int) -> float:  # this process's part of the minibatch's KL
+        mine = halves[r][local_rows(idx, 2, ranks[r].dist)]
+        return descend(ranks[r].learner, mine, 0.0, ranks[r].dist).losses["kl_approx"].item()
+
+    parts = _on_two_ranks(part)
+    kl = descend(whole.learner, batch[idx], 0.0).losses["kl_approx"].item()  # one process's
+    assert sum(parts) == pytest.approx(kl, rel=1e-4) and min(parts) > 0
+    threshold = (max(parts) + sum(parts)) / 2  # 1.5 * target_kl: above each part, under their sum
+    assert max(parts) < threshold < kl
+    stopping = dataclasses.replace(cfg, target_kl=threshold / 1.5)
+    one = PPOTrainer(_agent(copy.deepcopy(policy), stopping), stopping)
+    ranks = two(stopping)
+    for t in (one, *ranks):
+        assert isinstance(t.step, SharedStep) == (t is not one)
+        t.step.begin_update(cfg.lr, block=2)
+    assert one.step(batch, idx, 0.0)[0] is True  # one process stops
+    stopped = _on_two_ranks(lambda r: ranks[r].step(halves[r], idx, 0.0))
+    assert [s[0] for s in stopped] == [True, True]  # both stop, as one process does
+    assert [s[2] for s in stopped] == [None, None]  # and neither steps
 
 
 def test_nonfinite_rollout_is_refused_with_the_key_named():
