@@ -33,12 +33,15 @@ the loop is the user's.
 
 **The user's optimizer.** A germinated seed's parameters (its gate's included) join the optimizer as
 one new parameter group (``optimizer.add_param_group``: any ``torch.optim`` optimizer; the host's groups
-and their state untouched), with the options of the optimizer's defaults and ``seed_group``; its
-learning rate follows the host's first group (times ``seed_lr_scale``), set at every
-:meth:`Grower.after_backward`, so the seeds ride the user's schedule. A pruned seed's group and its state
-leave the optimizer. Mixed precision: pass the loop's ``scaler`` (a ``torch.amp.GradScaler``: the
-what-if loss is scaled with it, so ``scaler.step`` unscales the seeds' gradients like the host's) and
-``autocast_dtype`` (the what-if forward runs under that autocast).
+and their state untouched), with the options of the optimizer's defaults and ``seed_group``, and the
+weight decay of the user's split: a seed's matrices and kernels (2-D and more) take that of the first
+group holding such a host parameter, its biases, norm weights and scales (1-D and less) that of the
+first group holding one of those (two groups where they differ; ``seed_group``'s ``weight_decay`` sets
+both; :meth:`Grower._host_weight_decay`); its learning rate follows the host's first group (times
+``seed_lr_scale``), set at every :meth:`Grower.after_backward`, so the seeds ride the user's schedule. A
+pruned seed's groups and their state leave the optimizer. Mixed precision: pass the loop's ``scaler``
+(a ``torch.amp.GradScaler``: the what-if loss is scaled with it, so ``scaler.step`` unscales the seeds'
+gradients like the host's) and ``autocast_dtype`` (the what-if forward runs under that autocast).
 
 **The end.** After ``epochs`` epochs (the controller's episode length) the controller is done: each seed
 that changes the forward is made permanent at its alpha (FOSSILIZED), the others are removed with their
@@ -276,6 +279,7 @@ class Grower:
         self.controller_name = name
         self._measurer = EnvModel(host)  # its validation loop; its own optimizer is never stepped
         self._host_params = host.host_parameters()
+        self._weight_decay = self._host_weight_decay()
         self.slots = init_slots(1, (True,) * S)
         self.history = init_history(1)
         self.epoch = 0
@@ -292,6 +296,22 @@ class Grower:
         _GROWING[model] = weakref.ref(self)
 
     # ------------------------------------------------------------------------------------------ setup
+    def _host_weight_decay(self) -> dict[bool, float] | None:
+        """The weight decay a seed's parameters take, by kind (True: matrices and kernels, 2-D and more;
+        False: biases, norm weights, scales, 1-D and less): that of the optimizer's first group holding
+        a host parameter of that kind (the first group's where none does); ``seed_group``'s
+        ``weight_decay`` for both where it gives one. None: the optimizer has no weight decay."""
+        if "weight_decay" in self.seed_group:
+            wd = self.seed_group["weight_decay"]
+            return {True: wd, False: wd}
+        groups = self.optimizer.param_groups
+        if "weight_decay" not in groups[0]:
+            return None
+        host = {id(p): p.dim() >= 2 for p in self._host_params}  # parameter -> its kind
+        kinds = [{host[id(p)] for p in g["params"] if id(p) in host} for g in groups]
+        return {kind: next((g for g, k in zip(groups, kinds) if kind in k), groups[0])["weight_decay"]
+                for kind in (True, False)}  # fmt: skip
+
     def _settings(self, controller, readout: str, epochs: int | None, overrides) -> tuple:
         """``(controller name, settings, checkpoint or None, the run's name for messages)``."""
         checkpoint, run = None, "the run"
@@ -452,9 +472,14 @@ class Grower:
 
     def _validate(self) -> dict[str, Any]:
         lc = self.lifecycle
-        out = self._measurer.measure_validation(
-            self._val_batches(), whatif=lc.g2_evidence != "host", whatif_statistics=lc.whatif_statistics
-        )
+        modes = [(m, m.training) for m in self.host.modules()]  # the user's, module by module
+        try:
+            out = self._measurer.measure_validation(
+                self._val_batches(), whatif=lc.g2_evidence != "host", whatif_statistics=lc.whatif_statistics
+            )
+        finally:
+            for m, training in modes:
+                m.training = training
         self._measured = {k: v.detach().float().cpu() for k, v in out.items()}
         return {"val_loss": float(self._measured["val_loss"]), "val_acc": float(self._measured["val_acc"])}
 
@@ -523,10 +548,18 @@ class Grower:
         options = {**self.seed_group, "lr": host["lr"] * self.seed_lr_scale}
         if "initial_lr" in host:  # an LR scheduler's bookkeeping
             options["initial_lr"] = host["initial_lr"] * self.seed_lr_scale
+        decay = self._weight_decay
+        parts = [(params, {})]
+        if decay is not None and decay[True] != decay[False]:  # the user's split: matrices, the rest
+            parts = [([p for p in params if (p.dim() >= 2) is kind], {"weight_decay": decay[kind]})
+                     for kind in (True, False)]  # fmt: skip
+        elif decay is not None:
+            parts = [(params, {"weight_decay": decay[True]})]
         groups = []
-        for part in [params]:
-            self.optimizer.add_param_group({"params": part, **options})
-            groups.append(self.optimizer.param_groups[-1])
+        for part, extra in parts:
+            if part:
+                self.optimizer.add_param_group({"params": part, **extra, **options})
+                groups.append(self.optimizer.param_groups[-1])
         self.groups[s] = groups
 
     def _remove(self, s: int) -> None:
@@ -553,8 +586,8 @@ class Grower:
         """What resumes the growth at an epoch's end (tensors, numbers and strings only: a checkpoint
         loads it with ``weights_only=True``): the epoch, the slot state and history, each slot's seed
         (its description; the weights are in the network's state dict), the order of the seeds'
-        parameter groups, and the controller's own state (its recurrent state, a heuristic's counters,
-        a sampler's generator)."""
+        parameter groups, the lifecycle events so far (:attr:`events`), and the controller's own state
+        (its recurrent state, a heuristic's counters, a sampler's generator)."""
         return {
             "epoch": self.epoch,
             "finished": self.finished,
@@ -563,6 +596,7 @@ class Grower:
             "history": self.history.to_dict(),
             "seeds": [describe_seed(s) for s in self.host.slots],
             "groups": list(self.groups),
+            "events": [dict(e) for e in self.events],
             "controller": _controller_state(self.controller),
         }
 
@@ -607,6 +641,7 @@ class Grower:
         self.slots = TensorDict(state["slots"], batch_size=[1, S])
         self.history = TensorDict(state["history"], batch_size=[1])
         self.epoch, self.finished = int(state["epoch"]), bool(state["finished"])
+        self.events = [dict(e) for e in state.get("events", [])]
         _load_controller_state(self.controller, state["controller"])
 
 

@@ -167,6 +167,58 @@ def test_issue104_a_forgotten_after_backward_warns_once():
 
 
 # ------------------------------------------------------------------------------------ 4. small things
+def test_issue104_on_epoch_end_restores_the_models_modes():
+    g = _grower(controller="static")
+    model = g.model
+    model.train()
+    model.blocks[0][1].eval()  # a frozen batch norm
+    g.on_epoch_end()
+    assert model.training and not model.blocks[0][1].training and model.blocks[1][1].training
+    model.eval()
+    g.on_epoch_end()
+    assert not any(m.training for m in model.modules())
+
+
+def test_issue104_seed_groups_follow_the_users_weight_decay_split():
+    """The user's AdamW decays matrices (0.1) and not biases or norm weights (0.0), its constructor's
+    default 0.01 in neither: a seed's matrices are decayed at 0.1, its biases and norm weights not."""
+    model = _net()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=0.01)  # fmt: skip
+    g = _grower(model, opt, overrides=OPEN)
+    _train(g, _batches(64, 0), 1)
+    seed = g.host.slots[1].seed_parameters()
+    decay_of = {id(p): group["weight_decay"] for group in _seed_groups(g) for p in group["params"]}
+    assert {p.dim() >= 2 for p in seed} == {True, False}
+    assert all(decay_of[id(p)] == (0.1 if p.dim() >= 2 else 0.0) for p in seed)
+    # one group, one weight decay: one seed group, as before
+    g = _grower(overrides=OPEN)
+    _train(g, _batches(64, 0), 1)
+    assert len(_seed_groups(g)) == 1
+
+
+def test_issue104_the_events_survive_a_resume():
+    train = _batches(64, 0)
+    first = _grower(overrides=OPEN)
+    _train(first, train, 2)
+    state = first.state_dict()
+    second = _grower(overrides=OPEN)
+    second.load_state_dict(state)
+    second.model.load_state_dict(first.model.state_dict())
+    assert first.events and second.events == first.events
+    _train(first, train, 1)
+    _train(second, train, 1)
+    assert second.events == first.events
+
+
+def test_issue104_the_page_lists_the_2d_blueprints_and_unregister_blueprint():
+    page = (ROOT / "docs" / "grow-your-model.md").read_text()
+    assert "unregister_blueprint(" in page
+    heading = next(line for line in page.splitlines() if line.startswith("## ") and "2-D" in line)
+    section = page.split(heading, 1)[1].split("\n## ", 1)[0]
+    assert all(f"`{b}`" in section for b in BUILTIN_BLUEPRINTS["cnn"] if b != "noop")
 
 
 # ------------------------------------------------------------------------------ 5. the what-if pass
