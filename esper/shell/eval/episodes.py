@@ -289,6 +289,41 @@ def compute_host_epochs(name: str, cfg: RunConfig, checkpoint: dict | None, sear
     return int(searched["compute_host_epochs"]) if searched else 0
 
 
+def member_label(member: dict) -> str:
+    """A family's member in words (``channels 2-8-8, kernels 1-1-1, pools 1-1-4``): a key of the meta's
+    per-member sizes."""
+    said = lambda v: "-".join(map(str, v)) if isinstance(v, list | tuple) else str(v)
+    return ", ".join(f"{k} {said(v)}" for k, v in member.items())
+
+
+def size_meta(cfg: RunConfig, task: Task, host_seeds: Sequence[int]) -> dict[str, Any]:
+    """What ``grow_all`` adds (``grow_all_params``), the reward's budget (``param_budget``) and the learned
+    controller's hard cap (``ppo_param_cap``, 0: none), in parameters: one number each on a task of one
+    host; on a family (:attr:`Task.varies`), whose members differ in size and each host's budget and cap
+    are shares of its own, a dict for each, member (:func:`member_label`) -> its value, over the members of
+    ``host_seeds`` (the evaluation's hosts), with ``members``, each member's count of those hosts: no one
+    member's numbers stand for the task's (issue 102)."""
+
+    def sizes(host) -> dict[str, float]:
+        grow_all = grow_all_params(task, host, tuple(cfg.env.slots))
+        budget = with_param_budget(cfg.reward, grow_all).param_budget
+        cap = param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, grow_all)
+        return {"grow_all_params": grow_all, "param_budget": budget, "ppo_param_cap": cap}
+
+    with torch.random.fork_rng(devices=[]):  # a fresh host draws its init: leave the caller's stream
+        if not task.varies:
+            return sizes(task.make_host())
+        per: dict[str, dict[str, float]] = {}
+        count: Counter = Counter()
+        for h in host_seeds:
+            label = member_label(task.describe_member(int(h)))
+            count[label] += 1
+            if label not in per:
+                per[label] = sizes(task.host_for(int(h)))
+    keys = ("grow_all_params", "param_budget", "ppo_param_cap")
+    return {**{k: {m: v[k] for m, v in per.items()} for k in keys}, "members": dict(count)}
+
+
 def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: int, seed: int,
                       checkpoint: dict | None = None, show_progress: bool = True,
                       task: Task | None = None, selection_cfg: RunConfig | None = None,
@@ -333,8 +368,7 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
                                          checkpoint=checkpoint, on_epoch=on_epoch,
                                          searched=searched.get(name), dataset=dataset,
                                          store=store)  # fmt: skip
-    with torch.random.fork_rng(devices=[]):  # a fresh host draws its init: leave the caller's stream
-        grow_all = grow_all_params(task, task.make_host(), tuple(cfg.env.slots))
+    sizes = size_meta(cfg, task, eval_host_seeds(seed, range(episodes)))
     summaries = {}
     for name, recs in records.items():
         summaries[name] = summarize(recs)
@@ -362,12 +396,11 @@ def compare_on_config(cfg: RunConfig, controllers: Sequence[str], *, episodes: i
             "ppo_acts": "; ".join(f"{name} {how}" for name, (_, how) in PPO_READOUTS.items()),
             "grow_all_blueprint": task.grow_all,
             "param_weight": cfg.reward.param_weight,
-            "grow_all_params": grow_all,  # the unit of the budgets stated as a share
-            "param_budget": with_param_budget(cfg.reward, grow_all).param_budget,  # in parameters
+            # grow_all_params (the unit of the budgets stated as a share), param_budget and ppo_param_cap
+            # (the learned controller's hard cap, 0: none), in parameters; on a family, per member
+            **sizes,
             "param_budget_share": cfg.reward.param_budget_share,
             "param_over_weight": cfg.reward.param_over_weight,
-            # the learned controller's hard cap in parameters (0: none)
-            "ppo_param_cap": param_cap_on(cfg.ppo.param_cap, cfg.ppo.param_cap_share, grow_all),
             "ppo_param_cap_share": cfg.ppo.param_cap_share,
             "reward_mode": cfg.reward.mode.name,
             "trained_updates": int(checkpoint["progress"]["update"]) if checkpoint else None,

@@ -74,13 +74,45 @@ def _f(x: float, nd: int = 1) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
 
+def _per_member(values: dict[str, float]) -> str:
+    """A family's per-member sizes in words: ``12 on channels 2-8-8, ...; 20 on channels 8-8-8, ...``."""
+    return "; ".join(f"{v:g} on {m}" for m, v in values.items())
+
+
 def _price(meta: dict) -> str:
     """The held-out objective's parameter price in words (``2.0 × added / host parameters``)."""
     text = f"{meta['param_weight']} × added / host parameters"
-    if meta.get("param_budget", 0) > 0:
-        over = f"(added − {meta['param_budget']:g}, where > 0)"
+    budget = meta.get("param_budget", 0)
+    if isinstance(budget, dict) and any(v > 0 for v in budget.values()):  # a family: each member's own
+        over = f"(added − the host's budget, where > 0: {_per_member(budget)})"
+        text += f" − {meta['param_over_weight']} × {over} / host parameters"
+    elif not isinstance(budget, dict) and budget > 0:
+        over = f"(added − {budget:g}, where > 0)"
         text += f" − {meta['param_over_weight']} × {over} / host parameters"
     return text
+
+
+def _cap(meta: dict) -> str:
+    """The learned controller's hard cap in words (empty where it has none); on a family, each member's."""
+    cap, share = meta.get("ppo_param_cap", 0), meta.get("ppo_param_cap_share", 0)
+    family = isinstance(cap, dict)  # each member's own: a share of its own grow_all
+    if not (any(v > 0 for v in cap.values()) if family else cap > 0):
+        return ""
+    if family and share > 0:
+        held = (
+            f"{share:g} of what `grow_all` adds to its host (`ppo.param_cap_share`), in seed parameters "
+            f"{_per_member(cap)} (`grow_all` adds {_per_member(meta['grow_all_params'])})"
+        )
+    elif family:
+        held = f"{next(iter(cap.values())):g} seed parameters (`ppo.param_cap`)"
+    elif share > 0:
+        held = (
+            f"{cap:g} seed parameters ({share:g} of the {meta['grow_all_params']:g} that `grow_all` adds, "
+            "`ppo.param_cap_share`)"
+        )
+    else:
+        held = f"{cap:g} seed parameters (`ppo.param_cap`)"
+    return f" The learned controller may hold at most {held}; the baselines have no cap."
 
 
 def _blend(summary: dict) -> str:
@@ -105,18 +137,7 @@ def report_markdown(results: dict, plots: Sequence[Path]) -> str:
         f"thread(s): another count trains the hosts to other numbers), task `{meta['task']}`; "
         f"{meta['ppo_acts']}. Accuracy is the final host's **test** accuracy (held out "
         "from host training and from the controller); intervals are 95 % Student-t over episodes."
-        + (
-            f" The learned controller may hold at most {meta['ppo_param_cap']:g} seed parameters "
-            + (
-                f"({meta['ppo_param_cap_share']:g} of the {meta['grow_all_params']:g} that `grow_all` adds, "
-                "`ppo.param_cap_share`)"
-                if meta.get("ppo_param_cap_share", 0) > 0
-                else "(`ppo.param_cap`)"
-            )
-            + "; the baselines have no cap."
-            if meta.get("ppo_param_cap", 0) > 0
-            else ""
-        ),
+        + _cap(meta),
         "",
         "| controller | test acc % | 95 % CI | gain over static | params added | return | fossilized |",
         "|---|---:|---|---:|---:|---:|---:|",

@@ -205,11 +205,13 @@ def with_plan_in_cap(results: dict, task: str, run_dir: Path, k: int, episodes: 
                      data_seed: int | None, extra: Sequence[str]) -> dict:  # fmt: skip
     """Add :data:`IN_CAP` to seed ``k``'s ``results`` right after ``plan_search@1x`` (evaluated on the same
     hosts and draw into ``RUN_DIR/OUT-in-cap``; kept when there), its compute the search's. Nothing is
-    added without that search's scores or a cap, or when no plan it scored fits the cap."""
+    added without that search's scores or a cap, or when no plan it scored fits the cap, or on a family
+    (its meta's cap a dict, each member its own, which no one host's plan sizes read: ``plan_search_cap``
+    is the search that keeps to every member's)."""
     equal = results["controllers"].get(plan_name(1.0), {})
     candidates = equal.get("search", {}).get("candidates")
     cap = results["meta"].get("ppo_param_cap")
-    if not candidates or not cap:
+    if not candidates or not cap or isinstance(cap, dict):
         return results
     made = preset(SUITE[task]).env.build_task()
     best = best_plan([c for c in scored_plans(made, made.make_host(), candidates) if c["params"] <= cap])

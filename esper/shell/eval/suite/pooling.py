@@ -240,6 +240,8 @@ def search_view(task: str, per_seed: dict[int, dict], readout: str = "ppo_greedy
             made = preset(SUITE[task]).env.build_task()
             built = (made, made.make_host())
         cap = res["meta"].get("ppo_param_cap") or None  # 0: the controller had no cap
+        if isinstance(cap, dict):  # a family: each member its own cap, the scores one member's (issue 102)
+            cap = None
         scored = scored_plans(*built, ctl[names[0]]["search"]["candidates"])
         grown = most_grown(ctl[readout]) or None
         out[str(k)] = {

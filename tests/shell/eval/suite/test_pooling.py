@@ -74,3 +74,15 @@ def test_each_row_keeps_its_seeds_means_in_seed_order_and_a_family_its_precheck(
     assert "family" not in plain and "precheck" not in plain
     with pytest.raises(ValueError, match="missing oracle_minus_best_constant, share_best_differs"):
         family_fields({"hosts": 30})
+
+
+def test_issue102_a_familys_per_member_cap_is_no_one_cap_in_the_search_view():
+    """On a family an evaluation's meta gives a cap per member (a dict): the diagnosis scores plans on one
+    host, so it reads no cap there (it raised a TypeError comparing a plan's size with the dict)."""
+    from esper.shell.eval.suite.pooling import search_view
+
+    res = _results(3, FINAL_DATA_SEED + 3, CONTROLLERS)
+    res["meta"]["ppo_param_cap"] = {"channels 2-8-8": 138.0, "channels 8-8-8": 200.0}
+    view = search_view("longrange", {3: res})
+    assert view["3"]["cap"] is None and view["3"]["best_within_cap"] is None
+    assert view["3"]["best"]["plan"] == "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy"
