@@ -16,6 +16,7 @@ import torch
 
 from esper.core.spec import Op
 from esper.shell.agent.agent import build_agent
+from esper.shell.agent.controller import PPOController
 from esper.shell.config.presets import preset
 from esper.shell.env.vecenv import VecEnv
 from esper.shell.eval.episodes import at_budget
@@ -93,6 +94,39 @@ def test_the_learned_controllers_cap_is_the_episodes_budget():
             allowed[env.budget_share] = int((germinable.unsqueeze(-1) & by_slot).sum())
             agent.policy_input(step)  # the policy reads the layout with its budget column
         assert allowed[min(SHARES)] < allowed[max(SHARES)]
+    finally:
+        env.close()
+
+
+def test_issue102_the_policy_sees_the_episodes_budget_in_its_descriptors():
+    """What the learned controller hands its policy (and keeps for the update: ``observation``) carries
+    the episode's budget: every blueprint descriptor's ``params_vs_budget`` column is its cost against
+    that budget, not zeros (issue 102: a zeroed column left the budget-reading policy blind to it), and
+    two budgets give two inputs that differ in that column alone."""
+    cfg = _cfg(**{"ppo.param_cap_share": 0.0})
+    env = _env(cfg)
+    try:
+        agent = build_agent(cfg.ppo, env.spec, device="cpu", germination_cost=env.germination_cost,
+                            raw_obs_dim=env.obs_dim, budget_input=True)  # fmt: skip
+        controller = PPOController(agent, generator=torch.Generator().manual_seed(0))
+        cost = env.germination_cost.cpu().float().clamp(min=1.0)  # the env's own, not the layout's
+        seen = {}
+        shares = [env.budget_share_of(e) for e in range(12)]
+        for share in SHARES:  # one episode of each budget
+            step = env.reset(shares.index(share)).obs
+            assert env.budget_share == share
+            controller.begin(env.n)
+            blueprints = controller.act(step)["observation", "blueprints"].cpu()  # [E, S, B, D]
+            assert blueprints.shape[-1] == len(DESCRIPTOR_FEATURES) + 1
+            budget = share * env.grow_all_params
+            want = ((cost.log() - math.log(budget)) / math.log(PARAMS_SCALE)).clamp(-1, 1)
+            assert want.abs().sum() > 0
+            torch.testing.assert_close(blueprints[..., -1], want.expand(env.n, *want.shape))
+            seen[share] = blueprints
+        assert set(seen) == set(SHARES)
+        low, high = seen[min(SHARES)], seen[max(SHARES)]
+        assert (low[..., -1] >= high[..., -1]).all() and (low[..., -1] > high[..., -1]).any()  # weighs more
+        torch.testing.assert_close(low[..., :-1], high[..., :-1])  # the rest of the descriptor alike
     finally:
         env.close()
 
