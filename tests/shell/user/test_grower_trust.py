@@ -222,6 +222,60 @@ def test_issue104_the_page_lists_the_2d_blueprints_and_unregister_blueprint():
 
 
 # ------------------------------------------------------------------------------ 5. the what-if pass
+def test_issue104_the_whatif_backward_reaches_the_seeds_only():
+    g = _grower()  # the default gates: the seed incubates
+    _train(g, _batches(64, 0), 1)
+    model, (x, y) = g.model, _batches(64, 2)[0]
+    model.train()
+    g.optimizer.zero_grad()
+    out = model(x)
+    loss = F.cross_entropy(out, y)
+    loss.backward()
+    host = g.host.host_parameters()
+    grads = [p.grad.clone() for p in host]
+    g.after_backward(x, y, loss=loss, output=out)
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, host, strict=True))
+    seed = g.host.slots[1].seed_parameters()
+    assert g.host.slots[1].incubating and any(p.grad is not None and p.grad.abs().sum() > 0 for p in seed)
+
+
+def test_issue104_the_grower_reads_whatif_statistics():
+    """``lifecycle.whatif_statistics batch``: the what-if gain the Grower records is the one read with
+    each batch's own batch-norm statistics, which here differs from the running statistics' reading."""
+    val = _data(256, 1)
+    for stats in ("batch", "running"):
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.2)
+        g = _grower(model, opt, val=val, overrides={"lifecycle.g2_evidence": "what_if",
+                                                    "lifecycle.whatif_statistics": stats})  # fmt: skip
+        _train(g, _batches(128, 0), 2)
+        for x, y in _batches(128, 0):  # the third epoch's training
+            g.optimizer.zero_grad()
+            out = g.model(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            g.after_backward(x, y, loss=loss, output=out)
+            g.optimizer.step()
+        assert g.host.slots[1].incubating
+        read = {s: g._measurer.measure_validation([val], whatif=True, whatif_statistics=s)["whatif_gain"]
+                for s in ("batch", "running")}  # fmt: skip
+        assert not torch.equal(read["batch"], read["running"])
+        g.on_epoch_end()
+        assert torch.equal(g._measured["whatif_gain"], read[stats])
+
+
+def test_issue104_seed_groups_follow_a_learning_rate_set_by_hand():
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = _grower(model, opt, seed_lr_scale=0.5)
+    train = _batches(64, 0)
+    for epoch in range(4):
+        opt.param_groups[0]["lr"] = 0.05 / (epoch + 1)  # the user's own schedule, no scheduler
+        _train(g, train, 1)
+        if epoch:
+            assert _seed_groups(g) and all(
+                group["lr"] == pytest.approx(0.025 / (epoch + 1)) for group in _seed_groups(g)
+            )
 
 
 # -------------------------------------------------------------------------- 6. the host, untouched
