@@ -39,7 +39,7 @@ from esper.core.normalize import (
     update_running_stats,
 )
 from esper.core.observation import init_history, obs_dim, observe, update_history
-from esper.core.offline import bc_loss, iql_losses
+from esper.core.offline import bc_loss, expectile_td_losses, iql_losses
 from esper.core.rewards import (
     RewardConfig,
     RewardFamily,
@@ -72,6 +72,7 @@ __all__ = [
     "decouple",
     "env_minibatches",
     "episode_rewards",
+    "expectile_td_losses",
     "gae",
     "gae_tensors",
     "gate_readiness",

@@ -274,6 +274,10 @@ class Keys:
     truncated: NestedKey = ("next", "truncated")
     #: V(s_{t+1}); on a truncated step, the value of the final observation (post-action masks, H4).
     next_state_value: NestedKey = ("next", "state_value")
+    #: Q(s_t, a_t) of the stored action, ``[*B]`` or ``[*B, K]`` for K critics (offline IQL).
+    state_action_value: NestedKey = "state_action_value"
+    #: Sub-TensorDict holding target networks' forward (no grad): ``(target, state_action_value)``.
+    target: str = "target"
     advantage: NestedKey = "advantage"
     value_target: NestedKey = "value_target"
     #: True on the first step of an episode (recurrent state reset).
@@ -292,6 +296,10 @@ class Keys:
         """Where the current forward's ``key`` lives, for ``head`` (multi-head) or flat."""
         prefix = (self.current,) if head is None else (self.current, head)
         return (*prefix, *_as_tuple(key))
+
+    def target_key(self, key: NestedKey) -> tuple[str, ...]:
+        """Where the target networks' ``key`` lives."""
+        return (self.target, *_as_tuple(key))
 
 
 def _as_tuple(key: NestedKey) -> tuple[str, ...]:

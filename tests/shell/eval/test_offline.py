@@ -1,6 +1,6 @@
 """Episodes kept and learned from (issue 92): ``evaluate --save-episodes`` writes a dataset, the offline
-learner rebuilds what the policy saw from it and trains by BC or IQL, and ``run --pretrain`` /
-``run --offline`` use it."""
+learner rebuilds what the policy saw from it and trains by BC, IQL or the Q-free expectile variant, and
+``run --pretrain`` / ``run --offline`` use it."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_bc_learns_the_demonstrator_and_iql_trains_finite(saved):
     data, meta = load_dataset(str(root / "ds"))  # every controller's episodes
     assert meta["controllers"] == sorted(SAVED) and data.batch_size == (12,)
     spec = ActionSpec(len(meta["slot_names"]), len(meta["blueprint_names"]))
-    for algo in ("bc", "iql"):
+    for algo in ("bc", "iql", "expectile_td"):
         torch.manual_seed(0)
         agent, _ = build_learner(cfg.ppo, spec, device="cpu", seed=0, raw_obs_dim=meta["obs_dim"])
         learner = OfflineLearner(agent, cfg.ppo, OfflineConfig(minibatch=4, lr=3e-3), seed=0)
@@ -116,8 +116,10 @@ def test_bc_learns_the_demonstrator_and_iql_trains_finite(saved):
         reports = learner.fit(batch, algo, 12)
         assert len(reports) == 12 and all(r["algo"] == algo for r in reports)
         assert reports[-1]["log_likelihood"] > reports[0]["log_likelihood"] + 0.5, algo
-        if algo == "iql":
+        if algo != "bc":
             assert learner.target is not None and "weight_mean" in reports[-1]
+        if algo == "iql":  # the twin Q heads over the set policy's trunk, sized by the dataset's heads
+            assert learner.q is not None and reports[-1]["td_loss"] < reports[0]["td_loss"]
 
 
 def test_load_dataset_refuses_what_it_cannot_read(saved, tmp_path):
