@@ -50,3 +50,25 @@ def test_pooling_is_a_ratio_of_means_per_update_with_the_median_time(tmp_path):
     assert "| 2 | 22 | 18 | 0.933 |" in md and (tmp_path / "curve.png").is_file()
     assert "grow_all 75.0 %, static 45.0 %" in md and "{" not in md  # the figures, not the f-string
     assert "the controller's gain over static 28.0 [" in md
+
+
+def test_issue102_a_seed_records_its_configuration_and_its_fresh_draw(tmp_path):
+    from esper.shell.config.presets import config_hash, preset
+
+    rec = ttq.train_and_measure(5, "smoke", "--preset smoke --updates 1", 1, 2, tmp_path, draw_base=70000)
+    assert rec["config_hash"] == config_hash(preset("smoke", {"updates": 1}))
+    draw = rec["fresh_draw"]
+    assert draw["data_seed"] == 70005 and {"ppo_greedy", "random", "static"} <= set(draw)
+    lab = ttq.pool(tmp_path)["smoke"]
+    assert lab["config_hash"] == [rec["config_hash"]] and lab["worst_seed"]["seed"] == 5
+    assert lab["fresh_draw"]["worst_seed"]["gap"] == draw["ppo_greedy"] - draw["random"]
+
+
+def test_issue102_the_worst_seed_is_the_lowest_share_not_the_mean(tmp_path):
+    folder = tmp_path / "x"
+    folder.mkdir()
+    for k, accs in ((1, [80.0]), (2, [50.0]), (3, [78.0])):
+        (folder / f"seed{k}.json").write_text(json.dumps(_seed(k, 40.0, 80.0, accs)))
+    lab = ttq.pool(tmp_path)["x"]
+    assert lab["worst_seed"] == {"seed": 2, "share": 0.25}
+    assert "Worst seed at the last update: 2, share 0.250" in ttq.write_pooled(tmp_path).read_text()
