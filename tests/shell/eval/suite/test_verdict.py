@@ -362,3 +362,34 @@ def test_a_table_with_rows_that_try_renders_them_and_one_without_renders_as_befo
     after = markdown({"date": "d"}, {"tasks": tasks, "trying": V.trying_view(tasks)}, "cmd", {})
     assert "**The controller beside the baselines that try** (issue 89; reported, judging nothing)" in after
     assert after.index("beside the baselines that try") < after.index("## a (preset `p`)")
+
+
+# ------------------------------------------------- issue 102: each bound as the rule words it, at the bound
+def test_issue102_a_search_adding_as_many_parameters_as_the_controller_can_dominate_it():
+    """ "No more parameters" includes as many: ``plan_search_cap@1x`` adds 500, the controller 500, and is
+    1.5 points better on every seed: the claim is tested against it and not met (a strict "fewer" would
+    have found no search to compare and called it met)."""
+    (r,) = rows(V.judge(suite(**{DEFAULT_TASK: default_task(-1.5, 0.3, params=500.0)})), "not_dominated")
+    assert r["against"] == "plan_search_cap@1x" and r["p"] is not None and r["met"] is False
+
+
+def test_issue102_a_precheck_exactly_at_the_bar_passes():
+    """At least 30 hosts, at least 4 points, at least 30 %: a pre-check that meets each exactly passes."""
+    at = {"hosts": 30, "oracle_minus_best_constant": 4.0, "share_best_differs": 0.30}
+    assert V.precheck_verdict({"precheck": at}) == {"precheck": at, "passes": True, "why": []}
+    below = V.precheck_verdict({"precheck": {**at, "share_best_differs": 0.29}})
+    assert not below["passes"] and below["why"] == ["share_best_differs 0.29 under 0.3"]
+
+
+def test_issue102_plans_that_vary_on_exactly_15_percent_of_episodes_meet_the_claim():
+    plans = [["b0=conv_heavy"] * 17 + ["b1=depthwise"] * 3] * 10  # 3 of 20 on every seed: 15 %
+    (r,) = rows(V.judge(suite(f=family(plans=plans))), "family_plans_vary")
+    assert r["estimate"] == pytest.approx(0.15) and r["met"] is True
+
+
+def test_issue102_an_oracle_level_with_the_search_leaves_no_gap_to_close():
+    f = family()
+    c = f["controllers"]
+    c[ORACLE]["test_acc_mean"] = c["plan_search@1x"]["test_acc_mean"]  # exactly level: a gap of 0
+    (r,) = rows(V.judge(suite(f=f)), "family_oracle_gap")
+    assert r["met"] is False and r["estimate"] is None and "no gap to close" in r["note"]
