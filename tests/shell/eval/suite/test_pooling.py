@@ -86,3 +86,25 @@ def test_issue102_a_familys_per_member_cap_is_no_one_cap_in_the_search_view():
     view = search_view("longrange", {3: res})
     assert view["3"]["cap"] is None and view["3"]["best_within_cap"] is None
     assert view["3"]["best"]["plan"] == "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy"
+
+
+def test_issue102_a_rows_interval_is_over_its_seeds_means_and_its_compute_their_mean():
+    """Pooled over training seeds: the 95 % interval is Student-t of the seeds' means (3 seeds, 2 degrees
+    of freedom), not of the episodes pooled as if independent; the host epochs a row spent, their mean over
+    the seeds (not the largest, nor the sum)."""
+    import pytest
+
+    from esper.shell.eval.stats import mean_ci95
+    from esper.shell.eval.suite.pooling import pool_task
+
+    per_seed = {k: _results(k, FINAL_DATA_SEED + k, ("ppo_greedy", "probe")) for k in (3, 4, 6)}
+    for k, spent in zip((3, 4, 6), (100, 200, 600), strict=True):
+        per_seed[k]["controllers"]["probe"]["compute_host_epochs"] = spent
+    c = pool_task("longrange", per_seed)["controllers"]
+    means = [40.0 + 3.5, 40.0 + 4.5, 40.0 + 6.5]  # episodes 40 + k and 41 + k (ppo_greedy, the first row)
+    assert c["ppo_greedy"]["per_seed_test_acc"] == pytest.approx(means)
+    m, (lo, hi) = mean_ci95(means)
+    assert c["ppo_greedy"]["test_acc_mean"] == pytest.approx(m)
+    assert c["ppo_greedy"]["test_acc_ci95"] == pytest.approx([lo, hi])
+    assert hi - lo == pytest.approx(2 * 4.303 * 1.5275252 / 3**0.5, rel=1e-4)  # t(0.975, 2) s / sqrt(3)
+    assert c["probe"]["compute_host_epochs"] == 300
