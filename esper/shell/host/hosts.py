@@ -150,9 +150,11 @@ class Host(nn.Module, ABC):
     def incubating(self, slot_indices: Sequence[int]) -> Iterator[None]:
         """The what-if pass of incubating seeds: inside the block the listed slots compose at alpha 1
         on the detached host activation, and batch-norm running statistics do not move (the what-if
-        activations must not leak into the host's evaluation statistics)."""
+        activations must not leak into the host's evaluation statistics), nor their step counts (which a
+        batch norm of ``momentum=None`` averages by): the host's state is as without the pass."""
         norms = self.batch_norms()
         saved = [m.momentum for m in norms]
+        counts = [None if m.num_batches_tracked is None else m.num_batches_tracked.clone() for m in norms]
         with ExitStack() as stack:
             for i in slot_indices:
                 stack.enter_context(self.slot(i).force_alpha(1.0))
@@ -161,8 +163,10 @@ class Host(nn.Module, ABC):
                     m.momentum = 0.0  # running = (1 - 0) * running + 0 * batch: unchanged
                 yield
             finally:
-                for m, momentum in zip(norms, saved):
+                for m, momentum, count in zip(norms, saved, counts):
                     m.momentum = momentum
+                    if count is not None:
+                        m.num_batches_tracked.copy_(count)
 
     def batch_norms(self) -> list[nn.modules.batchnorm._BatchNorm]:
         """The host's batch norms (seeds hold none: their norms are group or layer norms)."""

@@ -13,6 +13,7 @@ does, at two points::
             loss = F.cross_entropy(out, y)
             loss.backward()
             g.after_backward(x, y, loss=loss, output=out)   # incubating seeds learn; training numbers
+            torch.nn.utils.clip_grad_norm_(g.host_parameters(), 1.0)   # if the loop clips: the host's
             optimizer.step()
         scheduler.step()
         g.on_epoch_end()                                    # validate, the controller acts, seeds change
@@ -43,6 +44,14 @@ pruned seed's groups and their state leave the optimizer. Mixed precision: pass 
 (a ``torch.amp.GradScaler``: the what-if loss is scaled with it, so ``scaler.step`` unscales the seeds'
 gradients like the host's) and ``autocast_dtype`` (the what-if forward runs under that autocast).
 
+**The host, untouched until a seed blends in.** The Grower draws from a random stream of its own
+(:class:`_Random`, seeded by ``seed``, kept in :meth:`Grower.state_dict`): its construction, the
+what-if pass (dropout masks) and :meth:`Grower.on_epoch_end` (a shuffled validation loader) leave the
+global generators the user's loop draws from as they were, and the what-if pass leaves the batch norms'
+statistics and step counts as they were; the loop clips :meth:`Grower.host_parameters` (not
+``model.parameters()``, which holds the incubating seeds' what-if gradients). With dropout and clipping,
+the host's weights are then a loop's without the Grower, number for number, until the first blend.
+
 **The end.** After ``epochs`` epochs (the controller's episode length) the controller is done: each seed
 that changes the forward is made permanent at its alpha (FOSSILIZED), the others are removed with their
 groups (:func:`esper.shell.user.grown.freeze_slot`), so ``model`` is the grown network, with the outputs
@@ -57,6 +66,7 @@ import copy
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -128,6 +138,43 @@ class _EnvView:
     obs_dim: int
     enabled: tuple[bool, ...]
     task: Any
+
+
+class _Random:
+    """The Grower's own random stream, on the CPU and, on CUDA, the model's device: what its passes
+    draw (the what-if pass's dropout masks, a validation loader's shuffle) comes from it, never from the
+    global generators the user's loop draws from, so the host draws the same masks and batches as it
+    would without the Grower. Inside ``with stream():`` the global generators hold the stream's state;
+    after it they are the user's again, and the stream has moved on (:meth:`Grower.state_dict` keeps
+    it)."""
+
+    def __init__(self, device: torch.device, seed: int):
+        self.cuda = device if device.type == "cuda" else None
+        with seeded(device, seed):
+            self.state = self._get()
+
+    @staticmethod
+    def fork(device: torch.device) -> AbstractContextManager:
+        """The global generators (CPU, and ``device``'s on CUDA) restored after the block."""
+        return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+
+    def _get(self) -> dict[str, torch.Tensor]:
+        out = {"cpu": torch.get_rng_state()}
+        if self.cuda is not None:
+            out["cuda"] = torch.cuda.get_rng_state(self.cuda)
+        return out
+
+    def _set(self, state: Mapping[str, torch.Tensor]) -> None:
+        torch.set_rng_state(state["cpu"])
+        if self.cuda is not None and "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"], self.cuda)
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self.fork(self.cuda or torch.device("cpu")):
+            self._set(self.state)
+            yield
+            self.state = self._get()
 
 
 def _plan_name(plan: Mapping[str, str]) -> str:
@@ -238,62 +285,65 @@ class Grower:
                 f"Grower: slot(s) {', '.join(held)} hold seeds already (a grown network); a Grower starts "
                 "from empty slots: build a fresh network, or resume with Grower.load_state_dict"
             )
-        self.optimizer, self.scaler, self.autocast_dtype = optimizer, scaler, autocast_dtype
-        self.seed, self.seed_lr_scale = int(seed), float(seed_lr_scale)
-        self.seed_group = dict(seed_group or {})
-        self.val = _batches(val)
         self.device = next(model.parameters()).device
-        if example_input is None:
-            first = next(iter(self.val), None)
-            if first is None:
-                raise ValueError("Grower: val has no batches")
-            example_input = first[0][:PROBE_EXAMPLES]
-        self.host = LoopHost(model, example_input=example_input.to(self.device), family=family, loss=loss,
-                             metric=metric)  # fmt: skip
-        name, cfg, checkpoint, run = self._settings(controller, readout, epochs, overrides)
-        self.cfg, self.lifecycle = cfg, cfg.lifecycle
-        host, S = self.host, self.host.n_slots
-        attach_seeds(host.slots, self.lifecycle.attach_at)
-        names = host.blueprint_names
-        self.spec = ActionSpec(S, len(names), tuple(i for i, b in enumerate(names) if b == "noop"))
-        _check_catalogue(host)
-        with torch.random.fork_rng(devices=[]):  # germination costs build every seed once
-            cost = host.germination_cost()
-        grow_all = GROW_ALL_BLUEPRINT[host.family]
-        grow_all_params = sum(param_count(host.build_seed(grow_all, s.width)) for s in host.slots)
-        # a controller that reads a budget (env.budget_shares) grows under its largest training share here
-        # (override env.budget_shares for another)
-        shares = cfg.env.budget_shares
-        budget = max(shares) * grow_all_params if shares else None
-        self.layout = describe_host(host, cost, grow_all_params, budget_params=budget)
-        task = SimpleNamespace(grow_all=grow_all, make_host=lambda: host)
-        raw_dim = obs_dim(S, len(names), seed_grads=self.lifecycle.seed_grad_features)
-        view = _EnvView(host.slot_names, names, self.spec, cost, raw_dim, (True,) * S, task)
-        if name in PPO_CONTROLLERS:
-            check_controller_fits(cfg, checkpoint, task, run=run)
-        with torch.random.fork_rng(devices=[]):
-            self.controller = make_controller(name, cfg, view, checkpoint=checkpoint, seed=self.seed)
-        self.controller.begin(1)
-        self.controller.seed_envs([self.seed])
-        #: The controller's name (evaluation's: ``heuristic``, ``grow:...``, ``ppo``, ...).
-        self.controller_name = name
-        self._measurer = EnvModel(host)  # its validation loop; its own optimizer is never stepped
-        self._host_params = host.host_parameters()
-        self._weight_decay = self._host_weight_decay()
-        self.slots = init_slots(1, (True,) * S)
-        self.history = init_history(1)
-        self.epoch = 0
-        #: Whether the controller is done (after :attr:`epochs`): the seeds are permanent or gone.
-        self.finished = False
-        #: slot index -> that seed's parameter groups in the optimizer (:meth:`_add_group`).
-        self.groups: dict[int, list[dict]] = {}
-        #: Every lifecycle event so far: ``{"epoch", "slot", "kind", "blueprint", ...}``.
-        self.events: list[dict] = []
-        #: slot index -> the blueprint of the seed the Grower put there (None: none).
-        self._seeds: list[str | None] = [None] * S
-        self._warned = False  # a forgotten after_backward is said once
-        self._reset_epoch()
-        _GROWING[model] = weakref.ref(self)
+        with _Random.fork(self.device):  # building it draws nothing from the user's generators
+            self.optimizer, self.scaler, self.autocast_dtype = optimizer, scaler, autocast_dtype
+            self.seed, self.seed_lr_scale = int(seed), float(seed_lr_scale)
+            self.seed_group = dict(seed_group or {})
+            self.val = _batches(val)
+            if example_input is None:
+                first = next(iter(self.val), None)
+                if first is None:
+                    raise ValueError("Grower: val has no batches")
+                example_input = first[0][:PROBE_EXAMPLES]
+            self.host = LoopHost(model, example_input=example_input.to(self.device), family=family, loss=loss,
+                                 metric=metric)  # fmt: skip
+            name, cfg, checkpoint, run = self._settings(controller, readout, epochs, overrides)
+            self.cfg, self.lifecycle = cfg, cfg.lifecycle
+            host, S = self.host, self.host.n_slots
+            attach_seeds(host.slots, self.lifecycle.attach_at)
+            names = host.blueprint_names
+            self.spec = ActionSpec(S, len(names), tuple(i for i, b in enumerate(names) if b == "noop"))
+            _check_catalogue(host)
+            with torch.random.fork_rng(devices=[]):  # germination costs build every seed once
+                cost = host.germination_cost()
+            grow_all = GROW_ALL_BLUEPRINT[host.family]
+            grow_all_params = sum(param_count(host.build_seed(grow_all, s.width)) for s in host.slots)
+            # a controller that reads a budget (env.budget_shares) grows under its largest training share here
+            # (override env.budget_shares for another)
+            shares = cfg.env.budget_shares
+            budget = max(shares) * grow_all_params if shares else None
+            self.layout = describe_host(host, cost, grow_all_params, budget_params=budget)
+            task = SimpleNamespace(grow_all=grow_all, make_host=lambda: host)
+            raw_dim = obs_dim(S, len(names), seed_grads=self.lifecycle.seed_grad_features)
+            view = _EnvView(host.slot_names, names, self.spec, cost, raw_dim, (True,) * S, task)
+            if name in PPO_CONTROLLERS:
+                check_controller_fits(cfg, checkpoint, task, run=run)
+            with torch.random.fork_rng(devices=[]):
+                self.controller = make_controller(name, cfg, view, checkpoint=checkpoint, seed=self.seed)
+            self.controller.begin(1)
+            self.controller.seed_envs([self.seed])
+            #: The controller's name (evaluation's: ``heuristic``, ``grow:...``, ``ppo``, ...).
+            self.controller_name = name
+            self._measurer = EnvModel(host)  # its validation loop; its own optimizer is never stepped
+            self._host_params = host.host_parameters()
+            self._weight_decay = self._host_weight_decay()
+            self.slots = init_slots(1, (True,) * S)
+            self.history = init_history(1)
+            self.epoch = 0
+            #: Whether the controller is done (after :attr:`epochs`): the seeds are permanent or gone.
+            self.finished = False
+            #: slot index -> that seed's parameter groups in the optimizer (:meth:`_add_group`).
+            self.groups: dict[int, list[dict]] = {}
+            #: Every lifecycle event so far: ``{"epoch", "slot", "kind", "blueprint", ...}``.
+            self.events: list[dict] = []
+            #: slot index -> the blueprint of the seed the Grower put there (None: none).
+            self._seeds: list[str | None] = [None] * S
+            self._warned = False  # a forgotten after_backward is said once
+            self._reset_epoch()
+            #: The Grower's own random stream (:class:`_Random`): what its passes draw.
+            self._random = _Random(self.device, derive_seed("grower", self.seed))
+            _GROWING[model] = weakref.ref(self)
 
     # ------------------------------------------------------------------------------------------ setup
     def _host_weight_decay(self) -> dict[bool, float] | None:
@@ -362,6 +412,12 @@ class Grower:
         """The epochs the controller plans for (``lifecycle.max_epochs``)."""
         return self.lifecycle.max_epochs
 
+    def host_parameters(self) -> list[nn.Parameter]:
+        """The network's own parameters, no seed's or gate's: what to clip
+        (``clip_grad_norm_(g.host_parameters(), ...)``). ``model.parameters()`` holds the seeds' too, an
+        incubating seed's among them, whose what-if gradients would change the host's clipping."""
+        return list(self._host_params)
+
     @property
     def grown(self) -> dict[str, str]:
         """``{slot: blueprint}`` of the seeds that change the forward now."""
@@ -398,7 +454,7 @@ class Grower:
             params = [p for i in incubating for p in host.seed_parameters(i)]
             dtype = self.autocast_dtype
             amp = torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
-            with host.incubating(incubating), amp:
+            with self._random(), host.incubating(incubating), amp:
                 seed_loss = host.loss(host.model(x), y)
             (self.scaler.scale(seed_loss) if self.scaler is not None else seed_loss).backward(inputs=params)
         if any(s.occupied for s in host.slots):
@@ -412,6 +468,10 @@ class Grower:
         if not self.finished:
             self._check_seeds()
             self._warn_without_after_backward()
+        with self._random():
+            return self._epoch_end()
+
+    def _epoch_end(self) -> dict[str, Any]:
         measured = self._validate()
         if self.finished:
             return {"epoch": self.epoch, **measured, "events": [], "grown": self.grown, "finished": True}
@@ -598,6 +658,7 @@ class Grower:
             "groups": list(self.groups),
             "events": [dict(e) for e in self.events],
             "controller": _controller_state(self.controller),
+            "random": {k: v.clone() for k, v in self._random.state.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -642,6 +703,8 @@ class Grower:
         self.history = TensorDict(state["history"], batch_size=[1])
         self.epoch, self.finished = int(state["epoch"]), bool(state["finished"])
         self.events = [dict(e) for e in state.get("events", [])]
+        if "random" in state:
+            self._random.state = {k: v.clone() for k, v in state["random"].items()}
         _load_controller_state(self.controller, state["controller"])
 
 

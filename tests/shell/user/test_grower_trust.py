@@ -312,7 +312,6 @@ def _dropout_run(grower: bool, epochs: int) -> tuple[list[dict], list[list[dict]
     if grower:
         g = Grower(model, opt, val=val, controller={"grow.0": "conv_light"}, epochs=8,
                    overrides={**OPEN, "lifecycle.g2_min_epochs": 2})  # fmt: skip
-    clipped = g.host_parameters() if g is not None else list(model.parameters())
     states, events = [], []
     for _ in range(epochs):
         model.train()
@@ -323,8 +322,21 @@ def _dropout_run(grower: bool, epochs: int) -> tuple[list[dict], list[list[dict]
             loss.backward()
             if g is not None:
                 g.after_backward(x, y, loss=loss, output=out)
+            clipped = g.host_parameters() if g is not None else model.parameters()
             torch.nn.utils.clip_grad_norm_(clipped, 0.1)
             opt.step()
         events.append(g.on_epoch_end()["events"] if g is not None else [])
         states.append(_host_state(model))
     return states, events
+
+
+def test_issue104_with_dropout_and_clipping_the_host_trains_as_a_static_run_until_a_seed_blends():
+    static, _ = _dropout_run(False, 6)
+    grown, events = _dropout_run(True, 6)
+    stages = [[e["stage"] for e in epoch] for epoch in events]
+    blend = next(i for i, s in enumerate(stages) if "BLENDING" in s)
+    assert stages[0] == ["GERMINATED"] and blend >= 2  # two epochs and more of what-if passes
+    for epoch in range(blend + 1):  # the seed incubated through the blending epoch's training
+        assert static[epoch].keys() == grown[epoch].keys()
+        assert all(torch.equal(static[epoch][k], grown[epoch][k]) for k in static[epoch]), epoch
+    assert not all(torch.equal(static[-1][k], grown[-1][k]) for k in static[-1])  # blended: it differs
