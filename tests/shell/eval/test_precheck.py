@@ -102,3 +102,32 @@ def test_a_tiny_precheck_runs_one_host_a_batch_and_resumes(tmp_path, monkeypatch
     assert "static" in precheck.to_markdown(out)
     with pytest.raises(ValueError, match="not a family"):
         precheck.run_precheck("mnist1d", **kw)
+
+
+def test_issue102_a_family_exactly_at_the_rules_thresholds_passes():
+    """The rule asks *at least* 4 points and *at least* 30 %: three hosts of ten gain 10, 10 and 20 points
+    by choosing ``a`` over the constant ``b`` (4.0 exactly, on 30 % exactly), and the family passes."""
+    hosts = [_host(k, static=(40, 40), a=(t, t), b=(70, 70)) for k, t in enumerate((80, 80, 90))]
+    hosts += [_host(k, static=(40, 40), a=(50, 50), b=(70, 70)) for k in range(3, 10)]
+    out = summarize(hosts, PLANS)
+    pc = out["precheck"]
+    assert out["best_constant"]["plan"] == "b"
+    assert pc["oracle_minus_best_constant"] == 4.0 and pc["share_best_differs"] == 0.3
+    assert pc["passes"]
+
+
+def test_issue102_a_plan_adding_exactly_the_hosts_budget_fits_it():
+    """A plan that adds *more* than the host's budget is not run there; one that adds exactly the budget
+    is: at a budget of all of ``grow_all``'s, ``grow_all``'s own plan fits, and so does a third of it at
+    a third."""
+    from esper.shell.env.tasks import make_task
+
+    task = make_task("mnist1d_where", splits=(300, 60, 60))
+    bp = task.grow_all
+    every, one = f"b0={bp}+b1={bp}+b2={bp}", f"b0={bp}"
+    seed = next(s for s in range(50) if len(set(task.describe_member(s)["channels"])) == 1)  # equal slots
+    whole = precheck.host_plans(task, seed, ["", every, one], 1.0)
+    assert whole["plan_params"][every] == whole["budget"] == whole["grow_all_params"]
+    assert whole["fits"] == ["", every, one]
+    third = precheck.host_plans(task, seed, ["", every, one], 1 / 3)
+    assert third["plan_params"][one] == third["budget"] and third["fits"] == ["", one]
