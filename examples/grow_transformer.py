@@ -14,7 +14,8 @@ The network (:class:`ByteLM`) is the user's own ``nn.Module``: byte and position
 ``nn.TransformerEncoderLayer`` blocks (pre-norm, causal mask), a ``Slot(d, family="transformer")`` after
 each block (a residual stream ``[N, L, D]`` is stated ``transformer``: its seeds are causal), a final
 LayerNorm and a linear head over the 256 byte values. The loop is an ordinary PyTorch loop (AdamW, a
-cosine schedule, gradient clipping, random windows of the text); the Grower joins it at two lines. The
+cosine schedule, gradient clipping of the network's own parameters, random windows of the text); the
+Grower joins it at two lines. The
 loss is the default one, cross-entropy of the logits ``[N, L, 256]`` against the next bytes ``[N, L]``,
 and the accuracy the controller reads is the share of next bytes predicted (top-1). The example prints
 the validation and test loss (nats and bits per byte) before and after, each epoch's lifecycle events,
@@ -144,6 +145,8 @@ def train(model: nn.Module, tokens: torch.Tensor, args: argparse.Namespace, grow
     if g is not None:
         print(f"growing ByteLM ({args.layers} blocks, d {args.d}, slots {', '.join(g.host.slot_names)}) in "
               f"your loop with {g.controller_name}")  # fmt: skip
+    # clip the network's own parameters: an incubating seed's what-if gradients would change the norm
+    clipped = g.host.host_parameters() if g is not None else list(model.parameters())
     gen = torch.Generator().manual_seed(args.seed)
     for epoch in range(1, args.epochs + 1):
         model.train()
@@ -157,7 +160,7 @@ def train(model: nn.Module, tokens: torch.Tensor, args: argparse.Namespace, grow
             loss.backward()
             if g is not None:
                 g.after_backward(x, y, loss=loss, output=out)  # incubating seeds learn here
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            nn.utils.clip_grad_norm_(clipped, 1.0)
             opt.step()
         sched.step()
         if g is not None:
