@@ -114,7 +114,7 @@ def _seed_graph(slot: SeedSlot, h: torch.Tensor, where: str) -> nn.Module:
     except Exception as e:  # one line that says what to do, with torch's reason
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(
-            f"plain_module: {where}'s seed ({slot.blueprint}) does not export for activations of any "
+            f"plain_module: the seed of {where} ({slot.blueprint}) does not export for activations of any "
             f"batch size and length ({first}); use export_program(model, example_inputs), whose shapes "
             "can be fixed"
         ) from e

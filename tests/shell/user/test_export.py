@@ -106,9 +106,28 @@ def test_a_hosts_network_its_empty_and_incubating_slots_identities():
     assert young.stage == Stage.TRAINING and type(host.model.grow1).__name__ == "_SlotRef"
 
 
-def test_a_built_in_host_is_refused():
+class MixPositions(nn.Module):
+    """A seed of the user's that mixes the 4 positions of a ``[N, C, 4]`` signal: it fixes the length."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.mix(x)
+
+
+def test_a_built_in_host_and_a_seed_that_fixes_a_length_are_refused():
     with pytest.raises(ValueError, match="built-in hosts"):
         plain_module(TransformerHost(d_model=8, n_layers=2, n_heads=2, ctx=8))
+    slot = Slot(8, name="fixed", family="cnn1d")
+    slot.install(MixPositions(), Style.LINEAR_ADD, "mix_positions")
+    slot.set(alpha=1.0, stage=Stage.FOSSILIZED)
+    with pytest.raises(
+        ValueError, match=r"seed of slot 'fixed' \(mix_positions\).*use export_program"
+    ) as err:
+        plain_module(nn.Sequential(nn.Conv1d(1, 8, 1), slot), example_input=torch.randn(2, 1, 4))
+    assert "\n" not in str(err.value)
 
 
 class TinyLM(nn.Module):
