@@ -146,7 +146,7 @@ def train(model: nn.Module, tokens: torch.Tensor, args: argparse.Namespace, grow
         print(f"growing ByteLM ({args.layers} blocks, d {args.d}, slots {', '.join(g.host.slot_names)}) in "
               f"your loop with {g.controller_name}")  # fmt: skip
     # clip the network's own parameters: an incubating seed's what-if gradients would change the norm
-    clipped = g.host.host_parameters() if g is not None else list(model.parameters())
+    clipped = g.host_parameters() if g is not None else list(model.parameters())
     gen = torch.Generator().manual_seed(args.seed)
     for epoch in range(1, args.epochs + 1):
         model.train()
