@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -60,18 +61,57 @@ def seed_grad_stats(host: Host, host_params: Sequence[nn.Parameter]) -> dict[str
 
     A missing gradient (a seed the step did not reach, e.g. at alpha 0) counts as 0; an empty or
     parameterless slot is 0 everywhere. Both host banks measure with this one function."""
-    device = host_params[0].device
-    host_norm = grad_norm(host_params, device)
-    n_host = _n_params(host_params)
-    out = {k: torch.zeros(host.n_slots, device=device) for k in SEED_GRAD_KEYS}
-    for i in range(host.n_slots):
-        params = host.seed_parameters(i)
-        n_seed = _n_params(params)
+    return seed_grad_stats_from(seed_grad_norms(host, host_params))
+
+
+@dataclass
+class SeedGradNorms:
+    """What :func:`seed_grad_stats` reads of the gradients, taken at one moment
+    (:func:`seed_grad_norms`): the L2 norm of each present host gradient, each slot's parameter
+    tensors' (None: a missing gradient), and the parameter counts. Later in-place changes of the
+    ``.grad``s (a clip, an unscale, ``zero_grad``) do not reach it, so :func:`seed_grad_stats_from`
+    computes the statistics of that moment whenever it is called (what :class:`esper.shell.user.Grower`
+    defers to the epoch's end, from its last batch's norms)."""
+
+    device: torch.device
+    host: list[torch.Tensor]
+    n_host: int
+    seeds: list[list[torch.Tensor | None]]
+    n_seeds: list[int]
+
+
+def seed_grad_norms(
+    host: Host,
+    host_params: Sequence[nn.Parameter],
+    seed_params: Sequence[Sequence[nn.Parameter]] | None = None,
+) -> SeedGradNorms:
+    """The per-tensor gradient norms :func:`seed_grad_stats_from` reads (``seed_params``: each slot's
+    seed parameters, as ``host.seed_parameters(i)`` lists them; default: listed now)."""
+    if seed_params is None:
+        seed_params = [host.seed_parameters(i) for i in range(host.n_slots)]
+    norm = torch.linalg.vector_norm
+    return SeedGradNorms(
+        device=host_params[0].device,
+        host=[norm(p.grad) for p in host_params if p.grad is not None],
+        n_host=_n_params(host_params),
+        seeds=[[None if p.grad is None else norm(p.grad) for p in params] for params in seed_params],
+        n_seeds=[_n_params(params) for params in seed_params],
+    )
+
+
+def seed_grad_stats_from(g: SeedGradNorms) -> dict[str, torch.Tensor]:
+    """:func:`seed_grad_stats` from norms taken by :func:`seed_grad_norms`."""
+    device = g.device
+    host_norm = torch.zeros((), device=device)  # grad_norm's, from the norms
+    if g.host:
+        host_norm = torch.linalg.vector_norm(torch.stack(g.host).float())
+    n_host = g.n_host
+    out = {k: torch.zeros(len(g.seeds), device=device) for k in SEED_GRAD_KEYS}
+    for i, (seed, n_seed) in enumerate(zip(g.seeds, g.n_seeds, strict=True)):
         if n_seed == 0:
             continue
         zero = torch.zeros((), device=device)
-        norms = torch.stack([zero if p.grad is None else torch.linalg.vector_norm(p.grad).float()
-                             for p in params])  # fmt: skip
+        norms = torch.stack([zero if n is None else n.float() for n in seed])
         seed_norm = torch.linalg.vector_norm(norms)
         ratio = seed_norm / host_norm.clamp_min(HOST_NORM_FLOOR) * math.sqrt(n_host / n_seed)
         out["grad_ratio"][i] = torch.where(host_norm < HOST_NORM_FLOOR, 0.0, ratio.clamp_max(GRAD_RATIO_CAP))
@@ -378,6 +418,9 @@ __all__ = [
     "SEED_GRAD_KEYS",
     "SEED_VANISH_NORM",
     "EnvModel",
+    "SeedGradNorms",
     "grad_norm",
+    "seed_grad_norms",
     "seed_grad_stats",
+    "seed_grad_stats_from",
 ]

@@ -96,7 +96,7 @@ from esper.shell.eval.search import is_searched
 from esper.shell.host.bank import seeded
 from esper.shell.host.blueprints import BUILTIN_BLUEPRINTS, param_count
 from esper.shell.host.descriptors import describe_host
-from esper.shell.host.model import SEED_GRAD_KEYS, EnvModel, seed_grad_stats
+from esper.shell.host.model import SEED_GRAD_KEYS, EnvModel, seed_grad_norms, seed_grad_stats_from
 from esper.shell.host.registry import seed_misfit
 from esper.shell.host.slots import SeedSlot, attach_seeds
 from esper.shell.user.grow import BASE_PRESET, load_run
@@ -433,8 +433,12 @@ class Grower:
         controller reads; without them it reads the validation ones in their place."""
         if self.finished:
             return
+        host = self.host
         if not self._calls:
             self._check_seeds()
+            # the seeds' parameters, listed once an epoch: seeds change only at an epoch's end (and a
+            # network state loaded in between is refused there, by _check_seeds)
+            self._seed_params = [host.seed_parameters(i) for i in range(host.n_slots)]
         self._calls += 1
         host_lr = self.optimizer.param_groups[0]["lr"]
         for groups in self.groups.values():
@@ -448,17 +452,23 @@ class Grower:
             hits = self.host.metric(output.detach(), y)
             self._train_correct = self._train_correct + hits.sum()
             self._train_items += hits.numel()
-        host = self.host
         incubating = host.incubating_slots()
         if incubating:
-            params = [p for i in incubating for p in host.seed_parameters(i)]
-            dtype = self.autocast_dtype
-            amp = torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
-            with self._random(), host.incubating(incubating), amp:
-                seed_loss = host.loss(host.model(x), y)
-            (self.scaler.scale(seed_loss) if self.scaler is not None else seed_loss).backward(inputs=params)
-        if any(s.occupied for s in host.slots):
-            self._grads = seed_grad_stats(host, self._host_params)
+            self._whatif(x, y, incubating)
+        if any(s.occupied for s in host.slots):  # the statistics of the epoch's last batch: its norms
+            # now (a clip or an unscale after this call changes the .grads), the arithmetic at the end
+            self._grad_norms = seed_grad_norms(host, self._host_params, self._seed_params)
+
+    def _whatif(self, x: torch.Tensor, y: torch.Tensor, incubating: list[int]) -> None:
+        """The incubating seeds' what-if pass on batch ``(x, y)``: forward at alpha 1 on the detached
+        activations, the loss back-propagated into their parameters only (the seeds' own work)."""
+        host = self.host
+        params = [p for i in incubating for p in self._seed_params[i]]
+        dtype = self.autocast_dtype
+        amp = torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
+        with self._random(), host.incubating(incubating), amp:
+            seed_loss = host.loss(host.model(x), y)
+        (self.scaler.scale(seed_loss) if self.scaler is not None else seed_loss).backward(inputs=params)
 
     def on_epoch_end(self) -> dict[str, Any]:
         """Call once per epoch, after its training: validate (with every live seed's counterfactual), let
@@ -524,7 +534,7 @@ class Grower:
         self._calls = 0  # after_backward calls this epoch
         self._train_loss, self._train_n = torch.zeros(()), 0
         self._train_correct, self._train_items = torch.zeros((), dtype=torch.int64), 0
-        self._grads = {k: torch.zeros(self.host.n_slots) for k in SEED_GRAD_KEYS}
+        self._grad_norms = None  # the last after_backward's gradient norms (with seeds live)
 
     def _val_batches(self) -> Iterator:
         for batch in self.val:
@@ -549,6 +559,10 @@ class Grower:
         items = self._train_items
         train_acc = 100.0 * float(self._train_correct) / items if items else measured["val_acc"]
         seeds = [s.seed_parameters() for s in self.host.slots]
+        if self._grad_norms is None:
+            grads = {k: torch.zeros(S) for k in SEED_GRAD_KEYS}
+        else:
+            grads = seed_grad_stats_from(self._grad_norms)
         one = lambda v: torch.tensor([float(v)])
         return TensorDict(
             {
@@ -560,7 +574,7 @@ class Grower:
                     {
                         "contribution": m["contribution"].reshape(1, S),
                         "whatif_gain": m["whatif_gain"].reshape(1, S),
-                        **{k: v.detach().float().cpu().reshape(1, S) for k, v in self._grads.items()},
+                        **{k: v.detach().float().cpu().reshape(1, S) for k, v in grads.items()},
                         "seed_params": torch.tensor([[float(sum(p.numel() for p in ps)) for ps in seeds]]),
                         "alpha": torch.tensor([[s.alpha for s in self.host.slots]], dtype=torch.float32),
                     },
