@@ -3,6 +3,7 @@ order (validation and test), ``batch_size`` items a batch, at most ``max_batches
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -10,6 +11,9 @@ import torch
 
 #: One batch: inputs and targets.
 Batch = tuple[torch.Tensor, torch.Tensor]
+#: What a batch is made of, not what it holds: its inputs' shape and dtype, then its targets' (what
+#: counting a pass's FLOPs needs, :mod:`esper.shell.host.flops`).
+BatchShape = tuple[tuple[int, ...], torch.dtype, tuple[int, ...], torch.dtype]
 
 
 # ------------------------------------------------------------------------------------- batch iterators
@@ -39,6 +43,16 @@ class _Batches:
         n, b = self._n_items(), self.batch_size
         full = n // b if self.drop_last else -(-n // b)
         return full if self.max_batches is None else min(full, self.max_batches)
+
+    def epoch_shapes(self) -> dict[BatchShape, int]:
+        """The shapes of an epoch's batches, each with how many of them an epoch yields: read off the
+        sizes, nothing drawn (the data order and the augmentation are as without the call)."""
+        n, b = self._n_items(), self.batch_size
+        sizes = Counter(min(b, n - k * b) for k in range(len(self)))
+        return {self._shape(size): count for size, count in sizes.items()}
+
+    def _shape(self, size: int) -> BatchShape:
+        raise NotImplementedError
 
     def _chunks(self) -> Iterator[torch.Tensor]:
         n = self._n_items()
@@ -71,9 +85,20 @@ class TensorBatches(_Batches):
                 f"TensorBatches: x and y need the same, non-zero length, got {len(x)} / {len(y)}"
             )
         self.x, self.y, self.transform = x, y, transform
+        self._item: tuple[tuple[int, ...], torch.dtype] | None = None
 
     def _n_items(self) -> int:
         return len(self.y)
+
+    def _shape(self, size: int) -> BatchShape:
+        if self._item is None:  # one example's shape and dtype as the model gets it (after the transform)
+            x = self.x[:1]
+            if self.transform is not None:  # on a zero example, with a generator of its own: nothing drawn
+                with torch.random.fork_rng(devices=[]):
+                    x = self.transform(torch.zeros_like(x), torch.Generator())
+            self._item = (tuple(x.shape[1:]), x.dtype)
+        shape, dtype = self._item
+        return (size, *shape), dtype, (size, *self.y.shape[1:]), self.y.dtype
 
     def __iter__(self) -> Iterator[Batch]:
         for idx in self._chunks():
@@ -112,6 +137,9 @@ class WindowBatches(_Batches):
         slack = self.ctx if self.shuffle else 1
         return max(0, (len(self.tokens) - slack) // self.ctx)
 
+    def _shape(self, size: int) -> BatchShape:
+        return (size, self.ctx), torch.int64, (size, self.ctx), torch.int64
+
     def __iter__(self) -> Iterator[Batch]:
         offset = int(torch.randint(0, self.ctx, (), generator=self.generator)) if self.shuffle else 0
         span = torch.arange(self.ctx + 1, device=self.tokens.device)
@@ -121,7 +149,7 @@ class WindowBatches(_Batches):
             yield w[:, :-1], w[:, 1:]
 
 
-__all__ = ["TensorBatches", "WindowBatches"]
+__all__ = ["BatchShape", "TensorBatches", "WindowBatches"]
 
 
 class Loaders(NamedTuple):
