@@ -25,7 +25,8 @@ measurement, the governor's panics, and a telemetry TensorDict — and at the en
   post-step recurrent state (finding H4).
 
 The final measurement also reads the held-out test split for the episode summary: never seen by the
-controller.
+controller. Each summary also carries the FLOPs its episode spent (``train_flops``, ``validation_flops``,
+``whatif_flops``: :attr:`VecEnv.flops`, counted by :mod:`esper.shell.host.flops`).
 """
 
 from __future__ import annotations
@@ -321,6 +322,8 @@ class EpisodeRunner:
                 "grown": grown[i],
                 "germinated_at": [g["epoch"] for g in germinations[i]],
                 "germinations": germinations[i],
+                # the FLOPs the episode spent, by kind (esper.shell.host.flops): training, validation, what-if
+                **{f"{kind}_flops": n for kind, n in env.flops[i].items()},
             }
             for i in range(env.n)
         ]

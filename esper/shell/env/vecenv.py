@@ -18,6 +18,10 @@ A measurement trains every env for an epoch and validates it with every live see
 the governor then reads the validation losses (one host sync) and rolls back any env that panicked.
 The observation is built from it by the pure core: the signals recorded into the slot state, the
 history updated, the observation vector and the legality masks.
+
+Each env's FLOPs are counted as it goes (:attr:`VecEnv.flops`, by :mod:`esper.shell.host.flops`): every
+measured epoch's training, what-if and validation passes, a rollback's revalidation and the final
+validation, for the architecture each env's host had then.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from esper.shell.env.step import BLEND_SETTING_EVENTS, BLEND_SETTINGS, StepInput
 from esper.shell.env.tasks import Task, grow_all_params
 from esper.shell.host.batched import make_bank
 from esper.shell.host.descriptors import describe_host
+from esper.shell.host.flops import FLOP_KINDS, SHARED
 from esper.shell.host.gradinit import GRAD_GAIN_KEYS
 from esper.shell.host.model import SEED_GRAD_KEYS
 from esper.shell.host.slots import attach_seeds
@@ -126,6 +131,11 @@ class VecEnv:
         #: Measure every incubating seed's what-if gain even where G2 does not read it (``g2_evidence
         #: host``): for a controller that reads it (the ``probe`` baseline); validation only.
         self.measure_whatif = False
+        #: Counts each pass's FLOPs once per architecture and batch shape (shared by every env's episodes).
+        self.flop_counter = SHARED
+        #: Per env, the FLOPs its episode has spent since the last reset, by kind
+        #: (:data:`~esper.shell.host.flops.FLOP_KINDS`: ``train``, ``validation``, ``whatif``).
+        self.flops: list[dict[str, int]] = [dict.fromkeys(FLOP_KINDS, 0) for _ in range(self.n)]
 
     def _describe(self, probe) -> None:
         """What the envs' host is, read off ``probe`` (a host of the task): its germination costs (above),
@@ -217,6 +227,7 @@ class VecEnv:
         self.history = init_history(self.n, device=self.device)
         self.epoch = 0
         self.timings = Counter()
+        self.flops = [dict.fromkeys(FLOP_KINDS, 0) for _ in range(self.n)]
         self._last = self._measure()
         return self._last
 
@@ -250,12 +261,13 @@ class VecEnv:
         self.epoch += 1
         scale = lr_scale(self.cfg.lr_schedule, self.epoch, self.lifecycle.max_epochs)
         life = self.lifecycle
+        whatif = life.g2_evidence != "host" or self.measure_whatif
         measured = self.hosts.measure(
-            scale, whatif=life.g2_evidence != "host" or self.measure_whatif,
-            whatif_statistics=life.whatif_statistics,
+            scale, whatif=whatif, whatif_statistics=life.whatif_statistics,
             grad_batches=life.grad_init_batches if life.grad_stats else 0,
         )  # fmt: skip
         self.timings.update(self.hosts.timings)
+        self._count_flops(range(self.n), "epoch", whatif=whatif)
         t0 = time.perf_counter()
         E, S = self.n, self.spec.n_slots
         signals = TensorDict(
@@ -294,6 +306,7 @@ class VecEnv:
             batch_size=[E], device=self.device,
         )  # fmt: skip
         self.timings["final_evaluation"] += time.perf_counter() - t0
+        self._count_flops(range(self.n), "final")  # validation; the test split is the evaluation's
         post = self._observe(self.slots, obs.signals)
         return TimeStep(post, final, [None] * self.n, last=True)
 
@@ -318,6 +331,7 @@ class VecEnv:
             mask[panicked] = True
             self.slots = clear_seeds(self.slots, mask)
             again = self.hosts.revalidate(panicked)
+            self._count_flops(panicked, "revalidation")
             for k, i in enumerate(panicked):
                 signals["val_loss"][i] = again["val_loss"][k]
                 signals["val_acc"][i] = again["val_acc"][k]
@@ -408,6 +422,25 @@ class VecEnv:
         self.slots = TensorDict(fields, batch_size=self.slots.batch_size, device=self.device)
 
     # --------------------------------------------------------------------------------------- helpers
+    def _count_flops(self, envs: Sequence[int], what: str, *, whatif: bool = False) -> None:
+        """Add to each of ``envs``' :attr:`flops` what ``what`` spent on its host as it stands now:
+        ``"epoch"`` a measured epoch (training, validation with the counterfactuals, with ``whatif`` the
+        what-if readings), ``"revalidation"`` a rollback's validation with the counterfactuals, ``"final"``
+        the final validation. Seconds in ``timings["flop_count"]``."""
+        t0 = time.perf_counter()
+        counter, statistics = self.flop_counter, self.lifecycle.whatif_statistics
+        for i in envs:
+            host, loaders = self.hosts.host(i), self.hosts.loaders_of(i)
+            val = loaders.val.epoch_shapes()
+            if what == "epoch":
+                spent = counter.epoch(host, loaders.train.epoch_shapes(), val, whatif=whatif,
+                                      whatif_statistics=statistics)  # fmt: skip
+            else:
+                spent = counter.validation(host, val, counterfactual=what == "revalidation")
+            for kind, flops in spent.items():
+                self.flops[i][kind] += flops
+        self.timings["flop_count"] += time.perf_counter() - t0
+
     @property
     def _gain_keys(self) -> tuple[str, ...]:
         """The slot statistics' keys in the signals (``lifecycle.grad_init``, ``grad_gain_features``)."""

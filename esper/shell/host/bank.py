@@ -144,6 +144,10 @@ class PerEnvHosts:
         """Env ``i``'s host."""
         return self.models[i].host
 
+    def loaders_of(self, i: int) -> Loaders:
+        """Env ``i``'s iterators over the three splits (what its epochs' FLOPs are counted over)."""
+        return self.loaders[i]
+
     def host_params(self, i: int) -> int:
         return sum(p.numel() for p in self.models[i].host.host_parameters())
 

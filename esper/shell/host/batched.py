@@ -92,6 +92,10 @@ class BatchedHosts:
         """Env ``i``'s host."""
         return self.hosts[i]
 
+    def loaders_of(self, i: int) -> Loaders:
+        """Env ``i``'s iterators over the three splits."""
+        return self.loaders[i]
+
     def host_params(self, i: int) -> int:
         return sum(p.numel() for p in self.hosts[i].host_parameters())
 
@@ -396,6 +400,10 @@ class ShardedHosts:
     def host(self, i: int) -> Host:
         bank, j = self._bank(i)
         return bank.host(j)
+
+    def loaders_of(self, i: int) -> Loaders:
+        bank, j = self._bank(i)
+        return bank.loaders_of(j)
 
     def host_params(self, i: int) -> int:
         bank, j = self._bank(i)
