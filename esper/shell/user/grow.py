@@ -2,12 +2,13 @@
 heuristic by default) or a run's trained controller zero-shot, each on the same hosts (initial weights,
 data order, seed modules), as an evaluation runs them (:func:`esper.shell.eval.episodes.run_episodes`).
 
-A run's learned controller of the flat policy (``ppo.policy flat``, the default) has head and input sizes
+A run's learned controller of the flat policy (``ppo.policy flat``) has head and input sizes
 fixed by the host it was trained on: the number of slots, and the blueprint catalogue of its family
 (docs/grow-your-model.md, the limits). It acts on a user host with as many slots and the same family,
 e.g. a ``cnn1d`` network with three slots and a run on the default MNIST-1D task;
 :func:`check_controller_fits` refuses any other in one line that says what differs. A run of the
-host-agnostic policy (``ppo.policy set``) acts on any host: only its checkpoint's loading is checked.
+host-agnostic policy (``ppo.policy set``, the default) acts on any host: only its checkpoint's loading is
+checked.
 """
 
 from __future__ import annotations

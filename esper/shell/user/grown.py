@@ -1,4 +1,7 @@
-"""The grown network, as a plain ``nn.Module`` of the user's own class (:func:`grown_model`).
+"""The grown network, as an ``nn.Module`` of the user's own class whose slots hold the grown seeds
+(:func:`grown_model`). Its slots are esper's ``Slot``: loading it needs esper importable (and a custom
+blueprint registered); :func:`esper.shell.user.export.plain_module` and
+:func:`~esper.shell.user.export.export_program` give artefacts that load with torch alone.
 
 A host (:class:`~esper.shell.user.host.UserHost`) keeps the user's slots in ``host.slots`` and the
 network calls them through references. :func:`grown_model` hands back a copy of the network with each
