@@ -41,9 +41,11 @@ training nor the controller ever reads) and the parameters the controller added.
 ``RUN_DIR/eval/`` (``--out DIR`` elsewhere):
 
 - ``results.json``: ``{"controllers": {name: {"test_acc_mean", "test_acc_ci95": [lo, hi],
-  "params_added_mean", "compute_host_epochs", "episodes", ...}}, "correlations": {...}, "meta": {...}}``
-  (``meta`` names the evaluation's host seeds and data seed and the run's own data seed;
-  ``compute_host_epochs``: the host epochs a controller spent on training or search): accuracy in %,
+  "params_added_mean", "compute_host_epochs", "train_flops_mean", "validation_flops_mean",
+  "whatif_flops_mean", "episodes", ...}}, "correlations": {...}, "meta": {...}}`` (``meta`` names the
+  evaluation's host seeds and data seed and the run's own data seed; ``compute_host_epochs``: the host
+  epochs a controller spent on training or search; ``*_flops_mean``: the FLOPs one evaluation episode
+  spent, its mean, by kind: training, validation, what-if, :mod:`esper.shell.host.flops`): accuracy in %,
   95 % Student-t intervals over episodes, ``params_added`` = final host's parameters minus the static
   host's; every episode's numbers under ``per_episode``; Spearman correlations between the episode
   return and the final test accuracy (and accuracy per parameter, and the held-out objective) over
@@ -71,6 +73,7 @@ from esper.shell.common.memory import tune_allocator
 from esper.shell.env.config import GENERATED_TASKS
 from esper.shell.eval.controllers import CONTROLLERS
 from esper.shell.eval.episodes import compare_controllers
+from esper.shell.eval.output import FLOP_COLUMNS, format_flops
 
 PROG = "python -m esper.shell.evaluate"
 
@@ -141,9 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report(PROG, e)
     for name, s in results["controllers"].items():
         lo, hi = s["test_acc_ci95"]
+        flops = ", ".join(f"{h.removesuffix(' FLOPs')} {format_flops(s.get(k))}" for h, k in FLOP_COLUMNS)
         print(f"{name:>10}: test acc {s['test_acc_mean']:5.1f} % [{lo:5.1f}, {hi:5.1f}]  "
               f"params added {s['params_added_mean']:7.0f}  return {s['return_mean']:6.2f}  "
-              f"host epochs spent {s['compute_host_epochs']}")  # fmt: skip
+              f"host epochs spent {s['compute_host_epochs']}  FLOPs an episode: {flops}")  # fmt: skip
         if "search" in s and "from" in s["search"]:  # born_big:CONTROLLER
             src, plan = s["search"]["from"], s["search"]["chosen"] or "none"
             print(f"{'':>10}  grew {src}'s most frequent plan: {plan}")

@@ -59,12 +59,16 @@ from esper.shell.eval.runner import run_hosts
 from esper.shell.eval.search import is_searched, learned_compute, plan_budget, plan_kind, search
 from esper.shell.eval.stats import mean_ci95, spearman
 from esper.shell.eval.store import STORE_FILE, EpisodeStore, run_specs
+from esper.shell.host.flops import FLOP_KINDS
 from esper.shell.telemetry.console import progress
 
 #: Episode fields kept in ``per_episode`` (and averaged where numeric).
 EPISODE_FIELDS = ("return", "final_test_acc", "final_val_acc", "params_added", "objective", "test_objective",
                   "n_fossilized", "n_pruned", "host_seed", "grown", "germinated_at",
                   "germinations")  # fmt: skip
+#: The FLOPs an episode spent, by kind (:mod:`esper.shell.host.flops`): kept in ``per_episode`` and averaged
+#: (``KIND_flops_mean``) where the episodes record them (an episode kept before they were counted does not).
+FLOP_FIELDS = tuple(f"{kind}_flops" for kind in FLOP_KINDS)
 
 
 def run_episodes(cfg: RunConfig, task: Task, name: str, episodes: Sequence[int], *, eval_seed: int,
@@ -132,7 +136,12 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         k: dict(Counter(str(g[k]) for g in germs if k in g).most_common()) for k in BLEND_SETTINGS
     }
     out["val_acc_curve_mean"] = np.mean([r["val_acc_curve"] for r in records], axis=0).tolist()
-    out["per_episode"] = [{k: r[k] for k in (*EPISODE_FIELDS, "episode")} for r in records]
+    # the FLOPs an episode spent (None where some episode does not record them)
+    for k in FLOP_FIELDS:
+        spent = [r.get(k) for r in records]
+        out[f"{k}_mean"] = None if any(v is None for v in spent) else float(np.mean(spent))
+    out["per_episode"] = [{k: r[k] for k in (*EPISODE_FIELDS, "episode")}
+                          | {k: r[k] for k in FLOP_FIELDS if k in r} for r in records]  # fmt: skip
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from esper.shell.host.flops import FLOP_KINDS
 from esper.shell.telemetry.plots import finish_figure, new_figure
 
 COLORS = {"ppo": "#d62828", "ppo_greedy": "#9d0208", "ppo_mixed": "#7b2cbf", "static": "#6c757d",
@@ -72,6 +73,23 @@ def plot_acc_over_epochs(results: dict, path: Path) -> Path | None:
 
 def _f(x: float, nd: int = 1) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+#: The FLOPs columns of an evaluation's tables: per kind (:data:`~esper.shell.host.flops.FLOP_KINDS`), its
+#: header and the summary's key (the mean over the evaluation episodes of what one spent).
+FLOP_COLUMNS = tuple((f"{k.replace('whatif', 'what-if')} FLOPs", f"{k}_flops_mean") for k in FLOP_KINDS)
+_SI = ("", "k", "M", "G", "T", "P", "E")
+
+
+def format_flops(x: float | None) -> str:
+    """FLOPs in SI units (``7.67 G``), three significant figures; ``—`` where none were recorded (a results
+    file written before they were counted)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    k = 0
+    while abs(x) >= 999.5 and k < len(_SI) - 1:
+        x, k = x / 1000.0, k + 1
+    return f"{x:.3g} {_SI[k]}".rstrip()
 
 
 def _per_member(values: dict[str, float]) -> str:
@@ -139,17 +157,28 @@ def report_markdown(results: dict, plots: Sequence[Path]) -> str:
         "from host training and from the controller); intervals are 95 % Student-t over episodes."
         + _cap(meta),
         "",
-        "| controller | test acc % | 95 % CI | gain over static | params added | return | fossilized |",
-        "|---|---:|---|---:|---:|---:|---:|",
+        "| controller | test acc % | 95 % CI | gain over static | params added | return | fossilized | "
+        f"host epochs spent | {' | '.join(h for h, _ in FLOP_COLUMNS)} |",
+        "|---|---:|---|---:|---:|---:|---:|---:|" + "---:|" * len(FLOP_COLUMNS),
     ]
     for name, s in ctl.items():
         gain = _f(s["test_acc_mean"] - static["test_acc_mean"]) if static else "n/a"
         lo, hi = s["test_acc_ci95"]
+        spent = s.get("compute_host_epochs")
+        flops = " | ".join(format_flops(s.get(k)) for _, k in FLOP_COLUMNS)
         lines.append(
             f"| {name} | {_f(s['test_acc_mean'])} | [{_f(lo)}, {_f(hi)}] | {gain} | "
-            f"{_f(s['params_added_mean'], 0)} | {_f(s['return_mean'], 2)} | {_f(s['n_fossilized_mean'], 2)} |"
+            f"{_f(s['params_added_mean'], 0)} | {_f(s['return_mean'], 2)} | "
+            f"{_f(s['n_fossilized_mean'], 2)} | {'—' if spent is None else spent} | {flops} |"
         )
     lines += [
+        "",
+        "Host epochs spent: what the controller spent before the evaluation (training, a search). FLOPs: "
+        "the mean over its evaluation episodes of what one episode spent (`esper.shell.host.flops`, "
+        "PyTorch's FlopCounterMode): training, the host's and its seeds' forward and backward passes on "
+        "training batches; validation, every epoch's validation with each live seed's alpha-0 "
+        "counterfactual and the final validation; what-if, the incubating seeds' what-if passes (— where "
+        "the results file predates them).",
         "",
         f"Spearman correlation of the episode return with the held-out outcome, over all "
         f"{corr['n_episodes']} episodes: test accuracy {_f(corr['return_vs_test_acc'], 3)}, test accuracy "

@@ -25,10 +25,11 @@ numbers are the uncached run's, bit for bit (``tests/shell/eval/test_store.py``)
 **On disk.** ``STORE_FILE`` in a run's search cache (``RUN_DIR/search/``, shared by every search, budget
 and evaluation of the run on that task): one JSON line per batch run, under a key of the store's version,
 the config digest, the task, its data draw and the threads. A line of another key is ignored (another
-evaluation draw, other settings, an older store), and so is a last line cut short by a crash. The
-searches keep only what they read of an episode (its final validation accuracy and parameters added:
-``esper.shell.eval.search.SEARCH_FIELDS``, about 100 bytes a line's episode against 1.5 kB whole), under
-a key of their own.
+evaluation draw, other settings, an older store, whole records of an older :data:`RECORD_VERSION`: kept
+before the episodes' FLOPs were counted), and so is a last line cut short by a crash. The searches keep
+only what they read of an episode (its final validation accuracy and parameters added:
+``esper.shell.eval.search.SEARCH_FIELDS``, about 100 bytes a line's episode against 1.5 kB whole), under a
+key of their own.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ from esper.shell.eval.runner import MakeController, batches_of, run_hosts
 STORE_VERSION = 1
 #: The store's file in a run's search cache directory.
 STORE_FILE = "episode-store.jsonl"
+#: Bumped when what a whole record holds grows (2: an episode's FLOPs, :mod:`esper.shell.host.flops`): a
+#: store of whole records (an evaluation's) reads no line of another, so every record it reads holds what
+#: one holds today (a batch kept before runs again, to the same numbers); a search's store keeps only what
+#: it reads, and is not concerned.
+RECORD_VERSION = 2
 #: The controller that never grows.
 STATIC = "static"
 GROW, BORN = "grow:", "born:"
@@ -142,7 +148,7 @@ class EpisodeStore:
     def __init__(self, path: Path, cfg: RunConfig, task: Task, fields: Sequence[str] | None = None) -> None:
         self.path = path
         self.fields = tuple(fields) if fields is not None else None
-        kept = f":{','.join(self.fields)}" if self.fields is not None else ""
+        kept = f":{','.join(self.fields)}" if self.fields is not None else f":records{RECORD_VERSION}"
         self.key = (f"v{STORE_VERSION}:{config_digest(cfg)}:{task.name}:{task.data_seed}:"
                     f"threads{torch.get_num_threads()}{kept}")  # fmt: skip
         #: Whether an episode depends on its own (spec, host) alone: the per-env host step.

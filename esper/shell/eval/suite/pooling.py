@@ -13,6 +13,7 @@ import numpy as np
 
 from esper.shell.config.presets import preset
 from esper.shell.env.tasks import Task, seed_params
+from esper.shell.eval.output import FLOP_COLUMNS
 from esper.shell.eval.stats import grouped_mean_ci95, spearman
 from esper.shell.eval.suite.archive import train_machine, train_revision
 from esper.shell.eval.suite.tasks import LEARNED, ORACLE, PLAN_MULTIPLES, SUITE, beside_readout, plan_name
@@ -147,7 +148,8 @@ def pool_task(task: str, per_seed: dict[int, dict], precheck: dict[str, Any] | N
     """One task's entry from its training seeds' evaluations (``per_seed[k]``: seed k's ``results.json``):
     per controller the mean over seeds with a 95 % interval over seeds, each seed's mean
     (``per_seed_test_acc``, in ``training_seeds`` order, the same for every row), the parameters added, the
-    host epochs spent (their mean over seeds), what the searches chose, and what it grew (``grown``: each
+    host epochs spent (their mean over seeds), the FLOPs an evaluation episode spent (:func:`pooled_flops`),
+    what the searches chose, and what it grew (``grown``: each
     plan's count of evaluation episodes over all seeds, most grown first; for the learned readouts and the
     per-host oracle, each episode's plan too, ``plans_per_seed``); per seed, the revisions that
     trained and evaluated it (``revisions``); and the controller's settings that depart from the task's preset
@@ -168,6 +170,7 @@ def pool_task(task: str, per_seed: dict[int, dict], precheck: dict[str, Any] | N
             "params_added_mean": c["params_added_mean"],
             "params_added_ci95": c["params_added_ci95"],
             "compute_host_epochs": round(float(np.mean([e.get("compute_host_epochs", 0) for e in entries]))),
+            **pooled_flops(entries),
             "training_seeds": seeds,
             "per_seed_test_acc": c["per_seed_test_acc"],
             "episodes": c["episodes"],
@@ -201,6 +204,17 @@ def pool_task(task: str, per_seed: dict[int, dict], precheck: dict[str, Any] | N
         "controller_settings": controller_settings(task, meta),
         "search_view": search_view(task, per_seed),
     }
+
+
+def pooled_flops(entries: Sequence[dict]) -> dict[str, float | None]:
+    """The FLOPs an evaluation episode of a controller spent, by kind (``train_flops_mean``,
+    ``validation_flops_mean``, ``whatif_flops_mean``): the mean over the seeds' evaluations (each its
+    episodes' mean); None where some seed's evaluation predates them."""
+    out: dict[str, float | None] = {}
+    for _, key in FLOP_COLUMNS:
+        spent = [e.get(key) for e in entries]
+        out[key] = None if any(v is None for v in spent) else float(np.mean(spent))
+    return out
 
 
 def seed_fates(runs: list[dict[str, list[dict]]], name: str) -> dict[str, float] | None:
@@ -268,6 +282,6 @@ def revisions(meta: dict) -> dict[str, str | None]:
 
 __all__ = [
     "PRECHECK_KEYS", "RECORDED_SETTINGS", "best_plan", "controller_settings", "family_fields",
-    "joined_correlations", "most_grown", "plans_per_seed", "pool_task",
+    "joined_correlations", "most_grown", "plans_per_seed", "pool_task", "pooled_flops",
     "revisions", "scored_plans", "search_view", "seed_fates", "shares", "summarize_runs",
 ]  # fmt: skip

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from esper.shell.eval.output import COLORS
+from esper.shell.eval.output import COLORS, FLOP_COLUMNS, format_flops
 from esper.shell.eval.suite import verdict
 from esper.shell.eval.suite.pooling import shares
 from esper.shell.eval.suite.tasks import (
@@ -234,6 +234,10 @@ def _section(title: str, t: dict[str, Any], intro: list[str], plot_files: list[P
     seeds = next(iter(ctl.values()))["training_seeds"] if ctl else []
     draws = d["final_data_seeds"]
     draw = "the test split of a fixed dataset" if draws and draws[0] is None else f"data seeds {draws}"
+    # the FLOPs an evaluation episode spent, where some row records them (a file pooled before they were
+    # counted renders as it did; a row without them in a table with them reads —)
+    counted = any(c.get(k) is not None for c in ctl.values() for _, k in FLOP_COLUMNS)
+    flops_head = " FLOPs an episode: train · validation · what-if |" if counted else ""
     lines = [
         title,
         "",
@@ -243,18 +247,19 @@ def _section(title: str, t: dict[str, Any], intro: list[str], plot_files: list[P
         f"The learned controller's training: {_f(t.get('learned_compute_host_epochs'), 0)} host epochs."
         f"{_revision_line(t.get('revisions', {}))}",
         "",
-        "| controller | test acc % [95 % CI] | params added | host epochs spent | chosen on training "
-        "hosts | grown most (share of episodes) |",
-        "|---|---|---:|---:|---|---|",
+        f"| controller | test acc % [95 % CI] | params added | host epochs spent |{flops_head} chosen on "
+        "training hosts | grown most (share of episodes) |",
+        f"|---|---|---:|---:|{'---:|' if counted else ''}---|---|",
     ]
     for name, c in ctl.items():
         lo, hi = c["test_acc_ci95"]
         chosen = c.get("chosen", {})
         picks = sorted({str(v) if not isinstance(v, dict) else _thresholds(v) for v in chosen.values()})
+        flops = f" {' · '.join(format_flops(c.get(k)) for _, k in FLOP_COLUMNS)} |" if counted else ""
         lines.append(
             f"| {name} | {_f(c['test_acc_mean'])} [{_f(lo)}, {_f(hi)}] | "
             f"{_f(c['params_added_mean'], 0)} | "
-            f"{_f(c['compute_host_epochs'], 0)} | {'; '.join(f'`{p}`' for p in picks[:3])}"
+            f"{_f(c['compute_host_epochs'], 0)} |{flops} {'; '.join(f'`{p}`' for p in picks[:3])}"
             f"{f' (+{len(picks) - 3} more)' if len(picks) > 3 else ''} | {_grown(c.get('grown', {}))} |"
         )
     view = _search_view_lines(t.get("search_view", {}))
