@@ -79,6 +79,9 @@ def train_and_measure(
         cfg = resolve_config(build_parser().parse_args(flags))
         kept: dict[int, dict] = {}
         clock: dict[int, tuple[float, float]] = {}  # update -> (wall, CPU) seconds since the start
+        revision = (
+            git_revision()
+        )  # the checkout as the run starts (a commit landing meanwhile is not the code)
         t0, c0 = time.perf_counter(), time.process_time()
         run = TrainingRun(cfg, Path(tmp) / cfg.name)
         built = time.perf_counter() - t0
@@ -152,7 +155,7 @@ def train_and_measure(
         "curve": curve,
         "fresh_draw": fresh_draw,
         "config_hash": config_hash(cfg),
-        "revision": git_revision(),
+        "revision": revision,
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
     }
