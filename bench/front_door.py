@@ -28,8 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import machine_info
-
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "perf"
 
@@ -55,7 +53,7 @@ def run_once(cwd: Path, run_dir: Path) -> dict:
 
 def measure(base: str, rounds: int) -> dict:
     """``rounds`` interleaved rounds of the base revision's command and this checkout's."""
-    from esper.shell.common.revision import git_revision
+    from esper.shell.common.revision import git_revision, machine
     from esper.shell.config.presets import config_hash, preset
 
     rows = []
@@ -86,7 +84,7 @@ def measure(base: str, rounds: int) -> dict:
         "base": base,
         "revision": git_revision(),
         "config_hash": config_hash(preset("default")),
-        "machine": machine_info(),
+        "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
         "rounds": rows,
         "ratio_median": statistics.median(r["ratio"] for r in rows),
@@ -125,6 +123,8 @@ def write(record: dict, path: Path) -> Path:
         f"The held-out line of this checkout's run (every round): `{rows[0]['this_heldout']}`",
         "",
     ]
+    if record.get("note"):
+        lines += [record["note"], ""]
     q = record.get("quality")
     if q:
         last, worst = q["last"], q["worst_seed"]

@@ -36,3 +36,24 @@ def test_issue102_quality_names_a_missing_label(tmp_path):
         assert "C10" in str(e) and "C8" in str(e)
     else:
         raise AssertionError("a missing label must be refused")
+
+
+def test_issue102_measure_builds_its_record_without_running_the_rounds(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_run(cwd, run_dir):
+        calls.append(cwd)
+        return {"seconds": 100.0 if cwd == front_door.ROOT else 250.0, "status": 0, "heldout": "held-out x",
+                "tail": ""}  # fmt: skip
+
+    monkeypatch.setattr(front_door, "run_once", fake_run)
+    real = front_door.subprocess.run
+
+    def no_worktree(cmd, *a, **k):
+        return None if cmd[:2] == ["git", "worktree"] else real(cmd, *a, **k)
+
+    monkeypatch.setattr(front_door.subprocess, "run", no_worktree)
+    rec = front_door.measure("9ba4421", 2)
+    assert [r["order"] for r in rec["rounds"]] == [["base", "this"], ["this", "base"]]
+    assert rec["ratio_median"] == 0.4 and rec["machine"] and len(rec["config_hash"]) == 12
+    assert "ratio 0.400" in front_door.write(rec, tmp_path / "d").read_text()

@@ -1,8 +1,9 @@
 """Issue 102: a figure given for *today's default* was measured on today's default.
 
-Every paragraph, list item or table of the front pages that says "today's default" and links a results
+Every paragraph, list item or table row of the front pages that says "today's default" and links a results
 file quotes that file; the file (its ``.json``, or the ``.json`` beside its ``.md``) records the hash of the
-configuration it measured (:func:`esper.shell.config.presets.config_hash`), and that hash must be the one of
+configuration it measured (:func:`esper.shell.config.presets.config_hash`; a pooled ``bench.ttq`` file:
+the one hash its labels share), and that hash must be the one of
 ``preset("default")`` as the code stands. A change to the default's configuration (its presets) without the
 run that re-measures it fails here, with the figures' page and file named.
 """
@@ -31,18 +32,32 @@ def default_sources(page: str) -> list[tuple[int, Path]]:
     path = ROOT / page
     out = []
     for block in blocks(path.read_text()):
-        if MARK not in block.text.lower():
-            continue
-        for src in sorted(sources(block.text, path)):
-            out.append((block.line, src.with_suffix(".json")))
+        # a table's rows are read one by one (a claims table names today's default in one row of several)
+        parts = (
+            [(block.line + i, ln) for i, ln in enumerate(block.lines)]
+            if block.kind == "table"
+            else [(block.line, block.text)]
+        )
+        for line, text in parts:
+            if MARK not in text.lower():
+                continue
+            for src in sorted(sources(text, path)):
+                out.append((line, src.with_suffix(".json")))
     return out
 
 
 def recorded_hash(path: Path) -> str | None:
+    """The configuration hash ``path`` records: its own (``bench.front_door``'s file), or the one hash all
+    the labels of a pooled ``bench.ttq`` file share (None if they differ or none is recorded)."""
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    return data.get("config_hash") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    if "config_hash" in data:
+        return data["config_hash"]
+    hashes = {h for lab in data.values() if isinstance(lab, dict) for h in lab.get("config_hash", [None])}
+    return hashes.pop() if len(hashes) == 1 else None
 
 
 def test_issue102_the_readme_quotes_todays_default_from_a_results_file():
