@@ -147,14 +147,19 @@ class Host(nn.Module, ABC):
         return [i for i, s in enumerate(self.slots) if s.incubating]
 
     @contextmanager
-    def incubating(self, slot_indices: Sequence[int]) -> Iterator[None]:
+    def incubating(self, slot_indices: Sequence[int], *, keep_counts: bool = False) -> Iterator[None]:
         """The what-if pass of incubating seeds: inside the block the listed slots compose at alpha 1
         on the detached host activation, and batch-norm running statistics do not move (the what-if
-        activations must not leak into the host's evaluation statistics), nor their step counts (which a
-        batch norm of ``momentum=None`` averages by): the host's state is as without the pass."""
+        activations must not leak into the host's evaluation statistics). ``keep_counts``: their step
+        counts do not move either (which a batch norm of ``momentum=None`` averages by), so the host's state
+        is as without the pass; the Grower's what-if pass keeps them (a user's host trains as without its
+        slots), the env's keeps its batched path's counting (the stacked step counts every pass)."""
         norms = self.batch_norms()
         saved = [m.momentum for m in norms]
-        counts = [None if m.num_batches_tracked is None else m.num_batches_tracked.clone() for m in norms]
+        counts = [
+            None if not keep_counts or m.num_batches_tracked is None else m.num_batches_tracked.clone()
+            for m in norms
+        ]
         with ExitStack() as stack:
             for i in slot_indices:
                 stack.enter_context(self.slot(i).force_alpha(1.0))

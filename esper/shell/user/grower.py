@@ -466,7 +466,7 @@ class Grower:
         params = [p for i in incubating for p in self._seed_params[i]]
         dtype = self.autocast_dtype
         amp = torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
-        with self._random(), host.incubating(incubating), amp:
+        with self._random(), host.incubating(incubating, keep_counts=True), amp:
             seed_loss = host.loss(host.model(x), y)
         (self.scaler.scale(seed_loss) if self.scaler is not None else seed_loss).backward(inputs=params)
 
