@@ -154,14 +154,8 @@ def expectile_td_losses(
     value = per_step(td, value_key, where=where, kind="float")
     dtype = compute_dtype(value.dtype)
     value = value.to(dtype)
-    reward = per_step(td, keys.reward, where=where, kind="float").to(dtype)
-    terminated = per_step(td, keys.terminated, where=where, kind="bool")
-    next_value = per_step(td, keys.next_state_value, where=where, kind="float").to(dtype).detach()
-    q = reward + gamma * torch.where(terminated, 0.0, next_value)
-    diff = q - value
-    tau = torch.where(diff < 0, 1.0 - expectile, expectile)
-    advantage = diff.detach()
-    weight = torch.exp(temperature * advantage).clamp(max=max_weight)
+    q = _td_target(td, keys, where, gamma, dtype)
+    diff, tau, advantage, weight = _expectile_weights(q, value, expectile, temperature, max_weight)
     out, valid, n_valid, _ = _policy_terms(td, keys, where, weight, entropy_coef)
     out["loss_critic"] = value_coef * _msum(tau * diff.square(), valid) / n_valid
     _weight_diagnostics(out, advantage, weight, value, q, max_weight, valid, n_valid)
@@ -206,14 +200,8 @@ def iql_losses(
     value = value.to(dtype)
     q = _critics(td, keys.current_key(keys.state_action_value), where).to(dtype)
     q_target = _critics(td, keys.target_key(keys.state_action_value), where).to(dtype).detach().amin(-1)
-    reward = per_step(td, keys.reward, where=where, kind="float").to(dtype)
-    terminated = per_step(td, keys.terminated, where=where, kind="bool")
-    next_value = per_step(td, keys.next_state_value, where=where, kind="float").to(dtype).detach()
-    y = reward + gamma * torch.where(terminated, 0.0, next_value)
-    diff = q_target - value
-    tau = torch.where(diff < 0, 1.0 - expectile, expectile)
-    advantage = diff.detach()
-    weight = torch.exp(temperature * advantage).clamp(max=max_weight)
+    y = _td_target(td, keys, where, gamma, dtype)
+    diff, tau, advantage, weight = _expectile_weights(q_target, value, expectile, temperature, max_weight)
     out, valid, n_valid, _ = _policy_terms(td, keys, where, weight, entropy_coef)
     expectile_loss = _msum(tau * diff.square(), valid) / n_valid
     td_loss = _msum((q - y.unsqueeze(-1)).square().sum(-1), valid) / n_valid
@@ -309,6 +297,25 @@ def _head(
                 f"{list(mask.shape)}"
             )
     return logits, action, legal_mask(logits, mask)
+
+
+def _td_target(td: TensorDictBase, keys: Keys, where: str, gamma: float, dtype: torch.dtype) -> torch.Tensor:
+    """The one-step target ``r + gamma * (1 - terminated) * V(s')``, ``V(s')`` detached."""
+    reward = per_step(td, keys.reward, where=where, kind="float").to(dtype)
+    terminated = per_step(td, keys.terminated, where=where, kind="bool")
+    next_value = per_step(td, keys.next_state_value, where=where, kind="float").to(dtype).detach()
+    return reward + gamma * torch.where(terminated, 0.0, next_value)
+
+
+def _expectile_weights(
+    target: torch.Tensor, value: torch.Tensor, expectile: float, temperature: float, max_weight: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What V's expectile regression and the policy's weights read off ``u = target - V``: ``u``, the
+    expectile's ``|tau - 1(u < 0)|``, the advantage ``u`` detached and ``min(exp(temperature * A), max)``."""
+    diff = target - value
+    tau = torch.where(diff < 0, 1.0 - expectile, expectile)
+    advantage = diff.detach()
+    return diff, tau, advantage, torch.exp(temperature * advantage).clamp(max=max_weight)
 
 
 def _critics(td: TensorDictBase, key: tuple[str, ...], where: str) -> torch.Tensor:
