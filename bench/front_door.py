@@ -13,7 +13,8 @@ The file it writes is the one the README and docs quote for *today's default*: i
 configuration hash of this checkout's default (:func:`esper.shell.config.presets.config_hash`, which
 ``tests/test_default_figures.py`` compares with the code), the revision, the machine, and, with
 ``--quality``, the time-to-quality reading of the same configuration (``bench.ttq``'s pooled label)
-beside the wall times. Writes ``bench/results/perf/<date>-<host>-default.{md,json}``.
+beside the wall times. Writes ``bench/results/perf/<date>-<host>-default.{md,json}`` (``<host>`` the
+hostname, renamed by hand as bench/results/README.md says).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -170,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quality is not None:
         record["quality"] = quality(a.quality, a.label)
         record["quality_label"] = a.label
-    host = "vm" if "EPYC" in record["machine"] or os.cpu_count() == 2 else "host"
-    out = a.out or RESULTS / f"{record['date']}-{host}-default"
+    out = a.out or RESULTS / f"{record['date']}-{socket.gethostname()}-default"  # rename by hand: vm, ...
     print(write(record, out).read_text())
     return 0
 
