@@ -12,7 +12,8 @@ against :func:`esper.core.masks.op_slot_legality`; an illegal pair changes nothi
 
 - **GERMINATE** (DORMANT, enabled, room for a seed): G0 = the blueprint index is in
   ``[0, n_blueprints)``. Pass: GERMINATED; blueprint, style, tempo and ``ALPHA_TARGETS[alpha_target]``
-  stored; ``acc_at_germination`` = this epoch's val_acc; age 0. Fail: ``germinate_failed``.
+  stored; ``acc_at_germination`` = this epoch's val_acc; age 0. Fail: ``germinate_failed``. Without
+  ``incubate`` the pass is BLENDING instead, its blend-in ramp started as ADVANCE's would be.
 - **ADVANCE** on TRAINING: G2 = ``epochs_in_stage >= g2_min_epochs``, a gain ``>= g2_min_gain`` and
   gradient-ratio EMA ``>= g2_min_grad_ratio``. The gain (``g2_evidence``) is the host's val_acc gain
   since the stage began (``host``, the reference's), the seed's own what-if gain, ``whatif_gain``
@@ -39,8 +40,10 @@ against :func:`esper.core.masks.op_slot_legality`; an illegal pair changes nothi
 Then the mechanical end-of-epoch advance of every slot:
 
 1. GERMINATED (not germinated this step) -> TRAINING (G1).
-2. A HOLDING seed whose ``epochs_in_stage`` would reach ``holding_timeout`` is pruned at once
-   (``timeout_pruned``); the policy saw it in HOLDING ``holding_timeout`` times. No auto-fossilize —
+2. A HOLDING seed whose ``epochs_in_stage`` would reach ``holding_timeout`` is pruned
+   (``timeout_pruned``): PRUNED, alpha ramps out to 0 over its tempo's ``TEMPO_EPOCHS`` along its
+   style's blend curve, as it ramped in (at once where alpha is already 0); the policy saw it in
+   HOLDING ``holding_timeout`` times. No auto-fossilize —
    unless ``timeout_fossilizes`` is set: then a seed that pays (G5 but for the ramp: alpha > 0 and
    ``contribution >= g5_min_contribution``) is fossilized instead (``timeout_fossilized``), at the
    alpha it has: a ramp in flight (a SET_ALPHA_TARGET in HOLDING) stops there. Only the others are
@@ -177,6 +180,13 @@ class LifecycleConfig:
         "the stage from which a seed reads the host's live activation, so the layers before its slot train "
         "through it: fossilized = the reference's isolation (every earlier stage reads it detached); "
         "blending = from BLENDING on (detached only while it incubates, and once pruned)",
+    )
+    incubate: bool = config_field(
+        True,
+        "a germinated seed incubates (GERMINATED, TRAINING: trained in the what-if pass on the host's residual "
+        "until G2 passes) before it blends; false = no incubation: GERMINATE puts the seed straight into "
+        "BLENDING, its blend-in ramp starting at once (alpha 0 at germination, its projection near zero, so "
+        "the host's function is kept), with attach_at blending the host trains through it from then on",
     )
     g3_min_epochs: int = config_field(3, "G3: epochs in BLENDING (and the ramp finished) before ADVANCE")
     g5_min_contribution: float = config_field(1.0, "G5: counterfactual contribution (points) to fossilize")
@@ -468,7 +478,7 @@ def lifecycle_step(
     heads = {k: action[k].unsqueeze(-1).expand_as(stage0) for k in _STEP_HEADS}  # [*E] -> [*E, S]
     val_acc = clean_acc(signals["val_acc"]).unsqueeze(-1).expand_as(f["alpha"])
     d = _decide(slots, action, heads, signals, cfg, n_blueprints)
-    stage, f = _apply_op(f, d, heads, val_acc)
+    stage, f = _apply_op(f, d, heads, val_acc, incubate=cfg.incubate)
     stage, f, kept, timeout = _holding_timeout(f, stage, slots, d["germ"], cfg)
     stage, f, removed, embargo = _move_ramps(f, stage, stage0, cfg)
     f = _close_epoch(f, stage, slots, d["germ"], val_acc, embargo)
@@ -543,14 +553,20 @@ def _apply_op(
     d: dict[str, torch.Tensor],
     heads: dict[str, torch.Tensor],
     val_acc: torch.Tensor,
+    *,
+    incubate: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The op's own effect (``d`` from :func:`_decide`): the new stage ``[*E, S]``, and the fields
     ``f`` with what a germination stores (blueprint, style, tempo, target, ``acc_at_germination``,
     cleared measurements) and the ramps a germination, blend-in, SET_ALPHA_TARGET or PRUNE starts.
-    ``f`` is not modified; a new dict is returned."""
+    Without ``incubate`` (``LifecycleConfig.incubate``) a germination is also a blend-in: the seed
+    enters BLENDING with its ramp from 0. ``f`` is not modified; a new dict is returned."""
     f = dict(f)
-    germ, to_blend, aset, prune = d["germ"], d["to_blend"], d["aset"], d["prune"]
+    germ, aset, prune = d["germ"], d["aset"], d["prune"]
     alpha0 = f["alpha"]
+    # a germination without incubation starts the blend-in ramp; one with it starts no ramp
+    to_blend = d["to_blend"] | germ if not incubate else d["to_blend"]
+    rampless = germ & ~to_blend
     stage = f["stage"]
     stage = torch.where(germ, int(Stage.GERMINATED), stage)
     stage = torch.where(to_blend, int(Stage.BLENDING), stage)
@@ -575,12 +591,12 @@ def _apply_op(
     prune_len = torch.where(alpha0 > 0, speed_len, 0)
     new_ramp = germ | to_blend | aset | prune
     f["ramp_from"] = torch.where(new_ramp, torch.where(germ, zero_f, alpha0), f["ramp_from"])
-    f["ramp_to"] = torch.where(germ | prune, zero_f, torch.where(new_ramp, f["alpha_target"], f["ramp_to"]))
+    f["ramp_to"] = torch.where(rampless | prune, zero_f, torch.where(new_ramp, f["alpha_target"], f["ramp_to"]))
     ramp_len = torch.where(to_blend, blend_len, torch.where(aset, speed_len, prune_len))
-    f["ramp_len"] = torch.where(new_ramp, torch.where(germ, zero_i, ramp_len), f["ramp_len"])
+    f["ramp_len"] = torch.where(new_ramp, torch.where(rampless, zero_i, ramp_len), f["ramp_len"])
     f["ramp_pos"] = torch.where(new_ramp, zero_i, f["ramp_pos"])
     curve = torch.where(to_blend, blend_curve, heads["alpha_curve"].clamp(0, len(AlphaCurve) - 1))
-    f["curve"] = torch.where(new_ramp, torch.where(germ, zero_i, curve), f["curve"])
+    f["curve"] = torch.where(new_ramp, torch.where(rampless, zero_i, curve), f["curve"])
     return stage, f
 
 
@@ -609,14 +625,19 @@ def _holding_timeout(
     timeout = expired & ~kept
     stage = torch.where(kept, int(Stage.FOSSILIZED), stage)
     stage = torch.where(timeout, int(Stage.PRUNED), stage)
-    # both end the ramp at once: kept where alpha is now, pruned at 0
+    # a kept seed's ramp ends where alpha is now; a pruned one ramps out to 0 as it ramped in (its
+    # tempo's length, its style's curve), as a PRUNE does, so the host re-adapts while it leaves (issue
+    # 104: removed in one step, a seed that had halved the loss left the host worse than it found it)
     ended = kept | timeout
     zero_i = torch.zeros_like(eis0)
+    out_len = torch.where(alpha0 > 0, _lookup(TEMPO_EPOCHS, f["tempo"], torch.int64), zero_i)
+    out_curve = _lookup(STYLE_BLEND_CURVE, f["style"], torch.int64)
     f["ramp_from"] = torch.where(ended, alpha0, f["ramp_from"])
     f["ramp_to"] = torch.where(kept, alpha0, torch.where(timeout, torch.zeros_like(alpha0), f["ramp_to"]))
     f["alpha_target"] = torch.where(kept, alpha0, f["alpha_target"])
-    f["ramp_len"] = torch.where(ended, zero_i, f["ramp_len"])
+    f["ramp_len"] = torch.where(kept, zero_i, torch.where(timeout, out_len, f["ramp_len"]))
     f["ramp_pos"] = torch.where(ended, zero_i, f["ramp_pos"])
+    f["curve"] = torch.where(timeout, out_curve, f["curve"])
     return stage, f, kept, timeout
 
 
