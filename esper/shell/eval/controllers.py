@@ -1,7 +1,8 @@
 """The controllers an evaluation runs, by name: the trained controller's readouts (``ppo``,
 ``ppo_greedy``, ``ppo_mixed``), the baselines (``static``, ``random``, ``heuristic``, ``grow_all``),
-the baselines that search on training hosts first (``heuristic_tuned``, ``heuristic_tuned_wide``,
-``probe``, ``plan_search[@BUDGET]``, ``plan_search_timed[@BUDGET]``: :mod:`esper.shell.eval.search`),
+the baselines that search on training hosts first (``heuristic_tuned``, ``heuristic_tuned_wide[@random]``,
+``probe[@random]``, ``plan_search[@BUDGET][@random]``, ``plan_search_timed[@BUDGET][@random]``: Optuna's TPE,
+or random search with ``@random``; :mod:`esper.shell.eval.search`),
 fixed placements (``grow:SLOT=BLUEPRINT+...``) and schedules (``grow:SLOT=BLUEPRINT:EPOCH+...``), any
 fixed schedule with its own blend (``@STYLE@TEMPO@ALPHA``), and the static network at a plan's final
 size (``born_big[:PLAN|:CONTROLLER]``). :func:`make_controller` builds one for an env; ``--controllers``
@@ -35,6 +36,7 @@ from esper.shell.eval.search import (
     is_searched,
     plan_kind,
     prices,
+    search_kind,
 )
 from esper.shell.eval.store import STATIC, born_spec, grow_spec
 
@@ -88,10 +90,11 @@ BORN_BIG = "born_big"
 #: ``grow:b0=conv_heavy@STANDARD@0.7``.
 STYLE_SEP = "@"
 EXTRA_CONTROLLERS = (
-    "ppo_mixed, ppo_greedy_fossilize, heuristic_tuned, heuristic_tuned_wide, probe, heuristic_gain (with "
-    "lifecycle.grad_init), "
-    "plan_search[@HOST_EPOCHS|@Kx], plan_search_cap[@HOST_EPOCHS|@Kx] (within the learned controller's cap), "
-    "plan_search_timed[@HOST_EPOCHS|@Kx], grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[:EPOCH][+SLOT=BLUEPRINT"
+    "ppo_mixed, ppo_greedy_fossilize, heuristic_tuned, heuristic_tuned_wide[@random], probe[@random], "
+    "heuristic_gain (with lifecycle.grad_init), "
+    "plan_search[@HOST_EPOCHS|@Kx][@random], plan_search_cap[@HOST_EPOCHS|@Kx][@random] (within the learned "
+    "controller's cap), plan_search_timed[@HOST_EPOCHS|@Kx][@random] (the searches sample with Optuna's TPE, "
+    "or at random with @random), grow_all:BLUEPRINT, grow:SLOT=BLUEPRINT[:EPOCH][+SLOT=BLUEPRINT"
     "[:EPOCH]...], either with @STYLE@TEMPO@ALPHA (any), born_big[:SLOT=BLUEPRINT+...|:CONTROLLER]"
 )
 
@@ -122,14 +125,15 @@ def make_controller(name: str, cfg: RunConfig, env: VecEnv, *, checkpoint: dict 
     if is_searched(name):
         if searched is None:
             raise ValueError(f"controller {name!r} needs its search's result (esper.shell.eval.search)")
-        if name == HEURISTIC_TUNED:
+        kind = search_kind(name)  # probe@random is a probe, chosen by another search
+        if kind == HEURISTIC_TUNED:
             return HeuristicController(env.blueprint_names, cfg.lifecycle, **searched["chosen"])
-        if name == HEURISTIC_TUNED_WIDE:
+        if kind == HEURISTIC_TUNED_WIDE:
             p = prices(cfg, env.task, host_seed)
             chosen = searched["chosen"]
             return HeuristicController(env.blueprint_names, cfg.lifecycle, costs=p.costs,
                                        grow_all_params=p.grow_all, cap=p.budget, **chosen)  # fmt: skip
-        if name == PROBE:
+        if kind == PROBE:
             p = prices(cfg, env.task, host_seed)
             unit = p.grow_all / enabled_slots(cfg, env.task)
             return ProbeController(env.blueprint_names, cfg.lifecycle, p.costs, budget=p.budget, unit=unit,

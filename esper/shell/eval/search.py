@@ -73,7 +73,15 @@ from esper.shell.config.presets import RunConfig
 from esper.shell.env.tasks import Task, grow_all_params, seed_params, written_plan
 from esper.shell.eval.runner import run_hosts
 from esper.shell.eval.store import STORE_FILE, EpisodeStore, config_digest, grow_spec, run_specs
-from esper.shell.eval.tuning import tune_heuristic_wide, tune_probe
+from esper.shell.eval.tuning import (
+    RANDOM,
+    SAMPLERS,
+    TPE,
+    make_study,
+    optuna_module,
+    tune_heuristic_wide,
+    tune_probe,
+)
 from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.hosts import Host
 
@@ -102,24 +110,50 @@ TUNE_GRID: dict[str, tuple[float, ...]] = {
 }
 #: Training hosts each ``heuristic_tuned`` candidate runs on (the same hosts for every candidate).
 TUNE_HOSTS = 4
-#: Bumped when a search's rule changes, so cached choices of another rule are not reused.
-SEARCH_VERSION = 1
+#: Bumped when a search's rule changes, so cached choices of another rule are not reused: 2 since
+#: ``heuristic_tuned_wide`` and ``probe`` search with Optuna's samplers (issue 105).
+SEARCH_VERSION = 2
 #: The plan searches' own version: 2 since their episodes are read from the exact store and run
-#: :data:`SEARCH_WIDTH` wide (a choice cached before may have read episodes run in other batches).
-PLAN_SEARCH_VERSION = 2
+#: :data:`SEARCH_WIDTH` wide (a choice cached before may have read episodes run in other batches); 3 since
+#: they search with Optuna's samplers and pruner (issue 105).
+PLAN_SEARCH_VERSION = 3
 #: Envs side by side in a plan search's batches on the CPU (``n_envs`` where that is more).
 SEARCH_WIDTH = 32
 
 
 def is_searched(name: str) -> bool:
     """Whether controller ``name`` searches on training hosts before it is evaluated."""
-    return name in TUNED or _plan_kind(name) is not None
+    return parse_search(name) is not None
+
+
+def parse_search(name: str) -> tuple[str, str | None, str] | None:
+    """A searched controller's name -> ``(search, budget or None, sampler)``; None for any other name.
+    The plan searches take a budget and a sampler, each optional, in that order
+    (``plan_search[@H|@Kx][@random]``); ``heuristic_tuned_wide`` and ``probe`` a sampler
+    (``probe@random``); ``heuristic_tuned`` (its grid) nothing. The sampler is :data:`TPE` unless named."""
+    base, *rest = name.split(BUDGET_SEP)
+    sampler = TPE
+    if rest and rest[-1] in SAMPLERS:
+        sampler = rest.pop()
+    if base in (PLAN_SEARCH, PLAN_SEARCH_CAP, PLAN_SEARCH_TIMED):
+        return (base, rest[0], sampler) if len(rest) == 1 and rest[0] else (base, None, sampler) if not rest \
+            else None  # fmt: skip
+    if base in (HEURISTIC_TUNED_WIDE, PROBE) and not rest:
+        return base, None, sampler
+    return (base, None, TPE) if name == HEURISTIC_TUNED else None
+
+
+def search_kind(name: str) -> str | None:
+    """The search ``name`` runs, without its budget and sampler (``probe@random`` -> ``probe``); None for
+    any other controller."""
+    parsed = parse_search(name)
+    return parsed[0] if parsed is not None else None
 
 
 def _plan_kind(name: str) -> str | None:
     """``plan_search``, ``plan_search_cap`` or ``plan_search_timed`` for a plan search's name (with or
-    without a budget), else None."""
-    kind = name.partition(BUDGET_SEP)[0]
+    without a budget and a sampler), else None."""
+    kind = search_kind(name)
     return kind if kind in (PLAN_SEARCH, PLAN_SEARCH_CAP, PLAN_SEARCH_TIMED) else None
 
 
@@ -221,8 +255,9 @@ def plan_budget(name: str, cfg: RunConfig) -> int:
     """A plan search's budget in host epochs: the learned controller's compute, ``@H`` host epochs or
     ``@Kx`` K times the learned controller's (one-line errors; ``plan_search`` and ``plan_search_cap``
     alike)."""
-    _, at, spec = name.partition(BUDGET_SEP)
-    if not at:
+    parsed = parse_search(name)
+    spec = parsed[1] if parsed is not None else name.partition(BUDGET_SEP)[2] or None
+    if spec is None:
         return learned_compute(cfg)
     try:
         value = float(spec[:-1]) * learned_compute(cfg) if spec.endswith("x") else int(spec)
@@ -231,7 +266,8 @@ def plan_budget(name: str, cfg: RunConfig) -> int:
     if not value >= 0 or not math.isfinite(value):
         raise ValueError(
             f"{name}: the budget after {BUDGET_SEP} is host epochs (an integer >= 0) or a multiple of the "
-            f"learned controller's compute (e.g. {PLAN_SEARCH}@0.5x)"
+            f"learned controller's compute (e.g. {PLAN_SEARCH}@0.5x), then a sampler if any "
+            f"({BUDGET_SEP}{RANDOM})"
         )
     return round(value)
 
@@ -265,19 +301,22 @@ def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path |
                 return saved["result"]
     task = task if task is not None else cfg.env.build_task()
     t0 = time.perf_counter()
-    if name == HEURISTIC_TUNED:
+    parsed = parse_search(name)
+    kind, sampler = (parsed[0], parsed[2]) if parsed is not None else (None, TPE)
+    if kind == HEURISTIC_TUNED:
         result = tune_heuristic(cfg, task)
-    elif name in (HEURISTIC_TUNED_WIDE, PROBE):
-        result = _tune(name, cfg, task)
+    elif kind in (HEURISTIC_TUNED_WIDE, PROBE):
+        result = _tune(kind, cfg, task, sampler)
     elif _plan_kind(name) is not None:
         store = plan_store(cache, cfg, task) if cache is not None else None
-        cap = learner_cap(cfg, task) if _plan_kind(name) == PLAN_SEARCH_CAP else None
+        cap = learner_cap(cfg, task) if kind == PLAN_SEARCH_CAP else None
         result = search_plans(cfg, task, plan_budget(name, cfg), cap=cap, store=store,
-                              timed=_plan_kind(name) == PLAN_SEARCH_TIMED)  # fmt: skip
+                              timed=kind == PLAN_SEARCH_TIMED, sampler=sampler)  # fmt: skip
     else:
         raise ValueError(
-            f"{name}: not a searched controller ({', '.join(TUNED)}, {PLAN_SEARCH}[@BUDGET], "
-            f"{PLAN_SEARCH_CAP}[@BUDGET], {PLAN_SEARCH_TIMED}[@BUDGET])"
+            f"{name}: not a searched controller ({', '.join(TUNED)}, {PLAN_SEARCH}[@BUDGET][@random], "
+            f"{PLAN_SEARCH_CAP}[@BUDGET][@random], {PLAN_SEARCH_TIMED}[@BUDGET][@random]; "
+            f"{HEURISTIC_TUNED_WIDE} and {PROBE} with @random)"
         )
     result["seconds"] = time.perf_counter() - t0
     if path is not None:
@@ -289,12 +328,13 @@ def search(name: str, cfg: RunConfig, task: Task | None = None, *, cache: Path |
 def _key(name: str, cfg: RunConfig) -> dict[str, Any]:
     """What a cached search depends on: the controller (and its budget), the rule's version, the run seed
     and every config field but the ones that cannot change the hosts it runs."""
-    budget = plan_budget(name, cfg) if name not in TUNED else None
-    version = SEARCH_VERSION if name in TUNED else PLAN_SEARCH_VERSION
+    tuned = search_kind(name) in TUNED
+    budget = plan_budget(name, cfg) if not tuned else None
+    version = SEARCH_VERSION if tuned else PLAN_SEARCH_VERSION
     return {"name": name, "version": version, "budget": budget, "config": _config_digest(cfg)}
 
 
-def _tune(name: str, cfg: RunConfig, task: Task) -> dict[str, Any]:
+def _tune(name: str, cfg: RunConfig, task: Task, sampler: str = TPE) -> dict[str, Any]:
     """``heuristic_tuned_wide`` or ``probe``: :mod:`esper.shell.eval.tuning`'s search on the first
     :data:`TUNE_HOSTS` training hosts, with its compute and selection. Each batch of hosts is priced by its
     own host (:func:`prices`: on a family, each member's costs and budget)."""
@@ -304,9 +344,9 @@ def _tune(name: str, cfg: RunConfig, task: Task) -> dict[str, Any]:
         return prices(cfg, task, seed)
 
     if name == HEURISTIC_TUNED_WIDE:
-        result = tune_heuristic_wide(cfg, task, host_seeds, priced)
+        result = tune_heuristic_wide(cfg, task, host_seeds, priced, sampler=sampler)
     else:
-        result = tune_probe(cfg, task, host_seeds, priced, enabled_slots(cfg, task))
+        result = tune_probe(cfg, task, host_seeds, priced, enabled_slots(cfg, task), sampler=sampler)
     if name == PROBE:  # as before issue 89's families: the first host's numbers (every host's, off a family)
         first = priced(host_seeds[0])
         unit = first.grow_all / enabled_slots(cfg, task)
@@ -448,89 +488,242 @@ def schedule_of(candidate: str, slot_names: Sequence[str],
     return plan, at, int(Style[style]) if style else int(DEFAULT_BLEND["style"])
 
 
-def halving_schedule(budget_episodes: int, n_space: int) -> list[tuple[int, int]]:
-    """Successive halving within ``budget_episodes``: ``[(candidates, episodes each), ...]`` per round.
-    The first round tries as many candidates as the budget allows when every round gets the same share
-    of it (``n × ceil(log2 n) <= budget``); each round keeps the better half (rounded up) and gives each
-    survivor its share of the round's episodes, on new hosts. Fewer than 2 episodes: no round."""
-    n0 = 0
-    for n in range(2, n_space + 1):
-        if n * math.ceil(math.log2(n)) > budget_episodes:
-            break
-        n0 = n
-    if n0 < 2:
-        return []
-    rounds = math.ceil(math.log2(n0))
-    share = budget_episodes // rounds
-    out, n = [], n0
-    for _ in range(rounds):
-        out.append((n, max(1, share // n)))
-        n = math.ceil(n / 2)
+#: The pruner's reduction factor (Optuna's ``SuccessiveHalvingPruner``): a third of a rung goes on.
+ETA = 3
+#: Samples in a row that name no new candidate (a repeat, an empty plan, a plan over the cap) before a
+#: random untried candidate is asked for instead.
+MAX_MISSES = 20
+
+
+def max_episodes(budget_episodes: int) -> int:
+    """The most episodes (training hosts) one candidate may run: ``ETA**k``, the largest ``k`` for which
+    one synchronous bracket from ``ETA**(k+1)`` candidates down to one fits the budget (``(k+1) *
+    ETA**(k+1)`` episodes; 9 at 176 episodes, 3 at 44, 27 at 352); 1 under 18 episodes (no pruning)."""
+    k = 0
+    while (k + 2) * ETA ** (k + 2) <= budget_episodes:
+        k += 1
+    return ETA**k
+
+
+def rungs_of(most: int) -> list[int]:
+    """The episodes at which a candidate is judged, up to ``most``: 1, ETA, ETA**2, ..."""
+    out = [1]
+    while out[-1] < most:
+        out.append(min(most, out[-1] * ETA))
     return out
 
 
+@dataclass(eq=False)
+class _Trial:
+    """One candidate's trial: its Optuna trial, its scores (the i-th on selection host i) and the
+    episodes it has been granted."""
+
+    trial: Any
+    candidate: str
+    scores: list[float]
+    target: int
+    queued: int = 0
+    state: str = "running"  # running, pruned, complete
+
+
+def _space_params(study_trial, slots: Sequence[str], blueprints: Sequence[str], epochs: Sequence[int] | None,
+                  styles: Sequence[str] | None) -> str | None:  # fmt: skip
+    """Sample a candidate's parameters on ``study_trial`` (each enabled slot empty or one blueprint; timed:
+    each grown slot's first epoch, and one blend style) -> the candidate written as :func:`plan_space` and
+    :func:`timed_space` write it, or None for an empty plan."""
+    parts = []
+    for s in slots:
+        b = study_trial.suggest_categorical(s, [NONE, *blueprints])
+        if b == NONE:
+            continue
+        part = f"{s}={b}"
+        if epochs is not None:
+            e = study_trial.suggest_categorical(f"{s}{EPOCH_SEP}epoch", list(epochs))
+            part += "" if e == 1 else f"{EPOCH_SEP}{e}"
+        parts.append(part)
+    if not parts:
+        return None
+    body = "+".join(parts)
+    if styles is None:
+        return body
+    style = study_trial.suggest_categorical("style", list(styles))
+    return body if style == Style(DEFAULT_BLEND["style"]).name else f"{body}{STYLE_SEP}{style}"
+
+
+def _params_of(candidate: str, slots: Sequence[str], timed: bool) -> dict[str, Any]:
+    """The parameters that :func:`_space_params` samples for ``candidate`` (to enqueue it)."""
+    body, _, style = candidate.partition(STYLE_SEP)
+    planned = dict(p.split("=", 1) for p in body.split("+"))
+    params: dict[str, Any] = {}
+    for s in slots:
+        blueprint, _, epoch = planned.get(s, NONE).partition(EPOCH_SEP)
+        params[s] = blueprint
+        if timed and blueprint != NONE:
+            params[f"{s}{EPOCH_SEP}epoch"] = int(epoch) if epoch else 1
+    if timed:
+        params["style"] = style or Style(DEFAULT_BLEND["style"]).name
+    return params
+
+
+#: An empty slot among a plan search's parameters.
+NONE = "none"
+
+
 def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = None,
-                 store: EpisodeStore | None = None, timed: bool = False) -> dict[str, Any]:  # fmt: skip
-    """The best fixed plan within ``budget`` host epochs (:func:`halving_schedule` over
-    :func:`plan_space`), candidates side by side on the same training hosts in each round. With ``cap``
-    (seed parameters), only the plans that add at most ``cap`` are candidates, in the same order; on a
-    family, the plans that fit every member (among the first :data:`FAMILY_FIT_HOSTS` training hosts), each
-    under its own cap (:func:`learner_cap` of that member): a constant plan, as the pre-check's are. With
-    ``store`` (:class:`~esper.shell.eval.store.EpisodeStore`), a batch kept there is read, not run, and
-    each batch run is kept there (``episodes_reused`` counts the episodes read; ``episodes`` counts every
-    one scored); the choice, scores and compute are the ones without a store. With ``timed``, the
-    candidates are :func:`timed_space`'s schedules (no ``cap``). Batches of :func:`search_width`."""
+                 store: EpisodeStore | None = None, timed: bool = False,
+                 sampler: str = TPE) -> dict[str, Any]:  # fmt: skip
+    """The best fixed plan within ``budget`` host epochs: an Optuna study (``sampler``: :data:`TPE` or
+    :data:`RANDOM`, seeded from the run seed, in memory) over :func:`plan_space` (each enabled slot empty
+    or one blueprint), its first trials each blueprint in every slot (the task's ``grow_all`` blueprint
+    first), with Optuna's ``SuccessiveHalvingPruner`` over host epochs: a trial's i-th episode runs on
+    training host i (the same hosts for every trial), it reports its mean final validation accuracy at
+    1, :data:`ETA`, ``ETA**2``... episodes (``step``: its host epochs) and goes on only where the pruner
+    keeps it, up to :func:`max_episodes`. Trials run :func:`search_width` episodes side by side: a batch
+    takes the episodes promoted trials are owed first, then new trials (``study.ask``), never past the
+    budget. Every episode run is counted, pruned or not. The choice: among the trials that reached the
+    deepest rung, the best mean over that rung's hosts (ties: the earlier trial).
+
+    With ``cap`` (seed parameters), only the plans that add at most ``cap`` are candidates (on a family,
+    the plans that fit every member among the first :data:`FAMILY_FIT_HOSTS` training hosts, each under
+    its own cap); with ``timed``, the candidates are :func:`timed_space`'s schedules (no ``cap``). A
+    sample that names no new candidate (a repeat, an empty plan, one over the cap) runs nothing and is
+    told failed; after :data:`MAX_MISSES` in a row an untried candidate drawn from the run seed is asked
+    for. With ``store`` (:class:`~esper.shell.eval.store.EpisodeStore`), a batch kept there is read, not
+    run (``episodes_reused``); the choice, scores and compute are the ones without a store."""
+    optuna = optuna_module()
     T = cfg.lifecycle.max_epochs
     probe = task.make_host()
     slot_names = tuple(probe.slot_names)
     enabled = [not cfg.env.slots or i in cfg.env.slots for i in range(len(slot_names))]
+    slots = [s for s, on in zip(slot_names, enabled) if on]
+    blueprints = [b for b in BLUEPRINTS[task.family] if b != "noop"]
+    seed = derive_seed("plan_search", cfg.seed)
     if timed:
         if cap is not None:
             raise ValueError(f"{PLAN_SEARCH_TIMED}: no cap")
-        space = timed_space(task, slot_names, enabled, derive_seed("plan_search", cfg.seed), T)
+        space = timed_space(task, slot_names, enabled, seed, T)
     else:
-        space = plan_space(task, slot_names, enabled, derive_seed("plan_search", cfg.seed))
+        space = plan_space(task, slot_names, enabled, seed)
     if cap is not None:
         # on a family, each member under its own cap (the caller's ``cap`` is one member's)
         space = plans_under_cap(space, cfg, task) if task.varies else plans_within(space, task, probe, cap)
         if not space:
             raise ValueError(f"{PLAN_SEARCH_CAP}: no plan adds at most {cap:g} seed parameters on this host")
-    schedule = halving_schedule(budget // T, len(space))
-    alive = list(range(schedule[0][0])) if schedule else [0]
-    scores: dict[int, list[float]] = {c: [] for c in alive}
-    rounds, used, offset, reused = [], 0, 0, 0
-    for _, k in schedule:
-        host_seeds = selection_host_seeds(cfg, offset + k)[offset:]  # each round on new hosts
-        offset += k
-        pairs = [(c, h) for c in alive for h in host_seeds]
-        written = [(space[c], h) for c, h in pairs]
-        records, read = run_plans(cfg, task, written, slot_names, store=store)
+    feasible = set(space)
+    epochs = timed_epochs(T) if timed else None
+    styles = [s.name for s in Style] if timed else None
+    n_episodes = budget // T
+    most = max_episodes(n_episodes)
+    rungs = rungs_of(most)
+    hosts = selection_host_seeds(cfg, most)
+    pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=T, reduction_factor=ETA)
+    study = make_study(sampler, derive_seed("plan_search_sampler", cfg.seed), pruner)
+    uniform = {"+".join(f"{s}={b}" for s in slots) for b in blueprints}
+    for c in (c for c in space if c in uniform):  # each blueprint everywhere first (those within a cap)
+        study.enqueue_trial(_params_of(c, slots, timed))
+    fill = random.Random(derive_seed("plan_search_fill", cfg.seed))
+    trials: list[_Trial] = []
+    tried: set[str] = set()
+    failed = 0
+
+    def ask() -> _Trial | None:
+        nonlocal failed
+        misses = 0
+        while len(tried) < len(feasible):
+            t = study.ask()
+            c = _space_params(t, slots, blueprints, epochs, styles)
+            if c is None or c not in feasible or c in tried:
+                study.tell(t, state=optuna.trial.TrialState.FAIL)
+                failed += 1
+                misses += 1
+                if misses >= MAX_MISSES:
+                    left = [p for p in space if p not in tried]
+                    study.enqueue_trial(_params_of(fill.choice(left), slots, timed))
+                    misses = 0
+                continue
+            tried.add(c)
+            out = _Trial(t, c, [], rungs[0])
+            trials.append(out)
+            return out
+        return None
+
+    used, reused, batches = 0, 0, 0
+    width = search_width(cfg)
+    while used < n_episodes:
+        room = min(width, n_episodes - used)
+        work: list[_Trial] = []
+        owed = sorted((t for t in trials if t.state == "running" and len(t.scores) < t.target),
+                      key=lambda t: (-float(np.mean(t.scores)), t.trial.number))  # the most promising first
+        for t in owed:
+            while len(work) < room and len(t.scores) + t.queued < t.target:
+                work.append(t)
+                t.queued += 1
+        # new trials only where the budget left keeps what the promoted trials may still need to finish
+        promoted = [t for t in trials if t.state == "running" and t.target > rungs[0]]
+        while len(work) < room and n_episodes - used - len(work) > sum(
+                most - len(t.scores) - t.queued for t in promoted):  # fmt: skip
+            t = ask()
+            if t is None:
+                break
+            work.append(t)
+            t.queued += 1
+        if not work:
+            break
+        pairs = []
+        for t in work:  # each trial's next hosts in order
+            pairs.append((t.candidate, hosts[len(t.scores) + sum(1 for p in pairs if p[0] == t.candidate)]))
+        records, read = run_plans(cfg, task, pairs, slot_names, store=store)
         reused += read
-        for (c, _), r in zip(pairs, records):
-            scores[c].append(r["final_val_acc"])
         used += len(pairs)
-        ranked = sorted(alive, key=lambda c: (-float(np.mean(scores[c])), c))
-        top = ranked[0]
-        rounds.append({"candidates": len(alive), "episodes_each": k, "host_seeds": host_seeds,
-                       "best": space[top], "best_val_acc": float(np.mean(scores[top]))})  # fmt: skip
-        alive = ranked[: math.ceil(len(alive) / 2)] if len(alive) > 1 else ranked
-    best = min(alive, key=lambda c: (-float(np.mean(scores[c])) if scores[c] else 0.0, c))
-    tried = sorted((c for c in scores if scores[c]), key=lambda c: (-float(np.mean(scores[c])), c))
-    hosts = [h for r in rounds for h in r["host_seeds"]]
+        batches += 1
+        for t, r in zip(work, records):
+            t.scores.append(float(r["final_val_acc"]))
+            t.queued = 0
+        for t in sorted(set(work), key=lambda t: t.trial.number):
+            if len(t.scores) < t.target:
+                continue
+            value = float(np.mean(t.scores))
+            if t.target >= most:
+                study.tell(t.trial, value)
+                t.state = "complete"
+                continue
+            t.trial.report(value, step=len(t.scores) * T)
+            if t.trial.should_prune():
+                study.tell(t.trial, state=optuna.trial.TrialState.PRUNED)
+                t.state = "pruned"
+            else:
+                t.target = rungs[rungs.index(t.target) + 1]
+    scored = [t for t in trials if t.scores]
+    if scored:
+        depth = max(max(r for r in rungs if r <= len(t.scores)) for t in scored)
+        finalists = [t for t in scored if len(t.scores) >= depth]
+        best = max(finalists, key=lambda t: (float(np.mean(t.scores[:depth])), -t.trial.number))
+        chosen = best.candidate
+    else:  # no episode fits the budget: the first candidate, unscored (as before)
+        depth, finalists, chosen = 0, [], space[0]
+    ranked = sorted(scored, key=lambda t: (-float(np.mean(t.scores)), t.trial.number))
+    pruned = {"name": "SuccessiveHalvingPruner", "reduction_factor": ETA, "min_resource_host_epochs": T,
+              "rungs_episodes": rungs}  # fmt: skip
+    rows = [{"plan": t.candidate, "val_acc_mean": float(np.mean(t.scores)), "episodes": len(t.scores),
+             "state": t.state} for t in ranked]  # fmt: skip
     return {
-        "chosen": space[best],
+        "chosen": chosen,
         **({"cap_params": cap} if cap is not None else {}),
         "budget_host_epochs": budget,
         "episodes": used,
         **({"episodes_reused": reused} if store is not None else {}),
         "compute_host_epochs": used * T,
         "space": len(space),
-        "rounds": rounds,
-        "candidates": [
-            {"plan": space[c], "val_acc_mean": float(np.mean(scores[c])), "episodes": len(scores[c])}
-            for c in tried
-        ],
-        **_selection(cfg, task, hosts),
+        "sampler": sampler,
+        "pruner": pruned,
+        "trials": len(scored),
+        "trials_pruned": sum(t.state == "pruned" for t in trials),
+        "trials_complete": sum(t.state == "complete" for t in trials),
+        "samples_failed": failed,
+        "batches": batches,
+        "finalists": {"episodes": depth, "plans": [t.candidate for t in finalists]},
+        "candidates": rows,
+        **_selection(cfg, task, hosts[: max((len(t.scores) for t in scored), default=0)]),
     }
 
 
@@ -601,7 +794,7 @@ def run_plans(cfg: RunConfig, task: Task, pairs: Sequence[tuple[str, int]], slot
 __all__ = [
     "FAMILY_FIT_HOSTS", "HEURISTIC_TUNED", "HEURISTIC_TUNED_WIDE", "PLAN_SEARCH", "PLAN_SEARCH_CAP",
     "PLAN_SEARCH_TIMED", "PLAN_SEARCH_VERSION", "PROBE", "SEARCH_FIELDS", "SEARCH_WIDTH", "TIMED_SHARES",
-    "TUNED", "TUNE_GRID", "TUNE_HOSTS", "Prices", "candidate_spec", "enabled_slots", "halving_schedule",
+    "TUNED", "TUNE_GRID", "TUNE_HOSTS", "Prices", "candidate_spec", "enabled_slots",
     "host_of", "is_searched", "learned_compute", "learner_budget", "learner_cap", "member_seeds",
     "plan_budget", "plan_kind", "plan_space", "plan_store", "plans_under_cap", "plans_within", "prices",
     "run_plans", "schedule_of", "search", "search_plans", "search_width", "seed_costs",

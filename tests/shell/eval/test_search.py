@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
-import math
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -88,33 +87,115 @@ def test_heuristic_thresholds_per_env_and_the_reference_unchanged():
                             min_epoch=1)  # fmt: skip
 
 
-@pytest.mark.parametrize(("budget", "n_space"), [(176, 511), (44, 511), (10, 511), (7, 3), (1, 511), (0, 9)])
-def test_halving_schedule_stays_within_its_budget(budget, n_space):
-    rounds = S.halving_schedule(budget, n_space)
-    assert sum(n * k for n, k in rounds) <= budget
-    if rounds:
-        assert rounds[0][0] <= n_space
-        assert all(b[0] == math.ceil(a[0] / 2) for a, b in itertools.pairwise(rounds))
-    else:
-        assert budget < 2 or n_space < 2
+def _synthetic(monkeypatch, value, test=None) -> list[tuple[str, int]]:
+    """Replace the search's episodes by ``value(plan, host)`` as the final validation accuracy (and
+    ``test(plan, host)`` as the final test accuracy), so that no host trains; returns every (plan, host)
+    pair run, in order."""
+    ran: list[tuple[str, int]] = []
+
+    def run_hosts(cfg, task, make, host_seeds, **kw):
+        names, blueprints = task.make_host().slot_names, list(BLUEPRINTS[task.family])
+        env = SimpleNamespace(n=len(host_seeds), blueprint_names=blueprints, slot_names=names)
+        plans = ["+".join(f"{names[s]}={blueprints[b]}" for s, b in sorted(p.items()))
+                 for p in make(env, list(range(len(host_seeds)))).plans]  # fmt: skip
+        pairs = list(zip(plans, host_seeds, strict=True))
+        ran.extend(pairs)
+        return [{"final_val_acc": value(p, h), "final_test_acc": (test or value)(p, h),
+                 "params_added": float(len(p))} for p, h in pairs]  # fmt: skip
+
+    monkeypatch.setattr(ST, "run_hosts", run_hosts)
+    return ran
 
 
-def test_plan_search_respects_its_budget_and_reports_its_compute(cfg, task, monkeypatch):
-    seen = _recording(monkeypatch)
+#: A synthetic objective whose best plan is known: each slot adds its blueprint's worth (``b1`` counts
+#: twice), plus a little of the host; the best is conv_light in b0, attention in b1, norm in b2.
+WORTH = {"norm": 3.0, "attention": 1.0, "depthwise": 2.0, "conv_small": 0.5, "conv_light": 4.0,
+         "self_attention": 0.0, "conv_heavy": 2.5}  # fmt: skip
+BEST = {"b0": "conv_light", "b1": "attention", "b2": "norm"}
+
+
+def _additive(plan: str, host: int) -> float:
+    parts = dict(p.split("=") for p in plan.split("+"))
+    score = sum(WORTH[b] if s != "b1" else 2 * (4.5 - WORTH[b]) for s, b in parts.items())
+    score += sum(5.0 for s, b in parts.items() if BEST[s] == b)
+    return score + (host % 7) * 0.01
+
+
+def test_the_plan_search_spends_its_budget_counts_pruned_trials_and_repeats_with_its_seed(cfg, task,
+                                                                                       monkeypatch):  # fmt: skip
+    """Every episode a trial runs is counted, pruned or not: the compute is the budget (less than one
+    episode short); a trial's i-th episode runs on training host i, so every trial is judged on the same
+    hosts; the same run seed gives the same search, another seed another."""
+    ran = _synthetic(monkeypatch, _fake_acc)
     T = cfg.lifecycle.max_epochs
-    budget = 9 * T  # 9 episodes: 4 candidates x 1 episode, then the better 2 x 2 (on new hosts)
+    budget = 60 * T + T - 1  # 60 episodes and most of another: the last does not fit
     res = S.search_plans(cfg, task, budget)
-    assert res["compute_host_epochs"] == len(seen) * T <= budget and res["episodes"] == len(seen)
-    assert [(r["candidates"], r["episodes_each"]) for r in res["rounds"]] == [(4, 1), (2, 2)]
-    assert set(seen) <= _training_hosts(cfg)
-    first, second = res["rounds"][0]["host_seeds"], res["rounds"][1]["host_seeds"]
-    assert not set(first) & set(second)  # each round on new hosts
-    assert res["chosen"] in {c["plan"] for c in res["candidates"]}
-    # the first candidates are each blueprint everywhere, the task's grow_all blueprint first
-    assert res["candidates"][-1]["plan"] != res["chosen"] or len(res["candidates"]) == 1
-    space = S.plan_space(task, ("b0", "b1", "b2"), [True, True, True], seed=0)
-    assert space[0] == "b0=conv_heavy+b1=conv_heavy+b2=conv_heavy" and len(space) == 8**3 - 1
-    assert len(set(space)) == len(space)
+    assert res["episodes"] == len(ran) == 60 and res["compute_host_epochs"] == 60 * T
+    assert budget - T < res["compute_host_epochs"] <= budget
+    assert sum(c["episodes"] for c in res["candidates"]) == len(ran)  # pruned trials' episodes included
+    assert res["trials_pruned"] > 0 and res["pruner"]["rungs_episodes"] == [1, 3]
+    assert sum(c["episodes"] for c in res["candidates"] if c["state"] == "pruned") > 0
+    hosts = S.selection_host_seeds(cfg, 3)
+    for c in res["candidates"]:
+        assert [h for p, h in ran if p == c["plan"]] == hosts[: c["episodes"]]
+    assert set(h for _, h in ran) <= _training_hosts(cfg)
+    # the first trials are each blueprint everywhere, the task's grow_all blueprint first
+    assert ran[0] == ("b0=conv_heavy+b1=conv_heavy+b2=conv_heavy", hosts[0])
+    assert len({p for p, _ in ran}) == res["trials"]  # no plan tried twice
+    assert S.search_plans(cfg, task, budget) == res
+    other = S.search_plans(dataclasses.replace(cfg, seed=cfg.seed + 1), task, budget)
+    assert [c["plan"] for c in other["candidates"]] != [c["plan"] for c in res["candidates"]]
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_the_plan_search_finds_the_best_plan_of_a_known_objective(task, monkeypatch, sampler):
+    """On an additive objective over the 63 plans of two slots (each slot's blueprint adds its worth, the
+    best blueprint of each slot a bonus), both samplers find the best plan at the suite's 1x budget (176
+    episodes; the space runs out a little before it), and choose it among the trials that ran the most
+    hosts (9)."""
+    _synthetic(monkeypatch, _additive)
+    cfg = preset("smoke", {**TINY, "env.slots": [0, 1]})
+    best = "b0=conv_light+b1=attention"
+    for seed in range(3):
+        res = S.search_plans(dataclasses.replace(cfg, seed=seed), task, 176 * cfg.lifecycle.max_epochs,
+                             sampler=sampler)  # fmt: skip
+        assert res["sampler"] == sampler and res["episodes"] <= 176 and res["space"] == 63
+        assert res["chosen"] == best, seed
+        assert res["finalists"]["episodes"] == 9 and best in res["finalists"]["plans"]
+
+
+def test_the_plan_search_never_reads_the_test_split(cfg, task, monkeypatch):
+    """The choice reads validation accuracy only: episodes whose test accuracy is anything else (the
+    opposite ranking, or noise) give the same choice, scores and compute."""
+    T = cfg.lifecycle.max_epochs
+    _synthetic(monkeypatch, _additive, test=lambda p, h: -_additive(p, h))
+    first = S.search_plans(cfg, task, 60 * T)
+    _synthetic(monkeypatch, _additive, test=lambda p, h: _fake_acc(p, h))
+    second = S.search_plans(cfg, task, 60 * T)
+    assert first == second and first["selection"]["split"] == "validation"
+
+
+def test_the_searches_names_their_budgets_and_samplers(cfg):
+    full = S.learned_compute(cfg)
+    assert S.parse_search("plan_search@1x@random") == ("plan_search", "1x", "random")
+    assert S.parse_search("plan_search@random") == ("plan_search", None, "random")
+    assert S.parse_search("plan_search_timed@2x") == ("plan_search_timed", "2x", "tpe")
+    assert S.parse_search("probe@random") == ("probe", None, "random")
+    assert S.parse_search("heuristic_tuned_wide") == ("heuristic_tuned_wide", None, "tpe")
+    assert S.plan_budget("plan_search@0.5x@random", cfg) == round(0.5 * full)
+    assert S.plan_budget("plan_search@random", cfg) == full
+    for bad in ("probe@1x", "heuristic_tuned@random", "plan_search@1x@2x", "plan_search@random@1x",
+                "plan_search@1x@grid"):  # fmt: skip
+        assert not S.is_searched(bad)
+    with pytest.raises(ValueError, match="a sampler"):
+        S.plan_budget("plan_search@1x@grid", cfg)
+
+
+def test_the_searches_ask_for_optuna_in_one_line(cfg, task, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # not installed
+    with pytest.raises(ModuleNotFoundError, match=r'pip install -e "\.\[cluster\]"') as err:
+        S.search_plans(cfg, task, 4 * cfg.lifecycle.max_epochs)
+    assert "\n" not in str(err.value)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +218,9 @@ def test_plan_search_cap_searches_only_the_plans_within_the_learned_controllers_
     assert res["cap_params"] == pytest.approx(720.0) and res["compute_host_epochs"] == len(seen) * T <= 9 * T
     tried = [c["plan"] for c in res["candidates"]]
     assert tried and all(seed_params(task, host, p) <= 720 for p in tried)
-    assert set(tried) == set(within[:4]) and res["chosen"] in tried  # the first 4 plans under the cap
+    uniform = [p for p in within if p.count("+") == 2 and len({b.split("=")[1] for b in p.split("+")}) == 1]
+    assert tried and set(uniform) <= set(tried) and res["chosen"] in tried  # each blueprint everywhere first
+    assert len(tried) == res["trials"] == len(seen)  # 9 episodes: 9 trials of one host each (no pruning)
     # plan_search on the same config: its first candidate is grow_all's plan, over the cap
     free = S.search_plans(capped, task, 4 * T)
     assert "cap_params" not in free
@@ -283,13 +366,13 @@ def test_a_search_stopped_part_way_resumes_from_its_last_batch(cfg, task, tmp_pa
     """Each batch is kept as it ends: a search killed in its third batch keeps the first two, and run
     again it runs only the rest. A last line cut short and lines of another run's settings are ignored."""
     monkeypatch.setattr(S, "SEARCH_WIDTH", cfg.env.n_envs)  # batches of 4
-    name, T = f"plan_search@{18 * cfg.lifecycle.max_epochs}", cfg.lifecycle.max_epochs  # 6 + 3x2 + 2x3
-    calls = _fake_episodes(monkeypatch, fail_on_call=2)  # round 1 is batches 0 and 1 (4 + 2 episodes)
+    name, T = f"plan_search@{18 * cfg.lifecycle.max_epochs}", cfg.lifecycle.max_epochs  # 18 episodes
+    calls = _fake_episodes(monkeypatch, fail_on_call=2)  # batches of 4: the third dies
     with pytest.raises(RuntimeError, match="killed"):
         S.search(name, cfg, task, cache=tmp_path)
     path = tmp_path / ST.STORE_FILE
     done = [p for c in calls for p in c]
-    assert [len(c) for c in calls] == [4, 2] and len(path.read_text().splitlines()) == 2
+    assert [len(c) for c in calls] == [4, 4] and len(path.read_text().splitlines()) == 2
     elsewhere = dataclasses.replace(cfg, seed=cfg.seed + 1)
     assert S.plan_store(tmp_path, elsewhere, task).batches == {}  # another key
     with path.open("a") as f:
@@ -297,7 +380,7 @@ def test_a_search_stopped_part_way_resumes_from_its_last_batch(cfg, task, tmp_pa
     again = _fake_episodes(monkeypatch)
     res = S.search(name, cfg, task, cache=tmp_path)
     rerun = [p for c in again for p in c]
-    assert not set(rerun) & set(done) and res["episodes_reused"] == len(done) == 6
+    assert not set(rerun) & set(done) and res["episodes_reused"] == len(done) == 8
     assert res["episodes"] == len(done) + len(rerun) == 18 and res["compute_host_epochs"] == 18 * T
     kept = S.plan_store(tmp_path, cfg, task).batches
     assert sum(len(b) for b in kept) == 18  # the line after the cut one is whole
