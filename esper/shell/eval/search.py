@@ -651,9 +651,9 @@ def search_plans(cfg: RunConfig, task: Task, budget: int, cap: float | None = No
     width = search_width(cfg)
     while used < n_episodes:
         room = min(width, n_episodes - used)
-        work: list[_Trial] = []
+        work: list[_Trial] = []  # the episodes promoted trials are owed, the most promising first
         owed = sorted((t for t in trials if t.state == "running" and len(t.scores) < t.target),
-                      key=lambda t: (-float(np.mean(t.scores)), t.trial.number))  # the most promising first
+                      key=lambda t: (-float(np.mean(t.scores)), t.trial.number))  # fmt: skip
         for t in owed:
             while len(work) < room and len(t.scores) + t.queued < t.target:
                 work.append(t)

@@ -1,6 +1,6 @@
 """Baselines that try (issue 89): ``born_big`` (the static network at a plan's final size, its seeds
 fossilized at alpha 1 from epoch 0), ``probe`` (a greedy what-if probe), ``heuristic_tuned_wide`` (the
-heuristic's timing, blueprint and budget on a grid that widens at its edges), fixed schedules that say when
+heuristic's timing, blueprint and budget, chosen by Optuna since issue 105), fixed schedules that say when
 and how (``grow:b0=conv_heavy:3@GATED_GATE``) and ``plan_search_timed``; each a controller name of
 ``evaluate`` with its compute counted, and the suite runs them only behind ``--trying``."""
 
@@ -160,10 +160,10 @@ def test_plan_search_timed_keeps_its_budget_and_reads_plan_searchs_episodes(cfg,
 
     monkeypatch.setattr(ST, "run_hosts", fake)
     T = cfg.lifecycle.max_epochs
-    plain = S.search(f"plan_search@{9 * T}", cfg, task, cache=tmp_path)
-    timed = S.search(f"plan_search_timed@{9 * T}", cfg, task, cache=tmp_path)
-    assert timed["compute_host_epochs"] == timed["episodes"] * T <= 9 * T
-    assert timed["episodes_reused"] >= 4  # the first round's candidates are plan_search's first four
+    plain = S.search(f"plan_search@{7 * T}", cfg, task, cache=tmp_path)
+    timed = S.search(f"plan_search_timed@{7 * T}", cfg, task, cache=tmp_path)
+    assert timed["compute_host_epochs"] == timed["episodes"] * T == 7 * T
+    assert timed["episodes_reused"] == 7  # its first trials are plan_search's: each blueprint everywhere
     assert [c["plan"] for c in timed["candidates"]][:1] and timed["space"] > plain["space"]
     assert timed["chosen"] in {c["plan"] for c in timed["candidates"]}
     assert S.is_searched("plan_search_timed@2x") and S.plan_kind("plan_search_timed") == "plan_search_timed"
@@ -177,37 +177,62 @@ def test_plan_search_timed_keeps_its_budget_and_reads_plan_searchs_episodes(cfg,
     assert firsts == [(3, "GATED_GATE"), (1, "LINEAR_ADD")]
 
 
-# ------------------------------------------------------------------------------- the widening grid
-def test_coordinate_search_widens_an_edge_until_its_choice_is_inside():
-    evals = []
+# ------------------------------------------------------------------------------- the tuned searches
+def _bowl(evals):
+    """A known objective over an integer, a real and a category: best at x 8, y 2.0, c "a"."""
 
     def evaluate(points):
-        evals.extend(points)
-        return [{"val_acc_mean": -((p["x"] - 8) ** 2) - (p["c"] == "b")} for p in points]
+        evals.append(list(points))
+        score = lambda p: -((p["x"] - 8) ** 2) - 4 * (math.log2(p["y"]) - 1) ** 2 - 3 * (p["c"] != "a")
+        return [{"val_acc_mean": score(p)} for p in points]
 
-    axes = [U.Axis("x", [1, 3, 5], U.steps(1, 100)), U.Axis("c", ["a", "b"])]
-    out = U.coordinate_search(axes, {"x": 5, "c": "b"}, evaluate)
-    assert out["chosen"] == {"x": 7, "c": "a"} or out["chosen"] == {"x": 9, "c": "a"}
-    assert out["axes"]["x"]["position"] == "interior" and out["axes"]["x"]["values"] == [1, 3, 5, 7, 9, 11][
-        : len(out["axes"]["x"]["values"])]  # fmt: skip
-    assert out["axes"]["c"]["position"] == "categorical" and out["interior"] and out["converged"]
-    assert out["settings_tried"] == len(evals) == len({(p["x"], p["c"]) for p in evals})  # each once
+    return evaluate
 
 
-def test_coordinate_search_says_where_a_choice_is_stuck():
-    lower = lambda points: [{"val_acc_mean": -p["x"]} for p in points]
-    bound = U.coordinate_search([U.Axis("x", [1, 3, 5], U.steps(1, 9))], {"x": 5}, lower)
-    assert bound["chosen"] == {"x": 1} and bound["axes"]["x"]["position"] == "bound" and bound["interior"]
-    higher = lambda points: [{"val_acc_mean": p["x"]} for p in points]
-    edge = U.coordinate_search([U.Axis("x", [1.0, 2.0], U.factor(2.0))], {"x": 1.0}, higher, widenings=2)
-    assert edge["chosen"] == {"x": 8.0} and edge["axes"]["x"]["position"] == "edge" and not edge["interior"]
-    flat = U.coordinate_search([U.Axis("x", [1, 2, 3], U.steps(0, 9))], {"x": 2},
-                               lambda ps: [{"val_acc_mean": 0.0} for _ in ps])  # fmt: skip
-    assert flat["chosen"] == {"x": 2} and flat["axes"]["x"]["flat"]  # a tie keeps the setting it had
-    assert bound["axes"]["x"]["flat"] is False
-    assert U.shares([0.25, 0.5, 0.0], 1) is None and U.shares([0.25, 0.5, 0.0], -1) == 0.125
-    with pytest.raises(ValueError, match="one of its values"):
-        U.coordinate_search([U.Axis("x", [1, 2], U.steps(0, 9))], {"x": 7}, higher)
+SPACE = [U.Param("x", 1, 20, integer=True), U.Param("y", 1 / 16, 16.0, log=True),
+         U.Param("c", choices=("a", "b"))]  # fmt: skip
+START = {"x": 3, "y": 1.0, "c": "b"}
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_the_tuned_search_runs_its_trials_in_batches_from_its_start_and_repeats_with_its_seed(sampler):
+    """The start is the first setting run; settings run ``batch`` at a time, ``trials`` in all, each once
+    (compute: settings run); the same seed gives the same search; TPE comes close to the known best."""
+    evals = []
+    out = U.optuna_search(SPACE, START, _bowl(evals), trials=40, seed=7, sampler=sampler, batch=8)
+    assert evals[0][0] == START and all(len(b) <= 8 for b in evals)
+    run = [tuple(sorted(p.items())) for b in evals for p in b]
+    assert out["settings_tried"] == len(run) == len(set(run)) == len(out["points"]) == 40
+    best = max(out["points"], key=lambda p: p["val_acc_mean"])
+    assert out["chosen"] == best["setting"] and out["sampler"] == sampler
+    again = U.optuna_search(SPACE, START, _bowl([]), trials=40, seed=7, sampler=sampler, batch=8)
+    assert again == out
+    if sampler == "tpe":
+        assert best["val_acc_mean"] > -2.0  # near x 8, y 2, c "a" (random's bar is not asserted)
+
+
+def test_the_tuned_search_ends_where_its_space_runs_out_and_clamps_its_start():
+    evals = []
+    out = U.optuna_search([U.Param("x", 1, 3, integer=True)], {"x": 9}, _one(evals), trials=10, seed=0)
+    assert evals[0][0] == {"x": 3} and out["settings_tried"] == 3 and out["chosen"] == {"x": 2}
+
+
+def _one(evals):
+    def evaluate(points):
+        evals.append(list(points))
+        return [{"val_acc_mean": -abs(p["x"] - 2)} for p in points]
+
+    return evaluate
+
+
+def test_the_tuned_spaces_reach_what_the_widening_grid_reached():
+    wide = {p.name: p for p in U.heuristic_params(("noop", "norm", "conv_heavy"), 25)}
+    assert (wide["min_epoch"].low, wide["min_epoch"].high) == (1, 25) and wide["blueprint"].choices == (
+        "", "norm", "conv_heavy")  # fmt: skip
+    assert wide["plateau_threshold"].low <= 0.0625 and wide["plateau_threshold"].high >= 16
+    assert wide["budget_share"].low <= 1 / 32 and wide["budget_share"].when == ("budgeted", True)
+    probe = {p.name: p for p in U.probe_params(25)}
+    assert probe["threshold"].low <= 0.125 and probe["threshold"].high >= 512 and probe["incubate"].high == 22
 
 
 def test_the_old_heuristic_tuned_records_that_its_choice_is_on_its_grids_edge(cfg, task):
@@ -301,23 +326,21 @@ def test_the_probe_incubates_scores_by_what_if_gain_and_grows_greedily_within_it
 def test_probe_and_heuristic_tuned_wide_search_on_training_hosts_at_counted_compute(cfg, task, tmp_path,
                                                                                     monkeypatch):  # fmt: skip
     monkeypatch.setattr(S, "TUNE_HOSTS", 1)
-    monkeypatch.setattr(U, "MAX_PASSES", 1)
+    monkeypatch.setattr(U, "TUNE_TRIALS", {"probe": 3, "heuristic_tuned_wide": 3})
     T = cfg.lifecycle.max_epochs
-    names = ["static", "probe", "heuristic_tuned_wide"]
+    names = ["static", "probe", "heuristic_tuned_wide@random"]
     res = compare_on_config(cfg, names, episodes=2, seed=3, show_progress=False, task=task,
                             search_cache=tmp_path)  # fmt: skip
     ctl = res["controllers"]
-    for name in ("probe", "heuristic_tuned_wide"):
+    for name in ("probe", "heuristic_tuned_wide@random"):
         s = ctl[name]["search"]
         assert ctl[name]["compute_host_epochs"] == s["settings_tried"] * 1 * T == s["compute_host_epochs"] > 0
-        assert s["episodes"] == s["settings_tried"] and len(s["points"]) == s["settings_tried"]
-        assert s["selection"]["split"] == "validation" and "interior" in s
-        assert set(s["axes"]) == set(s["chosen"])
+        assert s["episodes"] == s["settings_tried"] == 3 and len(s["points"]) == s["settings_tried"]
+        assert s["selection"]["split"] == "validation"
         assert json.loads((tmp_path / f"{name}.json").read_text())["result"]["chosen"] == s["chosen"]
-    wide = ctl["heuristic_tuned_wide"]["search"]
-    assert set(wide["axes"]) == {"min_epoch", "plateau_epochs", "plateau_threshold", "stable_epochs",
-                                 "blueprint", "budget_share"}  # fmt: skip
-    assert "conv_heavy" in wide["axes"]["blueprint"]["values"]
+    assert ctl["probe"]["search"]["sampler"] == "tpe"
+    wide = ctl["heuristic_tuned_wide@random"]["search"]
+    assert wide["sampler"] == "random" and set(wide["chosen"]) == set(HeuristicThresholds.__slots__)
     assert ctl["probe"]["search"]["budget_params"] is None  # the smoke preset's controller has no budget
     assert "plan_search_budgets" in res["meta"] and res["meta"]["plan_search_budgets"] == {}
 
@@ -354,7 +377,7 @@ def test_issue102_a_tuned_search_counts_each_setting_on_each_of_its_hosts(cfg, t
     monkeypatch.setattr(S, "TUNE_HOSTS", 3)
     seen = []
 
-    def tried(cfg, task, host_seeds, priced, *rest):
+    def tried(cfg, task, host_seeds, priced, *rest, **kw):
         seen.append(list(host_seeds))
         return {"chosen": {}, "settings_tried": 5, "points": [], "axes": {}}
 

@@ -121,8 +121,7 @@ def _additive(plan: str, host: int) -> float:
     return score + (host % 7) * 0.01
 
 
-def test_the_plan_search_spends_its_budget_counts_pruned_trials_and_repeats_with_its_seed(cfg, task,
-                                                                                       monkeypatch):  # fmt: skip
+def test_the_plan_search_spends_its_budget_counting_pruned_trials_and_repeats(cfg, task, monkeypatch):
     """Every episode a trial runs is counted, pruned or not: the compute is the budget (less than one
     episode short); a trial's i-th episode runs on training host i, so every trial is judged on the same
     hosts; the same run seed gives the same search, another seed another."""
