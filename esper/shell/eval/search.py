@@ -4,11 +4,13 @@
   with thresholds chosen by a grid (:data:`TUNE_GRID`, the reference's thresholds first), every
   candidate on the same :data:`TUNE_HOSTS` training hosts.
 - ``plan_search``: the best fixed plan (``b0=conv_heavy+b2=self_attention``: those slots, each with its
-  blueprint, grown as fast as the gates allow) found by successive halving within a budget of host
-  epochs: ``plan_search`` spends what the learned controller's training did (``updates × n_envs ×
-  max_epochs`` of the run's config), ``plan_search@H`` ``H`` host epochs, ``plan_search@Kx`` ``K`` times
-  the learned controller's. Its candidates: each blueprint in every slot (the task's ``grow_all``
-  blueprint first), then plans drawn at random (each enabled slot empty or one blueprint), no repeats.
+  blueprint, grown as fast as the gates allow) found by an Optuna study (:func:`search_plans`: TPE, or
+  random search with ``@random`` after the budget, and Optuna's successive-halving pruner over host
+  epochs) within a budget of host epochs: ``plan_search`` spends what the learned controller's training
+  did (``updates × n_envs × max_epochs`` of the run's config), ``plan_search@H`` ``H`` host epochs,
+  ``plan_search@Kx`` ``K`` times the learned controller's. Its first trials: each blueprint in every slot
+  (the task's ``grow_all`` blueprint first); then the sampler's plans (each enabled slot empty or one
+  blueprint), no repeats.
 - ``plan_search_cap`` (``@H``, ``@Kx`` alike): the same search over only the plans that fit the learned
   controller's parameter cap (``ppo.param_cap``, or ``ppo.param_cap_share`` of what ``grow_all`` adds;
   :func:`learner_cap`), so that the search and the controller look for the best plan under one budget.
@@ -16,14 +18,13 @@
 - ``plan_search_timed`` (``@H``, ``@Kx`` alike): the same search over fixed schedules that say when and
   how as well as what (:func:`timed_space`): each planned slot germinated from one of
   :func:`timed_epochs` (``b0=conv_heavy:7``: not before epoch 7), blended in one of the styles
-  (``@GATED_GATE``). Its first candidates are ``plan_search``'s (each blueprint everywhere, as fast as the
-  gates allow, LINEAR_ADD), then every other schedule in an order drawn from the run seed.
-  ``plan_search`` itself is unchanged: its results repeat.
-- ``heuristic_tuned_wide`` and ``probe``: settings chosen by a grid that widens where its choice lands
-  on an edge (:mod:`esper.shell.eval.tuning`): the heuristic's timing, blueprint and budget; the greedy
-  probe's threshold, incubation and score (:class:`~esper.shell.baselines.probe.ProbeController`), within
-  the learned controller's budget (:func:`learner_budget`). Each setting tried runs on the same
-  :data:`TUNE_HOSTS` training hosts.
+  (``@GATED_GATE``). Its first trials are ``plan_search``'s (each blueprint everywhere, as fast as the
+  gates allow, LINEAR_ADD), then the sampler's schedules.
+- ``heuristic_tuned_wide`` and ``probe`` (``@random`` alike): settings chosen by an Optuna study
+  (:mod:`esper.shell.eval.tuning`: TPE, or random search): the heuristic's timing, blueprint and budget;
+  the greedy probe's threshold, incubation and score
+  (:class:`~esper.shell.baselines.probe.ProbeController`), within the learned controller's budget
+  (:func:`learner_budget`). Each setting tried runs on the same :data:`TUNE_HOSTS` training hosts.
 
 **The selection rule.** Both score a candidate by the mean final **validation** accuracy of its hosts,
 on **training hosts** (the learned controller's own: :func:`esper.shell.common.seeding.train_host_seeds`
