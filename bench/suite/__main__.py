@@ -2,4 +2,5 @@
 
 from esper.shell.suite.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not again in a process the local cluster spawns
+    raise SystemExit(main())

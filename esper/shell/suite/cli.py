@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 import esper.shell.suite
 from esper.shell.common.revision import machine_info
@@ -19,7 +21,8 @@ from esper.shell.eval.suite.report import beside_verdicts, goals, markdown, plot
 from esper.shell.eval.suite.status import status, status_lines
 from esper.shell.eval.suite.tasks import EVAL_EPISODES, SUITE
 from esper.shell.eval.suite.verdict import PROTOCOL, TRAINING_SEEDS, judge, trying_view
-from esper.shell.suite.runs import carry_suite, restore_suite, run_finetune, run_suite, run_transfer
+from esper.shell.suite.engine import Engine
+from esper.shell.suite.runs import run_finetune, run_suite, run_transfer
 
 #: The command, as the results files record it.
 PROG = "python -m esper.shell.suite"
@@ -33,27 +36,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--first-seed", type=int, default=0, help="the first training seed (0)")
     p.add_argument("--episodes", type=int, default=EVAL_EPISODES,
                    help=f"fresh hosts per training seed and controller ({EVAL_EPISODES})")  # fmt: skip
-    p.add_argument("--jobs", type=int, default=1,
-                   help="(task, seed) runs at a time (default 1: one run keeps both cores of the 2-core VM "
-                        "busy; with more, each runs one thread)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="the stages (each (task, seed)'s training, searches and evaluation) run on a "
+                        "local Dask cluster of this many one-thread workers, bound to 127.0.0.1 "
+                        f"(default: the CPU count, {os.cpu_count()}); 0: one after another in this "
+                        "process, for debugging")  # fmt: skip
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run the stages on an existing Dask cluster instead: tcp://HOST:PORT, or the "
+                        "scheduler file `dask scheduler --scheduler-file` wrote (its workers started "
+                        "with --nthreads 1; --runs on storage they share, at the same path: "
+                        "docs/suite.md)")  # fmt: skip
     p.add_argument("--runs", type=Path, default=Path("runs") / "suite",
-                   help="where the training runs go (finished seeds and evaluations are kept; default "
+                   help="where the run directories go (every stage's work is kept there and read back, "
+                        "not run again; on a cluster, a path every worker reads and writes; default "
                         "runs/suite)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("bench") / "results" / "suite",
                    help="where the results files go (default bench/results/suite)")  # fmt: skip
-    p.add_argument("--archive", type=Path, default=None,
-                   help="where each evaluated (task, seed) is kept as a small file, and read back instead of "
-                        "run (default: RUNS/seeds; a folder of the repository to commit them; "
-                        "esper.shell.eval.suite.archive)")  # fmt: skip
-    p.add_argument("--carry", action="store_true",
-                   help="keep the state in progress of every trained, unfinished (task, seed) of --runs "
-                        "in --archive (the trained controller, cached searches and evaluations; with "
-                        "--controller-from runs, the searches and evaluations cached so far), for a "
-                        "later run on another machine to go on from, and exit; run it before a machine "
-                        "goes")  # fmt: skip
-    p.add_argument("--restore", action="store_true",
-                   help="put every state in progress that --archive keeps back into --runs and exit (a "
-                        "suite run does it itself; this is for runs at an earlier revision)")  # fmt: skip
+    p.add_argument("--train-args", default="", metavar="FLAGS",
+                   help="flags added to every training run after the task's preset (python -m "
+                        "esper.shell.run's), e.g. a tiny configuration to try a cluster on: \"--updates 1 "
+                        "--env.n_envs 2\"; a run directory trained with other flags is not trained again, "
+                        "so give such a run its own --runs")  # fmt: skip
     p.add_argument("--merge", type=Path, action="append", default=[], metavar="FILE",
                    help="an earlier suite results file: its pooled tasks that this run does not pool join "
                         "the table as they are (repeatable)")  # fmt: skip
@@ -87,26 +90,35 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _done(key: str, _result: Any) -> None:
+    """A line as each (task, seed) comes back (its evaluation, the last of its stages)."""
+    if key.startswith(("seed ", "finetune ")):
+        tqdm.write(f"{key}: done", file=sys.stderr)
+
+
+def engine(args: argparse.Namespace) -> Engine:
+    """Where the stages run: ``--scheduler``'s cluster, else a local one of ``--workers`` (0: here)."""
+    return Engine(workers=args.workers, scheduler=args.scheduler, done=_done)
+
+
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.transfer is not None and args.finetune is not None:
         raise ValueError("--transfer and --finetune are separate runs: transfer first, then fine-tune")
+    flags = shlex.split(args.train_args)
+    if flags and args.controller_from is not None:
+        raise ValueError("--train-args: --controller-from trains nothing")
+    where = engine(args)
     if args.finetune is not None:
-        return run_finetune(args.finetune, args.seeds, args.first_seed, args.updates, args.jobs, args.runs)
-    sizes = (args.seeds, args.first_seed, args.episodes, args.jobs, args.runs)
+        return run_finetune(args.finetune, args.seeds, args.first_seed, args.updates, args.runs, where, flags)
+    sizes = (args.seeds, args.first_seed, args.episodes, args.runs, where)
     if args.transfer is not None:
-        return run_transfer(args.transfer, *sizes)
+        return run_transfer(args.transfer, *sizes, train_flags=flags)
     if args.beside is not None and args.controller_from is None:
         raise ValueError("--beside names an arm shown beside the one --controller-from joins: give both")
-    suite = run_suite(tasks, *sizes, archive=_archive(args), controller_from=args.controller_from,
-                      beside=args.beside, trying=args.trying)  # fmt: skip
+    suite = run_suite(tasks, *sizes, controller_from=args.controller_from, beside=args.beside,
+                      trying=args.trying, train_flags=flags)  # fmt: skip
     return merged(suite, args.merge)
-
-
-def _archive(args: argparse.Namespace) -> Path:
-    """The archive of kept seeds: ``--archive``, else ``RUNS/seeds`` (beside the runs, out of the
-    committed results, whose folder would grow by a file a seed)."""
-    return args.archive if args.archive is not None else args.runs / "seeds"
 
 
 def merged(suite: dict[str, Any], files: list[Path]) -> dict[str, Any]:
@@ -159,26 +171,21 @@ def _write(args: argparse.Namespace, suite: dict[str, Any], info: dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
-    if args.status or args.carry or args.restore:  # each reads, keeps or puts back; none runs a seed
+    if args.status:  # reads the run directories; runs nothing
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         unknown = [t for t in tasks if t not in SUITE]
         if unknown:
             p.error(f"unknown suite task(s) {unknown}; tasks: {', '.join(SUITE)}")
-        if args.status:
-            rows = status(tasks, args.seeds, args.first_seed, args.runs, _archive(args), args.episodes)
-            print("\n".join(status_lines(rows)))
-        elif args.carry:
-            kept = carry_suite(tasks, args.seeds, args.first_seed, args.runs, _archive(args))
-            print("\n".join(f"kept {d}" for d in kept) or "nothing in progress to keep")
-        else:
-            back = restore_suite(tasks, args.seeds, args.first_seed, args.runs, _archive(args))
-            print("\n".join(f"restored {d}" for d in back) or "nothing to restore")
+        print("\n".join(status_lines(status(tasks, args.seeds, args.first_seed, args.runs))))
         return 0
     command = f"{PROG} " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
         suite = _run(args)
     except ValueError as e:
         p.error(str(e))
+    except RuntimeError as e:  # a stage that failed on every try, or no distributed: one line
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
     info = machine_info(torch.device("cpu"))
     info["date"] = dt.date.today().isoformat()
     print(_write(args, suite, info, command.strip()).read_text())

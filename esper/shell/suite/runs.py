@@ -1,36 +1,31 @@
-"""The suite's runs: each (task, training seed) trained and evaluated in subprocesses
-(:mod:`esper.shell.suite.launch`), kept in the archive, joined to a controller kept elsewhere, then each
-task's seeds pooled into one entry per controller (:mod:`esper.shell.eval.suite`); and the runs of
-zero-shot transfer and of fine-tuning after it (issue 46)."""
+"""The suite's runs as stages (:mod:`esper.shell.suite.engine`): each (task, training seed) trained, each of
+its baselines' searches run and the seed evaluated, in subprocesses (:mod:`esper.shell.suite.launch`), or
+joined to a controller kept elsewhere; then each task's seeds pooled into one entry per controller
+(:mod:`esper.shell.eval.suite`); and the runs of zero-shot transfer and of fine-tuning after it (issue 46).
+
+Every stage function here is run by the engine, in this process or on a worker, with absolute paths; each
+one's subprocesses run on one thread (:data:`THREADS`, :data:`TRAIN_THREADS`), so a seed's numbers are the
+same wherever its stages ran."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from esper.shell.config.presets import preset
+from esper.shell.eval.search import is_searched
 from esper.shell.eval.stats import mean_ci95
 from esper.shell.eval.suite import finetune as ft
-from esper.shell.eval.suite.archive import (
-    carry,
-    load_seed,
-    restore,
-    save_seed,
-    seed_path,
-    train_machine,
-    train_revision,
-)
+from esper.shell.eval.suite.archive import baselines_only, load_seed, train_machine, train_revision
 from esper.shell.eval.suite.pooling import best_plan, joined_correlations, most_grown, pool_task, scored_plans
 from esper.shell.eval.suite.tasks import (
     BORN_OWN,
     CAP_SEARCH,
     CONTROLLERS,
     EVAL_DIR,
-    EVALUATIONS,
     FOSSILIZING,
     IN_CAP,
     LEARNED,
@@ -47,45 +42,104 @@ from esper.shell.eval.suite.tasks import (
 from esper.shell.eval.suite.transfer import EVAL_DIR as TRANSFER_EVAL_DIR
 from esper.shell.eval.suite.transfer import TRANSFER_FLAGS, amortization, train_args, training_tasks
 from esper.shell.suite import launch
+from esper.shell.suite.engine import Engine, Stage
+
+#: Every evaluation and search subprocess of a stage: one torch thread (the stage's one CPU).
+THREADS = ("--threads", "1")
+#: Every training subprocess of a stage: one env worker, one torch thread.
+TRAIN_THREADS = ("--env.workers", "1", "--threads", "1")
 
 
-def _one(task: str, k: int, episodes: int, runs: Path, jobs: int, archive: Path | None = None,
-         controller_from: Path | None = None, beside: Path | None = None,
-         trying: bool = False) -> tuple[str, int, dict, float]:  # fmt: skip
-    """Train and evaluate training seed ``k`` of ``task`` (one the ``archive`` does not keep:
-    :func:`run_suite` reads those); with an ``archive``, the seed evaluated here is kept there. With
-    ``controller_from`` no controller is trained: the one kept there (:mod:`esper.shell.suite.confirm`) is
-    joined to the baselines evaluated here (:func:`with_kept_controller`). With ``trying``, the baselines
-    that try harder join too (:func:`with_trying`)."""
-    root = runs / task
-    if archive is not None:
-        restore(archive, task, k, root / f"seed{k}")  # a state in progress kept from another machine
-    root.mkdir(parents=True, exist_ok=True)
-    if controller_from is not None:
-        results, train_s = with_kept_controller(task, k, episodes, root / f"seed{k}", jobs, controller_from,
-                                                beside)  # fmt: skip
-        if trying:
-            extra = ["--threads", "1"] if jobs > 1 else []
-            with_trying(results, root / f"seed{k}", k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
-        if archive is not None:
-            save_seed(archive, task, k, results, train_s)
-        return task, k, results, train_s
-    threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
-    run_dir, train_s = launch.train(k, root, ["--preset", SUITE[task], *threads])
-    extra = ["--threads", "1"] if jobs > 1 else []
+# ------------------------------------------------------------------------------------------ the stages
+def train_stage(root: Path, k: int, flags: Sequence[str]) -> tuple[Path, float]:
+    """Train seed ``k`` into ``root/seedk`` with ``flags`` on one thread (resumed from its checkpoint, or
+    kept when finished): the run directory and its training time."""
+    return launch.train(k, root, [*flags, *TRAIN_THREADS])
+
+
+def search_stage(run_dir: Path, name: str, task: str | None, *_after: Any) -> str:
+    """Run search ``name`` for the run in ``run_dir`` into its cache (kept there when cached), on one thread;
+    ``task``: evaluate's ``--task``. ``_after``: the stage it waits for (the training, or the settings)."""
+    return launch.search(run_dir, name, task, THREADS)
+
+
+def searches(names: Sequence[str]) -> list[str]:
+    """The names among ``names`` that search before they are judged, each a stage of its own."""
+    return [n for n in names if is_searched(n)]
+
+
+def seed_stage(task: str, k: int, episodes: int, trying: bool, trained: tuple[Path, float],
+               *_searched: str) -> tuple[str, int, dict, float]:  # fmt: skip
+    """Evaluate trained seed ``k`` of ``task`` (its searches read from the cache): every controller, the
+    diagnosis rows, the plan within the cap, and with ``trying`` the baselines that try harder; one seed's
+    results and its training time."""
+    run_dir, train_s = trained
+    data_seed = final_data_seed(task, k)
     results = launch.evaluate(run_dir, k, episodes, controllers_for(preset(SUITE[task])), out=EVAL_DIR,
-                              data_seed=final_data_seed(task, k), extra=extra)  # fmt: skip
-    with_diagnostics(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
-    with_plan_in_cap(results, task, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
+                              data_seed=data_seed, extra=THREADS, in_process=True)  # fmt: skip
+    with_diagnostics(results, run_dir, k, episodes, EVAL_DIR, data_seed, THREADS, in_process=True)
+    with_plan_in_cap(results, task, run_dir, k, episodes, EVAL_DIR, data_seed, THREADS, in_process=True)
     if trying:
-        with_trying(results, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), extra)
-    if archive is not None:
-        save_seed(archive, task, k, results, train_s)
+        with_trying(results, run_dir, k, episodes, EVAL_DIR, data_seed, THREADS, in_process=True)
     return task, k, results, train_s
 
 
+def kept_setup_stage(task: str, k: int, episodes: int, run_dir: Path, controller_from: Path) -> Path:
+    """The settings of seed ``k``'s controller kept in ``controller_from``, written to
+    ``run_dir/config.json`` where the directory has none, for its baselines to be searched and evaluated
+    on the same hosts and draw; the run directory."""
+    kept = _kept(task, k, episodes, controller_from)
+    if not (run_dir / "config.json").is_file():
+        if not kept.get("run_config"):
+            raise ValueError(f"--controller-from {controller_from}: {task} seed {k} keeps no run settings")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(kept["run_config"], indent=1))
+    return run_dir
+
+
+def kept_seed_stage(
+    task: str,
+    k: int,
+    episodes: int,
+    run_dir: Path,
+    controller_from: Path,
+    beside: Path | None,
+    trying: bool,
+    *_after: Any,
+) -> tuple[str, int, dict, float]:
+    """Seed ``k`` of ``task`` with the controller kept in ``controller_from`` joined to its baselines
+    (:func:`with_kept_controller`), and with ``trying`` the baselines that try harder."""
+    results, train_s = with_kept_controller(task, k, episodes, run_dir, controller_from, beside)
+    if trying:
+        with_trying(
+            results, run_dir, k, episodes, EVAL_DIR, final_data_seed(task, k), THREADS, in_process=True
+        )
+    return task, k, results, train_s
+
+
+def transfer_seed_stage(heldout: str, k: int, episodes: int, trained: tuple[Path, float],
+                        *_searched: str) -> tuple[int, dict, float]:  # fmt: skip
+    """Evaluate transfer seed ``k``'s controller zero-shot on ``heldout`` (and its diagnosis rows)."""
+    run_dir, train_s = trained
+    flags = ["--task", heldout, *THREADS]
+    data_seed = final_data_seed(heldout, k)
+    # the preset it trains with (train_args) holds the controller's cap
+    results = launch.evaluate(run_dir, k, episodes, controllers_for(preset("mnist1d")), out=TRANSFER_EVAL_DIR,
+                              data_seed=data_seed, extra=flags, in_process=True)  # fmt: skip
+    with_diagnostics(results, run_dir, k, episodes, TRANSFER_EVAL_DIR, data_seed, flags, in_process=True)
+    return k, results, train_s
+
+
+def finetune_stage(root: Path, k: int, flags: Sequence[str],
+                   arm: str) -> tuple[str, int, list[float], float | None]:  # fmt: skip
+    """Train fine-tuning arm ``arm``'s seed ``k`` into ``root/seedk``: its learning curve and closing
+    held-out check."""
+    run_dir, _ = train_stage(root, k, flags)
+    return arm, k, ft.curve(run_dir), ft.closing_check(run_dir)
+
+
 def with_trying(results: dict, run_dir: Path, k: int, episodes: int, out: str, data_seed: int | None,
-                extra: Sequence[str]) -> dict:  # fmt: skip
+                extra: Sequence[str], in_process: bool = False) -> dict:  # fmt: skip
     """Add the baselines that try harder (:data:`TRYING`) to seed ``k``'s ``results``, evaluated on the same
     hosts and draw into ``RUN_DIR/OUT-trying`` (kept when there), after every other row, and
     :data:`BORN_OWN`: the learned controller's most grown plan (``ppo_greedy``'s) present from the start
@@ -98,7 +152,7 @@ def with_trying(results: dict, run_dir: Path, k: int, episodes: int, out: str, d
         names[BORN_OWN] = f"born_big:{plan}"
     folder = out.replace(EVAL_DIR, TRYING_DIR)
     got = launch.evaluate(run_dir, k, episodes, list(names.values()), out=folder, data_seed=data_seed,
-                          extra=extra)["controllers"]  # fmt: skip
+                          extra=extra, in_process=in_process)["controllers"]  # fmt: skip
     for row, name in names.items():
         results["controllers"][row] = got[name]
     if plan:  # the controller's plan: its compute
@@ -108,51 +162,41 @@ def with_trying(results: dict, run_dir: Path, k: int, episodes: int, out: str, d
     return results
 
 
-def kept_elsewhere(kept: dict, task: str, k: int, episodes: int, controller_from: Path | None) -> str | None:
-    """Why a seed kept in the archive is not the one this run asks for (None: it is). Without
-    ``controller_from`` the run trains the task's preset, so a seed whose controller was joined from a kept
-    run (``meta.controller_from``, whatever its flags) is not it; with one, the kept seed's learned rows
-    must be that folder's own for the seed (the same ``ppo_greedy`` episodes), not another arm's or a
-    controller trained here."""
-    joined = kept.get("meta", {}).get("controller_from")
-    if controller_from is None:
-        return None if joined is None else f"its controller was joined from {joined}, not trained here"
-    ctl = load_seed(controller_from, task, k, episodes, final_data_seed(task, k))
-    if ctl is None:
-        return f"--controller-from {controller_from} keeps no {task} seed {k} to check it against"
-    mine = kept["controllers"].get("ppo_greedy", {}).get("per_episode")
-    if mine is None or mine != ctl["controllers"].get("ppo_greedy", {}).get("per_episode"):
-        source = f"joined from {joined}" if joined else "trained here"
-        return f"its controller is not the one kept in {controller_from} ({source})"
-    return None
-
-
-def with_kept_controller(task: str, k: int, episodes: int, run_dir: Path, jobs: int, controller_from: Path,
-                         beside: Path | None = None) -> tuple[dict, float]:  # fmt: skip
-    """Seed ``k`` of ``task`` from a controller run kept in ``controller_from`` (its ``ppo``,
-    ``ppo_greedy`` and diagnosis rows, evaluated on the suite's hosts and draw for the seed) and the
-    baselines, evaluated here on the same hosts and draw from the kept run's settings (written to
-    ``run_dir/config.json`` where the directory has none), with :data:`IN_CAP`: one seed's results as
-    :func:`_one` makes them, and the kept training time. Refused (ValueError) where nothing is kept for
-    the seed, or the two evaluations' hosts differ. ``beside``: another arm's kept runs, whose learned rows
-    join too, named :func:`beside_name` (they judge nothing)."""
-    data_seed = final_data_seed(task, k)
-    kept = load_seed(controller_from, task, k, episodes, data_seed)
+def _kept(task: str, k: int, episodes: int, controller_from: Path) -> dict:
+    """Seed ``k``'s controller kept in ``controller_from``, refused (ValueError) where none is."""
+    kept = load_seed(controller_from, task, k, episodes, final_data_seed(task, k))
     if kept is None:
         raise ValueError(f"--controller-from {controller_from}: no {task} seed {k} kept there for "
                          f"{episodes} hosts of evaluation seed {1000 + k} (python -m "
                          "esper.shell.suite.confirm keeps them)")  # fmt: skip
-    if not (run_dir / "config.json").is_file():
-        if not kept.get("run_config"):
-            raise ValueError(f"--controller-from {controller_from}: {task} seed {k} keeps no run settings")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(kept["run_config"], indent=1))
-    # the kept run's cap, not the preset's: a controller trained without one has no cap to search within
-    capped = kept_has_cap(task, kept.get("run_config"))
-    names = [n for n in CONTROLLERS if n not in LEARNED and (capped or n != CAP_SEARCH)]
-    extra = ["--threads", "1"] if jobs > 1 else []
-    base = launch.evaluate(run_dir, k, episodes, names, out=EVAL_DIR, data_seed=data_seed, extra=extra)
-    with_plan_in_cap(base, task, run_dir, k, episodes, EVAL_DIR, data_seed, extra)
+    return kept
+
+
+def kept_baselines(task: str, k: int, episodes: int, controller_from: Path) -> list[str]:
+    """The baselines evaluated beside seed ``k``'s kept controller: every controller but the learned ones,
+    less :data:`CAP_SEARCH` where the kept run had no cap (the kept run's cap, not the preset's: a
+    controller trained without one has no cap to search within)."""
+    capped = kept_has_cap(task, _kept(task, k, episodes, controller_from).get("run_config"))
+    return [n for n in CONTROLLERS if n not in LEARNED and (capped or n != CAP_SEARCH)]
+
+
+def with_kept_controller(task: str, k: int, episodes: int, run_dir: Path, controller_from: Path,
+                         beside: Path | None = None) -> tuple[dict, float]:  # fmt: skip
+    """Seed ``k`` of ``task`` from a controller run kept in ``controller_from`` (its ``ppo``,
+    ``ppo_greedy`` and diagnosis rows, evaluated on the suite's hosts and draw for the seed) and the
+    baselines (:func:`kept_baselines`), evaluated here on the same hosts and draw from the kept run's
+    settings (:func:`kept_setup_stage` writes them to ``run_dir/config.json``), with :data:`IN_CAP`: one
+    seed's results as :func:`seed_stage` makes them, and the kept training time. Refused (ValueError) where
+    nothing is kept for the seed, or the two evaluations' hosts differ. ``beside``: another arm's kept runs,
+    whose learned rows join too, named :func:`beside_name` (they judge nothing)."""
+    data_seed = final_data_seed(task, k)
+    kept = _kept(task, k, episodes, controller_from)
+    kept_setup_stage(task, k, episodes, run_dir, controller_from)
+    names = kept_baselines(task, k, episodes, controller_from)
+    base = launch.evaluate(
+        run_dir, k, episodes, names, out=EVAL_DIR, data_seed=data_seed, extra=THREADS, in_process=True
+    )
+    with_plan_in_cap(base, task, run_dir, k, episodes, EVAL_DIR, data_seed, THREADS, in_process=True)
     if kept["meta"].get("host_seeds") != base["meta"].get("host_seeds"):
         raise ValueError(f"{task} seed {k}: the kept controller met other hosts than the baselines here: "
                          "the rows would not be paired")  # fmt: skip
@@ -176,7 +220,7 @@ def with_kept_controller(task: str, k: int, episodes: int, run_dir: Path, jobs: 
 
 
 def with_diagnostics(results: dict, run_dir: Path, k: int, episodes: int, out: str, data_seed: int | None,
-                     extra: Sequence[str]) -> dict:  # fmt: skip
+                     extra: Sequence[str], in_process: bool = False) -> dict:  # fmt: skip
     """Add two diagnostic rows to seed ``k``'s ``results``, evaluated on the same hosts and draw (into
     ``RUN_DIR/OUT-diagnosis``; kept when there), right after ``ppo_greedy``'s: :data:`OWN_PLAN`, its most
     grown plan as the fixed plan ``grow:PLAN`` (none when it grew nothing), and :data:`FOSSILIZING`.
@@ -186,7 +230,7 @@ def with_diagnostics(results: dict, run_dir: Path, k: int, episodes: int, out: s
     names = {OWN_PLAN: f"grow:{plan}"} if plan else {}
     names[FOSSILIZING] = FOSSILIZING
     got = launch.evaluate(run_dir, k, episodes, list(names.values()), out=f"{out}-diagnosis",
-                          data_seed=data_seed, extra=extra)["controllers"]  # fmt: skip
+                          data_seed=data_seed, extra=extra, in_process=in_process)["controllers"]  # fmt: skip
     rows = {row: {**got[name], "compute_host_epochs": greedy.get("compute_host_epochs", 0)}
             for row, name in names.items()}  # fmt: skip
     if plan:
@@ -202,7 +246,8 @@ def with_diagnostics(results: dict, run_dir: Path, k: int, episodes: int, out: s
 
 
 def with_plan_in_cap(results: dict, task: str, run_dir: Path, k: int, episodes: int, out: str,
-                     data_seed: int | None, extra: Sequence[str]) -> dict:  # fmt: skip
+                     data_seed: int | None, extra: Sequence[str],
+                     in_process: bool = False) -> dict:  # fmt: skip
     """Add :data:`IN_CAP` to seed ``k``'s ``results`` right after ``plan_search@1x`` (evaluated on the same
     hosts and draw into ``RUN_DIR/OUT-in-cap``; kept when there), its compute the search's. Nothing is
     added without that search's scores or a cap, or when no plan it scored fits the cap, or on a family
@@ -219,7 +264,7 @@ def with_plan_in_cap(results: dict, task: str, run_dir: Path, k: int, episodes: 
         return results
     name = f"grow:{best['plan']}"
     got = launch.evaluate(run_dir, k, episodes, [name], out=f"{out}-in-cap", data_seed=data_seed,
-                          extra=extra)["controllers"][name]  # fmt: skip
+                          extra=extra, in_process=in_process)["controllers"][name]  # fmt: skip
     row = {**got, "compute_host_epochs": equal.get("compute_host_epochs", 0), "plan": best["plan"],
            "search_val_acc": best["val_acc"], "search_episodes": best["episodes"]}  # fmt: skip
     ctl = {}
@@ -232,42 +277,73 @@ def with_plan_in_cap(results: dict, task: str, run_dir: Path, k: int, episodes: 
     return results
 
 
-def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
-              log: Callable[[str], None] = print, archive: Path | None = None,
-              controller_from: Path | None = None, beside: Path | None = None,
-              trying: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Every (task, seed) trained and evaluated (``jobs`` at a time), each task's seeds pooled; with an
-    ``archive`` (:mod:`esper.shell.eval.suite.archive`), seeds kept there are read, and seeds evaluated here
-    kept; with ``controller_from``, the controllers kept there are joined to the baselines, not trained
-    (and ``beside``'s learned rows beside them); with ``trying``, the baselines that try harder join each
-    seed evaluated here (:func:`with_trying`; a seed read from the archive keeps the rows it was kept with,
-    and a row missing from one seed is left out of its task's table)."""
+# ------------------------------------------------------------------------------------------- the runs
+def _check_sizes(seeds: int, first_seed: int, episodes: int = 2) -> None:
+    if seeds < 1 or first_seed < 0 or episodes < 2:
+        raise ValueError("--seeds must be >= 1, --first-seed >= 0, --episodes >= 2")
+
+
+def suite_stages(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, runs: Path,
+                 controller_from: Path | None = None, beside: Path | None = None, trying: bool = False,
+                 train_flags: Sequence[str] = ()) -> list[Stage]:  # fmt: skip
+    """The stages of a suite run, per (task, seed): its training (or, with ``controller_from``, the kept
+    controller's settings), each search of its baselines, then its evaluation (``seed TASK K``), which
+    returns ``(task, k, results, train_seconds)``. ``train_flags``: added to every training's after the
+    task's preset."""
+    stages: list[Stage] = []
+    for task in tasks:
+        for k in range(first_seed, first_seed + seeds):
+            run_dir = runs / task / f"seed{k}"
+            first = f"train {task} {k}"
+            if controller_from is None:
+                flags = ["--preset", SUITE[task], *train_flags]
+                stages.append(Stage(first, train_stage, (runs / task, k, flags)))
+                names = list(controllers_for(preset(SUITE[task])))
+            else:
+                first = f"settings {task} {k}"
+                stages.append(Stage(first, kept_setup_stage, (task, k, episodes, run_dir, controller_from)))
+                names = kept_baselines(task, k, episodes, controller_from)
+            names += list(TRYING) if trying else []
+            found = [f"search {task} {k} {n}" for n in searches(names)]
+            stages += [Stage(key, search_stage, (run_dir, n, None), (first,))
+                       for key, n in zip(found, searches(names), strict=True)]  # fmt: skip
+            if controller_from is None:
+                args = (task, k, episodes, trying)
+                stages.append(Stage(f"seed {task} {k}", seed_stage, args, (first, *found)))
+            else:
+                args = (task, k, episodes, run_dir, controller_from, beside, trying)
+                stages.append(Stage(f"seed {task} {k}", kept_seed_stage, args, (first, *found)))
+    return stages
+
+
+def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, runs: Path, engine: Engine,
+              controller_from: Path | None = None, beside: Path | None = None, trying: bool = False,
+              train_flags: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+    """Every (task, seed) trained, searched and evaluated as stages on ``engine``
+    (:func:`suite_stages`), each task's seeds pooled; with ``controller_from``, the controllers kept there
+    are joined to the baselines, not trained (and ``beside``'s learned rows beside them); with ``trying``,
+    the baselines that try harder join each seed (:func:`with_trying`). A run directory of ``runs`` that
+    holds a seed already trained, searched or evaluated is read, not run again."""
     unknown = [t for t in tasks if t not in SUITE]
     if unknown or not tasks:
         raise ValueError(f"unknown suite task(s) {unknown}; tasks: {', '.join(SUITE)}")
-    if seeds < 1 or first_seed < 0 or episodes < 2 or jobs < 1:
-        raise ValueError("--seeds and --jobs must be >= 1, --first-seed >= 0, --episodes >= 2")
-    t0 = time.perf_counter()
+    _check_sizes(seeds, first_seed, episodes)
     pairs = [(t, k) for t in tasks for k in range(first_seed, first_seed + seeds)]
-    kept: dict[tuple[str, int], dict | None] = {}  # what the archive keeps: read, not run
-    if archive is not None:  # first: a seed kept for another controller is neither read nor overwritten
-        kept = {(t, k): load_seed(archive, t, k, episodes, final_data_seed(t, k)) for t, k in pairs}
-        wrong = [f"{seed_path(archive, t, k)}: {why}" for (t, k), r in kept.items() if r is not None
-                 and (why := kept_elsewhere(r, t, k, episodes, controller_from)) is not None]  # fmt: skip
-        if wrong:
-            raise ValueError("kept seeds of another controller; nothing was read, run or overwritten (pass "
-                             "the --controller-from they were made with, or another --archive):\n"
-                             + "\n".join(wrong))  # fmt: skip
-
-    def one(pair: tuple[str, int]) -> tuple[str, int, dict, float]:
-        if (r := kept.get(pair)) is not None:
-            return *pair, r, r["meta"].get("train_seconds", 0.0)
-        out = _one(*pair, episodes, runs, jobs, archive, controller_from, beside, trying)
-        log(f"{pair[0]} seed {pair[1]}: done")
-        return out
-
-    with ThreadPoolExecutor(max_workers=jobs) as workers:
-        done = list(workers.map(one, pairs))
+    if controller_from is None:  # a run directory of baselines only holds no training to go on from
+        only = [str(runs / t / f"seed{k}") for t, k in pairs if baselines_only(runs / t / f"seed{k}")]
+        if only:
+            raise ValueError(
+                "run directories of baselines only (--controller-from) where this run "
+                f"trains; pass their --controller-from, or another --runs: {', '.join(only)}"
+            )
+    else:
+        for t, k in pairs:  # every kept seed is there before anything runs
+            _kept(t, k, episodes, controller_from)
+    t0 = time.perf_counter()
+    absolute = [p.resolve() if p is not None else None for p in (runs, controller_from, beside)]
+    stages = suite_stages(tasks, seeds, first_seed, episodes, *absolute, trying, train_flags)
+    got = engine.run(stages, desc="suite")
+    done = [got[f"seed {t} {k}"] for t, k in pairs]
     out: dict[str, Any] = {}
     for task in tasks:
         per_seed = {k: r for t, k, r, _ in done if t == task}
@@ -276,52 +352,28 @@ def run_suite(tasks: Sequence[str], seeds: int, first_seed: int, episodes: int, 
     return {"tasks": out, "seconds": time.perf_counter() - t0}
 
 
-def carry_suite(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archive: Path) -> list[Path]:
-    """Keep the state in progress of every trained (task, seed) of ``runs`` that ``archive`` does not keep
-    whole (:func:`esper.shell.eval.suite.archive.carry`); the folders written. Run it before a machine
-    goes."""
-    pairs = [(task, k) for task in tasks for k in range(first_seed, first_seed + seeds)]
-    folders = (*EVALUATIONS, TRYING_DIR)
-    kept = [carry(archive, task, k, runs / task / f"seed{k}", folders) for task, k in pairs]
-    return [dest for dest in kept if dest is not None]
-
-
-def restore_suite(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archive: Path) -> list[Path]:
-    """Put every state in progress that ``archive`` keeps back into ``runs`` (where the run directory has
-    no checkpoint of its own; :func:`esper.shell.eval.suite.archive.restore`); the run directories written.
-    A suite run does this itself; this is for runs at a revision that does not."""
-    pairs = [(task, k) for task in tasks for k in range(first_seed, first_seed + seeds)]
-    return [runs / t / f"seed{k}" for t, k in pairs if restore(archive, t, k, runs / t / f"seed{k}")]
-
-
-def run_transfer(heldout: str, seeds: int, first_seed: int, episodes: int, jobs: int, runs: Path,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
-    """Every training seed trained on the other tasks and evaluated on ``heldout`` (``jobs`` at a time),
-    pooled: ``{"transfer": {heldout: entry}}``, the entry as
-    :func:`~esper.shell.eval.suite.pooling.pool_task` writes a task's, with ``trained_on``, the training
-    times and the :func:`~esper.shell.eval.suite.transfer.amortization`."""
-    if seeds < 1 or first_seed < 0 or episodes < 2 or jobs < 1:
-        raise ValueError("--seeds and --jobs must be >= 1, --first-seed >= 0, --episodes >= 2")
-    args = train_args(heldout)
-    root = runs / f"transfer-{heldout}"
-    root.mkdir(parents=True, exist_ok=True)
-    threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
+def run_transfer(heldout: str, seeds: int, first_seed: int, episodes: int, runs: Path, engine: Engine,
+                 train_flags: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+    """Every training seed trained on the other tasks and evaluated on ``heldout``, as stages on ``engine``
+    (training, each search on ``heldout``, the evaluation), pooled: ``{"transfer": {heldout: entry}}``, the
+    entry as :func:`~esper.shell.eval.suite.pooling.pool_task` writes a task's, with ``trained_on``, the
+    training times and the :func:`~esper.shell.eval.suite.transfer.amortization`."""
+    _check_sizes(seeds, first_seed, episodes)
+    flags = [*train_args(heldout), *train_flags]
+    root = runs.resolve() / f"transfer-{heldout}"
     t0 = time.perf_counter()
-
-    evaluate_flags = ["--task", heldout, *(["--threads", "1"] if jobs > 1 else [])]
-    out = TRANSFER_EVAL_DIR
-
-    def one(k: int) -> tuple[int, dict, float]:
-        run_dir, train_s = launch.train(k, root, [*args, *threads])
-        # the preset it trains with (train_args) holds the controller's cap
-        results = launch.evaluate(run_dir, k, episodes, controllers_for(preset("mnist1d")), out=out,
-                                  data_seed=final_data_seed(heldout, k), extra=evaluate_flags)  # fmt: skip
-        with_diagnostics(results, run_dir, k, episodes, out, final_data_seed(heldout, k), evaluate_flags)
-        log(f"transfer to {heldout}, seed {k}: done")
-        return k, results, train_s
-
-    with ThreadPoolExecutor(max_workers=jobs) as workers:
-        done = list(workers.map(one, range(first_seed, first_seed + seeds)))
+    stages: list[Stage] = []
+    for k in range(first_seed, first_seed + seeds):
+        first = f"train transfer {k}"
+        stages.append(Stage(first, train_stage, (root, k, flags)))
+        names = searches(controllers_for(preset("mnist1d")))
+        found = [f"search transfer {k} {n}" for n in names]
+        stages += [Stage(key, search_stage, (root / f"seed{k}", n, heldout), (first,))
+                   for key, n in zip(found, names, strict=True)]  # fmt: skip
+        evaluation = Stage(f"seed transfer {k}", transfer_seed_stage, (heldout, k, episodes), (first, *found))
+        stages.append(evaluation)
+    got = engine.run(stages, desc=f"transfer to {heldout}")
+    done = [got[f"seed transfer {k}"] for k in range(first_seed, first_seed + seeds)]
     entry = pool_task(heldout, {k: r for k, r, _ in done})
     entry["preset"] = "mnist1d"
     entry["flags"] = list(TRANSFER_FLAGS)
@@ -331,33 +383,27 @@ def run_transfer(heldout: str, seeds: int, first_seed: int, episodes: int, jobs:
     return {"tasks": {}, "transfer": {heldout: entry}, "seconds": time.perf_counter() - t0}
 
 
-def run_finetune(heldout: str, seeds: int, first_seed: int, updates: int, jobs: int, runs: Path,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
-    """Both arms of :mod:`esper.shell.eval.suite.finetune` for every seed (``jobs`` runs at a time),
+def run_finetune(heldout: str, seeds: int, first_seed: int, updates: int, runs: Path, engine: Engine,
+                 train_flags: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+    """Both arms of :mod:`esper.shell.eval.suite.finetune` for every seed, a stage each on ``engine``,
     pooled: ``{"tasks": {}, "transfer": {heldout: {"finetune": {"tuned": ..., "scratch": ...}}}}``."""
     training_tasks(heldout)  # a suite task
-    if seeds < 1 or first_seed < 0 or updates < 1 or jobs < 1:
-        raise ValueError("--seeds, --updates and --jobs must be >= 1, --first-seed >= 0")
+    if updates < 1:
+        raise ValueError("--updates must be >= 1")
+    _check_sizes(seeds, first_seed)
+    runs = runs.resolve()
     seed_range = range(first_seed, first_seed + seeds)
     sources = {k: runs / f"transfer-{heldout}" / f"seed{k}" for k in seed_range}
     missing = [str(p) for p in sources.values() if not (p / "checkpoint.pt").is_file()]
     if missing:
         raise ValueError(f"--finetune needs the transfer runs first (python -m esper.shell.suite --transfer "
                          f"{heldout}); missing: {', '.join(missing)}")  # fmt: skip
-    base = ["--preset", SUITE[heldout], *TRANSFER_FLAGS, "--updates", str(updates)]
-    threads = ["--env.workers", "1", "--threads", "1"] if jobs > 1 else []
+    base = ["--preset", SUITE[heldout], *TRANSFER_FLAGS, "--updates", str(updates), *train_flags]
     root = runs / f"finetune-{heldout}"
-
-    def one(job: tuple[str, int]) -> tuple[str, int, list[float], float | None]:
-        arm, k = job
-        extra = ["--init_from", str(sources[k])] if arm == "tuned" else []
-        run_dir, _ = launch.train(k, root / arm, [*base, *extra, *threads])
-        log(f"fine-tuning on {heldout}, {arm}, seed {k}: done")
-        return arm, k, ft.curve(run_dir), ft.closing_check(run_dir)
-
-    jobs_list = [(arm, k) for k in seed_range for arm in ft.ARMS]
-    with ThreadPoolExecutor(max_workers=jobs) as workers:
-        done = list(workers.map(one, jobs_list))
+    start = {"tuned": lambda k: ["--init_from", str(sources[k])], "scratch": lambda k: []}
+    stages = [Stage(f"finetune {arm} {k}", finetune_stage, (root / arm, k, [*base, *start[arm](k)], arm))
+              for k in seed_range for arm in ft.ARMS]  # fmt: skip
+    done = list(engine.run(stages, desc=f"fine-tuning on {heldout}").values())
     pooled = {arm: ft.pool_curves({k: c for a, k, c, _ in done if a == arm}) for arm in ft.ARMS}
     for arm in ft.ARMS:
         finals = {k: h for a, k, _, h in done if a == arm and h is not None}
@@ -373,6 +419,8 @@ def run_finetune(heldout: str, seeds: int, first_seed: int, updates: int, jobs: 
 
 
 __all__ = [
-    "carry_suite", "kept_elsewhere", "restore_suite", "run_finetune", "run_suite", "run_transfer",
-    "with_diagnostics", "with_kept_controller", "with_plan_in_cap",
+    "THREADS", "TRAIN_THREADS", "finetune_stage", "kept_baselines", "kept_seed_stage", "kept_setup_stage",
+    "run_finetune", "run_suite", "run_transfer", "search_stage", "searches", "seed_stage", "suite_stages",
+    "train_stage", "transfer_seed_stage", "with_diagnostics", "with_kept_controller", "with_plan_in_cap",
+    "with_trying",
 ]  # fmt: skip

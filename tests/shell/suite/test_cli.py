@@ -1,7 +1,9 @@
-"""``python -m esper.shell.suite`` (issue 45): one task, one seed, training and evaluation mocked; the
-results file has the schema the issue gives, the table and plots are written, and every seed is trained
-with the task's preset and evaluated on its final draw; seeds are kept, carried, restored, joined and
-merged as the archive says."""
+"""``python -m esper.shell.suite`` (issue 45): one task, one seed, training, searches and evaluation mocked,
+its stages run in this process (``--workers 0``: :mod:`esper.shell.suite.engine`); the results file has
+the schema the issue gives, the table and plots are written, and every seed is trained with the task's
+preset on one thread, each of its searches run as a stage of its own, and evaluated on its final draw;
+kept controllers are joined and earlier files merged. The suite on a Dask cluster is
+``test_cluster.py``'s."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 
 import pytest
 
+from esper.shell.eval.search import is_searched
 from esper.shell.eval.suite.tasks import (
     CAP_SEARCH,
     CONTROLLERS,
@@ -22,9 +25,15 @@ from esper.shell.eval.suite.tasks import (
     plan_name,
 )
 from esper.shell.eval.suite.transfer import training_tasks
-from esper.shell.suite import launch
-from esper.shell.suite.cli import main
+from esper.shell.suite import cli, launch
+from esper.shell.suite.runs import THREADS, TRAIN_THREADS
 from tests.shell.eval.suite.test_pooling import _results
+
+
+def main(argv: list[str]) -> int:
+    """The suite's command, its stages in this process (where the mocks below reach them)."""
+    return cli.main([*argv, "--workers", "0"])
+
 
 #: The diagnostic evaluation of each seed: ppo_greedy's most grown plan in :func:`_results` as a fixed
 #: plan, and the greedy controller fossilizing wherever it may.
@@ -36,10 +45,16 @@ DIAGNOSTICS, DIAG = ("grow:b0=conv_heavy", FOSSILIZING), EVAL_DIR + "-diagnosis"
 IN_CAP_EVAL, IN_CAP_DIR = ("grow:b0=conv_heavy",), EVAL_DIR + "-in-cap"
 
 
-def _mock_runs(monkeypatch) -> tuple[list, list]:
-    """The suite's training and evaluation subprocesses (:mod:`esper.shell.suite.launch`) mocked: what each
-    was asked, in order (``(k, run root's name, flags)`` and ``(k, out, data_seed, controllers, flags)``)."""
+def _mock_runs(monkeypatch, searched: list | None = None) -> tuple[list, list]:
+    """The suite's training, search and evaluation subprocesses (:mod:`esper.shell.suite.launch`) mocked:
+    what each was asked, in order (``(k, run root's name, flags)`` and ``(k, out, data_seed, controllers,
+    flags)``; the searches, ``(run directory's name, controller, task, flags)``, into ``searched``)."""
     trained, evaluated = [], []
+    searched = [] if searched is None else searched
+
+    def search(run_dir, name, task=None, extra=()):
+        searched.append((run_dir.name, name, task, list(extra)))
+        return name
 
     def train(k, root, extra):
         trained.append((k, root.name, list(extra)))
@@ -48,22 +63,31 @@ def _mock_runs(monkeypatch) -> tuple[list, list]:
         (root / f"seed{k}" / "provenance.json").write_text(json.dumps({"git_rev": f"{k}" * 40, **machine}))
         return root / f"seed{k}", 60.0
 
-    def evaluate(run_dir, k, episodes, names, out, data_seed=None, extra=()):
+    def evaluate(run_dir, k, episodes, names, out, data_seed=None, extra=(), in_process=False):
+        assert in_process  # the suite's stages evaluate in their own process
         evaluated.append((k, out, data_seed, tuple(names), list(extra)))
         return _results(k, data_seed, names, run_dir)
 
     monkeypatch.setattr(launch, "train", train)
     monkeypatch.setattr(launch, "evaluate", evaluate)
+    monkeypatch.setattr(launch, "search", search)
     return trained, evaluated
 
 
 def test_suite_writes_the_schema_from_mocked_runs(tmp_path, monkeypatch):
-    trained, evaluated = _mock_runs(monkeypatch)
+    searched = []
+    trained, evaluated = _mock_runs(monkeypatch, searched)
     out = tmp_path / "results"
     assert main(["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
                  "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0  # fmt: skip
     assert [t[:2] for t in trained] == [(3, "longrange"), (4, "longrange")]
-    assert trained[0][2] == ["--preset", SUITE["longrange"]]  # the preset only: no controller flags
+    # the preset and one thread only: no controller flags
+    assert trained[0][2] == ["--preset", SUITE["longrange"], *TRAIN_THREADS]
+    # each search a stage of its own, on one thread, after the training and before the evaluation
+    names = [n for n in CONTROLLERS if is_searched(n)]
+    assert {"heuristic_tuned", plan_name(1), CAP_SEARCH} <= set(names)
+    assert searched == [(f"seed{k}", n, None, list(THREADS)) for k in (3, 4) for n in names]
+    assert {tuple(x) for *_, x in evaluated} == {THREADS}
     # each seed: every controller, then ppo_greedy's most grown plan as a fixed plan, same hosts and draw
     assert [(k, o, d, n) for k, o, d, n, _ in evaluated] == [
         (3, EVAL_DIR, FINAL_DATA_SEED + 3, CONTROLLERS), (3, DIAG, FINAL_DATA_SEED + 3, DIAGNOSTICS),
@@ -156,18 +180,23 @@ def test_suite_final_draws_and_refusals(tmp_path):
 def test_transfer_trains_on_the_other_tasks_and_evaluates_on_the_held_out_one(tmp_path, monkeypatch):
     """``--transfer TASK`` (issue 46): the set policy on the default, trained on every other suite task,
     evaluated zero-shot on TASK's fresh hosts and final draw; the results go under ``"transfer"``."""
-    trained, evaluated = _mock_runs(monkeypatch)
+    searched = []
+    trained, evaluated = _mock_runs(monkeypatch, searched)
     out = tmp_path / "results"
     assert main(["--transfer", "mnist1d", "--seeds", "2", "--first-seed", "7", "--episodes", "2",
                  "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0  # fmt: skip
     others = ["mnist1d_deep", "longrange", "digits_shallow"]
     assert [t[:2] for t in trained] == [(7, "transfer-mnist1d"), (8, "transfer-mnist1d")]
     assert trained[0][2] == ["--preset", "mnist1d", "--ppo.policy", "set", "--tasks", ",".join(others),
-                             "--env.task", others[0]]  # fmt: skip
+                             "--env.task", others[0], *TRAIN_THREADS]  # fmt: skip
+    held = ["--task", "mnist1d", *THREADS]
     assert [(k, d, x) for k, _, d, _, x in evaluated] == [
-        (7, FINAL_DATA_SEED + 7, ["--task", "mnist1d"]), (7, FINAL_DATA_SEED + 7, ["--task", "mnist1d"]),
-        (8, FINAL_DATA_SEED + 8, ["--task", "mnist1d"]), (8, FINAL_DATA_SEED + 8, ["--task", "mnist1d"]),
+        (7, FINAL_DATA_SEED + 7, held), (7, FINAL_DATA_SEED + 7, held),
+        (8, FINAL_DATA_SEED + 8, held), (8, FINAL_DATA_SEED + 8, held),
     ]  # fmt: skip
+    # the searches select on the held-out task's own draw, as its evaluation's would (evaluate --task)
+    assert searched and {(run, task) for run, _, task, _ in searched} == {("seed7", "mnist1d"),
+                                                                           ("seed8", "mnist1d")}  # fmt: skip
     saved = json.loads(next(out.glob("*-transfer-mnist1d.json")).read_text())
     entry = saved["transfer"]["mnist1d"]
     assert saved["tasks"] == {} and entry["trained_on"] == others
@@ -216,8 +245,9 @@ def test_finetune_starts_from_each_seed_s_transfer_run_beside_a_fresh_network(tm
     scratch = [x for k, arm, x in trained if arm == "scratch"]
     assert len(tuned) == len(scratch) == 2
     base = ["--preset", SUITE["longrange"], "--ppo.policy", "set", "--updates", "3"]
-    assert scratch[0] == base and tuned[0][:6] == base
-    assert tuned[0][6:] == ["--init_from", str(runs / "transfer-longrange" / "seed0")]
+    assert scratch[0] == [*base, *TRAIN_THREADS] and tuned[0][:6] == base
+    source = (runs / "transfer-longrange" / "seed0").resolve()
+    assert tuned[0][6:] == ["--init_from", str(source), *TRAIN_THREADS]
     saved = json.loads(next(out.glob("*-finetune-longrange.json")).read_text())
     curves = saved["transfer"]["longrange"]["finetune"]
     assert curves["tuned"]["updates"] == [1, 2, 3] and curves["scratch"]["training_seeds"] == [0, 1]
@@ -259,32 +289,6 @@ def test_status_reads_where_each_seed_stands_and_runs_nothing(tmp_path, monkeypa
     assert trained == [] and evaluated == []  # nothing ran
 
 
-def test_an_evaluated_seed_is_kept_and_read_back_instead_of_run(tmp_path, monkeypatch, capsys):
-    """esper.shell.eval.suite.archive: each evaluated (task, seed) is kept in ``--archive`` (a small file
-    to commit); a later suite run on another machine, its run directories gone, reads it and runs nothing,
-    and pools the same entry (the training revision and machine included, though its provenance.json is
-    gone). A seed kept for another evaluation (other episodes) is run again."""
-    trained, evaluated = _mock_runs(monkeypatch)
-    archive, out = tmp_path / "kept", tmp_path / "results"
-    argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
-            "--archive", str(archive)]  # fmt: skip
-    assert main([*argv, "--runs", str(tmp_path / "runs"), "--out", str(out / "a")]) == 0
-    assert sorted(p.name for p in (archive / "longrange").iterdir()) == ["seed3.json.gz", "seed4.json.gz"]
-    first = json.loads(next((out / "a").glob("*.json")).read_text())["tasks"]["longrange"]
-    n_train, n_eval = len(trained), len(evaluated)
-    assert main([*argv, "--runs", str(tmp_path / "gone"), "--out", str(out / "b")]) == 0
-    assert (len(trained), len(evaluated)) == (n_train, n_eval)  # nothing ran
-    again = json.loads(next((out / "b").glob("*.json")).read_text())["tasks"]["longrange"]
-    assert again == first and again["revisions"]["3"]["train"] == "3333333"
-    assert again["revisions"]["3"]["train_machine"] == "Test CPU, 2 cores"  # kept with the seed, too
-    assert main(["--status", *argv, "--runs", str(tmp_path / "gone")]) == 0
-    assert "| longrange | 3 |  |  |  |  |  | done |" in capsys.readouterr().out
-    # another evaluation (3 episodes a seed) is not the kept one: both seeds run again
-    argv[argv.index("--episodes") + 1] = "3"
-    assert main([*argv, "--runs", str(tmp_path / "gone"), "--out", str(out / "c")]) == 0
-    assert [t[0] for t in trained[n_train:]] == [3, 4]
-
-
 def test_merge_adds_the_tasks_an_earlier_results_file_pooled(tmp_path, monkeypatch):
     """``--merge FILE``: the tasks pooled in an earlier suite results file, that this run does not pool,
     join its table as they were (in the suite's order, marked with their file); a task this run pools
@@ -307,81 +311,6 @@ def test_merge_adds_the_tasks_an_earlier_results_file_pooled(tmp_path, monkeypat
     assert any(p.name.endswith("-mnist1d-acc-vs-params.png") for p in out.iterdir())
     with pytest.raises(SystemExit):
         main(["--tasks", "longrange", *base, "--out", str(out), "--merge", str(tmp_path / "missing.json")])
-
-
-def _carried(capsys, argv: list[str], runs, archive):
-    """``--carry`` on ``runs``: longrange seed 3's state in progress, which it must say it kept."""
-    assert main(["--carry", *argv, "--runs", str(runs)]) == 0
-    partial = archive / "longrange" / "seed3.partial"
-    assert f"kept {partial}" in capsys.readouterr().out
-    return partial
-
-
-def test_a_seed_in_progress_is_carried_to_another_machine_and_goes_on_there(tmp_path, monkeypatch, capsys):
-    """``--carry`` keeps a trained, unfinished seed's state (the run's files, its run_end, the checkpoint
-    without its ``learner`` entry: the optimizer's state, the replay buffer, ...; the cached searches and
-    evaluations) in the archive; an untrained one is not kept. A later run with its run directories gone
-    puts the state back before it trains, so the finished training is kept, and once the seed is kept
-    whole its partial state goes."""
-    import torch
-
-    from esper.shell.common.checkpoint import load_checkpoint, save_checkpoint
-
-    trained, _ = _mock_runs(monkeypatch)
-    runs, archive = tmp_path / "runs", tmp_path / "kept"
-    done, half = runs / "longrange" / "seed3", runs / "longrange" / "seed4"
-    for run in (done, half):
-        (run / "search").mkdir(parents=True)
-        (run / "config.json").write_text("{}")
-    updates = [{"event": "ppo_update", "t": 1.0}] * 2
-    (half / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in updates))
-    ended = [*updates, {"event": "run_end", "t": 2.0, "interrupted": False}]
-    (done / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ended))
-    (done / "provenance.json").write_text(json.dumps({"git_rev": "3" * 40}))
-    policy = {"w": torch.arange(6.0).view(2, 3)}
-    agent = {"policy": policy, "obs_stats": {"n": torch.ones(1)}}
-    learner = {"optimizer": {"state": {}}, "replay": [torch.zeros(100)]}
-    save_checkpoint(done / "checkpoint.pt", {"agent": agent, "learner": learner, "progress": {"update": 2}})
-    save_checkpoint(half / "checkpoint.pt", {"agent": agent, "learner": learner, "progress": {"update": 1}})
-    (done / "search" / f"{plan_name(0.25)}.json").write_text('{"chosen": "b0=norm"}')
-    (done / DIAG).mkdir()
-    (done / DIAG / "results.json").write_text('{"controllers": {}}')
-    argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
-            "--archive", str(archive)]  # fmt: skip
-    partial = _carried(capsys, argv, runs, archive)
-    assert not (archive / "longrange" / "seed4.partial").exists()  # not trained: nothing to carry
-    ck = load_checkpoint(partial / "checkpoint.pt")
-    assert set(ck) == {"agent", "progress"} and set(ck["agent"]) == {"policy", "obs_stats"}
-    assert torch.equal(ck["agent"]["policy"]["w"], policy["w"])
-    assert ck["progress"] == {"update": 2}
-    assert (partial / "search" / f"{plan_name(0.25)}.json").read_text() == '{"chosen": "b0=norm"}'
-    assert (partial / DIAG / "results.json").exists() and not (partial / EVAL_DIR).exists()
-    assert [json.loads(line)["event"] for line in (partial / "events.jsonl").read_text().splitlines()] == [
-        "run_end"
-    ]
-    assert main(["--status", *argv, "--runs", str(tmp_path / "elsewhere")]) == 0
-    assert "| longrange | 3 |  |  |  |  |  | in progress |" in capsys.readouterr().out
-    # --restore puts it back on its own (for runs at a revision that cannot), once
-    elsewhere = tmp_path / "restored"
-    assert main(["--restore", *argv, "--runs", str(elsewhere)]) == 0
-    assert f"restored {elsewhere / 'longrange' / 'seed3'}" in capsys.readouterr().out
-    assert (elsewhere / "longrange" / "seed3" / "search" / f"{plan_name(0.25)}.json").exists()
-    assert main(["--restore", *argv, "--runs", str(elsewhere)]) == 0
-    assert "nothing to restore" in capsys.readouterr().out  # it has a checkpoint now: left alone
-    # another machine: the state goes back into the run directory before training looks at it
-    seen = []
-    real_train = launch.train
-
-    def train(k, root, extra):
-        seen.append((k, (root / f"seed{k}" / "checkpoint.pt").exists(),
-                     (root / f"seed{k}" / "search" / f"{plan_name(0.25)}.json").exists()))  # fmt: skip
-        return real_train(k, root, extra)
-
-    monkeypatch.setattr(launch, "train", train)
-    assert main([*argv, "--runs", str(tmp_path / "elsewhere"), "--out", str(tmp_path / "out")]) == 0
-    assert seen == [(3, True, True), (4, False, False)]
-    assert (archive / "longrange" / "seed3.json.gz").exists() and not partial.exists()
-    assert [t[0] for t in trained] == [3, 4]
 
 
 def _kept_controller(tmp_path, seeds=(3, 4), host_seeds=None, arm="controller"):
@@ -425,52 +354,15 @@ def test_a_kept_controller_is_joined_to_baselines_evaluated_on_its_hosts(tmp_pat
     assert saved["revisions"]["3"] == {"train": "ccccccc", "evaluate": "eeeeeee", "train_machine": None,
                                        "evaluate_machine": None}  # fmt: skip
     assert "per_seed_test_acc" in entry["ppo_greedy"] and "goals" not in saved  # judged by protocol 2
-    # kept in the suite's archive like any seed, then read back: by default beside the runs (RUNS/seeds),
-    # not among the results files, whose folder would grow by a file a seed
-    assert (runs / "seeds" / "longrange" / "seed4.json.gz").is_file() and not (out / "seeds").exists()
-
-
-def test_baselines_in_progress_are_carried_to_another_machine_and_go_on_there(tmp_path, monkeypatch, capsys):
-    """--controller-from with --carry: a run directory of baselines only (the kept run's settings, no
-    checkpoint) is kept from its first cached search, without a checkpoint or events; one with nothing
-    cached is not. On another machine the state goes back before the baselines are evaluated, so the
-    cached search is not run again, and once the seed is kept whole its partial state goes. Where the run
-    directory is the live one (its settings written), --restore leaves it alone."""
-    _, evaluated = _mock_runs(monkeypatch)
-    kept, runs, archive = _kept_controller(tmp_path), tmp_path / "runs", tmp_path / "archive"
-    half, none = runs / "longrange" / "seed3", runs / "longrange" / "seed4"
-    for run in (half, none):
-        run.mkdir(parents=True)
-        (run / "config.json").write_text('{"seed": 3, "marker": "kept"}')
-    (half / "search").mkdir()
-    (half / "search" / f"{plan_name(2)}.json").write_text('{"chosen": "b0=norm"}')
-    (half / "search" / "episode-store.jsonl").write_text('{"plan": "b0=norm", "host": 5}\n')  # their episodes
-    argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
-            "--archive", str(archive)]  # fmt: skip
-    partial = _carried(capsys, argv, runs, archive)
-    assert not (archive / "longrange" / "seed4.partial").exists()  # nothing cached: nothing to carry
-    assert sorted(p.name for p in partial.iterdir()) == ["config.json", "search"]
-    assert (partial / "search" / f"{plan_name(2)}.json").read_text() == '{"chosen": "b0=norm"}'
-    assert (partial / "search" / "episode-store.jsonl").read_text() == '{"plan": "b0=norm", "host": 5}\n'
-    assert main(["--restore", *argv, "--runs", str(runs)]) == 0
-    assert "nothing to restore" in capsys.readouterr().out  # the live run directory: left alone
-    assert main(["--status", *argv, "--runs", str(runs)]) == 0
-    assert "| longrange | 3 | none (baselines only) | 2x |  |  |  | in progress |" in capsys.readouterr().out
-    seen = []
-    real_evaluate = launch.evaluate
-
-    def evaluate(run_dir, k, episodes, names, out, data_seed=None, extra=()):
-        seen.append((k, out, (run_dir / "search" / f"{plan_name(2)}.json").exists()))
-        return real_evaluate(run_dir, k, episodes, names, out, data_seed, extra)
-
-    monkeypatch.setattr(launch, "evaluate", evaluate)
-    elsewhere = tmp_path / "elsewhere"
-    assert main([*argv, "--runs", str(elsewhere), "--out", str(tmp_path / "out"),
-                 "--controller-from", str(kept)]) == 0  # fmt: skip
-    assert [s for s in seen if s[1] == EVAL_DIR] == [(3, EVAL_DIR, True), (4, EVAL_DIR, False)]
-    assert json.loads((elsewhere / "longrange" / "seed3" / "config.json").read_text())["marker"] == "kept"
-    assert (archive / "longrange" / "seed3.json.gz").exists() and not partial.exists()
-    assert len(evaluated) == 4
+    # the suite keeps no archive of its own: the run directories are what it goes on from
+    assert not (runs / "seeds").exists() and sorted(p.name for p in (runs / "longrange").iterdir()) == [
+        "seed3",
+        "seed4",
+    ]
+    # a suite run that trains refuses those run directories of baselines only, before anything runs
+    with pytest.raises(SystemExit):
+        main([*argv[:-2]])
+    assert trained == []
 
 
 def test_a_kept_controller_trained_without_a_cap_gets_no_search_within_one(tmp_path, monkeypatch):
@@ -499,7 +391,7 @@ def test_a_kept_controller_is_not_joined_where_it_is_missing_or_met_other_hosts(
         main([*argv, "--controller-from", str(_kept_controller(tmp_path, seeds=(3,)))])
     other = _kept_controller(tmp_path / "other", host_seeds="[1, 2]")  # the baselines' meta names none
     with pytest.raises(SystemExit):
-        main([*argv, "--archive", str(tmp_path / "a2"), "--controller-from", str(other)])
+        main([*argv, "--runs", str(tmp_path / "r2"), "--controller-from", str(other)])
 
 
 def test_another_arm_stands_beside_the_judged_one_on_the_same_baselines(tmp_path, monkeypatch):
@@ -515,39 +407,6 @@ def test_another_arm_stands_beside_the_judged_one_on_the_same_baselines(tmp_path
     assert entry["ppo_greedy[default]"]["test_acc_mean"] == entry["ppo_greedy"]["test_acc_mean"]
     with pytest.raises(SystemExit):  # beside what? --beside needs the judged arm
         main(["--tasks", "longrange", "--beside", str(other), "--runs", str(tmp_path / "r2")])
-
-
-def test_a_seed_kept_for_another_controller_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
-    """A joined seed in the archive was read back by (task, seed, hosts, draw) alone: pooling seeds
-    500-504 without --controller-from, or with another arm's folder, would have shown the uncapped run's
-    rows as the default's (or one arm's as another's). Now such a seed is refused, with its path, before
-    anything runs, and nothing is overwritten; with the folder it was made with it is read back."""
-    trained, evaluated = _mock_runs(monkeypatch)
-    arm, out, archive = _kept_controller(tmp_path), tmp_path / "results", tmp_path / "archive"
-    argv = ["--tasks", "longrange", "--seeds", "2", "--first-seed", "3", "--episodes", "2",
-            "--archive", str(archive), "--out", str(out)]  # fmt: skip
-    assert main([*argv, "--runs", str(tmp_path / "runs"), "--controller-from", str(arm)]) == 0
-    kept = archive / "longrange" / "seed3.json.gz"
-    before, n_eval = kept.read_bytes(), len(evaluated)
-
-    other = _kept_controller(tmp_path, arm="other")  # the same seeds, another controller's episodes
-    from esper.shell.eval.suite.archive import load_seed, save_seed
-
-    for k in (3, 4):
-        r = load_seed(other, "longrange", k, 2, FINAL_DATA_SEED + k)
-        for e in r["controllers"]["ppo_greedy"]["per_episode"]:
-            e["final_test_acc"] += 1.0
-        save_seed(other, "longrange", k, r, 77.0)
-    for extra in ([], ["--controller-from", str(other)]):
-        with pytest.raises(SystemExit):
-            main([*argv, "--runs", str(tmp_path / "elsewhere"), *extra])
-        err = capsys.readouterr().err
-        assert f"{kept}" in err and "nothing was read, run or overwritten" in err
-        assert ("joined from" if not extra else "not the one kept in") in err
-    assert trained == [] and len(evaluated) == n_eval and kept.read_bytes() == before
-    # the folder it was made with: read back, nothing runs
-    assert main([*argv, "--runs", str(tmp_path / "elsewhere"), "--controller-from", str(arm)]) == 0
-    assert trained == [] and len(evaluated) == n_eval
 
 
 def test_the_baselines_that_try_run_only_with_trying_and_join_each_seed(tmp_path, monkeypatch):

@@ -50,7 +50,8 @@ def fake_runs(monkeypatch):
         (run / "config.json").write_text(json.dumps({"seed": k}))
         return run, 123.0
 
-    def evaluate(run_dir, k, episodes, names, out, data_seed, extra):
+    def evaluate(run_dir, k, episodes, names, out, data_seed, extra, in_process=False):
+        assert not in_process  # confirm runs its arms side by side in threads: each evaluation its own process
         calls["evaluate"].append((run_dir, k, tuple(names), out, data_seed, tuple(extra)))
         task = run_dir.parent.name
         greedy = 81.0 if run_dir.parent.parent.name == "fb4" else 80.0

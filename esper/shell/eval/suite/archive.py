@@ -1,35 +1,23 @@
 """Finished (task, seed) evaluations kept as small files (to commit, where the archive is a folder of the
-repository), so that a suite run spanning several machines or sessions resumes from what the archive
-holds, not from a run directory that is gone.
+repository): what ``python -m esper.shell.suite.confirm`` keeps of each controller run it trains, and
+``python -m esper.shell.suite --controller-from`` joins to the baselines.
 
-A suite run's (task, seed) costs 40 minutes to two hours on the 2-core VM and the whole suite about 12
-hours, longer than one session; the run directories (checkpoints, search caches) live outside the
-repository and do not outlive the machine. So once a seed is evaluated, its evaluation (the table's,
-the diagnosis rows and the plan within the cap, merged as
-:func:`esper.shell.eval.suite.pooling.pool_task` reads them) is written to
-``ARCHIVE/TASK/seedK.json.gz`` with what pooling would otherwise read from the run directory (the
-training revision, the training time). :func:`load_seed` returns it when it was made alike (the same
-hosts, episodes and draw), and the suite then neither trains nor evaluates that seed.
-
-A seed still in progress when its machine goes is kept too, from the point where it is trained
-(:func:`carry`): ``ARCHIVE/TASK/seedK.partial/`` holds what the rest of its evaluation reads from the run
-directory, with the checkpoint slimmed to what evaluation loads (the policy's weights and observation
-statistics; the optimizer's state and the replay buffer, which only a resumed training needs, are left
-out), plus the searches and evaluations already cached. A run directory of baselines only (``python -m
-esper.shell.suite --controller-from``: the kept run's settings and no checkpoint) is kept from its first
-cached search or evaluation, without a checkpoint. :func:`restore` puts it back into a run directory, and
-the suite goes on from there. A partial state is removed once its seed is kept whole.
+A confirmation's run directories live outside the repository and do not outlive the machine, so once a
+seed is evaluated its evaluation (the table's and the diagnosis rows, merged as
+:func:`esper.shell.eval.suite.pooling.pool_task` reads them) is written to ``ARCHIVE/TASK/seedK.json.gz``
+with what pooling would otherwise read from the run directory (the training revision, the training time)
+and the run's settings. :func:`load_seed` returns it when it was made alike (the same hosts, episodes and
+draw). (The suite itself keeps no such archive: its stages go on from their run directories, on storage
+every worker of its cluster shares: :mod:`esper.shell.suite.engine`.)
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-from esper.shell.common.checkpoint import load_checkpoint, save_checkpoint
 from esper.shell.telemetry.events import read_events
 
 
@@ -56,7 +44,6 @@ def save_seed(archive: Path, task: str, k: int, results: dict[str, Any], train_s
     with gzip.GzipFile(tmp, "wb", mtime=0) as f:
         f.write(json.dumps({**results, "meta": meta}).encode())  # order kept: it means something
     tmp.replace(path)  # whole or not at all
-    shutil.rmtree(partial_path(archive, task, k), ignore_errors=True)  # kept whole: the partial is done
     return path
 
 
@@ -100,17 +87,6 @@ def same_evaluation(meta: dict[str, Any], k: int, episodes: int, data_seed: int 
     return same_data and (meta.get("episodes"), meta.get("eval_seed")) == (episodes, 1000 + k)
 
 
-def partial_path(archive: Path, task: str, k: int) -> Path:
-    """The folder of training seed ``k``'s state in progress (:func:`carry`)."""
-    return archive / task / f"seed{k}.partial"
-
-
-#: What of a run directory the rest of a seed's evaluation reads, besides its checkpoint and caches.
-RUN_FILES = ("config.json", "provenance.json")
-#: Checkpoint entries evaluation does not load (only a resumed training needs them).
-TRAINING_ONLY = ("learner",)
-
-
 def run_end(run_dir: Path) -> dict[str, Any] | None:
     """The last ``run_end`` event of the run in ``run_dir`` that was not interrupted (None: none yet)."""
     events = run_dir / "events.jsonl"
@@ -123,45 +99,6 @@ def trained(run_dir: Path) -> bool:
     return (run_dir / "checkpoint.pt").exists() and run_end(run_dir) is not None
 
 
-def carry(archive: Path, task: str, k: int, run_dir: Path, evaluations: tuple[str, ...]) -> Path | None:
-    """Keep seed ``k``'s state in progress in ``archive`` (the folder; None where the seed is kept whole
-    already, or its run directory has nothing to carry: a run not trained, baselines not started): the
-    run's :data:`RUN_FILES`, every cached search and the searches' episodes (``search*/``), the
-    ``results.json`` of each of ``evaluations`` (folder names) that is written; for a trained run also its
-    ``run_end`` event and the checkpoint without :data:`TRAINING_ONLY` (:func:`baselines_only` runs have
-    neither)."""
-    if seed_path(archive, task, k).exists():
-        return None
-    caches = sorted([*run_dir.glob("search*/*.json"), *run_dir.glob("search*/*.jsonl")])
-    written = [name for name in evaluations if (run_dir / name / "results.json").exists()]
-    is_trained = trained(run_dir)
-    if not is_trained and not (baselines_only(run_dir) and (caches or written)):
-        return None
-    dest = partial_path(archive, task, k)
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name in RUN_FILES:
-        if (run_dir / name).exists():
-            shutil.copy2(run_dir / name, tmp / name)
-    if is_trained:
-        (tmp / "events.jsonl").write_text(json.dumps(run_end(run_dir)) + "\n")
-        ck = load_checkpoint(run_dir / "checkpoint.pt")
-        ck.pop("version", None)
-        for key in TRAINING_ONLY:
-            ck.pop(key, None)
-        save_checkpoint(tmp / "checkpoint.pt", ck)
-    for cache in caches:
-        (tmp / cache.parent.name).mkdir(exist_ok=True)
-        shutil.copy2(cache, tmp / cache.parent.name / cache.name)
-    for name in written:
-        (tmp / name).mkdir()
-        shutil.copy2(run_dir / name / "results.json", tmp / name / "results.json")
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
-    return dest
-
-
 def baselines_only(run_dir: Path) -> bool:
     """Whether ``run_dir`` is a run directory of baselines only (``python -m esper.shell.suite
     --controller-from`` writes the kept run's settings there and trains nothing): settings, no checkpoint
@@ -171,20 +108,5 @@ def baselines_only(run_dir: Path) -> bool:
     )
 
 
-def restore(archive: Path, task: str, k: int, run_dir: Path) -> bool:
-    """Put seed ``k``'s kept state in progress into ``run_dir`` where that has no checkpoint of its own
-    (an empty or missing directory, or a training that never saved), or, for baselines only (a state kept
-    without a checkpoint), no settings of its own; whether it did."""
-    src = partial_path(archive, task, k)
-    if not src.is_dir() or (run_dir / "checkpoint.pt").exists():
-        return False
-    if not (src / "checkpoint.pt").exists() and (run_dir / "config.json").exists():
-        return False  # baselines only, and this run directory is the live one
-    run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(src, run_dir, dirs_exist_ok=True)
-    return True
-
-
-__all__ = ["RUN_FILES", "TRAINING_ONLY", "baselines_only", "carry", "load_seed", "partial_path", "restore",
-           "run_end", "same_evaluation", "save_seed", "seed_path", "train_machine", "train_revision",
-           "trained"]  # fmt: skip
+__all__ = ["baselines_only", "load_seed", "run_end", "same_evaluation", "save_seed", "seed_path",
+           "train_machine", "train_revision", "trained"]  # fmt: skip

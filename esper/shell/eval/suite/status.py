@@ -1,5 +1,4 @@
-"""Where each (task, seed) of a suite run stands, read from its run directories and its archive: nothing
-is run."""
+"""Where each (task, seed) of a suite run stands, read from its run directories: nothing is run."""
 
 from __future__ import annotations
 
@@ -9,19 +8,16 @@ from typing import Any
 
 from esper.shell.config.presets import preset
 from esper.shell.eval.search import HEURISTIC_TUNED, PLAN_SEARCH_CAP
-from esper.shell.eval.suite.archive import baselines_only, load_seed, partial_path, run_end
-from esper.shell.eval.suite.tasks import EVAL_EPISODES, EVALUATIONS, SUITE, final_data_seed
+from esper.shell.eval.suite.archive import baselines_only, run_end
+from esper.shell.eval.suite.tasks import EVALUATIONS, SUITE
 from esper.shell.telemetry.events import read_events
 
 
-def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archive: Path | None = None,
-           episodes: int = EVAL_EPISODES) -> list[dict[str, Any]]:  # fmt: skip
+def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path) -> list[dict[str, Any]]:
     """Where each (task, seed) of a suite run stands, read from ``runs`` (nothing is run): its training
     (``updates`` done of ``of``, ``trained``; ``baselines_only`` where it trains none: ``--controller-from``),
-    the searches cached in its run directory, which of its evaluations (the table's, the diagnosis, the
-    plan within the cap) are written, and whether ``archive`` keeps it for an evaluation of ``episodes``
-    hosts (``archived``: then it is done wherever its run directory is) or keeps its state in progress
-    (``partial``)."""
+    the searches cached in its run directory, and which of its evaluations (the table's, the diagnosis, the
+    plan within the cap) are written."""
     rows = []
     for task in tasks:
         of = preset(SUITE[task]).updates
@@ -33,19 +29,16 @@ def status(tasks: Sequence[str], seeds: int, first_seed: int, runs: Path, archiv
             searches = sorted(p.stem for p in (run / "search").glob("*.json")) if run.is_dir() else []
             evals = {name: (run / d / "results.json").exists()
                      for name, d in zip(("table", "diagnosis", "in_cap"), EVALUATIONS)}  # fmt: skip
-            kept = archive is not None and load_seed(archive, task, k, episodes, final_data_seed(task, k))
-            partial = archive is not None and partial_path(archive, task, k).is_dir()
             rows.append({"task": task, "seed": k, "updates": updates, "of": of, "trained": ended,
-                         "baselines_only": baselines_only(run), "searches": searches, **evals,
-                         "archived": bool(kept), "partial": partial})  # fmt: skip
+                         "baselines_only": baselines_only(run), "searches": searches, **evals})  # fmt: skip
     return rows
 
 
 def status_lines(rows: list[dict[str, Any]]) -> list[str]:
     """:func:`status` as a table (searches by budget: ``tuned`` is ``heuristic_tuned``, ``cap 1x``
     ``plan_search_cap@1x``)."""
-    out = ["| task | seed | training | searches cached | table | diagnosis | in cap | archived |",
-           "|---|---:|---|---|---|---|---|---|"]  # fmt: skip
+    out = ["| task | seed | training | searches cached | table | diagnosis | in cap |",
+           "|---|---:|---|---|---|---|---|"]  # fmt: skip
     mark = {True: "done", False: ""}
     for r in rows:
         if r.get("baselines_only"):
@@ -55,10 +48,9 @@ def status_lines(rows: list[dict[str, Any]]) -> list[str]:
         short = (n.replace(HEURISTIC_TUNED, "tuned").replace(f"{PLAN_SEARCH_CAP}@", "cap ")
                  .replace("plan_search@", "") for n in r["searches"])  # fmt: skip
         searched = ", ".join(short)
-        kept = "done" if r.get("archived") else ("in progress" if r.get("partial") else "")
-        evals = " | ".join([*(mark[r[k]] for k in ("table", "diagnosis", "in_cap")), kept])
+        evals = " | ".join(mark[r[k]] for k in ("table", "diagnosis", "in_cap"))
         out.append(f"| {r['task']} | {r['seed']} | {train} | {searched} | {evals} |")
-    done = sum(r["table"] or r.get("archived", False) for r in rows)
+    done = sum(r["table"] for r in rows)
     out.append(f"\n{done} of {len(rows)} (task, seed) evaluated.")
     return out
 
