@@ -51,7 +51,7 @@ def fake_runs(monkeypatch):
         return run, 123.0
 
     def evaluate(run_dir, k, episodes, names, out, data_seed, extra, in_process=False):
-        assert not in_process  # confirm runs its arms side by side in threads: each evaluation its own process
+        assert not in_process  # confirm runs its arms side by side in threads: each evaluates in a process
         calls["evaluate"].append((run_dir, k, tuple(names), out, data_seed, tuple(extra)))
         task = run_dir.parent.name
         greedy = 81.0 if run_dir.parent.parent.name == "fb4" else 80.0
