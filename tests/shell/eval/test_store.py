@@ -291,9 +291,10 @@ def test_one_seeds_table_with_the_store_is_the_uncached_runs_with_fewer_episodes
     """The issue's check, on real (tiny) episodes: one seed's evaluations (``static``, ``grow_all``,
     ``plan_search`` at three budgets and within the cap, a diagnosis ``grow:`` of a plan it chose,
     ``born_big`` of ``grow_all``'s plan twice over, the timed search, a placement asked for twice) give
-    every number of the run without a store, and run fewer episodes: the timed search reads the first
-    round it shares with ``plan_search@1x`` (the same candidates on the same host, one batch), the later
-    evaluations the fixed plans an earlier one ran. Run again, nothing runs and nothing changes."""
+    every number of the run without a store, and run fewer episodes: the later evaluations read the fixed
+    plans an earlier one ran (since issue 105 the searches share a batch only where they ask for the same
+    one: on these budgets, smaller than a batch, they do not). Run again, nothing runs and nothing
+    changes."""
     cfg = preset("smoke", TINY)  # plan_search@1x: 24 episodes, @0.25x: 6
     ran: list[int] = []
     for module in (ST, E):
@@ -312,9 +313,9 @@ def test_one_seeds_table_with_the_store_is_the_uncached_runs_with_fewer_episodes
     assert json.dumps(_numbers(cached), sort_keys=True) == json.dumps(_numbers(uncached), sort_keys=True)
     grew = [c["params_added_mean"] for part in uncached.values() for c in part.values()]
     assert max(grew) > 0 and min(grew) == 0  # seeds were grown: the episodes differ between controllers
-    timed = cached["trying"]["plan_search_timed@1x"]["search"]
-    assert timed["episodes_reused"] > 0  # its first round: plan_search@1x's batch
-    assert n_cached < n_uncached - timed["episodes_reused"]  # and the evaluations read fixed plans
+    reused = sum(part[n]["search"].get("episodes_reused", 0) for part in cached.values() for n in part
+                 if "search" in part[n] and "episodes_reused" in part[n]["search"])  # fmt: skip
+    assert n_cached < n_uncached - reused  # the evaluations read fixed plans the searches ran
     ran.clear()
     again = _one_seed(cfg, task, tmp_path / "search")
     assert sum(ran) == 0 and json.dumps(_numbers(again), sort_keys=True) == json.dumps(
