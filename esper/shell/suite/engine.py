@@ -7,7 +7,8 @@ them and returns each stage's result by its key.
 - ``Engine(workers=0)``: in this process, in order (for debugging, and the path the tests compare the
   cluster's against).
 - ``Engine(workers=N)``: a local Dask cluster (``distributed.LocalCluster``) of ``N`` worker processes of
-  one thread each, bound to 127.0.0.1, with no dashboard, started for the run and closed after it.
+  one thread each, every server bound to 127.0.0.1 (the scheduler's HTTP server on a free port there),
+  started for the run and closed after it.
 - ``Engine(scheduler="tcp://HOST:PORT")`` (or the path of a scheduler file, as ``dask scheduler
   --scheduler-file`` writes it): an existing cluster's workers (``dask worker ADDRESS --nthreads 1``).
 
@@ -168,8 +169,11 @@ class Engine:
                 with dist.Client(self.scheduler) as client:
                     yield client
             return
-        kwargs = {"n_workers": self.workers, "threads_per_worker": 1, "processes": True, "host": "127.0.0.1",
-                  "dashboard_address": None, "silence_logs": logging.ERROR, **self.local}  # fmt: skip
+        # the scheduler's HTTP server (health, metrics; the dashboard where bokeh is installed) serves even
+        # without a dashboard: a free port on the loopback, as every other server here
+        kwargs = {"n_workers": self.workers, "threads_per_worker": 1, "processes": True,
+                  "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", "silence_logs": logging.ERROR,
+                  **self.local}  # fmt: skip
         with dist.LocalCluster(**kwargs) as cluster, dist.Client(cluster) as client:
             yield client
 
