@@ -310,3 +310,31 @@ def test_attach_at_blending_reaches_every_fresh_host_and_changes_what_grow_all_t
     assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(isolated, attached, strict=True))
     for a, b in zip(attached, per_env, strict=True):  # the two host paths agree on it
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_issue103_without_incubation_seeds_blend_from_germination_on_both_host_paths():
+    """``lifecycle.incubate false`` (issue 103): a germinated seed is in BLENDING on the host from its
+    germination step (alpha above 0 for the next epoch), no what-if pass is spent on it (its FLOPs 0),
+    the host trains through it with ``attach_at blending``, and the batched and per-env paths agree."""
+
+    def episode(host_step):
+        torch.manual_seed(0)
+        cfg = EnvConfig(task="mnist1d", n_envs=2, batch_size=64, train_batches=4, workers=1, host_step=host_step)
+        life = LifecycleConfig(max_epochs=3, incubate=False, attach_at="blending")
+        env = VecEnv(cfg, life, GovernorConfig(), seed=3)
+        seen = []
+        result = EpisodeRunner(env, GrowAllController(5, env.lifecycle),
+                               on_epoch=lambda ev: seen.append(
+                                   [env.hosts.host(0).slot(s).stage for s in range(3)])).run(0)  # fmt: skip
+        weights = [p.detach().clone() for i in range(env.n) for p in env.hosts.host(i).host_parameters()]
+        return result, seen, weights, env
+
+    result, seen, weights, env = episode("batched")
+    # grow_all germinates one slot a step: slot 0 at the first step, BLENDING at once, never GERMINATED
+    assert all(Stage.GERMINATED not in stages and Stage.TRAINING not in stages for stages in seen)
+    assert seen[0][0] == Stage.BLENDING and env.hosts.host(0).slot(0).alpha > 0.0
+    assert env.hosts.host(0).slot(0).reads_live
+    assert all(ep["whatif_flops"] == 0 for ep in result.episodes)
+    _, _, per_env, _ = episode("per_env")
+    for a, b in zip(weights, per_env, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
