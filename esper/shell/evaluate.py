@@ -99,10 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "final size (its seeds fossilized at alpha 1 from epoch 0), born_big:PLAN at that "
                         "plan's, born_big:CONTROLLER at the plan CONTROLLER (named before it) ended with "
                         "most often; searched on training hosts first, their compute counted: "
-                        "heuristic_tuned, heuristic_tuned_wide (timing, blueprint and budget on a "
-                        "widening grid), probe (a greedy what-if probe), plan_search[@H|@Kx], "
-                        "plan_search_cap[@H|@Kx], plan_search_timed[@H|@Kx] (schedules with their timing "
-                        "and blend style)")  # fmt: skip
+                        "heuristic_tuned, heuristic_tuned_wide[@random] (timing, blueprint and budget), "
+                        "probe[@random] (a greedy what-if probe), plan_search[@H|@Kx][@random], "
+                        "plan_search_cap[@H|@Kx][@random], plan_search_timed[@H|@Kx][@random] (schedules "
+                        "with their timing and blend style); these search with Optuna's TPE, or at random "
+                        "with @random (the plan searches with its successive-halving pruner)")  # fmt: skip
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (0, the default: as the run would, the cores over its env "
                         "workers); the numbers repeat at the same --seed and thread count")  # fmt: skip
