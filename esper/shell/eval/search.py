@@ -87,9 +87,9 @@ from esper.shell.host.blueprints import BLUEPRINTS
 from esper.shell.host.hosts import Host
 
 HEURISTIC_TUNED = "heuristic_tuned"
-#: The heuristic with its timing, blueprint and budget chosen by a widening grid.
+#: The heuristic with its timing, blueprint and budget chosen by an Optuna study (TPE; @random).
 HEURISTIC_TUNED_WIDE = "heuristic_tuned_wide"
-#: The greedy what-if probe, its settings chosen by a widening grid.
+#: The greedy what-if probe, its settings chosen by an Optuna study (TPE; @random).
 PROBE = "probe"
 PLAN_SEARCH = "plan_search"
 #: ``plan_search`` within the learned controller's parameter cap.
