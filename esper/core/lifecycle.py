@@ -47,7 +47,10 @@ Then the mechanical end-of-epoch advance of every slot:
    unless ``timeout_fossilizes`` is set: then a seed that pays (G5 but for the ramp: alpha > 0 and
    ``contribution >= g5_min_contribution``) is fossilized instead (``timeout_fossilized``), at the
    alpha it has: a ramp in flight (a SET_ALPHA_TARGET in HOLDING) stops there. Only the others are
-   pruned.
+   pruned. What "pays" reads there is ``keep_by``: the accuracy (``accuracy``, the default), the
+   validation loss (``loss``: alpha > 0 and ``loss_contribution``, the loss at alpha 0 minus the loss
+   as blended, at least ``g5_min_loss_drop`` of the loss without the seed), or either (``either``).
+   Only the deadline reads ``keep_by``: FOSSILIZE's G5 and the prune gate read the accuracy.
 3. Every active ramp moves one epoch (also a ramp started this step, so a ramp of length L reaches
    its end after L steps and INSTANT applies at once); alpha = :func:`alpha_at` of the ramp fields.
 4. A PRUNED seed whose ramp ended (alpha 0) is removed (``removed``): EMBARGOED for
@@ -78,7 +81,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from esper.core.masks import op_slot_legality, seed_pays
+from esper.core.masks import op_slot_legality, seed_lowers_loss, seed_pays
 from esper.core.spec import (
     ALPHA_CURVE_STEEPNESS,
     ALPHA_SPEED_STEPS,
@@ -107,6 +110,7 @@ SEED_FIELDS: tuple[str, ...] = (
     "ramp_pos",
     "curve",
     "contribution",
+    "loss_contribution",
     "acc_at_germination",
     "acc_at_stage_start",
     "grad_ratio",
@@ -120,6 +124,8 @@ G2_EVIDENCE = ("host", "what_if", "either")
 WHATIF_STATISTICS = ("running", "batch")
 #: The stage from which a seed reads the host's live activation (``LifecycleConfig.attach_at``).
 ATTACH_AT = ("fossilized", "blending")
+#: What a seed must pay in to be kept at the HOLDING deadline (``LifecycleConfig.keep_by``).
+KEEP_BY = ("accuracy", "loss", "either")
 
 #: Bool ``[*E, S]`` entries of the events TensorDict returned by :func:`lifecycle_step`.
 EVENT_KINDS: tuple[str, ...] = (
@@ -139,6 +145,8 @@ EVENT_KINDS: tuple[str, ...] = (
 
 #: Physical range of an accuracy in percent; signals are clamped into it (finite outputs for any input).
 ACC_RANGE = (0.0, 100.0)
+#: A loss difference (``loss_contribution``) is clamped to +- this, as the rewards clamp a loss to [0, 1e4].
+LOSS_DELTA_MAX = 1e4
 
 
 def config_field(default: Any, text: str) -> Any:
@@ -195,6 +203,19 @@ class LifecycleConfig:
         False,
         "at the HOLDING timeout, fossilize a seed that pays (alpha > 0, contribution >= g5_min_contribution; "
         "a ramp in flight stops where it is) and prune only the others",
+    )
+    keep_by: str = config_field(
+        "accuracy",
+        "what a seed must pay in to be kept at the HOLDING deadline (with timeout_fossilizes): accuracy = "
+        "its contribution >= g5_min_contribution points; loss = it lowers the validation loss by at least "
+        "g5_min_loss_drop of the loss without it (loss_contribution, the counterfactual's loss at alpha 0 "
+        "minus the loss as blended); either = one or the other. FOSSILIZE's G5 and the prune gate read the "
+        "accuracy whatever this is (issue 104; docs/controller.md)",
+    )
+    g5_min_loss_drop: float = config_field(
+        0.05,
+        "keep_by loss/either: the share of the validation loss without the seed that it must remove, "
+        "(loss at alpha 0 - loss blended) / loss at alpha 0 (0.05: the seed lowers the loss by 5 %)",
     )
     embargo_epochs: int = config_field(5, "epochs a slot stays EMBARGOED after its seed was removed")
     min_prune_age: int = config_field(1, "minimum seed age (steps since germination) for PRUNE")
@@ -278,6 +299,10 @@ class LifecycleConfig:
             raise ValueError(f"{where}.g2_evidence must be one of {G2_EVIDENCE}, got {self.g2_evidence!r}")
         if self.attach_at not in ATTACH_AT:
             raise ValueError(f"{where}.attach_at must be one of {ATTACH_AT}, got {self.attach_at!r}")
+        if self.keep_by not in KEEP_BY:
+            raise ValueError(f"{where}.keep_by must be one of {KEEP_BY}, got {self.keep_by!r}")
+        if not 0.0 <= self.g5_min_loss_drop < 1.0:
+            raise ValueError(f"{where}.g5_min_loss_drop must be in [0, 1), got {self.g5_min_loss_drop}")
         if self.whatif_statistics not in WHATIF_STATISTICS:
             got = self.whatif_statistics
             raise ValueError(f"{where}.whatif_statistics must be one of {WHATIF_STATISTICS}, got {got!r}")
@@ -420,7 +445,8 @@ def gate_readiness(slots: TensorDict, val_acc: torch.Tensor, cfg: LifecycleConfi
 
 # ------------------------------------------------------------------------------------ measurements
 def record_signals(slots: TensorDict, signals: TensorDict, cfg: LifecycleConfig) -> TensorDict:
-    """Copy this epoch's measurements into the slot state (no decisions): ``contribution`` and
+    """Copy this epoch's measurements into the slot state (no decisions): ``contribution``,
+    ``loss_contribution`` (0 where the signals hold none; clamped to ``[-1e4, 1e4]``) and
     ``seed_params`` of live seeds, the gradient-ratio EMA of seeds in GERMINATED, TRAINING or
     BLENDING (the first measurement, made while GERMINATED, starts the EMA; later stages keep it),
     and ``whatif_gain`` of incubating seeds (GERMINATED, TRAINING) where the signals hold one (0 else).
@@ -438,11 +464,18 @@ def record_signals(slots: TensorDict, signals: TensorDict, cfg: LifecycleConfig)
     incubating = stage_in(stage, (Stage.GERMINATED, Stage.TRAINING))
     whatif = sig.get("whatif_gain", None)
     whatif = torch.zeros_like(slots["whatif_gain"]) if whatif is None else clean_contribution(whatif)
+    loss_drop = sig.get("loss_contribution", None)
+    loss_drop = (
+        torch.zeros_like(slots["loss_contribution"])
+        if loss_drop is None
+        else torch.nan_to_num(loss_drop.float(), nan=0.0).clamp(-LOSS_DELTA_MAX, LOSS_DELTA_MAX)
+    )
     return _build(
         slots,
         {
             "whatif_gain": torch.where(incubating, whatif, 0.0),
             "contribution": torch.where(live, clean_contribution(sig["contribution"]), 0.0),
+            "loss_contribution": torch.where(live, loss_drop, 0.0),
             "seed_params": torch.where(live, params, 0.0),
             "grad_ratio": torch.where(live, grad_ratio, 0.0),
         },
@@ -479,7 +512,7 @@ def lifecycle_step(
     val_acc = clean_acc(signals["val_acc"]).unsqueeze(-1).expand_as(f["alpha"])
     d = _decide(slots, action, heads, signals, cfg, n_blueprints)
     stage, f = _apply_op(f, d, heads, val_acc, incubate=cfg.incubate)
-    stage, f, kept, timeout = _holding_timeout(f, stage, slots, d["germ"], cfg)
+    stage, f, kept, timeout = _holding_timeout(f, stage, slots, d["germ"], cfg, signals["val_loss"])
     stage, f, removed, embargo = _move_ramps(f, stage, stage0, cfg)
     f = _close_epoch(f, stage, slots, d["germ"], val_acc, embargo)
     events = {
@@ -581,7 +614,7 @@ def _apply_op(
     f["tempo"] = torch.where(germ, heads["tempo"].clamp(0, len(TEMPO_EPOCHS) - 1), f["tempo"])
     f["alpha_target"] = torch.where(germ | aset, target_a, f["alpha_target"])
     f["acc_at_germination"] = torch.where(germ, val_acc, f["acc_at_germination"])
-    for k in ("contribution", "grad_ratio", "seed_params"):
+    for k in ("contribution", "loss_contribution", "grad_ratio", "seed_params"):
         f[k] = torch.where(germ, zero_f, f[k])
 
     # new ramps: blend-in (ADVANCE to BLENDING), SET_ALPHA_TARGET, PRUNE (ramp down to 0)
@@ -606,11 +639,13 @@ def _holding_timeout(
     slots: TensorDict,
     germ: torch.Tensor,
     cfg: LifecycleConfig,
+    val_loss: torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """The first mechanical advances (module docstring, 1-2): GERMINATED seeds not germinated this step
     move to TRAINING, and a HOLDING seed at ``holding_timeout`` is pruned, or fossilized where
-    ``timeout_fossilizes`` and it pays, its ramp ended where alpha is. Returns the stage, new fields,
-    and the ``kept`` (fossilized) and ``timeout`` (pruned) masks."""
+    ``timeout_fossilizes`` and it pays (in what ``keep_by`` names; ``val_loss [*E]``: this epoch's, as
+    blended), its ramp ended where alpha is. Returns the stage, new fields, and the ``kept``
+    (fossilized) and ``timeout`` (pruned) masks."""
     f = dict(f)
     stage0, eis0, alpha0 = slots["stage"], slots["epochs_in_stage"], slots["alpha"]
     promote = (stage == int(Stage.GERMINATED)) & ~germ
@@ -620,7 +655,7 @@ def _holding_timeout(
     # G5 but for the ramp: a seed that pays is kept at its deadline even while an alpha ramp moves it
     # (the ramp stops where it is). With G5 itself, a SET_ALPHA_TARGET in HOLDING made a seed the host
     # depended on fail at its deadline and vanish in one step, the host back at chance.
-    pays = seed_pays(slots, cfg.g5_min_contribution)
+    pays = _pays_at_deadline(slots, val_loss, cfg)
     kept = expired & pays if cfg.timeout_fossilizes else torch.zeros_like(expired)
     timeout = expired & ~kept
     stage = torch.where(kept, int(Stage.FOSSILIZED), stage)
@@ -639,6 +674,17 @@ def _holding_timeout(
     f["ramp_pos"] = torch.where(ended, zero_i, f["ramp_pos"])
     f["curve"] = torch.where(timeout, out_curve, f["curve"])
     return stage, f, kept, timeout
+
+
+def _pays_at_deadline(slots: TensorDict, val_loss: torch.Tensor, cfg: LifecycleConfig) -> torch.Tensor:
+    """``[*E, S]`` bool: the seed pays in what ``cfg.keep_by`` names (a branch on the config, not on a
+    tensor): its accuracy (:func:`seed_pays`), its validation loss (:func:`seed_lowers_loss`; issue
+    104: a seed that more than halved the loss without adding a point was removed), or either."""
+    by_acc = seed_pays(slots, cfg.g5_min_contribution)
+    if cfg.keep_by == "accuracy":
+        return by_acc
+    by_loss = seed_lowers_loss(slots, val_loss, cfg.g5_min_loss_drop)
+    return by_loss if cfg.keep_by == "loss" else by_acc | by_loss
 
 
 def _move_ramps(
@@ -695,6 +741,7 @@ def _close_epoch(
 __all__ = [
     "ATTACH_AT",
     "EVENT_KINDS",
+    "KEEP_BY",
     "SEED_FIELDS",
     "LifecycleConfig",
     "alpha_at",

@@ -36,6 +36,20 @@ def seed_pays(slots: TensorDict, min_contribution: float) -> torch.Tensor:
     return (slots["alpha"] > 0) & (contribution >= min_contribution)
 
 
+def seed_lowers_loss(slots: TensorDict, val_loss: torch.Tensor, min_drop: float) -> torch.Tensor:
+    """``[*E, S]`` bool: the seed is blended in (alpha > 0) and lowers this epoch's validation loss by at
+    least the share ``min_drop`` of the loss without it: with ``d = loss_contribution`` (the loss at
+    alpha 0 minus the loss as blended; NaN counts as 0) and ``L = val_loss [*E]`` (as blended),
+    ``d > 0`` and ``d >= min_drop * (L + d)``. What ``lifecycle.keep_by`` ``loss`` or ``either`` keeps
+    at the HOLDING deadline (issue 104); no division, so a zero loss is no special case, and a
+    non-finite ``L`` keeps nothing."""
+    drop = torch.nan_to_num(slots["loss_contribution"].float(), nan=0.0)
+    loss = val_loss.float()
+    loss = torch.where(torch.isfinite(loss), loss.clamp(min=0.0), torch.full_like(loss, float("inf")))
+    without = loss.unsqueeze(-1) + drop
+    return (slots["alpha"] > 0) & (drop > 0) & (drop >= min_drop * without)
+
+
 def op_slot_legality(
     slots: TensorDict,
     *,
@@ -301,6 +315,7 @@ __all__ = [
     "legal_masks",
     "n_legal",
     "op_slot_legality",
+    "seed_lowers_loss",
     "seed_pays",
     "slot_mask",
     "within_param_cap",

@@ -228,6 +228,11 @@ SLOT_FIELDS = MappingProxyType(
         "ramp_pos": (torch.int64, "epochs done in the current ramp; ramping while ramp_pos < ramp_len"),
         "curve": (torch.int64, "AlphaCurve of the current ramp"),
         "contribution": (torch.float32, "counterfactual accuracy delta, percentage points"),
+        "loss_contribution": (
+            torch.float32,
+            "counterfactual validation-loss delta: the loss with the seed at alpha 0 minus the loss as "
+            "blended (positive: the seed lowers the loss)",
+        ),
         "acc_at_germination": (torch.float32, "host val accuracy (%) when the seed germinated"),
         "acc_at_stage_start": (torch.float32, "host val accuracy (%) when the stage began"),
         "grad_ratio": (torch.float32, "EMA of the parameter-normalized seed/host gradient ratio"),

@@ -276,7 +276,10 @@ class VecEnv:
                 **{k: measured[k] for k in ("train_loss", "train_acc", "val_loss", "val_acc")},
                 "host_params": self._host_params_tensor(),
                 "slots": TensorDict(
-                    {k: measured[k] for k in ("contribution", "whatif_gain", *SEED_GRAD_KEYS)}
+                    {
+                        k: measured[k]
+                        for k in ("contribution", "loss_contribution", "whatif_gain", *SEED_GRAD_KEYS)
+                    }
                     | {k: measured[k] for k in self._gain_keys}
                     | self._seed_state(),
                     batch_size=[E, S],
@@ -336,6 +339,7 @@ class VecEnv:
                 signals["val_loss"][i] = again["val_loss"][k]
                 signals["val_acc"][i] = again["val_acc"][k]
                 signals["slots", "contribution"][i] = again["contribution"][k]
+                signals["slots", "loss_contribution"][i] = again["loss_contribution"][k]
                 for key in SEED_GRAD_KEYS:  # the removed seeds' gradients are gone with them
                     signals["slots", key][i] = 0.0
                 for key in self._gain_keys:  # measured on the host before the rollback

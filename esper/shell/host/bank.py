@@ -30,9 +30,13 @@ from esper.shell.host.model import SEED_GRAD_KEYS, EnvModel
 from esper.shell.host.streams import EnvStreams
 
 #: What :meth:`PerEnvHosts.measure` returns per env, in order: ``[E]`` each, ``[E, S]`` from the fifth
-#: (each live seed's contribution, each incubating seed's what-if gain (0 unless asked for), then the
-#: seeds' gradients: :data:`~esper.shell.host.model.SEED_GRAD_KEYS`).
-MEASURED = ("train_loss", "train_acc", "val_loss", "val_acc", "contribution", "whatif_gain", *SEED_GRAD_KEYS)
+#: (each live seed's contribution, its validation loss at alpha 0 minus the real one, each incubating
+#: seed's what-if gain (0 unless asked for), then the seeds' gradients:
+#: :data:`~esper.shell.host.model.SEED_GRAD_KEYS`).
+MEASURED = ("train_loss", "train_acc", "val_loss", "val_acc", "contribution", "loss_contribution",
+            "whatif_gain", *SEED_GRAD_KEYS)  # fmt: skip
+#: What :meth:`PerEnvHosts.revalidate` returns of the listed envs after a rollback.
+REVALIDATED = ("val_loss", "val_acc", "contribution", "loss_contribution")
 
 
 class HostSource(Protocol):
@@ -183,22 +187,23 @@ class PerEnvHosts:
         rows = []
         for i in range(self.n):
             tr, v = train[i], val[i]
-            parts = [tr["loss"], tr["acc"], v["val_loss"], v["val_acc"], v["contribution"], v["whatif_gain"],
-                     *(tr[k] for k in SEED_GRAD_KEYS), *(tr[k] for k in keys[len(MEASURED):])]  # fmt: skip
+            parts = [tr["loss"], tr["acc"], v["val_loss"], v["val_acc"], v["contribution"],
+                     v["loss_contribution"], v["whatif_gain"], *(tr[k] for k in SEED_GRAD_KEYS),
+                     *(tr[k] for k in keys[len(MEASURED):])]  # fmt: skip
             # cast after the join: a cast is a read, and reads of env i's results wait on its event (S1)
             rows.append([p.float() for p in self.streams.join(i, parts, self.device)])
         return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(keys)}
 
     def revalidate(self, envs: Sequence[int]) -> dict[str, torch.Tensor]:
-        """``val_loss``, ``val_acc`` ``[len(envs)]`` and ``contribution [len(envs), S]`` of the listed
-        envs again (after a rollback)."""
+        """:data:`REVALIDATED` of the listed envs again (after a rollback): ``val_loss``, ``val_acc``
+        ``[len(envs)]``, ``contribution`` and ``loss_contribution [len(envs), S]``."""
         val = []
         for i in envs:
             with self.streams.run(i):
-                val.append(self.models[i].counterfactual_validation(self.loaders[i].val))
-        rows = [[t.float() for t in self.streams.join(i, list(v), self.device)] for i, v in zip(envs, val)]
-        keys = ("val_loss", "val_acc", "contribution")
-        return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(keys)}
+                out = self.models[i].measure_validation(self.loaders[i].val)
+                val.append([out[k] for k in REVALIDATED])
+        rows = [[t.float() for t in self.streams.join(i, v, self.device)] for i, v in zip(envs, val)]
+        return {k: torch.stack([r[j] for r in rows]) for j, k in enumerate(REVALIDATED)}
 
     def final(self) -> dict[str, torch.Tensor]:
         """The final hosts on validation and on the held-out test split (read here and nowhere else):

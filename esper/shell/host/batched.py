@@ -29,6 +29,7 @@ from esper.shell.common.seeding import derive_seed
 from esper.shell.data.batches import Loaders
 from esper.shell.host.bank import (
     MEASURED,
+    REVALIDATED,
     HostSettings,
     HostSource,
     PerEnvHosts,
@@ -122,11 +123,11 @@ class BatchedHosts:
         return {k: out[k].float().to(self.device) for k in keys}
 
     def revalidate(self, envs: Sequence[int]) -> dict[str, torch.Tensor]:
-        """``val_loss``, ``val_acc`` ``[len(envs)]`` and ``contribution [len(envs), S]`` of the listed
-        envs again (after a rollback; every env is measured, the listed ones returned)."""
+        """:data:`~esper.shell.host.bank.REVALIDATED` of the listed envs again (after a rollback; every env
+        is measured, the listed ones returned)."""
         val = self._validate(counterfactual=True)
         rows = torch.tensor(list(envs), device=val["val_loss"].device)
-        return {k: val[k][rows].float().to(self.device) for k in ("val_loss", "val_acc", "contribution")}
+        return {k: val[k][rows].float().to(self.device) for k in REVALIDATED}
 
     def final(self) -> dict[str, torch.Tensor]:
         """The final hosts on validation and on the held-out test split (read here and nowhere else)."""
@@ -214,7 +215,8 @@ class BatchedHosts:
         self, *, counterfactual: bool, split: str = "val", whatif: bool = False,
         whatif_statistics: str = "running",
     ) -> dict[str, torch.Tensor]:  # fmt: skip
-        """``val_loss``, ``val_acc``, with ``counterfactual`` ``contribution [E, S]`` and with ``whatif``
+        """``val_loss``, ``val_acc``, with ``counterfactual`` ``contribution`` and ``loss_contribution``
+        ``[E, S]`` (each live seed's loss at alpha 0 minus the real one) and with ``whatif``
         ``whatif_gain [E, S]`` (each incubating seed's accuracy blended in at alpha 1, minus the host's,
         both with the batch-norm statistics ``whatif_statistics`` names; 0 elsewhere) on ``split``."""
         if whatif_statistics not in WHATIF_STATISTICS:
@@ -232,6 +234,7 @@ class BatchedHosts:
         loss_sum = torch.zeros(self.n, device=self.host_device)
         correct = torch.zeros(self.n, dtype=torch.int64, device=self.host_device)
         cf = torch.zeros(self.n, S, dtype=torch.int64, device=self.host_device)
+        cf_loss_sum = torch.zeros(self.n, S, device=self.host_device)
         wi = torch.zeros(self.n, S, dtype=torch.int64, device=self.host_device)
         wi_base = torch.zeros(self.n, dtype=torch.int64, device=self.host_device)
         by_batch = whatif_statistics == "batch"
@@ -239,10 +242,11 @@ class BatchedHosts:
         with self._autocast():
             for batches in zip(*(getattr(ld, split) for ld in self.loaders)):
                 x, y = stack_inputs(batches)
-                loss, n_correct, n_cf, n_wi, n_base = self.stack.evaluate(
+                loss, n_correct, n_cf, n_wi, n_base, cf_loss = self.stack.evaluate(
                     x, y, eval_plan, live, incubating, batch_statistics=by_batch
                 )
                 loss_sum += loss.float() * y.shape[1]
+                cf_loss_sum += cf_loss.float() * y.shape[1]
                 correct += n_correct
                 cf += n_cf
                 wi += n_wi
@@ -259,6 +263,8 @@ class BatchedHosts:
                                     dtype=torch.bool, device=acc.device)  # fmt: skip
             cf_acc = cf.float() * (100.0 / n_items)
             out["contribution"] = torch.where(measured, acc.unsqueeze(1) - cf_acc, 0.0)
+            left_out_loss = cf_loss_sum / n_items - out["val_loss"].unsqueeze(1)
+            out["loss_contribution"] = torch.where(measured, left_out_loss, 0.0)
         if whatif or counterfactual:
             asked = torch.tensor([[e in incubating[s] for s in range(S)] for e in range(self.n)],
                                  dtype=torch.bool, device=acc.device)  # fmt: skip

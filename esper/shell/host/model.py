@@ -309,7 +309,9 @@ class EnvModel:
         *, whatif: bool = False, whatif_statistics: str = "running",
     ) -> dict[str, torch.Tensor]:  # fmt: skip
         """:meth:`counterfactual_validation`'s loop, as ``val_loss``, ``val_acc`` and ``contribution [S]``,
-        and ``whatif_gain [S]``: with ``whatif``, for each listed incubating seed (GERMINATED, TRAINING)
+        ``loss_contribution [S]`` (each listed seed's validation loss at alpha 0 minus ``val_loss``, from the
+        same counterfactual passes: positive where the seed lowers the loss; 0 elsewhere), and
+        ``whatif_gain [S]``: with ``whatif``, for each listed incubating seed (GERMINATED, TRAINING)
         the accuracy with it blended in at alpha 1 minus the host's, in points (what G2 reads under
         ``lifecycle.g2_evidence what_if``); 0 elsewhere, and everywhere without ``whatif``.
         ``whatif_statistics`` (``lifecycle.whatif_statistics``): ``"running"`` reads both with the
@@ -330,6 +332,7 @@ class EnvModel:
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), dtype=torch.int64, device=self.device)
         cf_correct = torch.zeros(len(measured), dtype=torch.int64, device=self.device)
+        cf_loss_sum = torch.zeros(len(measured), device=self.device)
         wi_correct = torch.zeros(len(incubating), dtype=torch.int64, device=self.device)
         wi_base = torch.zeros((), dtype=torch.int64, device=self.device)  # the host's, "batch" only
         n_items = 0
@@ -348,7 +351,9 @@ class EnvModel:
                     n_items += n
                     for k, i in enumerate(measured):
                         with host.counterfactual(i):
-                            cf_correct[k] += self._pass(batch, i, inputs)
+                            cf_loss, cf_n_correct = self._pass_loss(batch, i, inputs)
+                        cf_correct[k] += cf_n_correct
+                        cf_loss_sum[k] += cf_loss * n
                     with host.batch_statistics() if by_batch else nullcontext():
                         if by_batch and host.staged:
                             _, n_base, _, inputs = host.loss_and_correct_inputs(batch)
@@ -364,23 +369,32 @@ class EnvModel:
             raise ValueError("EnvModel.counterfactual_validation: no batches")
         acc = correct.float() * (100.0 / n_items)
         contribution = torch.zeros(host.n_slots, device=self.device)
+        loss_contribution = torch.zeros(host.n_slots, device=self.device)
+        val_loss = loss_sum / n_items
         if measured:
             cf_acc = cf_correct.float() * (100.0 / n_items)
             contribution[torch.tensor(measured, device=self.device)] = acc - cf_acc
+            loss_contribution[torch.tensor(measured, device=self.device)] = cf_loss_sum / n_items - val_loss
         whatif_gain = torch.zeros(host.n_slots, device=self.device)
         if incubating:
             wi_acc = wi_correct.float() * (100.0 / n_items)
             base = wi_base.float() * (100.0 / n_items) if by_batch else acc
             whatif_gain[torch.tensor(incubating, device=self.device)] = wi_acc - base
-        return {"val_loss": loss_sum / n_items, "val_acc": acc, "contribution": contribution,
-                "whatif_gain": whatif_gain}  # fmt: skip
+        return {"val_loss": val_loss, "val_acc": acc, "contribution": contribution,
+                "loss_contribution": loss_contribution, "whatif_gain": whatif_gain}  # fmt: skip
 
     def _pass(self, batch: Batch, slot_index: int, inputs: list[torch.Tensor] | None) -> torch.Tensor:
         """The correct count of a validation pass that differs from the kept one only at slot
         ``slot_index``: resumed there from its kept input where ``inputs`` holds them, else whole."""
+        return self._pass_loss(batch, slot_index, inputs)[1]
+
+    def _pass_loss(
+        self, batch: Batch, slot_index: int, inputs: list[torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_pass`'s mean loss and correct count."""
         if inputs is None:
-            return self.host.loss_and_correct(batch)[1]
-        return self.host.loss_and_correct_from(slot_index, inputs[slot_index], batch)[1]
+            return self.host.loss_and_correct(batch)[:2]
+        return self.host.loss_and_correct_from(slot_index, inputs[slot_index], batch)[:2]
 
     def validate(self, batches: Iterable[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loss, acc %)`` with the real alphas (no counterfactual passes)."""

@@ -540,7 +540,7 @@ class StackedHosts:
     def evaluate(
         self, x: torch.Tensor, y: torch.Tensor, slot_plan: SlotPlan, live: Sequence[Sequence[int]],
         incubating: Sequence[Sequence[int]] = (), *, batch_statistics: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    ) -> tuple[torch.Tensor, ...]:  # fmt: skip
         """Evaluation mode: per env the loss ``[E]``, correct count ``[E]``, for every slot the correct
         count with that slot's seed left out ``[E, S]`` (only the envs in ``live[s]``; the others keep
         the real count), the correct count with that slot's incubating seed blended in at alpha 1
@@ -548,7 +548,8 @@ class StackedHosts:
         that one is read against ``[E]``. With ``batch_statistics`` the what-if counts and the count
         they are read against normalize with the batch's own statistics, recording nothing (each env
         with an incubating seed runs its host once more); else both are the running statistics' and
-        that count is the real one."""
+        that count is the real one. Last, the mean loss with that slot's seed left out ``[E, S]`` (as
+        the left-out counts: the envs in ``live[s]``, the real loss elsewhere)."""
         envs = list(range(self.n))
         logits, before = self.forward(envs, x, slot_plan, train=False, host_grad=False, statistics="use")
         loss, correct = _cross_entropy(logits, y)
@@ -557,11 +558,13 @@ class StackedHosts:
         def with_slot(
             envs_by_slot: Sequence[Sequence[int]], alpha: float, base: torch.Tensor,
             starts: list[torch.Tensor], position: dict[int, int] | None, train: bool,
+            losses: torch.Tensor | None = None,
         ) -> torch.Tensor:  # fmt: skip
             """``[E, S]`` correct counts with slot ``s``'s seed at ``alpha`` in the envs of
             ``envs_by_slot[s]`` (0: left out; 1: an incubating seed blended in), ``base`` elsewhere;
             ``starts[s]`` holds the activations entering slot ``s``, for every env (``position``
-            None) or for the envs ``position`` maps to their row."""
+            None) or for the envs ``position`` maps to their row. ``losses`` ``[E, S]``, where given,
+            takes those passes' mean losses in the same places."""
             out = base.unsqueeze(1).repeat(1, S)
             for s, envs_s in enumerate(envs_by_slot):
                 if not envs_s:
@@ -572,13 +575,17 @@ class StackedHosts:
                 forced = {(k, s): alpha for k in range(len(sub))}  # a seed forced to 0 is left out
                 changed = plan([self.hosts[e] for e in sub], forced=forced, trainable=False)
                 logits_s = self.resume(sub, starts[s].index_select(0, local), s, changed, train=train)
-                out[rows, s] = _cross_entropy(logits_s, y.index_select(0, rows))[1]
+                loss_s, out[rows, s] = _cross_entropy(logits_s, y.index_select(0, rows))
+                if losses is not None:
+                    losses[rows, s] = loss_s.detach().to(losses.dtype)
             return out
 
-        left_out = with_slot(live, 0.0, correct, before, None, False)
+        left_out_loss = loss.detach().unsqueeze(1).repeat(1, S)
+        left_out = with_slot(live, 0.0, correct, before, None, False, left_out_loss)
         asked = sorted({e for envs_s in incubating for e in envs_s})
         if not (batch_statistics and asked):
-            return loss, correct, left_out, with_slot(incubating, 1.0, correct, before, None, False), correct
+            what_if = with_slot(incubating, 1.0, correct, before, None, False)
+            return loss, correct, left_out, what_if, correct, left_out_loss
         # the hosts with an incubating seed once more, every batch norm on this batch's statistics
         rows = self.rows(asked, x.device)
         own = plan([self.hosts[e] for e in asked], trainable=False)
@@ -587,7 +594,8 @@ class StackedHosts:
         base = correct.clone()
         base[rows] = _cross_entropy(logits_b, y.index_select(0, rows))[1]
         position = {e: k for k, e in enumerate(asked)}
-        return loss, correct, left_out, with_slot(incubating, 1.0, base, before_b, position, True), base
+        what_if = with_slot(incubating, 1.0, base, before_b, position, True)
+        return loss, correct, left_out, what_if, base, left_out_loss
 
 
 def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

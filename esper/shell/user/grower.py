@@ -83,7 +83,7 @@ from esper.core.lifecycle import (
     record_signals,
 )
 from esper.core.observation import controller_inputs, init_history, obs_dim, update_history
-from esper.core.spec import HEADS, ActionSpec, Stage
+from esper.core.spec import HEADS, SLOT_FIELDS, ActionSpec, Stage
 from esper.shell.common.fields import with_overrides
 from esper.shell.common.seeding import derive_seed
 from esper.shell.config.presets import RunConfig, preset
@@ -573,6 +573,7 @@ class Grower:
                 "slots": TensorDict(
                     {
                         "contribution": m["contribution"].reshape(1, S),
+                        "loss_contribution": m["loss_contribution"].reshape(1, S),
                         "whatif_gain": m["whatif_gain"].reshape(1, S),
                         **{k: v.detach().float().cpu().reshape(1, S) for k, v in grads.items()},
                         "seed_params": torch.tensor([[float(sum(p.numel() for p in ps)) for ps in seeds]]),
@@ -714,6 +715,9 @@ class Grower:
             self._add_group(s, self.host.seed_parameters(s))
         S = self.host.n_slots
         self.slots = TensorDict(state["slots"], batch_size=[1, S])
+        for k, (dtype, _) in SLOT_FIELDS.items():  # a field added since the state was saved starts at 0
+            if k not in self.slots.keys():
+                self.slots[k] = torch.zeros(1, S, dtype=dtype)
         self.history = TensorDict(state["history"], batch_size=[1])
         self.epoch, self.finished = int(state["epoch"]), bool(state["finished"])
         self.events = [dict(e) for e in state.get("events", [])]
