@@ -295,6 +295,49 @@ def _md(verdict: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def frontier(docs: list[dict], png: Path) -> str:
+    """Per task, test accuracy (mean and 95 % interval over hosts) against training FLOPs (mean per
+    episode): ``static``, ``born_big`` and ``grow_all`` under each arm (and each timed arm). Writes the
+    figure to ``png`` and returns its table (markdown)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    docs = sorted(docs, key=lambda d: TASKS.index(d["task"]) if d["task"] in TASKS else 99)
+    fig, axes = plt.subplots(1, len(docs), figsize=(3.2 * len(docs), 3.2), squeeze=False)
+    lines = [
+        "| task | run | test acc [95 %] | training FLOPs an episode | of `born_big`'s |",
+        "|---|---|---|---:|---:|",
+    ]
+    for ax, d in zip(axes[0], docs, strict=True):
+        points = [(name, rec) for name, rec in d["baselines"].items()]
+        points += [(f"grow_all ({arm})", e["grow_all"]) for arm, e in d["arms"].items() if "grow_all" in e]
+        big = d["baselines"].get("born_big")
+        big_flops = sum(big["train_flops"]) / len(big["train_flops"]) if big else None
+        for name, rec in points:
+            if any(f is None for f in rec.get("train_flops", [None])):
+                continue
+            m, (lo, hi) = mean_ci95(rec["final_test_acc"])
+            flops = sum(rec["train_flops"]) / len(rec["train_flops"])
+            ax.errorbar([flops / 1e9], [m], yerr=[[m - lo], [hi - m]], fmt="o", capsize=3, label=name)
+            share = f"{flops / big_flops:.2f}" if big_flops else "—"
+            lines.append(
+                f"| `{d['task']}` | {name} | {m:.2f} [{lo:.2f}, {hi:.2f}] | {flops / 1e9:.2f} G | {share} |"
+            )
+        ax.set_title(f"{d['task']} ({d['meta']['hosts']} hosts)", fontsize=9)
+        ax.set_xlabel("training FLOPs an episode (G)", fontsize=8)
+        ax.set_xscale("log")
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("test accuracy (%)", fontsize=8)
+    axes[0][-1].legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.lifecycle", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -313,6 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     j.add_argument("files", nargs="+", type=Path)
     j.add_argument("--md", type=Path, default=None)
     j.add_argument("--json", type=Path, default=None)
+    j.add_argument("--png", type=Path, default=None, help="also the accuracy-against-FLOPs figure")
     a = p.parse_args(argv)
     if a.cmd == "run":
         torch.set_num_threads(a.threads)
@@ -330,6 +374,8 @@ def main(argv: list[str] | None = None) -> None:
             a.md.write_text(text)
         if a.json:
             a.json.write_text(json.dumps(verdict, indent=1))
+        if a.png:
+            sys.stdout.write("\n" + frontier([json.loads(f.read_text()) for f in a.files], a.png))
 
 
 if __name__ == "__main__":
