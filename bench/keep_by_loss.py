@@ -163,13 +163,17 @@ def _paired(a: list[float], b: list[float]) -> list[float]:
 
 
 def _deadline_counts(rec: dict, min_contribution: float) -> dict[str, int]:
+    """The seeds that reached their deadline step: how many, how many paid in accuracy, how many were kept
+    (``kept`` in the record is the deadline's keep, ``timeout_fossilized``; a seed that pays in accuracy is
+    kept either way, by the controller's FOSSILIZE at that step or by the deadline, as the prune gate of
+    every suite preset keeps PRUNE off it), and how many the deadline kept that paid in loss alone."""
     seeds = [d for host in rec["deadlines"] for d in host]
-    pays_acc = [d for d in seeds if d["alpha"] > 0 and d["contribution"] >= min_contribution]
+    pays_acc = [d["alpha"] > 0 and d["contribution"] >= min_contribution for d in seeds]
     return {
         "reached": len(seeds),
-        "kept": sum(d["kept"] for d in seeds),
-        "kept_by_loss_alone": sum(d["kept"] for d in seeds if d not in pays_acc),
-        "pays_in_accuracy": len(pays_acc),
+        "pays_in_accuracy": sum(pays_acc),
+        "kept": sum(d["kept"] or p for d, p in zip(seeds, pays_acc)),
+        "kept_by_loss_alone": sum(d["kept"] and not p for d, p in zip(seeds, pays_acc)),
     }
 
 
@@ -230,7 +234,7 @@ def _md(verdict: dict, docs: list[dict]) -> str:
         '"Keeping a seed by its validation loss". `python -m bench.keep_by_loss judge`.',
         "",
         "| task | controller | hosts | test acc off | on | on - off [95 % CI] | val loss off | on "
-        "| on - off [95 % CI] | params added on - off | deadline seeds off / on | kept off / on "
+        "| on - off [95 % CI] | params added on - off | deadline seeds off / on | kept there off / on "
         "| kept by loss alone (on) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
