@@ -106,6 +106,7 @@ def pair(res: dict, task: str, seed: int) -> dict:
         "trials_pruned": s["trials_pruned"], "search_seconds": s["seconds"],
         "wall_seconds": res.get("wall_seconds"),
         "hosts": res["meta"]["host_seeds"], "data_seed": res["meta"].get("data_seed"),
+        "git_rev": (res["meta"].get("git_rev") or "")[:7],
     }  # fmt: skip
 
 
@@ -126,13 +127,16 @@ def cmd_write(args) -> None:
         f"# plan_search@1x on Optuna (TPE + successive-halving pruner) against the old successive halving "
         f"({args.date}, {meta['machine']}, {args.revision})",
         "",
-        f"Rule: {meta['rule']}. Both choices grown as fixed plans at {args.revision} on the fourth run's "
-        f"hosts of the seed ({EPISODES} episodes, evaluation seed 1000 + k, final draw 100000 + k); test "
-        "accuracy in %, difference new minus old with its paired 95 % interval.",
+        f"Rule: {meta['rule']}. The search at {args.revision}; both choices grown as fixed plans on the "
+        f"fourth run's hosts of the seed ({EPISODES} episodes, evaluation seed 1000 + k, final draw "
+        "100000 + k), in one evaluation (`rev`: the revision it recorded); test accuracy in %, difference "
+        "new minus old with its paired 95 % interval; `new's val`: the chosen plan's validation accuracy "
+        "on the training hosts (its episodes); search s: the search's wall time on one thread of the "
+        "shared VM. One thread each (`--threads 1`).",
         "",
         "| task | seed | new plan (TPE) | old plan (halving) | new | old | old, fourth run "
-        "| new - old [95 %] | verdict | new's val (episodes) | trials (pruned) | search s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| new - old [95 %] | verdict | new's val (episodes) | trials (pruned) | search s | rev |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -140,7 +144,8 @@ def cmd_write(args) -> None:
             f"{r['new_test_acc']:.2f} | {r['old_test_acc']:.2f} | {r['old_test_acc_fourth_run']:.2f} | "
             f"{r['new_minus_old']:+.2f} "
             f"[{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}] | {r['verdict']} | {r['new_val_acc']:.2f} "
-            f"({r['new_val_episodes']}) | {r['trials']} ({r['trials_pruned']}) | {r['search_seconds']:.0f} |"
+            f"({r['new_val_episodes']}) | {r['trials']} ({r['trials_pruned']}) | {r['search_seconds']:.0f} | "
+            f"{r['git_rev']} |"
         )
     if args.not_run:
         lines += ["", f"Not run: {args.not_run}."]
