@@ -30,7 +30,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from esper.shell.eval.search import BUDGET_SEP, PROBE, plan_kind
+from esper.shell.eval.search import PROBE, parse_search, plan_kind
 from esper.shell.eval.stats import (
     holm,
     mean_interval,
@@ -103,10 +103,11 @@ def search_budget(name: str, learned: float | None) -> float | None:
     """The host epochs a fixed-plan search's name gives it (``plan_search``: the learned controller's
     training, ``learned``; ``plan_search@Kx``: K times it; ``plan_search@H``: H); None for a row that is
     not a plan search, or a multiple of an unknown ``learned``."""
-    if plan_kind(name) is None:
+    parsed = parse_search(name) if plan_kind(name) is not None else None
+    if parsed is None:
         return None
-    _, at, spec = name.partition(BUDGET_SEP)
-    if not at:
+    spec = parsed[1]  # the search module's own parse: a sampler after the budget is not the budget
+    if spec is None:
         return learned
     if spec.endswith("x"):
         return None if learned is None else float(spec[:-1]) * learned

@@ -90,6 +90,10 @@ def test_equal_compute_is_a_plan_search_whose_budget_is_the_controllers_training
     assert V.search_budget("plan_search_timed@0.25x", LEARNED) == 1100
     assert V.search_budget("plan_search@4400", None) == 4400
     assert V.search_budget("plan_search@2x", None) is None and V.search_budget("probe", LEARNED) is None
+    # issue 105: a sampler after the budget (Optuna's random search) is not read as the budget
+    assert V.search_budget("plan_search@1x@random", LEARNED) == LEARNED
+    assert V.search_budget("plan_search@random", LEARNED) == LEARNED
+    assert V.search_budget("plan_search_cap@0.25x@random", LEARNED) == LEARNED / 4
     names = [
         "ppo_greedy",
         "probe",
