@@ -191,7 +191,8 @@ class LifecycleConfig:
     )
     incubate: bool = config_field(
         True,
-        "a germinated seed incubates (GERMINATED, TRAINING: trained in the what-if pass on the host's residual "
+        "a germinated seed incubates (GERMINATED, TRAINING: trained in the what-if pass on the host's "
+        "residual "
         "until G2 passes) before it blends; false = no incubation: GERMINATE puts the seed straight into "
         "BLENDING, its blend-in ramp starting at once (alpha 0 at germination, its projection near zero, so "
         "the host's function is kept), with attach_at blending the host trains through it from then on",
@@ -624,7 +625,8 @@ def _apply_op(
     prune_len = torch.where(alpha0 > 0, speed_len, 0)
     new_ramp = germ | to_blend | aset | prune
     f["ramp_from"] = torch.where(new_ramp, torch.where(germ, zero_f, alpha0), f["ramp_from"])
-    f["ramp_to"] = torch.where(rampless | prune, zero_f, torch.where(new_ramp, f["alpha_target"], f["ramp_to"]))
+    ramp_to = torch.where(new_ramp, f["alpha_target"], f["ramp_to"])
+    f["ramp_to"] = torch.where(rampless | prune, zero_f, ramp_to)
     ramp_len = torch.where(to_blend, blend_len, torch.where(aset, speed_len, prune_len))
     f["ramp_len"] = torch.where(new_ramp, torch.where(rampless, zero_i, ramp_len), f["ramp_len"])
     f["ramp_pos"] = torch.where(new_ramp, zero_i, f["ramp_pos"])

@@ -319,7 +319,8 @@ def test_issue103_without_incubation_seeds_blend_from_germination_on_both_host_p
 
     def episode(host_step):
         torch.manual_seed(0)
-        cfg = EnvConfig(task="mnist1d", n_envs=2, batch_size=64, train_batches=4, workers=1, host_step=host_step)
+        cfg = EnvConfig(task="mnist1d", n_envs=2, batch_size=64, train_batches=4, workers=1,
+                        host_step=host_step)  # fmt: skip
         life = LifecycleConfig(max_epochs=3, incubate=False, attach_at="blending")
         env = VecEnv(cfg, life, GovernorConfig(), seed=3)
         seen = []
