@@ -341,7 +341,7 @@ def frontier(docs: list[dict], png: Path) -> str:
             )
         ax.set_title(f"{d['task']} ({d['meta']['hosts']} hosts)", fontsize=9)
         ax.set_xlabel("training FLOPs an episode (G)", fontsize=8)
-        ax.set_xscale("log")
+        ax.set_xlim(left=0)
         ax.tick_params(labelsize=7)
     axes[0][0].set_ylabel("test accuracy (%)", fontsize=8)
     axes[0][-1].legend(fontsize=6, loc="lower right")
