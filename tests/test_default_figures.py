@@ -84,3 +84,21 @@ def test_issue102_the_hash_sees_what_trains_and_not_where_it_writes():
     assert config_hash(preset("default", {"seed": 7, "run_dir": "/tmp/x", "threads": 1})) == config_hash(base)
     for field, value in (("updates", base.updates + 1), ("env.batch_size", 128), ("ppo.lr", 1e-4)):
         assert config_hash(preset("default", {field: value})) != config_hash(base), field
+
+
+def test_an_option_left_off_leaves_the_hash_and_on_changes_it():
+    """:data:`OPTIONS_OFF`: each option's off value is its default (so a configuration that does not set
+    it trains as before it existed, and keeps its hash); set to anything else it changes the hash."""
+    import dataclasses as dc
+
+    from esper.shell.config.presets import OPTIONS_OFF, RunConfig
+
+    base = preset("default")
+    for path, off in OPTIONS_OFF.items():
+        section, _, name = path.partition(".")
+        default = getattr(getattr(RunConfig(), section), name)
+        assert default == off, f"{path}: default {default!r}, listed off at {off!r}"
+        on = {"lifecycle.incubate": False, "lifecycle.timeout_ramp": True, "lifecycle.keep_by": "loss",
+              "lifecycle.g5_min_loss_drop": 0.2}[path]  # fmt: skip
+        changed = dc.replace(base, **{section: dc.replace(getattr(base, section), **{name: on})})
+        assert config_hash(changed) != config_hash(base), path

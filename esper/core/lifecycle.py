@@ -41,9 +41,9 @@ Then the mechanical end-of-epoch advance of every slot:
 
 1. GERMINATED (not germinated this step) -> TRAINING (G1).
 2. A HOLDING seed whose ``epochs_in_stage`` would reach ``holding_timeout`` is pruned
-   (``timeout_pruned``): PRUNED, alpha ramps out to 0 over its tempo's ``TEMPO_EPOCHS`` along its
-   style's blend curve, as it ramped in (at once where alpha is already 0); the policy saw it in
-   HOLDING ``holding_timeout`` times. No auto-fossilize —
+   (``timeout_pruned``): removed at this step's end, or with ``timeout_ramp`` PRUNED, alpha ramping
+   out to 0 over its tempo's ``TEMPO_EPOCHS`` along its style's blend curve, as it ramped in (at once
+   where alpha is already 0); the policy saw it in HOLDING ``holding_timeout`` times. No auto-fossilize —
    unless ``timeout_fossilizes`` is set: then a seed that pays (G5 but for the ramp: alpha > 0 and
    ``contribution >= g5_min_contribution``) is fossilized instead (``timeout_fossilized``), at the
    alpha it has: a ramp in flight (a SET_ALPHA_TARGET in HOLDING) stops there. Only the others are
@@ -217,6 +217,12 @@ class LifecycleConfig:
         0.05,
         "keep_by loss/either: the share of the validation loss without the seed that it must remove, "
         "(loss at alpha 0 - loss blended) / loss at alpha 0 (0.05: the seed lowers the loss by 5 %)",
+    )
+    timeout_ramp: bool = config_field(
+        False,
+        "a seed pruned at its HOLDING deadline ramps out to alpha 0 over its tempo's epochs along its "
+        "style's blend curve, as a PRUNE does, so the host re-adapts while it leaves (issue 104); off: "
+        "removed in one step (the reference's), until the default is measured with it on",
     )
     embargo_epochs: int = config_field(5, "epochs a slot stays EMBARGOED after its seed was removed")
     min_prune_age: int = config_field(1, "minimum seed age (steps since germination) for PRUNE")
@@ -662,12 +668,15 @@ def _holding_timeout(
     timeout = expired & ~kept
     stage = torch.where(kept, int(Stage.FOSSILIZED), stage)
     stage = torch.where(timeout, int(Stage.PRUNED), stage)
-    # a kept seed's ramp ends where alpha is now; a pruned one ramps out to 0 as it ramped in (its
-    # tempo's length, its style's curve), as a PRUNE does, so the host re-adapts while it leaves (issue
-    # 104: removed in one step, a seed that had halved the loss left the host worse than it found it)
+    # a kept seed's ramp ends where alpha is now; a pruned one leaves at once, or with ``timeout_ramp``
+    # ramps out to 0 as it ramped in (its tempo's length, its style's curve), as a PRUNE does, so the
+    # host re-adapts while it leaves (issue 104: removed in one step, a seed that had halved the loss
+    # left the host worse than it found it)
     ended = kept | timeout
     zero_i = torch.zeros_like(eis0)
-    out_len = torch.where(alpha0 > 0, _lookup(TEMPO_EPOCHS, f["tempo"], torch.int64), zero_i)
+    out_len = zero_i
+    if cfg.timeout_ramp:
+        out_len = torch.where(alpha0 > 0, _lookup(TEMPO_EPOCHS, f["tempo"], torch.int64), zero_i)
     out_curve = _lookup(STYLE_BLEND_CURVE, f["style"], torch.int64)
     f["ramp_from"] = torch.where(ended, alpha0, f["ramp_from"])
     f["ramp_to"] = torch.where(kept, alpha0, torch.where(timeout, torch.zeros_like(alpha0), f["ramp_to"]))

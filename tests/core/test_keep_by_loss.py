@@ -52,7 +52,7 @@ def _to_the_deadline(cfg: LifecycleConfig, **signals):
 
 
 def _deadline_cfg(keep_by: str, **kw) -> LifecycleConfig:
-    return LifecycleConfig(timeout_fossilizes=True, keep_by=keep_by, **kw)
+    return LifecycleConfig(timeout_fossilizes=True, timeout_ramp=True, keep_by=keep_by, **kw)
 
 
 @pytest.mark.parametrize(("keep_by", "kept"), [("accuracy", False), ("loss", True), ("either", True)])

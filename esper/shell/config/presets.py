@@ -430,11 +430,29 @@ UNHASHED_FIELDS = (
 )  # fmt: skip
 
 
+#: Options added after the hash, each with the value at which it is off: at that value a configuration
+#: trains as it did before the option existed (each option's tests hold it to that), so the field is left
+#: out of the hash and the figures measured before it still name the configuration; at any other value it
+#: enters the hash. A change of an option's default must leave this table with it.
+OPTIONS_OFF: dict[str, Any] = {
+    "lifecycle.incubate": True,  # issue 103: no incubation is an option
+    "lifecycle.timeout_ramp": False,  # issue 104: a deadline removal ramped out
+    "lifecycle.keep_by": "accuracy",  # issue 104: a seed kept at its deadline by its loss
+    "lifecycle.g5_min_loss_drop": 0.05,  # read only by keep_by loss or either
+}
+
+
 def config_hash(cfg: RunConfig) -> str:
-    """Twelve hex digits that name what ``cfg`` trains: every field but :data:`UNHASHED_FIELDS`, as
-    ``config.json`` writes them. A results file records the hash of the configuration it measured, so
-    that a figure quoted for "the default" can be checked against ``preset("default")`` (issue 102)."""
-    kept = {k: v for k, v in to_dict(cfg).items() if k not in UNHASHED_FIELDS}
+    """Twelve hex digits that name what ``cfg`` trains: every field but :data:`UNHASHED_FIELDS`, and but
+    the options of :data:`OPTIONS_OFF` where they are off, as ``config.json`` writes them. A results file
+    records the hash of the configuration it measured, so that a figure quoted for "the default" can be
+    checked against ``preset("default")`` (issue 102)."""
+    doc = to_dict(cfg)
+    for path, off in OPTIONS_OFF.items():
+        section, _, name = path.partition(".")
+        if doc.get(section, {}).get(name, off) == off:
+            doc[section] = {k: v for k, v in doc[section].items() if k != name}
+    kept = {k: v for k, v in doc.items() if k not in UNHASHED_FIELDS}
     text = json.dumps(kept, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -465,6 +483,7 @@ _ONE_WAY = (
 __all__ = [
     "DEFAULT_UPDATES",
     "NAME_MAX",
+    "OPTIONS_OFF",
     "PRESETS",
     "RUN_POLICIES",
     "TASK_SIZE_FIELDS",
