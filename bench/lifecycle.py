@@ -48,6 +48,8 @@ ARMS: dict[str, dict[str, Any]] = {
     "B": {"lifecycle.attach_at": "blending", "lifecycle.g2_min_epochs": 1},  # issue 89's B
     "D": {"lifecycle.attach_at": "blending", "lifecycle.incubate": False},  # no incubation, attached
     "E": {"lifecycle.attach_at": "blending", "lifecycle.incubate": False, "lifecycle.grad_init": True},
+    # issue 103's next candidate (its rule: docs/experiment-log.md, "An instant blend ...")
+    "F": {"lifecycle.attach_at": "blending", "lifecycle.incubate": False, "lifecycle.instant_blend": True},
 }
 #: TOST margin per task (points): the issue's +-1, and "within 3 points" on recall.
 MARGIN = {"recall": 3.0}

@@ -99,6 +99,7 @@ def test_an_option_left_off_leaves_the_hash_and_on_changes_it():
         default = getattr(getattr(RunConfig(), section), name)
         assert default == off, f"{path}: default {default!r}, listed off at {off!r}"
         on = {"lifecycle.incubate": False, "lifecycle.timeout_ramp": True, "lifecycle.keep_by": "loss",
+              "lifecycle.instant_blend": True,
               "lifecycle.g5_min_loss_drop": 0.2}[path]  # fmt: skip
         changed = dc.replace(base, **{section: dc.replace(getattr(base, section), **{name: on})})
         assert config_hash(changed) != config_hash(base), path

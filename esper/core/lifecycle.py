@@ -197,6 +197,12 @@ class LifecycleConfig:
         "BLENDING, its blend-in ramp starting at once (alpha 0 at germination, its projection near zero, so "
         "the host's function is kept), with attach_at blending the host trains through it from then on",
     )
+    instant_blend: bool = config_field(
+        False,
+        "the blend-in takes no epoch: alpha is at its target from the step a seed enters BLENDING (with "
+        "incubate false, from its germination; the blueprints' near-zero projection keeps the host's "
+        "function there, so the ramp protects nothing); off: the tempo's ramp",
+    )
     g3_min_epochs: int = config_field(3, "G3: epochs in BLENDING (and the ramp finished) before ADVANCE")
     g5_min_contribution: float = config_field(1.0, "G5: counterfactual contribution (points) to fossilize")
     holding_timeout: int = config_field(5, "HOLDING epochs after which the seed is pruned automatically")
@@ -518,7 +524,7 @@ def lifecycle_step(
     heads = {k: action[k].unsqueeze(-1).expand_as(stage0) for k in _STEP_HEADS}  # [*E] -> [*E, S]
     val_acc = clean_acc(signals["val_acc"]).unsqueeze(-1).expand_as(f["alpha"])
     d = _decide(slots, action, heads, signals, cfg, n_blueprints)
-    stage, f = _apply_op(f, d, heads, val_acc, incubate=cfg.incubate)
+    stage, f = _apply_op(f, d, heads, val_acc, incubate=cfg.incubate, instant_blend=cfg.instant_blend)
     stage, f, kept, timeout = _holding_timeout(f, stage, slots, d["germ"], cfg, signals["val_loss"])
     stage, f, removed, embargo = _move_ramps(f, stage, stage0, cfg)
     f = _close_epoch(f, stage, slots, d["germ"], val_acc, embargo)
@@ -595,12 +601,14 @@ def _apply_op(
     val_acc: torch.Tensor,
     *,
     incubate: bool = True,
+    instant_blend: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The op's own effect (``d`` from :func:`_decide`): the new stage ``[*E, S]``, and the fields
     ``f`` with what a germination stores (blueprint, style, tempo, target, ``acc_at_germination``,
     cleared measurements) and the ramps a germination, blend-in, SET_ALPHA_TARGET or PRUNE starts.
     Without ``incubate`` (``LifecycleConfig.incubate``) a germination is also a blend-in: the seed
-    enters BLENDING with its ramp from 0. ``f`` is not modified; a new dict is returned."""
+    enters BLENDING with its ramp from 0; with ``instant_blend`` a blend-in's ramp has no epoch.
+    ``f`` is not modified; a new dict is returned."""
     f = dict(f)
     germ, aset, prune = d["germ"], d["aset"], d["prune"]
     alpha0 = f["alpha"]
@@ -627,6 +635,8 @@ def _apply_op(
     # new ramps: blend-in (ADVANCE to BLENDING), SET_ALPHA_TARGET, PRUNE (ramp down to 0)
     speed_len = _lookup(ALPHA_SPEED_STEPS, heads["alpha_speed"], torch.int64)
     blend_len = _lookup(TEMPO_EPOCHS, f["tempo"], torch.int64)
+    if instant_blend:  # LifecycleConfig.instant_blend: the blend-in is a ramp of no epoch
+        blend_len = torch.zeros_like(blend_len)
     blend_curve = _lookup(STYLE_BLEND_CURVE, f["style"], torch.int64)
     prune_len = torch.where(alpha0 > 0, speed_len, 0)
     new_ramp = germ | to_blend | aset | prune

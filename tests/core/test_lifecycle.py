@@ -681,3 +681,18 @@ def test_timeout_keeps_a_seed_that_pays_while_an_alpha_ramp_moves_it(contributio
         assert int(run[16][1]["ramp_len"][0, 0]) == 0 and float(run[16][1]["alpha_target"][0, 0]) == frozen
     else:
         assert fired(run[14][2]) == {"timeout_pruned", "removed"} and stages[14] == Stage.EMBARGOED
+
+
+def test_issue103_an_instant_blend_puts_alpha_at_its_target_from_the_blending_step():
+    """``instant_blend``: the blend-in has no epoch, alpha is at its target from the step the seed enters
+    BLENDING: with ``incubate=False`` from its germination, with incubation from its ADVANCE; G3 still waits
+    its epochs. Off (the default), the tempo's ramp (the test above)."""
+    plan = {1: (Op.GERMINATE, 0, {"tempo": Tempo.SLOW})}
+    cfg = LifecycleConfig(incubate=False, instant_blend=True)
+    run = _play(plan, T=5, cfg=cfg, contribution=0.0)
+    assert [round(float(n["alpha"][0, 0]), 4) for _, n, _ in run] == [0.5] * 5
+    assert [Stage(int(n["stage"][0, 0])) for _, n, _ in run[:3]] == [Stage.BLENDING] * 3
+    incubated = LifecycleConfig(instant_blend=True)
+    advanced = _play({**plan, 6: (Op.ADVANCE, 0, {})}, T=7, cfg=incubated, contribution=0.0)
+    assert Stage(int(advanced[5][1]["stage"][0, 0])) == Stage.BLENDING
+    assert float(advanced[5][1]["alpha"][0, 0]) == 0.5 and float(advanced[4][1]["alpha"][0, 0]) == 0.0

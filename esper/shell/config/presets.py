@@ -436,6 +436,7 @@ UNHASHED_FIELDS = (
 #: enters the hash. A change of an option's default must leave this table with it.
 OPTIONS_OFF: dict[str, Any] = {
     "lifecycle.incubate": True,  # issue 103: no incubation is an option
+    "lifecycle.instant_blend": False,  # issue 103: a blend-in of no epoch
     "lifecycle.timeout_ramp": False,  # issue 104: a deadline removal ramped out
     "lifecycle.keep_by": "accuracy",  # issue 104: a seed kept at its deadline by its loss
     "lifecycle.g5_min_loss_drop": 0.05,  # read only by keep_by loss or either
