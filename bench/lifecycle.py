@@ -191,7 +191,7 @@ def run(
                 )
 
             recs = run_hosts(cfg, task_obj, make, eval_host_seeds(seed, episodes))
-            entry[name] = {**_per_host(recs), **stamp(cfg, t0), "events": [r.get("events") for r in recs][:2]}
+            entry[name] = {**_per_host(recs), **stamp(cfg, t0)}
             save()
             print(f"{task} {arm} {name}: {sum(entry[name]['final_test_acc']) / hosts:.2f}", flush=True)
     return doc
